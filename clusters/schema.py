@@ -1,0 +1,202 @@
+"""The cluster profile schema: one pydantic model that every `clusters/*.yaml` must satisfy.
+
+Validation is strict (no "2" for 2, no 0 for "0") and unknown keys are errors: a typo in a profile
+would otherwise silently run the benchmark with a default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
+
+from clusters.catalog import PRECISION_FAMILIES, Accelerator, load_catalog
+
+_MEMORY_UNITS = {
+    "b": 1,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}  # fmt: skip
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
+
+# `local` | `auto` | `ray://host:port` | `host:port` (host may be a bracketed IPv6 address).
+_RAY_ADDRESS_RE = re.compile(r"^(?:ray://)?(?P<host>\[[0-9a-fA-F:.]+\]|[^\s:/\[\]]+):(?P<port>\d{1,5})$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Ray assigns devices to each rank actor and sweep sets the rank layout; a profile that set these
+# would fight both. (Ray's AMD support sets HIP_VISIBLE_DEVICES and raises when it finds
+# ROCR_VISIBLE_DEVICES without it.)
+RESERVED_ENV = frozenset({
+    "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+})  # fmt: skip
+
+DEFAULT_CPUS_PER_RANK = {"cpu": 1, "gpu": 4}
+
+
+def _env_name(name: Any) -> str:
+    if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+        raise ValueError("not an environment variable name (letters, digits and _, not starting with a digit)")
+    if name in RESERVED_ENV:
+        raise ValueError("set per rank by Ray and sweep; remove it from the profile")
+    return name
+
+
+def _env_value(value: Any) -> str:
+    if not isinstance(value, str):
+        # YAML reads `NCCL_NVLS_ENABLE: 0` as an int; guessing its string form ("0"? "False"?) is worse.
+        raise ValueError("values must be strings; quote it in the YAML")
+    return value
+
+
+EnvName = Annotated[str, PlainValidator(_env_name)]
+EnvValue = Annotated[str, PlainValidator(_env_value)]
+
+
+def parse_memory_size(text: str) -> int:
+    """Bytes in a size like `80GiB`, `192GB`, `512MiB`, `0.5 TiB` (units case-insensitive).
+
+    Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB) powers of 1000.
+    Raises ValueError naming the allowed units.
+    """
+    match = _MEMORY_RE.match(text)
+    unit = match and _MEMORY_UNITS.get(match.group(2).lower())
+    if not unit:
+        units = "B, KiB, MiB, GiB, TiB, KB, MB, GB, TB"
+        raise ValueError(f"expected a size with a unit, like 80GiB or 192GB; units: {units}")
+    size = int(float(match.group(1)) * unit)
+    if size <= 0:
+        raise ValueError("must be more than 0 bytes")
+    return size
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: the affinity mask where the OS has one (taskset, cgroup cpusets)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+class ClusterProfile(BaseModel):
+    """Where trials run: a Ray cluster of identical nodes, the accelerator in them, and rank settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Profile name; recorded in every result row's `cluster` column."""
+    accelerator: str
+    """Key in clusters/accelerators.yaml: the device every rank gets, and its peaks for MFU."""
+    ray_address: str
+    """`local` (embedded Ray started in-process), `auto` (a running cluster), `ray://host:port`, or `host:port`."""
+    nodes: int = Field(ge=1)
+    """Nodes in the cluster; trials may use fewer."""
+    gpus_per_node: Union[int, Literal["auto"]]
+    """Ranks per node (one per GPU), or `auto` on a local CPU profile: one rank per `cpus_per_rank` usable CPUs."""
+    memory_per_device: Optional[str] = None
+    """Usable memory per device when it differs from the catalog (a cap, a MIG slice, a CPU rank's share)."""
+    env: dict[EnvName, EnvValue] = {}
+    """Environment variables for trainer processes (NCCL/RCCL settings, allocator config)."""
+    cost_per_gpu_hour: Optional[float] = Field(default=None, ge=0)
+    """Price of one device for one hour, for cost-per-token comparisons; null if unknown."""
+    timeout_s: Optional[float] = Field(default=None, gt=0)
+    """Default per-trial timeout in seconds; null leaves it to the run's own default."""
+    cpus_per_rank: int = Field(ge=1)
+    """Ray CPUs reserved per rank actor. Default: 1 on CPU profiles, 4 on GPU profiles."""
+    description: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_cpus_per_rank(cls, data: Any) -> Any:
+        # The default depends on another field, so it is filled in before field validation.
+        if isinstance(data, dict) and data.get("cpus_per_rank") is None:
+            name = data.get("accelerator")
+            accelerator = load_catalog().get(name) if isinstance(name, str) else None
+            kind = "cpu" if accelerator is not None and not accelerator.is_gpu else "gpu"
+            data = {**data, "cpus_per_rank": DEFAULT_CPUS_PER_RANK[kind]}
+        return data
+
+    @field_validator("accelerator")
+    @classmethod
+    def _known_accelerator(cls, value: str) -> str:
+        catalog = load_catalog()
+        if value not in catalog:
+            raise ValueError(f"unknown accelerator; valid: {', '.join(sorted(catalog))}")
+        return value
+
+    @field_validator("ray_address")
+    @classmethod
+    def _valid_ray_address(cls, value: str) -> str:
+        if value in ("local", "auto"):
+            return value
+        match = _RAY_ADDRESS_RE.match(value)
+        if not match or not 1 <= int(match.group("port")) <= 65535:
+            raise ValueError("expected 'local', 'auto', 'ray://host:port' or 'host:port'")
+        return value
+
+    @field_validator("nodes")
+    @classmethod
+    def _one_node_when_embedded(cls, value: int, info: ValidationInfo) -> int:
+        if value > 1 and info.data.get("ray_address") == "local":
+            raise ValueError("ray_address 'local' starts Ray on this machine only; nodes must be 1")
+        return value
+
+    @field_validator("gpus_per_node", mode="plain")
+    @classmethod
+    def _whole_or_auto(cls, value: Any, info: ValidationInfo) -> Union[int, str]:
+        if value == "auto":
+            accelerator = load_catalog().get(info.data.get("accelerator", ""))
+            if accelerator is not None and accelerator.is_gpu:
+                raise ValueError("'auto' is only for CPU profiles (accelerator: cpu); give the GPUs per node")
+            if info.data.get("ray_address", "local") != "local":
+                # `auto` counts the CPUs of the machine sweep runs on, which says nothing about remote nodes.
+                raise ValueError("'auto' needs ray_address: local; give the ranks per node of a remote cluster")
+            return value
+        if type(value) is not int or value < 1:  # bool is an int subclass: `true` is not a count
+            raise ValueError("expected a whole number >= 1, or 'auto' on a CPU profile")
+        return value
+
+    @field_validator("memory_per_device", mode="before")
+    @classmethod
+    def _parsable_memory(cls, value: Any) -> Any:
+        if value is not None:
+            # A bare number (YAML `80`) is refused too: GB or GiB is exactly the ambiguity to avoid.
+            parse_memory_size(value if isinstance(value, str) else "")
+        return value
+
+    @property
+    def accelerator_info(self) -> Accelerator:
+        """The catalog entry for `accelerator`: vendor, memory, FP8 flavour, peaks and their sources."""
+        return load_catalog()[self.accelerator]
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.accelerator_info.is_gpu
+
+    @property
+    def is_embedded(self) -> bool:
+        """True when sweep starts Ray itself, in-process (`ray_address: local`)."""
+        return self.ray_address == "local"
+
+    @property
+    def ranks_per_node(self) -> int:
+        """`gpus_per_node`, with `auto` resolved against the CPUs this process may use."""
+        if self.gpus_per_node == "auto":
+            return max(1, usable_cpus() // self.cpus_per_rank)
+        return self.gpus_per_node  # type: ignore[return-value]
+
+    @property
+    def total_ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def memory_per_device_bytes(self) -> Optional[int]:
+        """`memory_per_device` in bytes; None when the profile leaves it to the device."""
+        return None if self.memory_per_device is None else parse_memory_size(self.memory_per_device)
+
+    def peak_tflops(self, family: str) -> Optional[float]:
+        """Peak dense TFLOP/s per device for `family` ('fp32' | 'bf16' | 'fp8'); None on CPU ranks."""
+        if family not in PRECISION_FAMILIES:
+            raise ValueError(f"unknown precision family {family!r}; valid: {', '.join(PRECISION_FAMILIES)}")
+        return self.accelerator_info.peak_tflops[family]  # type: ignore[index]

@@ -1,0 +1,210 @@
+"""`sweep results ...`: read a result directory back as tables, comparisons, exports and plots.
+
+Every command takes the directory `sweep run` wrote (``<dir>/cluster=*/run=*/*.parquet``; several
+runs and clusters may share it). The work lives in ``sweep.results``; pyarrow, DuckDB and matplotlib
+are imported inside the commands so that ``sweep --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sweep.commands._common import user_errors
+from sweep.errors import UserError
+
+app = typer.Typer(no_args_is_help=True, help="Aggregate, compare, export and plot result datasets.")
+
+Directory = Annotated[Path, typer.Argument(help="Result directory written by `sweep run` (cluster=*/run=*/*.parquet).", show_default=False)]
+Where = Annotated[Optional[list[str]], typer.Option(
+    "--where", "-w", metavar="EXPR", show_default=False,
+    help="Filter COLUMN OP VALUE with OP one of = != > >= < <= (precision=bf16, batch_size>=4, status!=ok, "
+         "precision=bf16,fp8-te). Repeatable; all apply.")]
+
+
+class TableFormat(str, Enum):
+    table = "table"
+    md = "md"
+    csv = "csv"
+
+
+class ExportFormat(str, Enum):
+    md = "md"
+    csv = "csv"
+
+
+class QueryFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+
+
+class By(str, Enum):
+    precision = "precision"
+    cluster = "cluster"
+
+
+Format = Annotated[TableFormat, typer.Option("--format", "-f", help="table: Rich table; md: GitHub markdown; csv: raw numbers.")]
+# Rich renders about 300 table rows a second: a terminal table stops here, md and csv never do.
+Limit = Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows of a terminal table (0: all). md and csv print every row.")]
+
+
+def _emit(rows: list[dict], cols, fmt: TableFormat, title: str, note: str = "", always=(), csv_columns=None, limit: int = 0) -> None:
+    from sweep.results import render
+
+    if fmt is TableFormat.table:
+        if limit and len(rows) > limit:
+            more = f"first {limit} of {len(rows)} rows: --limit 0 for all, or --where / --format md|csv"
+            rows, note = rows[:limit], " · ".join(p for p in (note, more) if p)
+        render.rich_table(rows, cols, title, note, always)
+    elif fmt is TableFormat.md:
+        sys.stdout.write(render.markdown(rows, cols, always, note))
+    else:
+        sys.stdout.write(render.csv_text(rows, csv_columns or [c.key for c in cols]))
+
+
+@app.command()
+@user_errors
+def show(
+    directory: Directory,
+    where: Where = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to print.")] = 50,
+) -> None:
+    """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time, memory, error."""
+    from sweep.results import query, render
+
+    columns = [c.key for c in render.SHOW_COLS]
+    table = query.load(directory, where or (), columns + ["started_at"])
+    table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
+    total = table.num_rows
+    rows = table.slice(0, limit).to_pylist()
+    render.rich_table(rows, render.SHOW_COLS, f"{directory}: {len(rows)} of {total} rows",
+                      note="" if total <= limit else f"--limit {limit}; narrow with --where")
+
+
+@app.command("max-batch")
+@user_errors
+def max_batch(directory: Directory, where: Where = None, fmt: Format = TableFormat.table, limit: Limit = 200) -> None:
+    """Largest batch that fits per model × precision × compile × ac × seq_len × GPUs × cluster.
+
+    Also the smallest batch above it that ran out of memory, and the fastest batch (highest median
+    TFLOP/s/GPU) with its TFLOP/s/GPU and MFU.
+    """
+    from sweep.results import aggregate, render
+
+    table = aggregate.max_batch(directory, where or ())
+    _emit(table.to_pylist(), render.MAX_BATCH_COLS, fmt, f"{directory}: largest batch per GPU that fits",
+          csv_columns=table.column_names, limit=limit)
+
+
+@app.command()
+@user_errors
+def compare(
+    directory: Directory,
+    baseline: Annotated[Optional[str], typer.Option(
+        "--baseline", "-b", show_default=False,
+        help="The value of --by to divide by: a precision (default bf16) or a cluster name.")] = None,
+    by: Annotated[By, typer.Option("--by", help="Compare precisions (same cluster) or clusters (same precision).")] = By.precision,
+    where: Where = None,
+    fmt: Format = TableFormat.table,
+    limit: Limit = 200,
+) -> None:
+    """TFLOP/s/GPU of each precision (or cluster) over the baseline's, for the same model and batch.
+
+    With --by cluster, also tokens/s/GPU per $/GPU-hour where the cluster profiles give a cost.
+    """
+    from sweep.results import aggregate, render
+
+    configs = aggregate.configs(directory, where or ())
+    present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
+    if baseline is None:
+        if by is By.cluster:
+            raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
+        baseline = "bf16"
+    costs = aggregate.cluster_costs(present) if by is By.cluster else None
+    table = aggregate.compare_table(configs, baseline, by.value, costs)
+    if table.num_rows == 0:
+        raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
+    unknown = sorted(c for c, v in (costs or {}).items() if v is None)
+    with_cost = costs is not None and len(unknown) < len(costs)
+    note = f"no cost per GPU-hour for: {', '.join(unknown)}" if by is By.cluster and unknown else ""
+    cols = render.compare_cols(by.value, baseline, with_cost)
+    title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
+    _emit(table.to_pylist(), cols, fmt, title, note, always=(by.value,), csv_columns=table.column_names, limit=limit)
+
+
+@app.command()
+@user_errors
+def export(
+    directory: Directory,
+    fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="md: table to paste in a GitHub issue; csv: the same numbers, unrounded.")] = ExportFormat.md,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write here instead of stdout.", show_default=False)] = None,
+    where: Where = None,
+) -> None:
+    """One line per config: median TFLOP/s/GPU, spread, MFU, step time, tokens/s/GPU, peak memory, n."""
+    from sweep.results import aggregate, render
+
+    table = aggregate.configs(directory, where or ())
+    rows = table.to_pylist()
+    text = render.markdown(rows, render.EXPORT_COLS) if fmt is ExportFormat.md else render.csv_text(rows, table.column_names)
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as e:
+        raise UserError(f"--out {out}: {e.strerror or e}") from None
+    typer.echo(f"wrote {out} ({len(rows)} configs)", err=True)
+
+
+@app.command()
+@user_errors
+def plot(
+    directory: Directory,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Image file (.png, .svg, .pdf).", show_default=False)],
+    where: Where = None,
+) -> None:
+    """Plot TFLOP/s/GPU vs batch size per precision and, below it, the largest batch that fits.
+
+    One image, one column of panels per model: the top panel marks OOM batches with an x on the zero
+    line; the bottom panel is the max-batch bar chart.
+    """
+    from sweep.results import plot as plotting
+
+    path = plotting.plot(directory, out, where or ())
+    typer.echo(f"wrote {path}", err=True)
+
+
+@app.command()
+@user_errors
+def query(
+    directory: Directory,
+    statement: Annotated[str, typer.Argument(metavar="SQL", help="DuckDB SQL over the table `results` (one row per attempt).", show_default=False)],
+    fmt: Annotated[QueryFormat, typer.Option("--format", "-f", help="table: Rich table; csv: every row.")] = QueryFormat.table,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to print as a table.")] = 100,
+) -> None:
+    """Run SQL in DuckDB, e.g. "SELECT precision, median(tflops_per_gpu) FROM results GROUP BY ALL"."""
+    from sweep.results import query as q, render
+
+    table = q.sql(directory, statement)
+    names = _unique(table.column_names)
+    table = table.rename_columns(names)
+    if fmt is QueryFormat.csv:
+        sys.stdout.write(render.csv_text(table.to_pylist(), names))
+        return
+    rows = table.slice(0, limit).to_pylist()
+    note = "" if table.num_rows <= limit else f"{len(rows)} of {table.num_rows} rows (--limit, or --format csv for all)"
+    render.rich_table(rows, render.generic_cols(table.schema), "", note, always=names)
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return out

@@ -1,0 +1,216 @@
+"""`sweep run`, `sweep plan` and `sweep max-batch`: from a grid (file and/or options) to trials."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sweep.commands._common import user_errors
+
+
+class Compile(str, Enum):
+    none = "none"
+    regional = "regional"
+    full = "full"
+
+
+GridArg = Annotated[Optional[Path], typer.Argument(help="Grid YAML. Options below add to or override its axes.",
+                                                   show_default=False)]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster profile name or YAML path.")]
+ModelOpt = Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Model (repeatable).")]
+PrecisionOpt = Annotated[Optional[list[str]], typer.Option("--precision", "-p", help="Precision recipe (repeatable).")]
+BatchOpt = Annotated[Optional[list[int]], typer.Option("--batch-size", "-b", help="Per-GPU batch (repeatable).")]
+CompileOpt = Annotated[Optional[list[Compile]], typer.Option("--compile", help="Compile mode (repeatable).")]
+SeqOpt = Annotated[Optional[list[int]], typer.Option("--seq-len", help="Sequence length (repeatable).")]
+GpusOpt = Annotated[Optional[list[int]], typer.Option("--gpus", help="Ranks per trial (repeatable).")]
+OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Result dataset folder.")]
+CapOpt = Annotated[Optional[str], typer.Option("--memory-cap", help="Per-rank memory cap, e.g. 80GiB: "
+                                               "allocations past it really fail (what fits on a smaller card?).")]
+
+
+def _grid_data(grid: Path | None, **axes) -> tuple[dict, str]:
+    from sweep.grid import load_grid
+
+    if grid is not None:
+        data = load_grid(grid).model_dump(exclude_unset=True)
+        source = str(grid)
+    else:
+        data, source = {}, "<options>"
+    names = {"model": "models", "precision": "precisions", "batch_size": "batch_sizes", "compile": "compile",
+             "seq_len": "seq_len", "gpus": "gpus"}
+    for option, key in names.items():
+        values = axes.get(option)
+        if values:
+            data[key] = [v.value if isinstance(v, Enum) else v for v in values]
+    return data, source
+
+
+def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, **axes):
+    """Load profile and grid, expand to trials: every user error surfaces here, before anything runs."""
+    from clusters import load_profile
+    from sweep.errors import UserError
+    from sweep.grid import expand, parse_grid, parse_size
+
+    profile = load_profile(cluster)
+    data, source = _grid_data(grid, **axes)
+    if "models" not in data:
+        raise UserError("no models: give a grid file or --model")
+    if "batch_sizes" not in data:
+        raise UserError("no batch sizes: give a grid file with batch_sizes or --batch-size")
+    spec = parse_grid(data, source)
+    try:
+        cap = parse_size(memory_cap) if memory_cap else None
+    except ValueError as e:
+        raise UserError(f"--memory-cap: {e}") from None
+    # the cap: --memory-cap, else the grid's memory_cap, else the profile's memory_per_device
+    trials = expand(spec, cluster=profile.name, max_ranks=profile.total_ranks, timeout_s=profile.timeout_s,
+                    memory_cap_bytes=cap, default_memory_cap=profile.memory_per_device_bytes)
+    return profile, spec, trials
+
+
+def _print_table(rows: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("model", "precision", "compile", "batch", "gpus", "status", "TFLOP/s/GPU", "MFU", "step s",
+                "tok/s/GPU", "peak GiB", "loss first→last"):
+        table.add_column(col, justify="right" if col not in ("model", "precision", "compile", "status") else "left")
+    fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+    for r in rows:
+        loss = "–" if r.get("loss_first") is None else f"{r['loss_first']:.3f}→{r['loss_last']:.3f}"
+        status = r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/red]"
+        table.add_row(r["model"], r["precision"], r["compile"], str(r["batch_size"]), str(r["world_size"]), status,
+                      fmt(r.get("tflops_per_gpu"), ".4g"), fmt(r.get("mfu"), ".1%"), fmt(r.get("step_time_s"), ".4f"),
+                      fmt(r.get("tokens_per_s_per_gpu"), ".4g"), fmt(r.get("peak_mem_gib"), ".2f"), loss)
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    @user_errors
+    def run(grid: GridArg = None, cluster: ClusterOpt = "local", model: ModelOpt = None, precision: PrecisionOpt = None,
+            batch_size: BatchOpt = None, compile: CompileOpt = None, seq_len: SeqOpt = None, gpus: GpusOpt = None,
+            output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
+            resume: Annotated[bool, typer.Option(help="Skip attempts already recorded in --output.")] = False,
+            max_concurrent: Annotated[Optional[int], typer.Option(min=1, help="At most this many trials at once.")] = None,
+            progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True) -> None:
+        """Run a grid of trials and write one Parquet row per attempt."""
+        from sweep.policy import GridPlan, MaxBatchPlan
+        from sweep.runner import execute, new_run_id
+
+        profile, spec, trials = _prepare(grid, cluster, memory_cap, model=model, precision=precision,
+                                         batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus)
+        run_id = new_run_id()
+        if spec.search == "max_batch":
+            plan = MaxBatchPlan(trials, run_id=run_id, capacity_bytes=_capacity(profile, trials))
+        else:
+            plan = GridPlan(trials, spec.on_oom)
+        report = execute(plan, profile=profile, output=output, run_id=run_id, grid_name=spec.name, resume=resume,
+                         max_concurrent=max_concurrent, progress=progress)
+        _finish(report, output, plan)
+
+    @app.command()
+    @user_errors
+    def plan(grid: GridArg = None, cluster: ClusterOpt = "local", model: ModelOpt = None, precision: PrecisionOpt = None,
+             batch_size: BatchOpt = None, compile: CompileOpt = None, seq_len: SeqOpt = None, gpus: GpusOpt = None,
+             memory_cap: CapOpt = None) -> None:
+        """Show the trials a grid expands to, and which cannot run here and why. Nothing runs."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from sweep.runner import unsupported
+
+        profile, spec, trials = _prepare(grid, cluster, memory_cap, model=model, precision=precision,
+                                         batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus)
+        table = Table(title=f"{len(trials)} trials on {profile.name} ({profile.accelerator}, "
+                            f"{profile.total_ranks} ranks)" + (" — max-batch search" if spec.search else ""))
+        for col in ("trial_id", "model", "params", "precision", "compile", "ac", "batch", "seq", "gpus", "runs?"):
+            table.add_column(col)
+        for t in trials:
+            reason = unsupported(t, profile)
+            table.add_row(t.trial_id, t.model.label, f"{t.model.n_params() / 1e9:.3g}B", t.precision, t.compile, t.ac,
+                          str(t.batch_size), str(t.seq_len), str(t.gpus),
+                          "yes" if reason is None else f"[yellow]unsupported: {reason}[/yellow]")
+        Console().print(table)
+
+    @app.command("max-batch")
+    @user_errors
+    def max_batch(cluster: ClusterOpt = "local", model: ModelOpt = None, precision: PrecisionOpt = None,
+                  compile: CompileOpt = None, seq_len: SeqOpt = None, gpus: GpusOpt = None,
+                  start: Annotated[int, typer.Option(min=1, help="First batch to probe.")] = 1,
+                  step: Annotated[int, typer.Option(min=1, help="Granularity: stop when B ok and B+step oom.")] = 1,
+                  warmup: Annotated[int, typer.Option(min=0)] = 2, measure: Annotated[int, typer.Option(min=1)] = 5,
+                  output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
+                  progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True) -> None:
+        """Find the largest batch that fits, and the fastest, per model and precision."""
+        from sweep.errors import UserError
+        from sweep.grid import load_grid  # noqa: F401 (keeps option parsing identical to `run`)
+        from sweep.policy import MaxBatchPlan
+        from sweep.runner import execute, new_run_id
+
+        if not model:
+            raise UserError("max-batch needs --model")
+        profile, spec, trials = _prepare(None, cluster, memory_cap, model=model, precision=precision,
+                                         batch_size=[start], compile=compile, seq_len=seq_len, gpus=gpus)
+        trials = [t.__class__(**{**t.__dict__, "warmup_steps": warmup, "measure_steps": measure}) for t in trials]
+        run_id = new_run_id()
+        plan = MaxBatchPlan(trials, run_id=run_id, capacity_bytes=_capacity(profile, trials), step=step)
+        report = execute(plan, profile=profile, output=output, run_id=run_id, progress=progress)
+        _finish(report, output, plan)
+
+
+def _capacity(profile, trials) -> float | None:
+    """Memory a rank may use: the cap if one is set, else the device's memory (GPU profiles)."""
+    caps = {t.memory_cap_bytes for t in trials}
+    if len(caps) == 1 and None not in caps:
+        return float(caps.pop())
+    return profile.memory_per_device_bytes if profile.is_gpu else None
+
+
+def _finish(report, output: Path, plan) -> None:
+    from rich.console import Console
+
+    rows = report.rows
+    if rows:
+        _print_table(rows, f"run {report.run_id}: {len(rows)} attempts" +
+                     (f" ({report.reused} reused from earlier runs)" if report.reused else ""))
+    if hasattr(plan, "verdicts"):
+        _write_verdicts(output, report.run_id, plan.verdicts(), rows)
+    console = Console(stderr=True)
+    if report.interrupted:
+        console.print(f"interrupted: {len(rows)} attempts written to {output}; rerun with --resume to finish")
+        raise typer.Exit(130)
+    console.print(f"results: {output} (run {report.run_id})")
+
+
+def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[dict]) -> None:
+    """Print the max-batch verdicts and record them beside the rows (`_search/`, ignored as data)."""
+    import os
+
+    from rich.console import Console
+    from rich.table import Table
+
+    by_batch = {(r.get("search_id"), r["batch_size"]): r for r in rows if r["status"] == "ok"}
+    table = Table(title="max-batch verdicts")
+    for col in ("model", "precision", "compile", "seq", "gpus", "max batch", "first OOM", "fastest batch",
+                "TFLOP/s/GPU @fastest", "probes", "search s"):
+        table.add_column(col)
+    for v in verdicts:
+        fast = by_batch.get((v["search_id"], v["fastest_batch"]), {})
+        v["tflops_at_fastest"] = fast.get("tflops_per_gpu")
+        v["search_wall_s"] = sum(r.get("trial_wall_s") or 0 for r in rows if r.get("search_id") == v["search_id"])
+        table.add_row(v["model"], v["precision"], v["compile"], str(v["seq_len"]), str(v["gpus"]), str(v["max_batch"]),
+                      str(v["first_failing_batch"]), str(v["fastest_batch"]),
+                      "–" if v["tflops_at_fastest"] is None else f"{v['tflops_at_fastest']:.4g}", str(v["probes"]),
+                      f"{v['search_wall_s']:.1f}" + (f" [red]aborted: {v['aborted']}[/red]" if v["aborted"] else ""))
+    Console().print(table)
+    folder = Path(output) / "_search"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{run_id}.json.tmp"
+    tmp.write_text(json.dumps(verdicts, indent=2, default=str))
+    os.replace(tmp, folder / f"{run_id}.json")

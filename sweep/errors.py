@@ -1,0 +1,11 @@
+"""Errors that are the user's to fix. The CLI prints them as one line and exits 2, no traceback."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in the user's input: a file, a field, a value. The message names it and what is allowed."""
+
+
+def one_line(message: str) -> str:
+    return " ".join(str(message).split())

@@ -1,0 +1,228 @@
+"""Grid YAML: parse, validate, expand into trials. Pure: no torch, no Ray.
+
+    name: fp8-vs-bf16                 # optional
+    models: [llama3-8b, {arch: gpt, n_layers: 2, d_embd: 64, n_heads: 4, vocab_size: 512}]
+    precisions: [bf16, fp8-torchao-tensorwise]
+    batch_sizes: [1, 2, 4]            # per-GPU micro-batch
+    compile: regional                 # none | regional | full (or a list)
+    seq_len: 4096                     # int or list
+    gpus: 8                           # ranks per trial, int or list
+    steps: {warmup: 3, measure: 10}
+    ac: none                          # activation checkpointing: none | selective | full (or a list)
+    on_oom: {policy: halve, min_batch: 1}
+    search: max_batch                 # optional: find the largest / fastest batch per precision
+    timeout_s: 1800                   # per trial
+    memory_cap: 80GiB                 # optional per-rank cap (a real allocation failure past it)
+
+The cartesian product of the list axes gives the trials; each has a stable `trial_id`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sweep.errors import UserError
+from trainer.models.specs import REGISTRY, ModelSpec
+from trainer.recipes import RECIPES
+
+CompileMode = Literal["none", "regional", "full"]
+AcMode = Literal["none", "selective", "full"]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_size(text: str | int) -> int:
+    """'80GiB' -> bytes. Accepts B, KB/KiB, MB/MiB, GB/GiB, TB/TiB (case-insensitive)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = _SIZE.match(str(text))
+    if not match or match.group(2) and match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (e.g. 80GiB, 512MiB, 192GB)")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+
+def _listify(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+class Steps(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    warmup: int = Field(default=3, ge=0, description="untimed steps first (compile, allocator warm-up)")
+    measure: int = Field(default=10, gt=0, description="timed steps")
+
+
+class OomPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: Literal["halve", "next", "bisect", "none"] = "halve"
+    min_batch: int = Field(default=1, gt=0)
+
+
+class GridSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    models: list[str | ModelSpec] = Field(min_length=1)
+    precisions: list[str] = Field(default=["bf16"], min_length=1)
+    batch_sizes: list[int] = Field(min_length=1)
+    compile: list[CompileMode] = Field(default=["regional"], min_length=1)
+    seq_len: list[int] = Field(default=[1024], min_length=1)
+    gpus: list[int] = Field(default=[1], min_length=1)
+    ac: list[AcMode] = Field(default=["none"], min_length=1)
+    steps: Steps = Steps()
+    on_oom: OomPolicy = OomPolicy()
+    search: Literal["max_batch"] | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+    memory_cap: str | int | None = None
+
+    _as_list = field_validator("models", "precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac",
+                               mode="before")(_listify)
+
+    @field_validator("models", mode="after")
+    @classmethod
+    def _known_models(cls, models: list) -> list:
+        for m in models:
+            if isinstance(m, str) and m not in REGISTRY:
+                raise ValueError(f"unknown model '{m}'; valid: {', '.join(sorted(REGISTRY))} (or an inline mapping)")
+        return models
+
+    @field_validator("precisions", mode="after")
+    @classmethod
+    def _known_precisions(cls, precisions: list[str]) -> list[str]:
+        for p in precisions:
+            if p not in RECIPES:
+                raise ValueError(f"unknown precision '{p}'; valid: {', '.join(RECIPES)}")
+        return precisions
+
+    @field_validator("batch_sizes", "seq_len", "gpus", mode="after")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        for v in values:
+            if v <= 0:
+                raise ValueError(f"must be positive, got {v}")
+        return values
+
+    @field_validator("memory_cap", mode="after")
+    @classmethod
+    def _size(cls, value):
+        return None if value is None else parse_size(value)
+
+    def model_specs(self) -> list[ModelSpec]:
+        return [REGISTRY[m] if isinstance(m, str) else m for m in self.models]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trial:
+    """One configuration to run once. `trial_id` hashes everything that defines the measurement."""
+
+    cluster: str
+    model: ModelSpec
+    precision: str
+    compile: str
+    ac: str
+    batch_size: int
+    seq_len: int
+    gpus: int
+    warmup_steps: int
+    measure_steps: int
+    memory_cap_bytes: int | None = None
+    timeout_s: float | None = None
+    # lineage: not part of the measurement
+    attempt: int = 1
+    parent_trial_id: str | None = None
+    retry: int = 0  # infrastructure retries of the same config
+    search_id: str | None = None
+
+    @property
+    def trial_id(self) -> str:
+        key = {"cluster": self.cluster, "model": self.model.model_dump(exclude_none=True), "precision": self.precision,
+               "compile": self.compile, "ac": self.ac, "batch_size": self.batch_size, "seq_len": self.seq_len,
+               "gpus": self.gpus, "warmup": self.warmup_steps, "measure": self.measure_steps,
+               "memory_cap": self.memory_cap_bytes, "retry": self.retry}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def config_key(self) -> tuple:
+        """Everything but the batch: trials that differ only in batch share it (OOM retry, search)."""
+        return (self.cluster, self.model.to_json(), self.precision, self.compile, self.ac, self.seq_len, self.gpus)
+
+    def child(self, **changes) -> "Trial":
+        """A follow-up attempt (lower batch after an OOM, or an infrastructure retry)."""
+        return replace(self, attempt=self.attempt + 1, parent_trial_id=self.trial_id, **changes)
+
+    def describe(self) -> str:
+        return (f"{self.model.label} {self.precision} bs={self.batch_size} T={self.seq_len} "
+                f"gpus={self.gpus} compile={self.compile}")
+
+
+def _format_validation(source: str, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"] if p not in ("str", "ModelSpec"))
+    msg = first["msg"].removeprefix("Value error, ")
+    got = first.get("input")
+    shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    extra = f"; {len(err.errors()) - 1} more error(s)" if len(err.errors()) > 1 else ""
+    return f"Invalid grid {source}: {loc}: {msg}{shown}{extra}"
+
+
+def parse_grid(data: Any, source: str = "<grid>") -> GridSpec:
+    if not isinstance(data, dict):
+        raise UserError(f"Invalid grid {source}: the top level must be a mapping of keys (models, precisions, ...), "
+                        f"got {type(data).__name__}")
+    try:
+        return GridSpec.model_validate(data)
+    except ValidationError as e:
+        raise UserError(_format_validation(source, e)) from None
+
+
+def load_grid(path: str | Path) -> GridSpec:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"grid file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"Invalid grid {path}: not a text (UTF-8 YAML) file") from None
+    if not text.strip():
+        raise UserError(f"Invalid grid {path}: the file is empty")
+    try:
+        data = yaml.safe_load(text)  # safe: tags that would construct objects are rejected
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"Invalid grid {path}:{where}: YAML error: {problem}") from None
+    return parse_grid(data, str(path))
+
+
+def expand(grid: GridSpec, *, cluster: str, max_ranks: int | None = None,
+           timeout_s: float | None = None, memory_cap_bytes: int | None = None,
+           default_memory_cap: int | None = None) -> list[Trial]:
+    """The cartesian product of the grid's axes, in a stable order."""
+    if max_ranks is not None:
+        too_many = [g for g in grid.gpus if g > max_ranks]
+        if too_many:
+            raise UserError(f"Invalid grid: gpus: {too_many[0]} ranks per trial, but cluster '{cluster}' "
+                            f"has {max_ranks}")
+    cap = next((c for c in (memory_cap_bytes, grid.memory_cap, default_memory_cap) if c is not None), None)
+    trials = []
+    for model, precision, comp, ac, seq_len, gpus, batch in itertools.product(
+            grid.model_specs(), grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, grid.batch_sizes):
+        if model.arch == "gpt" and seq_len > model.max_seq_len:
+            raise UserError(f"Invalid grid: seq_len: {seq_len} exceeds {model.label}'s learned positions "
+                            f"({model.max_seq_len})")
+        trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
+                            batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,
+                            measure_steps=grid.steps.measure, memory_cap_bytes=cap,
+                            timeout_s=grid.timeout_s or timeout_s))
+    return trials

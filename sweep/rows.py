@@ -1,0 +1,112 @@
+"""Turn an attempt's outcome into one result row: the measurement arithmetic lives here.
+
+    tokens/s/GPU  = batch_size * seq_len / median step time       (each rank trains its own batch)
+    TFLOP/s/GPU   = flops_per_token * tokens/s/GPU / 1e12          (trainer.flops: 6N + 12·L·H·D·T)
+    MFU           = TFLOP/s/GPU / peak TFLOP/s of the accelerator for the recipe's family
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+from datetime import datetime, timezone
+from functools import lru_cache
+
+from sweep.grid import Trial
+from trainer.flops import flops_per_token
+from trainer.recipes import RECIPES
+
+GiB = 1024**3
+
+
+@lru_cache(maxsize=1)
+def git_sha() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except Exception:
+        return None
+
+
+@lru_cache(maxsize=1)
+def _ray_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("ray")
+    except Exception:
+        return None
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default), without numpy."""
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def base_row(trial: Trial, *, run_id: str, profile, grid_name: str | None) -> dict:
+    """Columns known before anything runs."""
+    recipe = RECIPES[trial.precision]
+    return {
+        "run_id": run_id, "trial_id": trial.trial_id, "attempt": trial.attempt,
+        "parent_trial_id": trial.parent_trial_id, "search_id": trial.search_id, "grid_name": grid_name,
+        "cluster": profile.name, "accelerator": profile.accelerator, "world_size": trial.gpus,
+        "model": trial.model.label, "model_spec": trial.model.to_json(), "precision": trial.precision,
+        "compile": trial.compile, "ac": trial.ac, "batch_size": trial.batch_size, "seq_len": trial.seq_len,
+        "warmup_steps": trial.warmup_steps, "measure_steps": trial.measure_steps,
+        "memory_cap_gib": trial.memory_cap_bytes / GiB if trial.memory_cap_bytes else None,
+        "peak_tflops": profile.peak_tflops(recipe.family),
+        "flops_per_token": flops_per_token(n_params=trial.model.n_params(), n_layers=trial.model.n_layers,
+                                           n_heads=trial.model.n_heads, head_dim=trial.model.head_dim,
+                                           seq_len=trial.seq_len),
+        "n_params": trial.model.n_params(), "ray_version": _ray_version(), "git_sha": git_sha(),
+    }
+
+
+def unsupported_row(trial: Trial, reason: str, **base) -> dict:
+    now = datetime.now(timezone.utc)
+    return {**base_row(trial, **base), "status": "unsupported", "error": reason, "started_at": now, "finished_at": now}
+
+
+def outcome_row(outcome, **base) -> dict:
+    trial = outcome.trial
+    row = base_row(trial, **base)
+    row.update(status=outcome.status, error=outcome.error, started_at=outcome.started_at,
+               finished_at=outcome.finished_at, trial_wall_s=outcome.wall_s)
+    if outcome.nodes:
+        row.update(node_ids=[n.get("node_id") for n in outcome.nodes], hosts=[n.get("hostname") for n in outcome.nodes],
+                   hostname=outcome.nodes[0].get("hostname"),
+                   nodes=len({n.get("node_id") or n.get("ip") for n in outcome.nodes}))
+    if outcome.status != "ok":
+        return row
+    ranks = outcome.ranks
+    rank0 = ranks[0]
+    # The slowest rank sets the pace of a synchronous step: take the per-step max over ranks.
+    step_times = [max(times) for times in zip(*(r["step_times"] for r in ranks))]
+    median = statistics.median(step_times)
+    tokens_per_s = trial.batch_size * trial.seq_len / median
+    fpt = flops_per_token(n_params=rank0["n_params"], n_layers=trial.model.n_layers, n_heads=trial.model.n_heads,
+                          head_dim=trial.model.head_dim, seq_len=trial.seq_len)
+    tflops = fpt * tokens_per_s / 1e12
+    peak = row["peak_tflops"]
+    max_of = lambda key: max((r[key] for r in ranks if r.get(key) is not None), default=None)  # noqa: E731
+    peak_mem, reserved = max_of("peak_mem_bytes"), max_of("reserved_mem_bytes")
+    row.update(
+        step_time_s=median, step_time_p10_s=_quantile(step_times, 0.1), step_time_p90_s=_quantile(step_times, 0.9),
+        tokens_per_s_per_gpu=tokens_per_s, tflops_per_gpu=tflops, mfu=tflops / peak if peak else None,
+        flops_per_token=fpt, n_params=rank0["n_params"], params_local=[r["params_local"] for r in ranks],
+        peak_mem_gib=peak_mem / GiB if peak_mem is not None else None,
+        reserved_mem_gib=reserved / GiB if reserved is not None else None, alloc_retries=max_of("alloc_retries"),
+        loss_first=rank0["loss_first"], loss_last=rank0["loss_last"], init_time_s=max_of("init_time_s"),
+        compile_time_s=max_of("compile_time_s"), steps_time_s=sum(step_times),
+        torch_version=rank0.get("torch_version"), te_version=rank0.get("te_version"),
+        torchao_version=rank0.get("torchao_version"), gpu_name=rank0.get("gpu_name"),
+        driver_version=rank0.get("driver_version"), cuda_version=rank0.get("cuda_version"),
+    )
+    return row

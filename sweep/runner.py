@@ -1,0 +1,142 @@
+"""Run a plan on a cluster: trials → scheduler → rows → Parquet, with progress and resume.
+
+Each finished attempt is written at once (one atomic file), so a killed driver loses only the trials
+that were running. With `resume`, attempts already recorded under `output` are not run again: their rows
+are fed back to the plan, which then asks for exactly the follow-ups (OOM retries, search probes) that
+the first run would have, and those that are recorded too are skipped in turn.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sweep import store
+from sweep.grid import Trial
+from sweep.rows import outcome_row, unsupported_row
+from trainer.recipes import RECIPES, unsupported_reason
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def unsupported(trial: Trial, profile) -> str | None:
+    info = profile.accelerator_info
+    return unsupported_reason(RECIPES[trial.precision], accelerator=profile.accelerator, vendor=info.vendor)
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    rows: list[dict] = field(default_factory=list)  # rows written by this run
+    reused: int = 0  # attempts found already recorded (resume)
+    interrupted: bool = False
+
+
+class _Progress:
+    """A Rich progress bar whose total grows as retries and probes are added."""
+
+    def __init__(self, enabled: bool):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.description}"), transient=False)
+            self.task = self.bar.add_task("", total=0)
+
+    def __enter__(self):
+        if self.bar:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.__exit__(*exc)
+
+    def add(self, n: int = 1) -> None:
+        if self.bar:
+            self.bar.update(self.task, total=(self.bar.tasks[0].total or 0) + n)
+
+    def done(self, row: dict) -> None:
+        if self.bar:
+            tf = f" {row['tflops_per_gpu']:.3g} TFLOP/s/GPU" if row.get("tflops_per_gpu") else ""
+            self.bar.console.print(f"  {row['status']:<11} {row['model']} {row['precision']} bs={row['batch_size']} "
+                                   f"gpus={row['world_size']}{tf}" + (f"  ({row['error'][:100]})" if row.get("error") else ""))
+            self.bar.advance(self.task)
+
+    def running(self, trials: list[Trial]) -> None:
+        if self.bar:
+            self.bar.update(self.task, description=", ".join(t.describe() for t in trials[:3]))
+
+
+def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name: str | None = None,
+            resume: bool = False, max_concurrent: int | None = None, timeout_s: float | None = None,
+            progress: bool = True, on_row=None) -> RunReport:
+    from sweep.ray_init import connect, disconnect
+    from sweep.scheduler import Scheduler
+
+    report = RunReport(run_id=run_id or new_run_id())
+    base = {"run_id": report.run_id, "profile": profile, "grid_name": grid_name}
+    recorded = store.existing_rows(output) if resume else {}
+    queue: deque[Trial] = deque(plan.initial())
+    seen: set[str] = set()
+
+    def record(trial: Trial, row: dict, infrastructure: bool = False) -> None:
+        store.write_row(output, row)
+        report.rows.append(row)
+        bar.done(row)
+        if on_row:
+            on_row(row)
+        follow = plan.on_result(trial, row["status"], infrastructure, row)
+        bar.add(len(follow))
+        queue.extend(follow)
+
+    started_ray = False
+    scheduler = None
+    with _Progress(progress) as bar:
+        bar.add(len(queue))
+        try:
+            while queue or (scheduler and scheduler.busy):
+                while queue:
+                    trial = queue.popleft()
+                    if trial.trial_id in seen:  # the same config reached twice (e.g. a retry the grid has)
+                        bar.add(-1)
+                        continue
+                    seen.add(trial.trial_id)
+                    if trial.trial_id in recorded:  # --resume: reuse the row, let the plan continue from it
+                        report.reused += 1
+                        row = recorded[trial.trial_id]
+                        bar.done(row)
+                        follow = plan.on_result(trial, row["status"], _was_infrastructure(row), row)
+                        bar.add(len(follow))
+                        queue.extend(follow)
+                        continue
+                    reason = unsupported(trial, profile)
+                    if reason:  # no actors, no GPU time
+                        record(trial, unsupported_row(trial, reason, **base))
+                        continue
+                    if scheduler is None:
+                        started_ray = connect(profile)
+                        scheduler = Scheduler(profile, max_concurrent=max_concurrent, timeout_s=timeout_s)
+                    scheduler.submit(trial)
+                if scheduler and scheduler.busy:
+                    for outcome in scheduler.poll(timeout=0.5):
+                        record(outcome.trial, outcome_row(outcome, **base), outcome.infrastructure)
+                    bar.running(scheduler.running())
+        except KeyboardInterrupt:
+            report.interrupted = True
+        finally:
+            if scheduler is not None:
+                scheduler.shutdown()  # kill actors, remove placement groups: nothing is orphaned
+            disconnect(started_ray)
+    return report
+
+
+def _was_infrastructure(row: dict) -> bool:
+    error = row.get("error") or ""
+    return row["status"] == "error" and (" died: " in error or "failed to start" in error)

@@ -1,0 +1,235 @@
+"""Ray scheduling: one placement group per trial attempt, one actor per rank, many trials at once.
+
+The scheduler knows nothing of grids or policies: `submit(trial)` queues an attempt, `poll()` returns
+the attempts that finished as `Outcome`s. Each attempt moves through
+
+    placing (placement group requested) → starting (rank actors up, rank 0 picks MASTER_ADDR/PORT)
+    → running (every rank trains) → done (actors killed, placement group removed)
+
+Teardown runs on every path: success, a failed rank (the others are killed at once instead of waiting
+in a collective), a timeout, a dead actor, or Ctrl-C in the driver (`shutdown()`).
+Placement groups are requested in submission order and a new one is requested only when every earlier
+one is placed, so a big trial waiting for GPUs is not overtaken forever by small ones.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from sweep.grid import Trial
+from trainer.job import RankJob
+
+DEFAULT_TIMEOUT_S = 1800.0  # a cold 8B compile plus measurement fits; a hung collective does not
+START_TIMEOUT_S = 300.0  # rank processes must come up within this (imports torch, maybe CUDA init)
+
+
+@dataclass
+class Outcome:
+    trial: Trial
+    status: str
+    error: str | None = None
+    ranks: list[dict] = field(default_factory=list)  # each rank's result dict ('ok' ranks only if all ok)
+    nodes: list[dict] = field(default_factory=list)  # node_info per rank
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    wall_s: float | None = None
+    infrastructure: bool = False  # a rank process died or never started: worth one retry
+
+
+@dataclass
+class _Attempt:
+    trial: Trial
+    pg: object
+    ready_ref: object
+    state: str = "placing"
+    actors: list = field(default_factory=list)
+    info_refs: list = field(default_factory=list)
+    run_refs: list = field(default_factory=list)
+    results: dict = field(default_factory=dict)  # rank -> result
+    nodes: list = field(default_factory=list)
+    deadline: float = math.inf
+    placed_at: float | None = None
+    started_at: datetime | None = None
+
+
+class Scheduler:
+    def __init__(self, profile, *, max_concurrent: int | None = None, timeout_s: float | None = None,
+                 pg_timeout_s: float = 120.0):
+        import ray
+
+        self.ray = ray
+        self.profile = profile
+        self.max_concurrent = max_concurrent or 10**9
+        self.timeout_s = timeout_s or getattr(profile, "timeout_s", None) or DEFAULT_TIMEOUT_S
+        self.pg_timeout_s = pg_timeout_s
+        self.queue: list[Trial] = []
+        self.active: list[_Attempt] = []
+        self._remote_worker = None
+
+    # -- public --------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue or self.active)
+
+    def running(self) -> list[Trial]:
+        return [a.trial for a in self.active if a.state != "placing"]
+
+    def submit(self, trial: Trial) -> None:
+        self.queue.append(trial)
+
+    def poll(self, timeout: float = 1.0) -> list[Outcome]:
+        """Advance every attempt; return those that finished. Blocks at most ~`timeout` seconds."""
+        self._place_more()
+        done: list[Outcome] = []
+        refs = self._waitable()
+        if refs:
+            self.ray.wait(refs, num_returns=1, timeout=timeout)  # sleep until something happens
+            ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
+        else:
+            ready = []
+            time.sleep(min(timeout, 0.05))
+        ready = set(ready)
+        for attempt in list(self.active):
+            outcome = self._advance(attempt, ready)
+            if outcome is not None:
+                done.append(outcome)
+        return done
+
+    def shutdown(self) -> None:
+        """Tear down everything still active (Ctrl-C): no orphaned actors or placement groups."""
+        for attempt in list(self.active):
+            self._teardown(attempt)
+        self.active.clear()
+        self.queue.clear()
+
+    # -- placement -----------------------------------------------------------------------------
+    def _bundle(self) -> dict:
+        cpus = self.profile.cpus_per_rank
+        return {"CPU": cpus, "GPU": 1} if self.profile.is_gpu else {"CPU": cpus}
+
+    def _place_more(self) -> None:
+        from ray.util.placement_group import placement_group
+
+        while self.queue and len(self.active) < self.max_concurrent:
+            if any(a.state == "placing" for a in self.active):
+                return  # FIFO: wait until the earlier request is placed (no starvation of big trials)
+            trial = self.queue.pop(0)
+            per_node = self.profile.ranks_per_node
+            # One node if it fits (STRICT_PACK keeps NVLink/xGMI traffic on the node); else as few nodes
+            # as possible (PACK), i.e. ceil(ranks / gpus_per_node).
+            strategy = "STRICT_PACK" if trial.gpus <= per_node else "PACK"
+            pg = placement_group([self._bundle() for _ in range(trial.gpus)], strategy=strategy,
+                                 name=f"sweep-{trial.trial_id}")
+            self.active.append(_Attempt(trial=trial, pg=pg, ready_ref=pg.ready()))
+
+    def _waitable(self) -> list:
+        refs = []
+        for a in self.active:
+            refs += {"placing": [a.ready_ref], "starting": a.info_refs, "running": a.run_refs}.get(a.state, [])
+        return refs
+
+    # -- the state machine ---------------------------------------------------------------------
+    def _advance(self, a: _Attempt, ready: set) -> Outcome | None:
+        now = time.monotonic()
+        if a.state == "placing":
+            if a.ready_ref in ready:
+                a.placed_at, a.started_at = now, datetime.now(timezone.utc)
+                a.deadline = now + START_TIMEOUT_S
+                self._start_actors(a)
+            return None
+        if now > a.deadline:
+            what = "rank processes did not start" if a.state == "starting" else "trial ran"
+            limit = START_TIMEOUT_S if a.state == "starting" else (a.trial.timeout_s or self.timeout_s)
+            return self._finish(a, "timeout", f"{what} past the {limit:.0f} s limit; all ranks killed")
+        if a.state == "starting":
+            if all(r in ready for r in a.info_refs):
+                try:
+                    a.nodes = self.ray.get(a.info_refs)
+                except Exception as e:  # an actor died while starting
+                    return self._finish(a, "error", f"rank process failed to start: {_short(e)}", infrastructure=True)
+                self._launch(a)
+            return None
+        for rank, ref in enumerate(a.run_refs):
+            if ref in ready and rank not in a.results:
+                try:
+                    a.results[rank] = self.ray.get(ref)
+                except Exception as e:  # RayActorError: the process died (SIGKILL, segfault, node lost)
+                    return self._finish(a, "error", f"rank {rank} died: {_short(e)}", infrastructure=True)
+                result = a.results[rank]
+                if result["status"] != "ok":  # first failing rank decides; the others are killed now
+                    return self._finish(a, result["status"], f"rank {rank}: {result.get('error')}")
+        if len(a.results) == len(a.run_refs):
+            return self._finish(a, "ok", None)
+        return None
+
+    def _start_actors(self, a: _Attempt) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from trainer.worker import RankWorker
+
+        if self._remote_worker is None:
+            self._remote_worker = self.ray.remote(RankWorker)
+        env = {str(k): str(v) for k, v in (self.profile.env or {}).items()}
+        if not self.profile.is_gpu:  # CPU ranks: one intra-op thread pool per rank, sized to its CPUs
+            env.setdefault("OMP_NUM_THREADS", str(self.profile.cpus_per_rank))
+        for i in range(a.trial.gpus):
+            actor = self._remote_worker.options(
+                num_cpus=self.profile.cpus_per_rank, num_gpus=1 if self.profile.is_gpu else 0, max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=a.pg,
+                                                                     placement_group_bundle_index=i),
+                runtime_env={"env_vars": env} if env else None,
+            ).remote()
+            a.actors.append(actor)
+        a.info_refs = [actor.node_info.remote() for actor in a.actors]
+        a.state = "starting"
+
+    def _launch(self, a: _Attempt) -> None:
+        t = a.trial
+        master = a.nodes[0]
+        node_order: dict[str, int] = {}
+        local_ranks = []
+        for info in a.nodes:  # local rank = index among the ranks on the same node
+            key = info["node_id"] or info["ip"]
+            local_ranks.append(node_order.get(key, 0))
+            node_order[key] = node_order.get(key, 0) + 1
+        for rank, actor in enumerate(a.actors):
+            job = RankJob(rank=rank, world_size=t.gpus, local_rank=local_ranks[rank], master_addr=master["ip"],
+                          master_port=master["port"], model_spec_json=t.model.to_json(), precision=t.precision,
+                          compile=t.compile, ac=t.ac, batch_size=t.batch_size, seq_len=t.seq_len,
+                          warmup_steps=t.warmup_steps, measure_steps=t.measure_steps,
+                          device_type="cuda" if self.profile.is_gpu else "cpu",
+                          memory_cap_bytes=t.memory_cap_bytes, pg_timeout_s=self.pg_timeout_s)
+            a.run_refs.append(actor.run.remote(job))
+        a.state = "running"
+        a.deadline = time.monotonic() + (t.timeout_s or self.timeout_s)
+
+    def _finish(self, a: _Attempt, status: str, error: str | None, infrastructure: bool = False) -> Outcome:
+        self._teardown(a)
+        self.active.remove(a)
+        wall = time.monotonic() - a.placed_at if a.placed_at else None
+        ranks = [a.results[r] for r in sorted(a.results)] if status == "ok" else list(a.results.values())
+        return Outcome(trial=a.trial, status=status, error=error, ranks=ranks, nodes=a.nodes,
+                       started_at=a.started_at, finished_at=datetime.now(timezone.utc), wall_s=wall,
+                       infrastructure=infrastructure)
+
+    def _teardown(self, a: _Attempt) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in a.actors:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        try:
+            remove_placement_group(a.pg)
+        except Exception:
+            pass
+        a.state = "done"
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:500]}"

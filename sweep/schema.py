@@ -1,0 +1,100 @@
+"""The result schema: one row per attempt, declared once.
+
+Every Parquet file that sweep writes carries this schema and its version in the file metadata
+(key ``sweep.schema_version``). Readers check the version (see ``sweep.store``). Bump
+``SCHEMA_VERSION`` when a column changes meaning or type; adding a nullable column is a minor bump
+that older readers tolerate.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1.0"
+VERSION_KEY = b"sweep.schema_version"
+
+STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
+
+_TS = pa.timestamp("us", tz="UTC")
+
+# (name, type, description). The description lands in the field metadata so that
+# `pq.read_schema(file)` documents itself.
+_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    # identity and lineage
+    ("run_id", pa.string(), "one `sweep run` / `sweep max-batch` invocation"),
+    ("trial_id", pa.string(), "hash of the trial's config (and retry number): unique per attempt"),
+    ("attempt", pa.int32(), "1 for a trial from the grid; parent's attempt + 1 for a retry"),
+    ("parent_trial_id", pa.string(), "trial_id this attempt retries (OOM or infrastructure), else null"),
+    ("search_id", pa.string(), "max-batch search this probe belongs to, else null"),
+    ("grid_name", pa.string(), "the grid's `name`"),
+    # where
+    ("cluster", pa.string(), "cluster profile name"),
+    ("accelerator", pa.string(), "accelerator catalog name (h200, mi300x, cpu, ...)"),
+    ("world_size", pa.int32(), "ranks in the trial (one per GPU)"),
+    ("nodes", pa.int32(), "distinct Ray nodes the ranks ran on"),
+    ("node_ids", pa.list_(pa.string()), "Ray node id per rank"),
+    ("hosts", pa.list_(pa.string()), "hostname per rank"),
+    ("hostname", pa.string(), "host of rank 0"),
+    # what
+    ("model", pa.string(), "registry name or inline spec name"),
+    ("model_spec", pa.string(), "the model's full spec as JSON"),
+    ("precision", pa.string(), "precision recipe name"),
+    ("compile", pa.string(), "none | regional | full"),
+    ("ac", pa.string(), "activation checkpointing: none | selective | full"),
+    ("batch_size", pa.int32(), "per-GPU micro-batch"),
+    ("seq_len", pa.int32(), "tokens per sample"),
+    ("warmup_steps", pa.int32(), "steps run before timing"),
+    ("measure_steps", pa.int32(), "timed steps"),
+    ("memory_cap_gib", pa.float64(), "per-rank memory cap imposed by sweep, else null"),
+    # outcome
+    ("status", pa.string(), "ok | oom | error | timeout | unsupported"),
+    ("error", pa.string(), "why the attempt did not succeed (first failing rank)"),
+    # performance
+    ("step_time_s", pa.float64(), "median step time over the measured steps (synchronised)"),
+    ("step_time_p10_s", pa.float64(), "10th percentile step time"),
+    ("step_time_p90_s", pa.float64(), "90th percentile step time"),
+    ("tokens_per_s_per_gpu", pa.float64(), "batch_size * seq_len / step_time_s"),
+    ("tflops_per_gpu", pa.float64(), "flops_per_token * tokens_per_s_per_gpu / 1e12"),
+    ("mfu", pa.float64(), "tflops_per_gpu / peak_tflops"),
+    ("peak_tflops", pa.float64(), "the MFU divisor: accelerator peak dense TFLOP/s for this precision"),
+    ("flops_per_token", pa.float64(), "6N + 12*L*H*D*T (seed 000), N = every parameter"),
+    ("n_params", pa.int64(), "parameters of the model (tied weights once)"),
+    ("params_local", pa.list_(pa.int64()), "parameter elements held by each rank after sharding"),
+    ("peak_mem_gib", pa.float64(), "peak memory, max over ranks (CUDA allocated, or CPU peak RSS)"),
+    ("reserved_mem_gib", pa.float64(), "peak reserved by the caching allocator, max over ranks"),
+    ("alloc_retries", pa.int64(), "CUDA allocator retries (cudaMalloc after freeing cache), max over ranks"),
+    ("loss_first", pa.float64(), "loss at the first step (rank 0)"),
+    ("loss_last", pa.float64(), "loss at the last step (rank 0)"),
+    ("init_time_s", pa.float64(), "actor start to model built, sharded and ready"),
+    ("compile_time_s", pa.float64(), "first step's time beyond a steady step (compilation, autotuning)"),
+    ("steps_time_s", pa.float64(), "sum of measured step times"),
+    ("trial_wall_s", pa.float64(), "placement group request to teardown, seen by the driver"),
+    # software and hardware
+    ("torch_version", pa.string(), ""),
+    ("ray_version", pa.string(), ""),
+    ("te_version", pa.string(), "transformer-engine, if importable"),
+    ("torchao_version", pa.string(), ""),
+    ("gpu_name", pa.string(), "device name reported by torch"),
+    ("driver_version", pa.string(), "GPU driver version"),
+    ("cuda_version", pa.string(), "CUDA or HIP runtime torch was built with"),
+    ("git_sha", pa.string(), "commit of sweep that produced the row"),
+    ("started_at", _TS, ""),
+    ("finished_at", _TS, ""),
+]
+
+RESULT_SCHEMA = pa.schema(
+    [pa.field(name, typ, metadata={b"doc": doc.encode()} if doc else None) for name, typ, doc in _COLUMNS],
+    metadata={VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+COLUMNS = tuple(RESULT_SCHEMA.names)
+
+
+def to_table(rows: list[dict]) -> pa.Table:
+    """Rows (dicts) to a table of RESULT_SCHEMA. Unknown keys are a bug, so they raise."""
+    for row in rows:
+        extra = set(row) - set(COLUMNS)
+        if extra:
+            raise KeyError(f"row has columns not in the result schema: {sorted(extra)}")
+        if row.get("status") not in STATUSES:
+            raise ValueError(f"status {row.get('status')!r} is not one of {STATUSES}")
+    return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)

@@ -1,0 +1,371 @@
+"""`sweep results`: aggregation, comparisons, exports, plot and query over a synthetic dataset.
+
+The dataset is written with ``sweep.store.write_row`` exactly as ``sweep run`` writes it: two
+clusters, three runs each, two models, three precisions, batches 1..16, with OOMs above each
+model's limit, a precision unsupported on one cluster, a timeout, and two configs where one repeat
+failed among ok ones. Expected numbers are computed here, in plain Python, from the rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import random
+import statistics
+import sys
+import types
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from sweep.commands import results as results_cmd
+from sweep.results import aggregate, query
+from sweep.store import write_row
+
+KEYS = query.CONFIG_KEYS
+GROUP = tuple(k for k in KEYS if k != "batch_size")
+PEAK = {"h200": 989.0, "mi300x": 1307.0}
+SPEED = {"h200": 420.0, "mi300x": 470.0}
+PREC = {"bf16": 1.0, "fp8-te": 1.12, "fp8-torchao": 1.07}
+LIMIT = {("llama3-8b", "bf16"): 4, ("llama3-70b", "bf16"): 2}  # fp8 fits twice the bf16 batch
+FLOPS_PER_TOKEN = {"llama3-8b": 6 * 8.0e9, "llama3-70b": 6 * 70.6e9}
+SEQ = 2048
+
+
+def _limit(model: str, precision: str) -> int:
+    bf16 = LIMIT[(model, "bf16")]
+    return bf16 if precision == "bf16" else 2 * bf16
+
+
+def make_rows() -> list[dict]:
+    rng = random.Random(7)
+    rows, n = [], 0
+    t0 = dt.datetime(2025, 6, 2, 9, 0, tzinfo=dt.timezone.utc)
+    for cluster in ("h200", "mi300x"):
+        for run in (1, 2, 3):
+            for model in ("llama3-8b", "llama3-70b"):
+                for precision in PREC:
+                    for batch in (1, 2, 4, 8, 16):
+                        n += 1
+                        limit = _limit(model, precision)
+                        status, error = "ok", None
+                        if batch > limit:
+                            status, error = "oom", f"CUDA out of memory. Tried to allocate {batch * 0.5:.2f} GiB"
+                        if cluster == "mi300x" and precision == "fp8-torchao":
+                            status, error = "unsupported", "torchao float8 needs sm89+, got gfx942"
+                        if cluster == "mi300x" and model == "llama3-8b" and precision == "bf16" and batch == 16:
+                            status, error = "timeout", "trial exceeded 900 s"
+                        if cluster == "h200" and model == "llama3-8b" and precision == "fp8-te" and batch == 8 and run == 3:
+                            status, error = "oom", "CUDA out of memory (fragmentation)"  # flaky: 2 ok + 1 oom
+                        if cluster == "h200" and model == "llama3-70b" and precision == "bf16" and batch == 1 and run == 2:
+                            status, error = "error", "NCCL watchdog timeout\nrank 3 ...\n"
+                        row = {
+                            "run_id": f"{cluster}-run{run}", "trial_id": f"t{n:05d}", "attempt": 1,
+                            "grid_name": "fp8-vs-bf16", "cluster": cluster, "accelerator": cluster,
+                            "world_size": 8, "nodes": 1, "hostname": f"{cluster}-node0",
+                            "model": model, "precision": precision, "compile": "none", "ac": "none",
+                            "batch_size": batch, "seq_len": SEQ, "warmup_steps": 3, "measure_steps": 10,
+                            "status": status, "error": error, "gpu_name": cluster.upper(),
+                            "started_at": t0 + dt.timedelta(minutes=n), "finished_at": t0 + dt.timedelta(minutes=n, seconds=50),
+                        }
+                        if status == "ok":
+                            tf = SPEED[cluster] * PREC[precision] * (1 - 0.25 / batch) * rng.uniform(0.96, 1.04)
+                            if precision == "fp8-torchao" and batch == limit:
+                                tf *= 0.8  # at its limit torchao slows down: its fastest batch is smaller
+                            tokens = tf * 1e12 / FLOPS_PER_TOKEN[model]
+                            row.update(tflops_per_gpu=tf, mfu=tf / PEAK[cluster], tokens_per_s_per_gpu=tokens,
+                                       step_time_s=batch * SEQ / tokens, peak_mem_gib=12.0 + 9.5 * batch + rng.random(),
+                                       peak_tflops=PEAK[cluster], flops_per_token=FLOPS_PER_TOKEN[model])
+                        rows.append(row)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> tuple[Path, list[dict]]:
+    out = tmp_path_factory.mktemp("results")
+    rows = make_rows()
+    for row in rows:
+        write_row(out, row)
+    return out, rows
+
+
+def expected_configs(rows: list[dict]) -> dict[tuple, dict]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[tuple(r[k] for k in KEYS)].append(r)
+    out = {}
+    for key, rs in groups.items():
+        ok = [r for r in rs if r["status"] == "ok"]
+        e = {"n": len(rs), "n_ok": len(ok), **{f"n_{s}": sum(r["status"] == s for r in rs) for s in aggregate.FAILURES}}
+        if ok:
+            e["status"] = "ok"
+            for m in aggregate.METRICS:
+                e[m] = statistics.median(r[m] for r in ok)
+            tf = [r["tflops_per_gpu"] for r in ok]
+            e["spread_pct"] = 100 * (max(tf) - min(tf)) / 2 / e["tflops_per_gpu"]
+        else:
+            e["status"] = "/".join(s for s in aggregate.FAILURES if e[f"n_{s}"])
+            e.update({m: None for m in aggregate.METRICS})
+        out[key] = e
+    return out
+
+
+def _app() -> typer.Typer:
+    try:
+        from sweep.cli import app
+        return app
+    except Exception:  # another command module mid-edit: test ours on a throwaway root
+        root = typer.Typer()
+        root.add_typer(results_cmd.app, name="results")
+        return root
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(_app(), ["results", *map(str, args)])
+
+
+# --- aggregation -----------------------------------------------------------------------------------
+
+def test_configs_median_counts_and_failures(dataset):
+    out, rows = dataset
+    got = {tuple(r[k] for k in KEYS): r for r in aggregate.configs(out).to_pylist()}
+    want = expected_configs(rows)
+    assert got.keys() == want.keys()  # every config, failed ones included
+    for key, e in want.items():
+        g = got[key]
+        assert g["status"] == e["status"], key
+        assert (g["n_attempts"], g["n_ok"]) == (e["n"], e["n_ok"])
+        for s in aggregate.FAILURES:
+            assert g[f"n_{s}"] == e[f"n_{s}"]
+        for m in aggregate.METRICS:
+            assert g[m] == (pytest.approx(e[m], rel=1e-12) if e[m] is not None else None), (key, m)
+    flaky = got[("h200", "llama3-8b", "fp8-te", "none", "none", 8, SEQ, 8)]
+    assert (flaky["status"], flaky["n_ok"], flaky["n_oom"], flaky["error"]) == ("ok", 2, 1, "CUDA out of memory (fragmentation)")
+
+
+def test_max_batch_largest_oom_and_fastest(dataset):
+    out, rows = dataset
+    want = expected_configs(rows)
+    got = {tuple(r[k] for k in GROUP): r for r in aggregate.max_batch(out).to_pylist()}
+    assert len(got) == 2 * 2 * 3
+    for group, g in got.items():
+        mine = {k[KEYS.index("batch_size")]: e for k, e in want.items() if tuple(k[KEYS.index(c)] for c in GROUP) == group}
+        ok = [b for b, e in mine.items() if e["n_ok"]]
+        if not ok:
+            assert g["max_ok_batch"] is None and g["status"] == "unsupported" and g["tflops_per_gpu"] is None
+            continue
+        largest = max(ok)
+        fastest = max(ok, key=lambda b: mine[b]["tflops_per_gpu"])
+        ooms = [b for b, e in mine.items() if e["n_oom"] and b > largest]
+        assert g["max_ok_batch"] == largest
+        assert g["oom_batch"] == (min(ooms) if ooms else None)
+        assert g["fastest_batch"] == fastest
+        assert g["tflops_per_gpu"] == pytest.approx(mine[fastest]["tflops_per_gpu"])
+        assert g["mfu"] == pytest.approx(mine[fastest]["mfu"])
+    # spot checks of the rules against the generator
+    h200_8b = lambda p: got[("h200", "llama3-8b", p, "none", "none", SEQ, 8)]  # noqa: E731
+    assert (h200_8b("bf16")["max_ok_batch"], h200_8b("bf16")["oom_batch"]) == (4, 8)
+    assert (h200_8b("fp8-te")["max_ok_batch"], h200_8b("fp8-te")["oom_batch"]) == (8, 16)  # 2 of 3 ok at 8
+    assert h200_8b("fp8-torchao")["fastest_batch"] == 4  # slower at its limit of 8
+    mi_8b_bf16 = got[("mi300x", "llama3-8b", "bf16", "none", "none", SEQ, 8)]
+    assert (mi_8b_bf16["max_ok_batch"], mi_8b_bf16["oom_batch"]) == (4, 8)  # 16 timed out, 8 is the OOM
+
+
+def test_compare_precision_ratios(dataset):
+    out, rows = dataset
+    want = expected_configs(rows)
+    table = aggregate.compare(out, "bf16").to_pylist()
+    assert {r["precision"] for r in table} == {"fp8-te", "fp8-torchao"}
+    assert len(table) == 2 * 2 * 2 * 5
+    for r in table:
+        key = tuple(r[k] for k in KEYS)
+        base = want[tuple("bf16" if k == "precision" else r[k] for k in KEYS)]
+        mine = want[key]
+        assert r["base_status"] == base["status"]
+        if mine["tflops_per_gpu"] is not None and base["tflops_per_gpu"] is not None:
+            assert r["ratio"] == pytest.approx(mine["tflops_per_gpu"] / base["tflops_per_gpu"])
+        else:
+            assert r["ratio"] is None
+
+
+def test_compare_clusters_with_costs(dataset):
+    out, rows = dataset
+    want = expected_configs(rows)
+    costs = {"h200": 3.5, "mi300x": None}
+    table = aggregate.compare_table(aggregate.configs(out), "h200", "cluster", {"h200": 3.5, "mi300x": 2.1})
+    r = next(r for r in table.to_pylist() if (r["model"], r["precision"], r["batch_size"]) == ("llama3-8b", "bf16", 2))
+    mi, h = (want[(c, "llama3-8b", "bf16", "none", "none", 2, SEQ, 8)] for c in ("mi300x", "h200"))
+    assert r["cluster"] == "mi300x"
+    assert r["ratio"] == pytest.approx(mi["tflops_per_gpu"] / h["tflops_per_gpu"])
+    assert r["tok_s_per_usd_h"] == pytest.approx(mi["tokens_per_s_per_gpu"] / 2.1)
+    assert r["cost_ratio"] == pytest.approx((mi["tokens_per_s_per_gpu"] / 2.1) / (h["tokens_per_s_per_gpu"] / 3.5))
+    unknown = aggregate.compare_table(aggregate.configs(out), "h200", "cluster", costs).to_pylist()
+    assert all(r["cost_ratio"] is None for r in unknown)
+
+
+def test_cluster_costs_tolerate_missing_profiles(monkeypatch):
+    def load_profile(name):
+        if name == "h200":
+            return types.SimpleNamespace(cost_per_gpu_hour=3.5)
+        if name == "nocost":
+            return types.SimpleNamespace()
+        raise KeyError(name)
+
+    monkeypatch.setitem(sys.modules, "clusters", types.SimpleNamespace(load_profile=load_profile))
+    assert aggregate.cluster_costs(["h200", "nocost", "mi300x"]) == {"h200": 3.5, "nocost": None, "mi300x": None}
+
+
+def test_where_filters(dataset):
+    out, rows = dataset
+    table = query.load(out, ["precision=bf16,fp8-te", "batch_size>=4", "status!=ok"], ["precision", "batch_size", "status"])
+    expect = [r for r in rows if r["precision"] in ("bf16", "fp8-te") and r["batch_size"] >= 4 and r["status"] != "ok"]
+    assert table.num_rows == len(expect) > 0
+    assert query.load(out, ["started_at<2025-06-02T09:03:30"], ["trial_id"]).column("trial_id").to_pylist() == ["t00001", "t00002", "t00003"]
+
+
+# --- exports: the same numbers as the rows ---------------------------------------------------------
+
+HEADER_KEYS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile", "ac": "ac",
+               "batch": "batch_size", "seq": "seq_len", "GPUs": "world_size"}
+
+
+def _parse_markdown(text: str) -> list[dict]:
+    lines = [line for line in text.splitlines() if line.strip()]
+    constant = {}
+    if lines[0].startswith("_"):
+        constant = dict(part.split(" ", 1) for part in lines[0].strip("_").split(" · "))
+        lines = lines[1:]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert set(lines[1].replace("|", "").replace("-", "").replace(":", "")) <= {""}
+    return [{**constant, **dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))} for line in lines[2:]]
+
+
+def _key(row: dict) -> tuple:
+    by_key = {HEADER_KEYS.get(h, h): v for h, v in row.items()}
+    return tuple(int(by_key[k]) if k in ("batch_size", "seq_len", "world_size") else by_key[k] for k in KEYS)
+
+
+def test_export_markdown_carries_row_numbers(dataset):
+    out, rows = dataset
+    res = invoke("export", out, "--format", "md")
+    assert res.exit_code == 0, res.output
+    want = expected_configs(rows)
+    parsed = _parse_markdown(res.stdout)
+    assert len(parsed) == len(want)
+    for row in parsed:
+        e = want[_key(row)]
+        assert row["n"] == str(e["n"])
+        if e["status"] != "ok":
+            assert row["status"] == row["TFLOP/s/GPU"] == e["status"]  # the status text, never a zero
+            assert row["MFU"] == row["tok/s/GPU"] == "—"
+            continue
+        failed = [f"{e[f'n_{s}']} {s}" for s in aggregate.FAILURES if e[f"n_{s}"]]
+        assert row["status"] == (f"ok ({', '.join(failed)})" if failed else "ok")
+        assert row["TFLOP/s/GPU"] == f"{e['tflops_per_gpu']:.2f}"
+        assert row["MFU"] == f"{e['mfu'] * 100:.1f} %"
+        assert row["tok/s/GPU"] == f"{e['tokens_per_s_per_gpu']:,.0f}"
+        assert row["step (s)"] == f"{e['step_time_s']:.3f}"
+        assert row["peak mem (GiB)"] == f"{e['peak_mem_gib']:.2f}"
+        assert row["spread"] == f"±{e['spread_pct']:.1f} %"
+
+
+def test_export_csv_carries_row_numbers(dataset, tmp_path):
+    out, rows = dataset
+    target = tmp_path / "sub" / "export.csv"
+    res = invoke("export", out, "--format", "csv", "--out", target)
+    assert res.exit_code == 0, res.output
+    want = expected_configs(rows)
+    parsed = list(csv.DictReader(io.StringIO(target.read_text())))
+    assert len(parsed) == len(want)
+    for row in parsed:
+        e = want[_key(row)]
+        assert (row["status"], int(row["n_attempts"]), int(row["n_ok"])) == (e["status"], e["n"], e["n_ok"])
+        for m in aggregate.METRICS:
+            assert (float(row[m]) if row[m] else None) == (pytest.approx(e[m], rel=1e-12) if e[m] is not None else None)
+
+
+def test_export_md_and_csv_agree(dataset):
+    out, _ = dataset
+    md = {_key(r): r for r in _parse_markdown(invoke("export", out).stdout)}
+    for row in csv.DictReader(io.StringIO(invoke("export", out, "-f", "csv").stdout)):
+        cell = md[_key(row)]["TFLOP/s/GPU"]
+        assert cell == (f"{float(row['tflops_per_gpu']):.2f}" if row["tflops_per_gpu"] else row["status"])
+
+
+# --- the other commands ----------------------------------------------------------------------------
+
+def test_show_and_max_batch_and_compare_print(dataset):
+    out, _ = dataset
+    res = invoke("show", out, "--where", "status!=ok", "--limit", "500")
+    assert res.exit_code == 0 and "unsupported" in res.stdout and "NCCL watchdog timeout" in res.stdout
+    res = invoke("max-batch", out, "--format", "md", "--where", "cluster=h200")
+    assert res.exit_code == 0 and "| llama3-8b | fp8-te | ok | 8 | 16 | 8 |" in res.stdout
+    res = invoke("compare", out, "--baseline", "bf16", "--where", "model=llama3-8b")
+    assert res.exit_code == 0 and "vs bf16" in res.stdout and "baseline oom" in res.stdout
+    res = invoke("compare", out, "--by", "cluster", "--baseline", "h200", "-f", "csv")
+    assert res.exit_code == 0 and res.stdout.startswith("model,precision,")
+
+
+def test_plot_writes_png(dataset, tmp_path):
+    out, _ = dataset
+    png = tmp_path / "fig.png"
+    res = invoke("plot", out, "--out", png)
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+def test_query_count(dataset):
+    out, rows = dataset
+    res = invoke("query", out, "SELECT count(*) AS n FROM results", "--format", "csv")
+    assert res.exit_code == 0 and res.stdout == f"n\n{len(rows)}\n"
+    res = invoke("query", out, "SELECT precision, count(*) AS n FROM results GROUP BY ALL ORDER BY 1")
+    assert res.exit_code == 0 and "fp8-torchao" in res.stdout
+
+
+# --- bad input: exit 2, one line, no traceback -----------------------------------------------------
+
+def _foreign(path: Path) -> None:
+    (path / "cluster=x" / "run=y").mkdir(parents=True)
+    pq.write_table(pa.table({"a": [1]}), path / "cluster=x" / "run=y" / "t.parquet")
+
+
+def _garbage(path: Path) -> None:
+    (path / "t.parquet").write_bytes(b"not parquet at all")
+
+
+@pytest.mark.parametrize("args, setup, message", [
+    (["show", "{empty}"], None, "no sweep results found"),
+    (["export", "{empty}"], _foreign, "not a sweep result file"),
+    (["max-batch", "{empty}"], _garbage, "not a readable Parquet file"),
+    (["show", "{data}", "--where", "precison=bf16"], None, "unknown column 'precison'; valid columns: run_id"),
+    (["show", "{data}", "--where", "batch_size>=four"], None, "batch_size takes an integer"),
+    (["export", "{data}", "--where", "precision=fp9"], None, "precision values: bf16, fp8-te, fp8-torchao"),
+    (["query", "{data}", "SELEC 1"], None, "SQL: Parser Error"),
+    (["query", "{data}", "SELECT nope FROM results"], None, "SQL: Binder Error"),
+    (["compare", "{data}", "--baseline", "fp16"], None, "valid: bf16, fp8-te, fp8-torchao"),
+    (["compare", "{data}", "--by", "cluster", "--baseline", "b200"], None, "valid: h200, mi300x"),
+    (["compare", "{data}", "--by", "cluster"], None, "needs --baseline"),
+])
+def test_bad_input_is_one_line_exit_2(dataset, tmp_path, args, setup, message):
+    if setup:
+        setup(tmp_path)
+    args = [a.format(empty=tmp_path, data=dataset[0]) for a in args]
+    res = invoke(*args)
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.stderr
+
+
+def test_results_command_imports_nothing_heavy():
+    import subprocess
+
+    code = "import sys, sweep.commands.results; print(sorted(m for m in ('duckdb', 'matplotlib', 'pyarrow') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

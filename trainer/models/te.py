@@ -1,0 +1,148 @@
+"""The registry's architectures built from Transformer Engine layers (the `*-te` recipes).
+
+Same contract as trainer/models/gpt.py and llama.py, and the same parameters (names aside): `.blocks`
+(an nn.ModuleList of `te.TransformerLayer`), `init_weights()` (same init scheme, so the first loss is
+~ln V) and `forward(tokens) -> logits`; `sum(p.numel())` equals `spec.n_params()` (tests/test_models.py,
+where TE is installed).
+
+Llama (seed 000's TE model): TransformerLayer with RMSNorm, SwiGLU, grouped-query attention, fused QKV,
+no biases, no dropout, causal self-attention on (batch, seq, hidden) input, RoPE applied inside TE's
+attention from `rotary_pos_emb` (TE's RotaryPositionEmbedding table, base `spec.rope_theta`); the head is
+a TE LayerNormLinear (final RMSNorm fused with the vocabulary projection), kept out of FP8.
+Differences from seed 000, on purpose: `num_gqa_groups` is the number of KV heads (TE's meaning; the
+seed passed n_heads // n_kv_heads = 4 for Llama3-8B's 8 KV heads, a 7.90 B model instead of 8.03 B),
+RoPE uses base 500000 (the seed's default 10000 ignored its own rope_base) and fp32 angles sized to
+`spec.max_seq_len` (the seed cast a 131072-position table to bf16).
+RoPE pairs channels as (i, i + D/2) (TE's default, as HF Llama) where llama.py pairs (2i, 2i+1): the
+same rotation up to a fixed permutation of each head's channels, so the same cost and the same model.
+
+GPT-2: TransformerLayer with LayerNorm, GELU (TE's is the tanh approximation), biases, multi-head
+attention; learned positions, a final LayerNorm and the head tied to the token embedding (plain torch,
+so never FP8).
+
+FSDP2: layers are created with `device="meta"` (TE then defers its own init), sharded by
+`trainer.parallelize`, materialised with `to_empty` and initialised here. TE needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trainer.models.specs import ModelSpec
+
+INIT_STD = 0.02  # as gpt.py / llama.py
+
+
+def init_rule(name: str, n_layers: int) -> tuple[str, float]:
+    """How the parameter called `name` (its fully qualified name) is initialised.
+
+    ("ones", 1.0) for norm scales, ("zeros", 0.0) for biases, ("normal", std) for the rest: std 0.02, and
+    0.02 / sqrt(2L) for the projections that write into the residual stream (attention output `proj`,
+    MLP `fc2`), as GPT-2 and torchtitan's Llama do (the same scheme as gpt.py and llama.py).
+    """
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "layer_norm_weight" or name.endswith("norm.weight"):
+        return ("ones", 1.0)
+    if leaf == "layer_norm_bias" or leaf.endswith("bias"):
+        return ("zeros", 0.0)
+    if name.endswith(("proj.weight", "fc2_weight")):
+        return ("normal", INIT_STD / math.sqrt(2 * n_layers))
+    return ("normal", INIT_STD)
+
+
+def _init_params(model: nn.Module, n_layers: int) -> None:
+    """Initialise every parameter in place by `init_rule` (plain tensors or FSDP2's DTensor shards)."""
+    for name, param in model.named_parameters():
+        kind, value = init_rule(name, n_layers)
+        if kind == "normal":
+            nn.init.normal_(param, mean=0.0, std=value)
+        else:
+            nn.init.constant_(param, value)
+
+
+def _te():
+    from trainer.te import import_te
+
+    return import_te("TE models (build_te_model)")
+
+
+def _fp8_off():
+    te = _te()
+    return te.autocast(enabled=False) if hasattr(te, "autocast") else te.fp8_autocast(enabled=False)
+
+
+def _device() -> str:
+    # TE compares `device == "meta"` to a string to decide whether to defer its init: pass a str.
+    return "meta" if torch.get_default_device().type == "meta" else "cuda"
+
+
+def _layer(te, spec: ModelSpec, i: int, device: str, **arch) -> nn.Module:
+    return te.TransformerLayer(
+        hidden_size=spec.d_embd, num_attention_heads=spec.n_heads, layernorm_epsilon=spec.norm_eps,
+        hidden_dropout=0.0, attention_dropout=0.0, layer_number=i + 1, self_attn_mask_type="causal",
+        fuse_qkv_params=True, attn_input_format="bshd", params_dtype=torch.float32, device=device, **arch)
+
+
+class TELlama(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        te, device = _te(), _device()
+        self.spec = spec
+        self.tok_embd = nn.Embedding(spec.vocab_size, spec.d_embd)
+        self.blocks = nn.ModuleList(
+            _layer(te, spec, i, device, ffn_hidden_size=spec.ffn_hidden, num_gqa_groups=spec.n_kv_heads,
+                   normalization="RMSNorm", activation="swiglu", bias=False)
+            for i in range(spec.n_layers))
+        self.output = te.LayerNormLinear(spec.d_embd, spec.vocab_size, eps=spec.norm_eps, bias=False,
+                                         normalization="RMSNorm", params_dtype=torch.float32, device=device)
+        # RoPE angles (T, 1, 1, D), fp32. Not persistent: filled by init_weights on the real device.
+        self.register_buffer("rope_freqs", torch.empty(spec.max_seq_len, 1, 1, spec.head_dim), persistent=False)
+
+    def init_weights(self) -> None:
+        _init_params(self, self.spec.n_layers)
+        rope = _te().RotaryPositionEmbedding(self.spec.head_dim, rotary_base=self.spec.rope_theta)
+        self.rope_freqs.copy_(rope(self.spec.max_seq_len).to(self.rope_freqs.device, torch.float32))
+
+    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+        T = idx_BT.size(1)
+        if T > self.rope_freqs.size(0):
+            raise ValueError(f"seq_len {T} exceeds {self.spec.label}'s max_seq_len ({self.spec.max_seq_len})")
+        x_BTE = self.tok_embd(idx_BT)
+        freqs = self.rope_freqs[:T]
+        for block in self.blocks:
+            x_BTE = block(x_BTE, rotary_pos_emb=freqs)
+        with _fp8_off():  # the LM head stays in bf16 (accuracy), as torchao's module filter does
+            return self.output(x_BTE)
+
+
+class TEGPT(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        te, device = _te(), _device()
+        self.spec = spec
+        self.tok_embd = nn.Embedding(spec.vocab_size, spec.d_embd)
+        self.pos_embd = nn.Embedding(spec.max_seq_len, spec.d_embd)
+        self.blocks = nn.ModuleList(
+            _layer(te, spec, i, device, ffn_hidden_size=4 * spec.d_embd, normalization="LayerNorm",
+                   activation="gelu", bias=True)
+            for i in range(spec.n_layers))
+        self.out_norm = nn.LayerNorm(spec.d_embd, eps=spec.norm_eps)
+
+    def init_weights(self) -> None:
+        _init_params(self, self.spec.n_layers)
+
+    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+        pos_T = torch.arange(idx_BT.size(1), device=idx_BT.device)
+        x_BTE = self.tok_embd(idx_BT) + self.pos_embd(pos_T)
+        for block in self.blocks:
+            x_BTE = block(x_BTE)
+        return F.linear(self.out_norm(x_BTE), self.tok_embd.weight)  # tied head (seed 002), not FP8
+
+
+def build_te_model(spec: ModelSpec) -> nn.Module:
+    """The TE model for `spec`, on the meta device when built under `torch.device("meta")`, else CUDA."""
+    return TEGPT(spec) if spec.arch == "gpt" else TELlama(spec)

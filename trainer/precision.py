@@ -1,0 +1,88 @@
+"""The torch side of each precision recipe (`trainer.recipes` holds the names and needs).
+
+A `PrecisionPlan` says how a recipe touches training:
+  - `model_backend`: build plain torch modules, or Transformer Engine modules;
+  - `convert(model)`: module swaps before compile and sharding (torchao float8 Linear);
+  - `mp_policy()`: FSDP2 mixed precision (bf16 params, fp32 gradient reduction for bf16 and FP8);
+  - `forward_context()`: what wraps the forward pass (TE's fp8_autocast);
+  - `after_optimizer_step(model)`: per-step bookkeeping (torchao's float8 all-gather scale precompute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from trainer.recipes import RECIPES, Recipe
+
+FP8_DIM_MULTIPLE = 16  # FP8 GEMMs need both dims divisible by 16 (cuBLASLt / hipBLASLt)
+
+
+def fp8_module_filter(module: nn.Module, fqn: str) -> bool:
+    """Which Linear layers get FP8: not the output head (accuracy) and only dims divisible by 16."""
+    if not isinstance(module, nn.Linear) or fqn in ("output", "lm_head"):
+        return False
+    return module.in_features % FP8_DIM_MULTIPLE == 0 and module.out_features % FP8_DIM_MULTIPLE == 0
+
+
+@dataclass(kw_only=True)
+class PrecisionPlan:
+    recipe: Recipe
+    model_backend: str = "torch"
+    param_dtype: torch.dtype | None = torch.bfloat16
+    convert: Callable[[nn.Module], None] = lambda model: None
+    after_optimizer_step: Callable[[nn.Module], None] = lambda model: None
+    forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    notes: list[str] = field(default_factory=list)
+
+    def mp_policy(self):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.param_dtype is None:
+            return MixedPrecisionPolicy()
+        # bf16 params for compute, fp32 for the gradient reduce-scatter (accuracy of the sum over ranks).
+        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
+
+
+def _torchao_plan(recipe: Recipe, *, emulate: bool) -> PrecisionPlan:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    if recipe.name == "fp8-torchao-tensorwise":
+        # FP8 all-gather: FSDP2 gathers float8 weights (half the bytes of bf16) - torchtitan's default.
+        config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    elif recipe.name == "fp8-torchao-rowwise":
+        config = Float8LinearConfig.from_recipe_name("rowwise")
+    else:
+        config = Float8LinearConfig.from_recipe_name("rowwise_with_gw_hp")
+    if emulate:  # CPU ranks: float8 casts are real, the matmul is emulated in high precision
+        config = dataclasses.replace(config, emulate=True)
+
+    def convert(model: nn.Module) -> None:
+        convert_to_float8_training(model, config=config, module_filter_fn=fp8_module_filter)
+
+    def after_optimizer_step(model: nn.Module) -> None:
+        if config.enable_fsdp_float8_all_gather:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            # one all-reduce for every layer's amax instead of one per layer at the next all-gather
+            precompute_float8_dynamic_scale_for_fsdp(model)
+
+    return PrecisionPlan(recipe=recipe, convert=convert, after_optimizer_step=after_optimizer_step,
+                         notes=["emulated matmuls (CPU)"] if emulate else [])
+
+
+def precision_plan(name: str, *, device_type: str) -> PrecisionPlan:
+    """The plan for recipe `name` on `device_type` ('cuda' or 'cpu'); the recipe must be supported."""
+    recipe = RECIPES[name]
+    if recipe.backend == "torch":
+        return PrecisionPlan(recipe=recipe, param_dtype=None if recipe.family == "fp32" else torch.bfloat16)
+    if recipe.backend == "torchao":
+        return _torchao_plan(recipe, emulate=device_type == "cpu")
+    from trainer.te import te_plan
+
+    return te_plan(recipe)

@@ -1,0 +1,177 @@
+"""One rank of one trial: a plain class that the scheduler runs as a Ray actor (one process per rank).
+
+`run(job)` never raises: it returns a dict with `status` ('ok', 'oom' or 'error') and what it measured,
+so the driver learns of a failed rank at once and can tear the whole group down (no rank waits for an
+NCCL timeout). Timing follows nanoGPT's bench.py: warm up, then time each step between device syncs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+import traceback
+from datetime import timedelta
+
+from trainer.job import RankJob, classify_failure
+
+
+def _versions() -> dict:
+    import torch
+
+    out = {"torch_version": torch.__version__, "te_version": None, "torchao_version": None}
+    for key, module in (("te_version", "transformer_engine"), ("torchao_version", "torchao")):
+        try:
+            from importlib.metadata import version
+
+            out[key] = version(module if module != "transformer_engine" else "transformer-engine")
+        except Exception:
+            pass
+    return out
+
+
+def _device_info(device) -> dict:
+    import torch
+
+    if device.type != "cuda":
+        return {"gpu_name": None, "driver_version": None, "cuda_version": None}
+    driver = None
+    try:
+        import subprocess
+
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10).stdout.split("\n")[0].strip() or None
+    except Exception:
+        pass
+    runtime = torch.version.hip and f"hip {torch.version.hip}" or f"cuda {torch.version.cuda}"
+    return {"gpu_name": torch.cuda.get_device_name(device), "driver_version": driver, "cuda_version": runtime}
+
+
+class RankWorker:
+    def __init__(self) -> None:
+        self.created_at = time.perf_counter()
+
+    def node_info(self) -> dict:
+        """Where this rank runs, and a free port (rank 0's becomes MASTER_PORT)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        node_id = None
+        try:
+            import ray
+
+            node_id = ray.get_runtime_context().get_node_id()
+            ip = ray.util.get_node_ip_address()
+        except Exception:
+            ip = "127.0.0.1"
+        return {"ip": ip, "port": port, "hostname": socket.gethostname(), "node_id": node_id, "pid": os.getpid()}
+
+    def run(self, job: RankJob) -> dict:
+        try:
+            return {"status": "ok", **self._train(job)}
+        except BaseException as e:  # noqa: BLE001 - every failure becomes a row, with its class
+            message = f"{type(e).__name__}: {e}".strip()
+            return {"status": classify_failure(type(e).__name__, message), "error": message[:2000],
+                    "traceback": traceback.format_exc()[-4000:]}
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _train(self, job: RankJob) -> dict:
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from trainer.memory import memory_cap, peak_stats, reset_peak
+        from trainer.models import ModelSpec, build_model
+        from trainer.parallelize import parallelize
+        from trainer.precision import precision_plan
+
+        if job.device_type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())  # Ray set CUDA/HIP_VISIBLE_DEVICES
+            torch.cuda.set_device(device)
+            backend = "nccl"
+        else:
+            device = torch.device("cpu")
+            backend = "gloo"
+        os.environ.update(MASTER_ADDR=job.master_addr, MASTER_PORT=str(job.master_port), RANK=str(job.rank),
+                          WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(job.local_rank))
+        dist.init_process_group(backend, rank=job.rank, world_size=job.world_size,
+                                timeout=timedelta(seconds=job.pg_timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+        mesh = init_device_mesh(device.type, (job.world_size,))
+        spec = ModelSpec.model_validate_json(job.model_spec_json)
+        plan = precision_plan(job.precision, device_type=device.type)
+
+        with memory_cap(job.memory_cap_bytes, device):
+            reset_peak(device)
+            torch.manual_seed(job.seed)
+            with torch.device("meta"):  # build on meta, shard, then materialise only this rank's shard
+                model = build_model(spec, backend=plan.model_backend)
+            n_params = sum(p.numel() for p in model.parameters())  # N of the FLOP formula: every parameter
+            model = parallelize(model, plan=plan, compile_mode=job.compile, ac=job.ac, mesh=mesh)
+            model.to_empty(device=device)
+            with torch.no_grad():
+                model.init_weights() if hasattr(model, "init_weights") else model._orig_mod.init_weights()
+            params_local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=device.type == "cuda")
+
+            # Synthetic tokens. Labels are a fixed random permutation of the inputs: a mapping the model
+            # can learn (loss falls, showing the step really trains) with no shortcut at init (the
+            # first loss is ~ln V). A few batches are made up front so no data work is timed.
+            gen = torch.Generator(device=device).manual_seed(job.seed + job.rank)
+            perm = torch.randperm(spec.vocab_size, generator=gen, device=device)
+            batches = [torch.randint(spec.vocab_size, (job.batch_size, job.seq_len), generator=gen, device=device)
+                       for _ in range(min(4, job.warmup_steps + job.measure_steps))]
+
+            def sync() -> None:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+
+            def step(i: int) -> float:
+                tokens = batches[i % len(batches)]
+                with plan.forward_context():
+                    logits = model(tokens)
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), perm[tokens].flatten())
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as seed 000
+                optimizer.step()
+                plan.after_optimizer_step(model)
+                optimizer.zero_grad(set_to_none=True)
+                return loss
+
+            dist.barrier()
+            init_time_s = time.perf_counter() - self.created_at
+            times, losses = [], []
+            for i in range(job.warmup_steps + job.measure_steps):
+                sync()
+                t0 = time.perf_counter()
+                loss = step(i)
+                sync()
+                times.append(time.perf_counter() - t0)
+                losses.append(loss.detach())
+            dist.barrier()
+            memory = peak_stats(device)
+
+        measured = times[job.warmup_steps:]
+        steady = statistics.median(measured)
+        return {
+            "step_times": measured,
+            "first_step_s": times[0],
+            "compile_time_s": max(0.0, times[0] - steady),
+            "init_time_s": init_time_s,
+            "loss_first": float(losses[0]),
+            "loss_last": float(losses[-1]),
+            "n_params": n_params,
+            "params_local": params_local,
+            **memory,
+            **_versions(),
+            **_device_info(device),
+        }
