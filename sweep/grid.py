@@ -85,16 +85,29 @@ class GridSpec(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0)
     memory_cap: str | int | None = None
 
-    _as_list = field_validator("models", "precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac",
+    _as_list = field_validator("precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac",
                                mode="before")(_listify)
 
-    @field_validator("models", mode="after")
+    @field_validator("models", mode="before")
     @classmethod
-    def _known_models(cls, models: list) -> list:
-        for m in models:
-            if isinstance(m, str) and m not in REGISTRY:
-                raise ValueError(f"unknown model '{m}'; valid: {', '.join(sorted(REGISTRY))} (or an inline mapping)")
-        return models
+    def _known_models(cls, models: Any) -> list:
+        out = []
+        for i, m in enumerate(_listify(models)):
+            if isinstance(m, str):
+                if m not in REGISTRY:
+                    raise ValueError(f"unknown model '{m}'; valid: {', '.join(sorted(REGISTRY))} (or an inline mapping)")
+                out.append(m)
+            elif isinstance(m, dict):
+                try:
+                    out.append(ModelSpec(**m))
+                except ValidationError as e:
+                    first = e.errors()[0]
+                    where = ".".join(str(p) for p in first["loc"])
+                    msg = first["msg"].removeprefix("Value error, ")
+                    raise ValueError(f"inline model {i}: {where + ': ' if where else ''}{msg}") from None
+            else:
+                raise ValueError(f"entry {i} must be a model name or a mapping (arch, n_layers, ...), got {m!r}")
+        return out
 
     @field_validator("precisions", mode="after")
     @classmethod

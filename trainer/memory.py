@@ -50,7 +50,11 @@ def memory_cap(cap_bytes: int | None, device: torch.device):
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
+_rss_at_reset = 0
+
+
 def reset_peak(device: torch.device) -> None:
+    global _rss_at_reset
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
@@ -59,13 +63,17 @@ def reset_peak(device: torch.device) -> None:
             f.write("5")
     except OSError:
         pass
+    _rss_at_reset = _proc_status_kib("VmRSS") * 1024
 
 
 def peak_stats(device: torch.device) -> dict:
-    """Peak memory since reset_peak: allocated / reserved bytes and allocator retries (CUDA), or peak RSS (CPU)."""
+    """Peak memory since reset_peak: allocated / reserved bytes and allocator retries (CUDA); on the CPU the
+    peak resident set above what the process held at reset (the interpreter and libraries are not the
+    trial's), the same quantity a CPU memory cap limits."""
     if device.type == "cuda":
         stats = torch.cuda.memory_stats(device)
         return {"peak_mem_bytes": stats.get("allocated_bytes.all.peak", 0),
                 "reserved_mem_bytes": stats.get("reserved_bytes.all.peak", 0),
                 "alloc_retries": stats.get("num_alloc_retries", 0)}
-    return {"peak_mem_bytes": _proc_status_kib("VmHWM") * 1024, "reserved_mem_bytes": None, "alloc_retries": None}
+    peak = max(0, _proc_status_kib("VmHWM") * 1024 - _rss_at_reset)
+    return {"peak_mem_bytes": peak, "reserved_mem_bytes": None, "alloc_retries": None}

@@ -69,12 +69,19 @@ def unsupported_reason(recipe: Recipe, *, accelerator: str, vendor: str,
     `have_te` / `have_torchao` default to whether the package is importable here (the driver and the
     rank processes share one environment on a Ray cluster built from one container image).
     """
+    hardware = _hardware_reason(recipe, accelerator=accelerator, vendor=vendor)
+    if hardware:  # the hardware answer first: installing a package would not help
+        return hardware
     have_te = have_module("transformer_engine") if have_te is None else have_te
     have_torchao = have_module("torchao") if have_torchao is None else have_torchao
     if recipe.backend == "te" and not have_te:
         return f"{recipe.name} needs Transformer Engine: pip install 'sweep[te]' (transformer-engine[pytorch]>=2.10)"
     if recipe.backend == "torchao" and not have_torchao:
         return f"{recipe.name} needs torchao: pip install torchao"
+    return None
+
+
+def _hardware_reason(recipe: Recipe, *, accelerator: str, vendor: str) -> str | None:
     if vendor == "cpu":
         return None if recipe.cpu else f"{recipe.name} needs a GPU (Transformer Engine has no CPU kernels)"
     if vendor == "amd":

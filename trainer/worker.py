@@ -110,7 +110,10 @@ class RankWorker:
         spec = ModelSpec.model_validate_json(job.model_spec_json)
         plan = precision_plan(job.precision, device_type=device.type)
 
-        with memory_cap(job.memory_cap_bytes, device):
+        # SWEEP_MEMORY_CAP_RANKS=1,3 caps only those ranks (to rehearse one rank failing alone).
+        capped = os.environ.get("SWEEP_MEMORY_CAP_RANKS")
+        cap = job.memory_cap_bytes if capped is None or str(job.rank) in capped.split(",") else None
+        with memory_cap(cap, device):
             reset_peak(device)
             torch.manual_seed(job.seed)
             with torch.device("meta"):  # build on meta, shard, then materialise only this rank's shard

@@ -121,6 +121,7 @@ def register(app: typer.Typer) -> None:
              memory_cap: CapOpt = None) -> None:
         """Show the trials a grid expands to, and which cannot run here and why. Nothing runs."""
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         from sweep.runner import unsupported
@@ -129,14 +130,20 @@ def register(app: typer.Typer) -> None:
                                          batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus)
         table = Table(title=f"{len(trials)} trials on {profile.name} ({profile.accelerator}, "
                             f"{profile.total_ranks} ranks)" + (" — max-batch search" if spec.search else ""))
-        for col in ("trial_id", "model", "params", "precision", "compile", "ac", "batch", "seq", "gpus", "runs?"):
-            table.add_column(col)
+        for col in ("trial_id", "model", "params", "precision", "compile", "ac", "batch", "seq", "gpus", "runs"):
+            table.add_column(col, overflow="fold")
+        reasons: dict[str, int] = {}
         for t in trials:
             reason = unsupported(t, profile)
-            table.add_row(t.trial_id, t.model.label, f"{t.model.n_params() / 1e9:.3g}B", t.precision, t.compile, t.ac,
-                          str(t.batch_size), str(t.seq_len), str(t.gpus),
-                          "yes" if reason is None else f"[yellow]unsupported: {reason}[/yellow]")
-        Console().print(table)
+            if reason is not None:
+                reasons.setdefault(reason, len(reasons) + 1)
+            table.add_row(t.trial_id[:8], t.model.label, f"{t.model.n_params() / 1e9:.3g}B", t.precision, t.compile,
+                          t.ac, str(t.batch_size), str(t.seq_len), str(t.gpus),
+                          "yes" if reason is None else f"[yellow]no ({reasons[reason]})[/yellow]")
+        console = Console()
+        console.print(table)
+        for reason, n in reasons.items():
+            console.print(f"[yellow]({n}) unsupported:[/yellow] {escape(reason)}")
 
     @app.command("max-batch")
     @user_errors

@@ -1,0 +1,27 @@
+# Set-up and checks. `make demo` and `make test` are the two commands the README starts with.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU build of torch on this kind of machine. GPU users: install your CUDA/ROCm torch into the venv
+# first (or point VENV at an environment that has it) and set TORCH_SPEC= to skip this.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test venv clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)")
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: venv
+	$(VENV)/bin/sweep run examples/demo.yaml --cluster local --output results
+	$(VENV)/bin/sweep results show results
+
+test: venv
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

@@ -1,0 +1,177 @@
+"""Aggregation: one row per config, the largest batch that fits, and ratios against a baseline.
+
+Rules (one place for all commands):
+
+- A config is ``CONFIG_KEYS`` (cluster, model, precision, compile, ac, batch_size, seq_len,
+  world_size). Attempts of one config, from any number of runs, aggregate to the median of their
+  ``ok`` attempts, with min, max and counts beside it.
+- A config with no ``ok`` attempt keeps its failure as its status (``oom``, ``error/timeout``, ...)
+  and null metrics: never zeros, never dropped. A config with both keeps ``ok`` and counts the rest.
+
+The work is SQL in DuckDB over Arrow tables; the results are small Arrow tables (one row per config
+or per group) that ``render`` and ``plot`` format.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import pyarrow as pa
+
+from sweep.errors import UserError
+from sweep.results.query import CONFIG_KEYS, load
+from sweep.schema import STATUSES
+
+METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak_mem_gib")
+FAILURES = tuple(s for s in STATUSES if s != "ok")
+LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS)
+# max-batch groups: a config without its batch size.
+BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
+COMPARE_BY = ("precision", "cluster")
+
+
+def _run(sql: str, params: Mapping[str, object] | None = None, **tables: pa.Table) -> pa.Table:
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        for name, table in tables.items():
+            con.register(name, table)
+        return con.sql(sql, params=dict(params or {})).to_arrow_table()
+    finally:
+        con.close()
+
+
+def _failure_text(count: str) -> str:
+    """SQL for 'oom' / 'error/timeout': the failure statuses whose ``count`` expression is > 0."""
+    return "concat_ws('/', " + ", ".join(f"CASE WHEN {count.format(s)} > 0 THEN '{s}' END" for s in FAILURES) + ")"
+
+
+def config_table(rows: pa.Table) -> pa.Table:
+    """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config."""
+    keys = ", ".join(CONFIG_KEYS)
+    ok = "FILTER (WHERE status = 'ok')"
+    medians = ",\n  ".join(f"median({m}) {ok} AS {m}" for m in METRICS)
+    counts = ",\n  ".join(f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in FAILURES)
+    sql = f"""
+    SELECT {keys},
+      CASE WHEN count(*) {ok} > 0 THEN 'ok'
+           ELSE {_failure_text("count(*) FILTER (WHERE status = '{}')")} END AS status,
+      count(*) AS n_attempts,
+      count(*) {ok} AS n_ok,
+      count(DISTINCT run_id) AS n_runs,
+      {counts},
+      {medians},
+      min(tflops_per_gpu) {ok} AS tflops_min,
+      max(tflops_per_gpu) {ok} AS tflops_max,
+      100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
+          / nullif(median(tflops_per_gpu) {ok}, 0) AS spread_pct,
+      first(error ORDER BY finished_at DESC NULLS LAST)
+          FILTER (WHERE status <> 'ok' AND error IS NOT NULL) AS error
+    FROM rows GROUP BY {keys} ORDER BY {keys}
+    """
+    return _run(sql, rows=rows)
+
+
+def configs(directory: Path, where: Iterable[str] = ()) -> pa.Table:
+    """One row per config of the results under ``directory`` (see ``config_table``)."""
+    return config_table(load(directory, where, LOAD_COLUMNS))
+
+
+def max_batch_table(configs: pa.Table) -> pa.Table:
+    """Per BATCH_GROUP: the largest ok batch, the smallest OOM batch above it, the fastest batch.
+
+    ``fastest_batch`` has the highest median TFLOP/s/GPU; ``tflops_per_gpu`` and ``mfu`` are its.
+    ``peak_mem_gib`` is the median peak memory at ``max_ok_batch``. A group without an ok batch has
+    status 'oom' (or whatever failed) and ``oom_batch`` its smallest OOM batch.
+    """
+    group = ", ".join(BATCH_GROUP)
+    sql = f"""
+    WITH c AS (
+      SELECT *, max(CASE WHEN n_ok > 0 THEN batch_size END) OVER (PARTITION BY {group}) AS max_ok
+      FROM configs)
+    SELECT {group},
+      CASE WHEN any_value(max_ok) IS NOT NULL THEN 'ok'
+           ELSE {_failure_text("sum(n_{})")} END AS status,
+      any_value(max_ok) AS max_ok_batch,
+      min(batch_size) FILTER (WHERE n_oom > 0 AND batch_size > coalesce(max_ok, 0)) AS oom_batch,
+      arg_max(batch_size, tflops_per_gpu) FILTER (WHERE n_ok > 0) AS fastest_batch,
+      max(tflops_per_gpu) FILTER (WHERE n_ok > 0) AS tflops_per_gpu,
+      arg_max(mfu, tflops_per_gpu) FILTER (WHERE n_ok > 0) AS mfu,
+      arg_max(peak_mem_gib, batch_size) FILTER (WHERE n_ok > 0) AS peak_mem_gib,
+      count(*) AS n_batches,
+      sum(n_attempts)::BIGINT AS n_attempts
+    FROM c GROUP BY {group} ORDER BY {group}
+    """
+    return _run(sql, configs=configs)
+
+
+def max_batch(directory: Path, where: Iterable[str] = ()) -> pa.Table:
+    return max_batch_table(configs(directory, where))
+
+
+def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
+                  costs: Mapping[str, float | None] | None = None) -> pa.Table:
+    """Each config against the config that differs only in ``by``, where ``by`` is ``baseline``.
+
+    ``ratio`` is tflops_per_gpu / the baseline's (null when either side has no ok attempt; the
+    statuses say why). With ``costs`` (cluster -> $ per GPU-hour, None when unknown) the table adds
+    ``tok_s_per_usd_h`` = tokens/s/GPU per $/GPU-hour, the baseline's, and their ratio.
+    Raises UserError when ``baseline`` is not a value of ``by`` in the results.
+    """
+    if by not in COMPARE_BY:
+        raise UserError(f"--by {by!r}: compare by one of {', '.join(COMPARE_BY)}")
+    present = sorted(v for v in set(configs.column(by).to_pylist()) if v is not None)
+    if baseline not in present:
+        raise UserError(f"--baseline {baseline!r}: no {by} of that name in the results; valid: {', '.join(present)}")
+    keys = [k for k in CONFIG_KEYS if k != by]
+    on = " AND ".join(f"c.{k} IS NOT DISTINCT FROM b.{k}" for k in keys)
+    cost_cols, cost_join = "", ""
+    if costs is not None:
+        cost_table = pa.table({"cluster": list(costs), "cost": pa.array(list(costs.values()), pa.float64())})
+        cost_cols = """,
+      cc.cost AS cost_per_gpu_hour, bc.cost AS base_cost_per_gpu_hour,
+      c.tokens_per_s_per_gpu / cc.cost AS tok_s_per_usd_h,
+      b.tokens_per_s_per_gpu / bc.cost AS base_tok_s_per_usd_h,
+      (c.tokens_per_s_per_gpu / cc.cost) / (b.tokens_per_s_per_gpu / bc.cost) AS cost_ratio"""
+        cost_join = "LEFT JOIN costs cc ON cc.cluster = c.cluster LEFT JOIN costs bc ON bc.cluster = b.cluster"
+    else:
+        cost_table = pa.table({"cluster": pa.array([], pa.string())})
+    sql = f"""
+    SELECT {", ".join(f"c.{k}" for k in keys)}, c.{by},
+      c.status, c.tflops_per_gpu, c.tokens_per_s_per_gpu, c.n_ok, c.n_attempts,
+      b.status AS base_status, b.tflops_per_gpu AS base_tflops_per_gpu,
+      b.tokens_per_s_per_gpu AS base_tokens_per_s_per_gpu,
+      c.tflops_per_gpu / b.tflops_per_gpu AS ratio{cost_cols}
+    FROM configs c LEFT JOIN configs b ON b.{by} = $baseline AND {on} {cost_join}
+    WHERE c.{by} <> $baseline
+    ORDER BY {", ".join(f"c.{k}" for k in keys)}, c.{by}
+    """
+    return _run(sql, {"baseline": baseline}, configs=configs, costs=cost_table)
+
+
+def compare(directory: Path, baseline: str, by: str = "precision", where: Iterable[str] = ()) -> pa.Table:
+    table = configs(directory, where)
+    costs = cluster_costs(sorted(set(table.column("cluster").to_pylist()))) if by == "cluster" else None
+    return compare_table(table, baseline, by, costs)
+
+
+def cluster_costs(names: Iterable[str]) -> dict[str, float | None]:
+    """$ per GPU-hour from each cluster's profile; None where the profile or its cost is missing.
+
+    A results directory can come from a machine that lacks some profiles, so any failure to load
+    one means "cost unknown", never an error.
+    """
+    try:
+        import clusters
+    except Exception:
+        return {name: None for name in names}
+    costs: dict[str, float | None] = {}
+    for name in names:
+        try:
+            cost = getattr(clusters.load_profile(name), "cost_per_gpu_hour", None)
+            costs[name] = float(cost) if cost is not None and float(cost) > 0 else None
+        except Exception:
+            costs[name] = None
+    return costs

@@ -1,0 +1,139 @@
+"""Loading rows from a result directory: ``--where`` filters, and DuckDB SQL over the dataset.
+
+A ``--where`` filter is ``COLUMN OP VALUE`` with OP one of ``= == != > >= < <=``; the column must be
+in the result schema and the value is parsed by that column's type (``batch_size>=4``,
+``precision=bf16``, ``status!=ok``, ``started_at>=2025-06-01``). ``=`` and ``!=`` take a comma list
+(``precision=bf16,fp8-te``). Several filters all apply (AND). ``!=`` keeps nulls: a row whose
+``compile`` is unknown is not ``compile=none``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from sweep.errors import UserError
+from sweep.schema import RESULT_SCHEMA, STATUSES
+from sweep.store import open_dataset
+
+# The columns that make two attempts "the same config": repeats of one config aggregate together.
+CONFIG_KEYS = ("cluster", "model", "precision", "compile", "ac", "batch_size", "seq_len", "world_size")
+
+_WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|!=|==|=|>|<)\s*(.*?)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """One parsed ``--where`` filter."""
+
+    text: str
+    column: str
+    op: str
+    values: tuple
+
+    def expression(self) -> pc.Expression:
+        field = pc.field(self.column)
+        if self.op in ("=", "=="):
+            return field.isin(list(self.values)) if len(self.values) > 1 else field == self.values[0]
+        if self.op == "!=":
+            inside = field.isin(list(self.values)) if len(self.values) > 1 else field == self.values[0]
+            return ~inside | field.is_null()
+        return {">": field > self.values[0], ">=": field >= self.values[0],
+                "<": field < self.values[0], "<=": field <= self.values[0]}[self.op]
+
+
+def _convert(text: str, column: str, value: str) -> object:
+    typ = RESULT_SCHEMA.field(column).type
+    value = value.strip().strip("'\"")
+    try:
+        if pa.types.is_integer(typ):
+            return int(value)
+        if pa.types.is_floating(typ):
+            return float(value)
+        if pa.types.is_timestamp(typ):
+            when = dt.datetime.fromisoformat(value)
+            return pa.scalar(when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc), type=typ)
+    except ValueError:
+        kind = "an integer" if pa.types.is_integer(typ) else "a number" if pa.types.is_floating(typ) else "an ISO date/time"
+        raise UserError(f"--where {text!r}: {column} takes {kind}, not {value!r}") from None
+    if not pa.types.is_string(typ):
+        raise UserError(f"--where {text!r}: {column} is a {typ} column; filter it with `sweep results query` (SQL)")
+    if column == "status" and value not in STATUSES:
+        raise UserError(f"--where {text!r}: status is one of {', '.join(STATUSES)}, not {value!r}")
+    return value
+
+
+def parse_where(text: str) -> Where:
+    """``"batch_size>=4"`` -> Where. Raises UserError naming the valid columns or the expected type."""
+    m = _WHERE.match(text)
+    if not m or not m.group(3):
+        raise UserError(f"--where {text!r}: expected COLUMN OP VALUE with OP one of = != > >= < <= (e.g. precision=bf16, batch_size>=4)")
+    column, op, raw = m.groups()
+    if column not in RESULT_SCHEMA.names:
+        raise UserError(f"--where {text!r}: unknown column {column!r}; valid columns: {', '.join(RESULT_SCHEMA.names)}")
+    parts = raw.split(",") if op in ("=", "==", "!=") else [raw]
+    return Where(text=text, column=column, op=op, values=tuple(_convert(text, column, p) for p in parts))
+
+
+def _filter(wheres: Sequence[Where]) -> pc.Expression | None:
+    expr = None
+    for w in wheres:
+        expr = w.expression() if expr is None else expr & w.expression()
+    return expr
+
+
+def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | None = None) -> pa.Table:
+    """The rows under ``directory`` that pass every ``where`` filter, with ``columns`` (default all).
+
+    Raises UserError when the directory holds no results, a file is foreign or unreadable, a filter
+    is malformed, or no row passes the filters (the message lists the values that do exist).
+    """
+    wheres = [parse_where(w) for w in where]
+    dataset = open_dataset(Path(directory))
+    table = dataset.to_table(columns=list(columns) if columns else None, filter=_filter(wheres))
+    if table.num_rows == 0:
+        raise UserError(_nothing_matches(dataset, wheres, directory))
+    return table
+
+
+def _nothing_matches(dataset: ds.Dataset, wheres: Sequence[Where], directory: Path) -> str:
+    hints = []
+    for w in wheres:
+        if pa.types.is_string(RESULT_SCHEMA.field(w.column).type) and w.op in ("=", "=="):
+            present = pc.unique(dataset.to_table(columns=[w.column]).column(w.column)).drop_null().to_pylist()
+            hints.append(f"{w.column} values: {', '.join(sorted(present)[:20])}")
+    given = " ".join(f"--where {w.text!r}" for w in wheres)
+    return f"{directory}: no results match {given}" + (f" ({'; '.join(hints)})" if hints else "")
+
+
+def sql(directory: Path, statement: str) -> pa.Table:
+    """Run ``statement`` in DuckDB with the dataset registered as the table ``results``.
+
+    SQL errors become a UserError with DuckDB's message (the caret diagram dropped).
+    """
+    import duckdb
+
+    dataset = open_dataset(Path(directory))
+    con = duckdb.connect()
+    try:
+        con.register("results", dataset)
+        try:
+            relation = con.sql(statement)  # None for a statement without a result (SET, CREATE ...)
+            return relation.to_arrow_table() if relation is not None else pa.table({})
+        except duckdb.Error as e:
+            raise UserError(f"SQL: {duckdb_message(e)}") from None
+    finally:
+        con.close()
+
+
+def duckdb_message(error: Exception) -> str:
+    """DuckDB's message without its ``LINE 1: ... ^^^`` diagram."""
+    text = str(error).split("\nLINE ")[0]
+    return " ".join(text.split())

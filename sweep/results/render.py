@@ -1,0 +1,248 @@
+"""Formatting aggregated tables: Rich tables for the terminal, GitHub markdown, CSV.
+
+The input is always a small table (one row per config or group, from ``aggregate``), so formatting
+loops over its rows in Python. Config columns that hold one value in every row are pulled out of
+the table into a caption line ("seq_len 4096 · world_size 8") so a pasted table stays narrow.
+
+A config with no ok attempt shows its status text ("oom", "unsupported") in the TFLOP/s cell and
+"—" in the other metrics: a failure never reads as a zero.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from sweep.results.aggregate import FAILURES
+
+DASH = "—"
+CONFIG_HEADERS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile",
+                  "ac": "ac", "batch_size": "batch", "seq_len": "seq", "world_size": "GPUs"}
+
+
+@dataclass(frozen=True, slots=True)
+class Col:
+    """One output column: the row key, its header, how a row becomes text, right-aligned or not."""
+
+    key: str
+    header: str
+    text: Callable[[dict], str]
+    numeric: bool = True
+
+
+def num(key: str, spec: str, scale: float = 1.0, suffix: str = "", failed: bool = False) -> Callable[[dict], str]:
+    """Format ``row[key]``; null becomes the row's status when ``failed`` (else "—")."""
+
+    def text(row: dict) -> str:
+        value = row.get(key)
+        if value is None:
+            return status_text(row, short=True) if failed and row.get("status") not in (None, "ok") else DASH
+        return format(value * scale, spec) + suffix
+
+    return text
+
+
+def status_text(row: dict, short: bool = False) -> str:
+    """'ok', 'oom', 'error/oom', or 'ok (1 oom)' when some attempts of an ok config failed."""
+    status = row.get("status") or DASH
+    if short or status != "ok":
+        return status
+    failed = [f"{row[f'n_{s}']} {s}" for s in FAILURES if row.get(f"n_{s}")]
+    return f"ok ({', '.join(failed)})" if failed else "ok"
+
+
+def ratio_text(key: str, base_status_key: str = "base_status") -> Callable[[dict], str]:
+    def text(row: dict) -> str:
+        value = row.get(key)
+        if value is not None:
+            return f"{value:.2f}× ({(value - 1) * 100:+.1f} %)"
+        if row.get("status") != "ok":
+            return row.get("status") or DASH
+        if row.get(base_status_key) != "ok":
+            return f"baseline {row.get(base_status_key) or 'not run'}"
+        return DASH  # both ran: a cost is unknown
+
+    return text
+
+
+def config_cols(keys: Sequence[str]) -> list[Col]:
+    return [Col(k, CONFIG_HEADERS[k], lambda r, k=k: DASH if r.get(k) is None else str(r[k]), k in ("batch_size", "seq_len", "world_size")) for k in keys]
+
+
+def short_error(text: str | None, width: int = 60) -> str:
+    if not text:
+        return ""
+    line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""  # first line, spaces squeezed
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def split_constant(rows: list[dict], cols: list[Col], always: Sequence[str] = ()) -> tuple[list[Col], str]:
+    """Drop config columns (but ``always``) with one value across ``rows``; return the rest and a caption."""
+    keep, caption = [], []
+    for col in cols:
+        values = {col.text(r) for r in rows}
+        if col.key in CONFIG_HEADERS and col.key not in always and len(values) == 1 and len(rows) > 1:
+            caption.append(f"{col.key} {values.pop()}")
+        else:
+            keep.append(col)
+    return keep, " · ".join(caption)
+
+
+def rich_table(rows: list[dict], cols: list[Col], title: str, note: str = "", always: Sequence[str] = ()) -> None:
+    """Print ``rows`` as a Rich table on stdout (wide when stdout is not a terminal, so nothing is cut)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    cols, caption = split_constant(rows, cols, always)
+    table = Table(title=title or None, caption=" · ".join(p for p in (caption, note) if p) or None, title_justify="left")
+    for col in cols:
+        table.add_column(col.header, justify="right" if col.numeric else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(_styled(col, row) for col in cols))
+    Console(width=None if sys.stdout.isatty() else 400, highlight=False).print(table)
+
+
+def _styled(col: Col, row: dict) -> str:
+    from rich.markup import escape
+
+    text = escape(col.text(row))
+    if col.key in ("status", "tflops_per_gpu") and row.get("status") not in (None, "ok"):
+        return f"[red]{text}[/red]"
+    return text
+
+
+def markdown(rows: list[dict], cols: list[Col], always: Sequence[str] = (), note: str = "") -> str:
+    """A GitHub-flavoured markdown table, with the caption line above it when there is one."""
+    cols, caption = split_constant(rows, cols, always)
+    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    caption = " · ".join(p for p in (caption, note) if p)
+    lines = [f"_{caption}_", ""] if caption else []
+    lines.append("| " + " | ".join(c.header for c in cols) + " |")
+    lines.append("|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|")
+    lines += ["| " + " | ".join(esc(c.text(r)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(rows: list[dict], columns: Sequence[str]) -> str:
+    """Plain CSV: raw values (full precision floats, empty for null), one header line."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if row.get(c) is None else _csv_value(row[c]) for c in columns])
+    return out.getvalue()
+
+
+def _csv_value(value: object) -> object:
+    if isinstance(value, (list, tuple)):
+        return ";".join(map(str, value))
+    return value
+
+
+# --- column sets of each command -----------------------------------------------------------------
+
+TFLOPS = num("tflops_per_gpu", ".2f", failed=True)
+
+
+def _step(row: dict) -> str:
+    """Seconds with 3 decimals (GPU steps); 3 significant digits below 10 ms (tiny CPU models)."""
+    value = row.get("step_time_s")
+    return DASH if value is None else f"{value:.3f}" if value >= 0.01 else f"{value:.3g}"
+METRIC_COLS = [
+    Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
+    Col("spread_pct", "spread", num("spread_pct", ".1f", suffix=" %")),
+    Col("mfu", "MFU", num("mfu", ".1f", 100, " %")),
+    Col("step_time_s", "step (s)", _step),
+    Col("tokens_per_s_per_gpu", "tok/s/GPU", num("tokens_per_s_per_gpu", ",.0f")),
+    Col("peak_mem_gib", "peak mem (GiB)", num("peak_mem_gib", ".2f")),
+]
+
+
+def _spread(row: dict) -> str:
+    if row.get("spread_pct") is None or (row.get("n_ok") or 0) < 2:
+        return DASH  # one measurement has no spread
+    return f"±{row['spread_pct']:.1f} %"
+
+
+SHOW_COLS = [
+    *config_cols(("cluster", "model", "precision", "compile", "ac", "batch_size", "seq_len", "world_size")),
+    Col("status", "status", lambda r: r.get("status") or DASH, numeric=False),
+    Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
+    Col("mfu", "MFU", num("mfu", ".1f", 100, " %")),
+    Col("step_time_s", "step (s)", _step),
+    Col("peak_mem_gib", "peak mem (GiB)", num("peak_mem_gib", ".2f")),
+    Col("error", "error", lambda r: short_error(r.get("error")), numeric=False),
+]
+
+EXPORT_COLS = [
+    *config_cols(("cluster", "model", "precision", "compile", "ac", "batch_size", "seq_len", "world_size")),
+    Col("status", "status", status_text, numeric=False),
+    METRIC_COLS[0],
+    Col("spread_pct", "spread", _spread),
+    *METRIC_COLS[2:],
+    Col("n_attempts", "n", lambda r: str(r["n_attempts"])),
+]
+
+
+def _max_ok(row: dict) -> str:
+    return DASH if row.get("max_ok_batch") is None else str(row["max_ok_batch"])
+
+
+MAX_BATCH_COLS = [
+    *config_cols(("cluster", "model", "precision", "compile", "ac", "seq_len", "world_size")),
+    Col("status", "status", lambda r: r.get("status") or DASH, numeric=False),
+    Col("max_ok_batch", "max ok batch", _max_ok),
+    Col("oom_batch", "OOM at", lambda r: DASH if r.get("oom_batch") is None else str(r["oom_batch"])),
+    Col("fastest_batch", "fastest batch", lambda r: DASH if r.get("fastest_batch") is None else str(r["fastest_batch"])),
+    Col("tflops_per_gpu", "TFLOP/s/GPU @fastest", TFLOPS),
+    Col("mfu", "MFU @fastest", num("mfu", ".1f", 100, " %")),
+    Col("peak_mem_gib", "peak mem @max (GiB)", num("peak_mem_gib", ".2f")),
+]
+
+
+def _base_tflops(row: dict) -> str:
+    if row.get("base_tflops_per_gpu") is not None:
+        return f"{row['base_tflops_per_gpu']:.2f}"
+    return row.get("base_status") or "not run"
+
+
+def compare_cols(by: str, baseline: str, with_cost: bool) -> list[Col]:
+    keys = [k for k in CONFIG_HEADERS if k != by] + [by]
+    cols = [
+        *config_cols(keys),
+        Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
+        Col("base_tflops_per_gpu", f"{baseline} TFLOP/s/GPU", _base_tflops),
+        Col("ratio", f"vs {baseline}", ratio_text("ratio")),
+    ]
+    if with_cost:
+        cols += [
+            Col("tokens_per_s_per_gpu", "tok/s/GPU", num("tokens_per_s_per_gpu", ",.0f")),
+            Col("cost_per_gpu_hour", "$/GPU-h", num("cost_per_gpu_hour", ".2f")),
+            Col("tok_s_per_usd_h", "tok/s per $/GPU-h", num("tok_s_per_usd_h", ",.0f")),
+            Col("base_tok_s_per_usd_h", f"{baseline} tok/s per $/GPU-h", num("base_tok_s_per_usd_h", ",.0f")),
+            Col("cost_ratio", f"perf/$ vs {baseline}", ratio_text("cost_ratio")),
+        ]
+    return cols
+
+
+def value_text(value: object) -> str:
+    """Any SQL result value as short text: floats to 6 significant digits, null as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return format(value, ".6g")
+    if isinstance(value, (list, tuple)):
+        return ", ".join(value_text(v) for v in value)
+    return str(value)
+
+
+def generic_cols(schema) -> list[Col]:
+    """Columns for an arbitrary Arrow schema (``sweep results query``)."""
+    import pyarrow as pa
+
+    return [Col(f.name, f.name, lambda r, n=f.name: value_text(r.get(n)),
+                pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type))
+            for f in schema]

@@ -1,0 +1,125 @@
+"""Grid parsing, validation and expansion (pure), and the CLI's answer to bad input: exit 2, one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweep.errors import UserError
+from sweep.grid import expand, load_grid, parse_grid, parse_size
+
+GOOD = """
+models: [gpt-tiny, {arch: llama, name: inline, n_layers: 1, d_embd: 32, n_heads: 4, n_kv_heads: 2,
+         ffn_hidden: 64, vocab_size: 128}]
+precisions: [bf16, fp32]
+batch_sizes: [1, 2, 4]
+compile: none
+seq_len: [32, 64]
+gpus: 2
+steps: {warmup: 1, measure: 2}
+"""
+
+
+def test_expansion_is_the_cartesian_product_with_stable_ids(write_grid):
+    grid = load_grid(write_grid(GOOD))
+    trials = expand(grid, cluster="local", max_ranks=2)
+    assert len(trials) == 2 * 2 * 3 * 2
+    ids = [t.trial_id for t in trials]
+    assert len(set(ids)) == len(ids)
+    assert ids == [t.trial_id for t in expand(load_grid(write_grid(GOOD)), cluster="local", max_ranks=2)]
+    # the id depends on the cluster and on every measured field, not on lineage
+    assert trials[0].trial_id != expand(grid, cluster="h200")[0].trial_id
+    child = trials[0].child(batch_size=1)
+    assert child.attempt == 2 and child.parent_trial_id == trials[0].trial_id
+    assert {t.model.label for t in trials} == {"gpt-tiny", "inline"}
+
+
+def test_scalars_become_lists_and_defaults_apply():
+    grid = parse_grid({"models": "gpt-tiny", "batch_sizes": 2})
+    assert grid.compile == ["regional"] and grid.seq_len == [1024] and grid.gpus == [1]
+    assert grid.steps.warmup == 3 and grid.on_oom.policy == "halve"
+
+
+@pytest.mark.parametrize("text", ["80GiB", "80 gib", "512MiB", "192GB", "1024"])
+def test_sizes(text):
+    assert parse_size(text) > 0
+
+
+def test_size_units():
+    assert parse_size("1GiB") == 1024**3 and parse_size("1GB") == 10**9
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+BAD = {
+    "syntax": ("models: [gpt-tiny\nbatch_sizes: [1]\n", "YAML error"),
+    "empty": ("   \n", "empty"),
+    "not a mapping": ("- gpt-tiny\n- llama-tiny\n", "mapping"),
+    "unknown key": ("models: [gpt-tiny]\nbatch_size: [1]\n", "batch_size"),
+    "unknown model": ("models: [gpt-huge]\nbatch_sizes: [1]\n", "gpt-huge"),
+    "unknown precision": ("models: [gpt-tiny]\nbatch_sizes: [1]\nprecisions: [fp4]\n", "fp4"),
+    "unknown compile": ("models: [gpt-tiny]\nbatch_sizes: [1]\ncompile: max\n", "compile"),
+    "zero batch": ("models: [gpt-tiny]\nbatch_sizes: [0]\n", "batch_sizes"),
+    "negative seq": ("models: [gpt-tiny]\nbatch_sizes: [1]\nseq_len: -5\n", "seq_len"),
+    "zero steps": ("models: [gpt-tiny]\nbatch_sizes: [1]\nsteps: {warmup: 0, measure: 0}\n", "measure"),
+    "wrong type": ("models: [gpt-tiny]\nbatch_sizes: [two]\n", "batch_sizes"),
+    "indivisible": ("models: [{arch: gpt, n_layers: 1, d_embd: 30, n_heads: 4, vocab_size: 64}]\nbatch_sizes: [1]\n",
+                    "divisible"),
+    "unknown arch": ("models: [{arch: rwkv, n_layers: 1, d_embd: 32, n_heads: 4, vocab_size: 64}]\nbatch_sizes: [1]\n",
+                     "arch"),
+    "python tag": ("models: !!python/object/apply:os.system ['echo hacked > /tmp/sweep-hacked']\nbatch_sizes: [1]\n",
+                   "YAML error"),
+    "too many ranks": ("models: [gpt-tiny]\nbatch_sizes: [1]\ngpus: 64\n", "64"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_grid_exits_2_with_one_line(case, cli, write_grid, tmp_path):
+    text, needle = BAD[case]
+    out = tmp_path / "results"
+    result = cli("run", write_grid(text), "--cluster", "local", "--output", out)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+    assert not out.exists()
+
+
+def test_binary_and_missing_files(cli, tmp_path):
+    binary = tmp_path / "grid.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    for path, needle in ((binary, "UTF-8"), (tmp_path / "nope.yaml", "not found")):
+        result = cli("run", path, "--cluster", "local", "--output", tmp_path / "r")
+        assert result.exit_code == 2 and needle in result.stderr and "Traceback" not in result.output
+
+
+def test_unknown_cluster_lists_valid_names(cli, write_grid):
+    result = cli("plan", write_grid(GOOD), "--cluster", "nowhere")
+    assert result.exit_code == 2
+    assert "nowhere" in result.stderr and "mi300x" in result.stderr and "local" in result.stderr
+
+
+def test_plan_lists_trials_and_unsupported_ones(cli, write_grid):
+    result = cli("plan", write_grid("models: [gpt-tiny]\nbatch_sizes: [1]\nprecisions: [bf16, fp8-te-delayed]\n"),
+                 "--cluster", "local")
+    assert result.exit_code == 0, result.output
+    assert "2 trials" in result.stdout and "unsupported" in result.stdout
+
+
+def test_options_override_the_grid(cli, write_grid):
+    result = cli("plan", write_grid(GOOD), "--cluster", "local", "--batch-size", "8", "--precision", "bf16")
+    assert result.exit_code == 0, result.output
+    assert "4 trials" in result.stdout  # 2 models x 1 precision x 1 batch x 2 seq_len
+
+
+def test_one_line_trial_from_options(cli):
+    result = cli("plan", "--model", "llama3-8b", "--precision", "bf16", "--batch-size", "2", "--cluster", "h200")
+    assert result.exit_code == 0, result.output
+    assert "1 trials on h200" in result.stdout
+
+
+def test_python_tags_never_execute(write_grid, tmp_path):
+    import os
+
+    with pytest.raises(UserError):
+        load_grid(write_grid(BAD["python tag"][0]))
+    assert not os.path.exists("/tmp/sweep-hacked")
