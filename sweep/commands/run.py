@@ -73,21 +73,10 @@ def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, **axes):
 
 
 def _print_table(rows: list[dict], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The run's rows, as `sweep results show` prints them (constant columns folded into the caption)."""
+    from sweep.results import render
 
-    table = Table(title=title)
-    for col in ("model", "precision", "compile", "batch", "gpus", "status", "TFLOP/s/GPU", "MFU", "step s",
-                "tok/s/GPU", "peak GiB", "loss first→last"):
-        table.add_column(col, justify="right" if col not in ("model", "precision", "compile", "status") else "left")
-    fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
-    for r in rows:
-        loss = "–" if r.get("loss_first") is None else f"{r['loss_first']:.3f}→{r['loss_last']:.3f}"
-        status = r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/red]"
-        table.add_row(r["model"], r["precision"], r["compile"], str(r["batch_size"]), str(r["world_size"]), status,
-                      fmt(r.get("tflops_per_gpu"), ".4g"), fmt(r.get("mfu"), ".1%"), fmt(r.get("step_time_s"), ".4f"),
-                      fmt(r.get("tokens_per_s_per_gpu"), ".4g"), fmt(r.get("peak_mem_gib"), ".2f"), loss)
-    Console().print(table)
+    render.rich_table(rows, render.SHOW_COLS, title)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,261 @@
+"""Precision recipes: which can run where, the torchao/TE plans, and FP8 training under FSDP2.
+
+CPU: the capability check over every accelerator class; the TE plan's logic with a stand-in for
+Transformer Engine (TE cannot be imported without CUDA); torchao FP8 (tensorwise, rowwise,
+rowwise-gw-hp) trained for real by `trainer.worker.RankWorker` on two gloo ranks with emulated FP8
+matmuls. GPU tests (marked `gpu`) skip cleanly without CUDA / TE and run on the H200s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import types
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+from trainer.job import RankJob
+from trainer.models import ModelSpec, build_model
+from trainer.precision import fp8_module_filter, precision_plan
+from trainer.recipes import RECIPES, unsupported_reason
+
+TORCHAO_FP8 = ["fp8-torchao-tensorwise", "fp8-torchao-rowwise", "fp8-torchao-rowwise-gw-hp"]
+TE = ["bf16-te", "fp8-te-delayed", "fp8-te-current", "fp8-te-block", "fp8-te-mxfp8"]
+VENDOR = {"cpu": "cpu", "a100": "nvidia", "h100": "nvidia", "h200": "nvidia", "b200": "nvidia", "mi300x": "amd"}
+
+# Every dim a multiple of 16 (FP8 GEMMs need it; trainer.precision.fp8_module_filter checks it).
+FP8_SPEC = ModelSpec(arch="llama", name="llama-fp8-tiny", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=2,
+                     ffn_hidden=192, vocab_size=512)
+
+
+# -- capability check ----------------------------------------------------------------------------
+
+def _runs(accelerator: str, *, have_te: bool = True, have_torchao: bool = True) -> set[str]:
+    return {name for name, recipe in RECIPES.items()
+            if unsupported_reason(recipe, accelerator=accelerator, vendor=VENDOR[accelerator],
+                                  have_te=have_te, have_torchao=have_torchao) is None}
+
+
+def test_capability_matrix():
+    everything = set(RECIPES)
+    torch_only = {"bf16", "fp32"}
+    assert _runs("cpu") == torch_only | set(TORCHAO_FP8)  # torchao FP8 emulated; TE has no CPU kernels
+    assert _runs("a100") == torch_only | {"bf16-te"}  # sm_80: no FP8
+    assert _runs("h100") == _runs("h200") == everything - {"fp8-te-mxfp8"}  # MXFP8 is Blackwell-only
+    assert _runs("b200") == everything
+    assert _runs("mi300x") == everything - {"fp8-te-block", "fp8-te-mxfp8"}
+
+
+def test_missing_packages_are_named_with_the_fix():
+    assert _runs("h200", have_te=False) == {"bf16", "fp32"} | set(TORCHAO_FP8)
+    assert _runs("h200", have_torchao=False) == {"bf16", "fp32"} | set(TE) - {"fp8-te-mxfp8"}
+    reason = unsupported_reason(RECIPES["fp8-te-delayed"], accelerator="h200", vendor="nvidia", have_te=False)
+    assert "Transformer Engine" in reason and "pip install" in reason
+    reason = unsupported_reason(RECIPES["fp8-torchao-rowwise"], accelerator="h200", vendor="nvidia",
+                                have_torchao=False)
+    assert "pip install torchao" in reason
+    # TE present but a CPU rank: the reason is the hardware, not the package
+    assert "needs a GPU" in unsupported_reason(RECIPES["bf16-te"], accelerator="cpu", vendor="cpu", have_te=True)
+    assert "compute capability >= 8.9" in unsupported_reason(RECIPES["fp8-torchao-tensorwise"],
+                                                              accelerator="a100", vendor="nvidia")
+    assert "Blackwell" in RECIPES["fp8-te-mxfp8"].summary
+
+
+def test_unknown_accelerators_are_not_refused_by_capability():
+    # a GPU the table does not know (a new part) is given the benefit of the doubt
+    assert unsupported_reason(RECIPES["fp8-te-mxfp8"], accelerator="x300", vendor="nvidia", have_te=True) is None
+
+
+# -- torchao plans --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", TORCHAO_FP8)
+def test_torchao_convert_swaps_every_eligible_linear_but_the_head(name):
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = build_model(FP8_SPEC)
+    eligible = {fqn for fqn, m in model.named_modules() if fp8_module_filter(m, fqn)}
+    precision_plan(name, device_type="cpu").convert(model)
+    converted = {fqn for fqn, m in model.named_modules() if isinstance(m, Float8Linear)}
+    assert converted == eligible and len(converted) == 7 * FP8_SPEC.n_layers  # wq wk wv wo w1 w2 w3
+    assert not isinstance(model.output, Float8Linear)
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _rank_main(rank: int, ports: list[int], recipes: list[str], queue) -> None:
+    from trainer.worker import RankWorker
+
+    torch.set_num_threads(1)
+    for port, name in zip(ports, recipes):
+        job = RankJob(rank=rank, world_size=2, local_rank=rank, master_addr="127.0.0.1", master_port=port,
+                      model_spec_json=FP8_SPEC.to_json(), precision=name, compile="none", ac="none", batch_size=2,
+                      seq_len=32, warmup_steps=1, measure_steps=4, device_type="cpu")
+        queue.put((name, rank, RankWorker().run(job)))
+
+
+def test_torchao_fp8_trains_under_fsdp2_on_two_cpu_ranks():
+    """Each torchao FP8 recipe, emulated, FSDP2 over gloo: 2 processes run the three recipes in turn."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    ports = _free_ports(len(TORCHAO_FP8))
+    procs = [ctx.Process(target=_rank_main, args=(rank, ports, TORCHAO_FP8, queue)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        results = {}
+        for _ in range(2 * len(TORCHAO_FP8)):
+            name, rank, result = queue.get(timeout=240)
+            results[name, rank] = result
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    n = FP8_SPEC.n_params()
+    for (name, rank), r in sorted(results.items()):
+        assert r["status"] == "ok", f"{name} rank {rank}: {r.get('error')}\n{r.get('traceback')}"
+        assert r["loss_last"] < r["loss_first"], (name, rank, r["loss_first"], r["loss_last"])
+        assert abs(r["params_local"] - n / 2) <= 0.01 * n, (name, rank, r["params_local"], n)
+        assert r["n_params"] == n
+
+
+# -- Transformer Engine plan (logic, with a stand-in for TE) ---------------------------------------
+
+class _Recipe:
+    def __init__(self, **kw):
+        self.kw = kw
+
+
+def _fake_te(with_autocast: bool = True):
+    """Stand-ins for `transformer_engine.pytorch` and `transformer_engine.common.recipe` that record calls."""
+    recipe_mod = types.SimpleNamespace(
+        Format=types.SimpleNamespace(HYBRID="HYBRID", E4M3="E4M3"),
+        **{cls: type(cls, (_Recipe,), {}) for cls in
+           ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling")})
+    calls = []
+
+    @contextlib.contextmanager
+    def record(**kw):
+        calls.append(kw)
+        yield
+
+    te_pytorch = types.SimpleNamespace(fp8_autocast=lambda **kw: record(api="fp8_autocast", **kw))
+    if with_autocast:
+        te_pytorch.autocast = lambda **kw: record(api="autocast", **kw)
+    return te_pytorch, recipe_mod, calls
+
+
+EXPECTED_TE = {
+    "bf16-te": None,
+    "fp8-te-delayed": ("DelayedScaling", {"fp8_format": "HYBRID", "amax_history_len": 16, "amax_compute_algo": "max"}),
+    "fp8-te-current": ("Float8CurrentScaling", {"fp8_format": "HYBRID"}),
+    "fp8-te-block": ("Float8BlockScaling", {}),
+    "fp8-te-mxfp8": ("MXFP8BlockScaling", {}),
+}
+
+
+@pytest.mark.parametrize("name", TE)
+def test_te_plan_recipe_and_autocast(name):
+    from trainer.te import te_plan
+
+    te_pytorch, recipe_mod, calls = _fake_te()
+    plan = te_plan(RECIPES[name], te_pytorch=te_pytorch, recipe_module=recipe_mod)
+    assert plan.model_backend == "te" and plan.param_dtype == torch.bfloat16
+    with plan.forward_context():
+        pass
+    if EXPECTED_TE[name] is None:
+        assert calls == []  # bf16-te: TE layers, no FP8 region at all
+        return
+    cls, kw = EXPECTED_TE[name]
+    (call,) = calls
+    assert call["api"] == "autocast" and call["enabled"] is True
+    assert type(call["recipe"]).__name__ == cls and call["recipe"].kw == kw
+
+
+def test_te_plan_falls_back_to_fp8_autocast_on_older_te():
+    from trainer.te import te_plan
+
+    te_pytorch, recipe_mod, calls = _fake_te(with_autocast=False)
+    plan = te_plan(RECIPES["fp8-te-delayed"], te_pytorch=te_pytorch, recipe_module=recipe_mod)
+    with plan.forward_context():
+        pass
+    assert calls[0]["api"] == "fp8_autocast" and type(calls[0]["fp8_recipe"]).__name__ == "DelayedScaling"
+
+
+def test_te_mp_policy_keeps_rope_angles_fp32():
+    from trainer.te import te_plan
+
+    te_pytorch, recipe_mod, _ = _fake_te()
+    policy = te_plan(RECIPES["fp8-te-delayed"], te_pytorch=te_pytorch, recipe_module=recipe_mod).mp_policy()
+    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+    assert policy.cast_forward_inputs is False
+
+
+def test_te_plan_rejects_other_backends_and_missing_te(monkeypatch):
+    from trainer.te import te_plan
+
+    with pytest.raises(ValueError, match="backend is torchao"):
+        te_plan(RECIPES["fp8-torchao-tensorwise"], te_pytorch=types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", None)
+    with pytest.raises(ImportError, match=r"fp8-te-current needs Transformer Engine.*pip install 'sweep\[te\]'"):
+        precision_plan("fp8-te-current", device_type="cuda")
+
+
+# -- GPU: the real thing (H200s) -----------------------------------------------------------------
+
+def _run_one_rank(spec: ModelSpec, precision: str, *, batch: int = 2, seq: int = 128) -> dict:
+    import os
+
+    from trainer.worker import RankWorker
+
+    saved = dict(os.environ)
+    try:
+        job = RankJob(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=_free_ports(1)[0],
+                      model_spec_json=spec.to_json(), precision=precision, compile="none", ac="none",
+                      batch_size=batch, seq_len=seq, warmup_steps=2, measure_steps=6, device_type="cuda")
+        return RankWorker().run(job)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["bf16-te", "fp8-te-delayed", "fp8-te-current", "fp8-te-block"])
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_te_recipes_train_under_fsdp2_on_a_gpu(name, arch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("transformer_engine.pytorch")
+    reason = unsupported_reason(RECIPES[name], accelerator="h200" if torch.cuda.get_device_capability() < (10, 0)
+                                else "b200", vendor="nvidia")
+    if reason:
+        pytest.skip(reason)
+    spec = FP8_SPEC if arch == "llama" else ModelSpec(arch="gpt", n_layers=2, d_embd=128, n_heads=4,
+                                                       vocab_size=512, max_seq_len=256)
+    r = _run_one_rank(spec, name)
+    assert r["status"] == "ok", f"{r.get('error')}\n{r.get('traceback')}"
+    assert r["loss_last"] < r["loss_first"]
+    assert r["params_local"] == spec.n_params() and r["te_version"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["bf16", *TORCHAO_FP8])
+def test_torch_recipes_train_on_a_gpu(name):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    r = _run_one_rank(FP8_SPEC, name)
+    assert r["status"] == "ok", f"{r.get('error')}\n{r.get('traceback')}"
+    assert r["loss_last"] < r["loss_first"]
