@@ -9,7 +9,13 @@ architecture, vocabulary and head/GQA ratios, two layers of width ~100.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import math
+import os
+import socket
+import sys
+import types
 
 import pydantic
 import pytest
@@ -184,6 +190,185 @@ def test_te_param_count_matches_spec(name):
 def test_te_first_loss_is_near_ln_vocab(spec):
     loss = _first_loss(spec, device="cuda", backend="te")
     assert abs(loss - math.log(spec.vocab_size)) < 0.1 * math.log(spec.vocab_size), loss
+
+
+# A stand-in for Transformer Engine (it cannot be imported without CUDA): TE's constructor arguments,
+# parameter names and shapes, and a forward that uses every weight, so trainer/models/te.py's own logic
+# (meta-device build, parameter count, init by name, RoPE table, LM head outside FP8, FSDP2 sharding
+# through the worker) runs on the CPU. The real layers are checked by the `gpu` tests below.
+
+class _StubTE:
+    def __init__(self):
+        self.fp8_enabled = [False]  # autocast stack
+        self.head_calls: list[bool] = []  # fp8 state seen by LayerNormLinear (the LM head)
+        self.block_calls: list[bool] = []  # fp8 state seen by TransformerLayer
+        self.rope_args: list[tuple] = []
+        stub = self
+
+        def _device(device):
+            assert isinstance(device, str), "TE compares device to the string 'meta'"
+            return device if device == "meta" else "cpu"
+
+        def _norm(x, w, b, eps):
+            if b is None:
+                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+            return F.layer_norm(x, (x.size(-1),), w, b, eps)
+
+        class _Params(torch.nn.Module):
+            def __init__(self, device, **shapes):
+                super().__init__()
+                for name, shape in shapes.items():
+                    if shape is not None:
+                        self.register_parameter(name, torch.nn.Parameter(torch.empty(shape, device=device)))
+                    else:
+                        setattr(self, name, None)
+
+        class TransformerLayer(torch.nn.Module):
+            def __init__(self, *, hidden_size, ffn_hidden_size, num_attention_heads, num_gqa_groups=None,
+                         layernorm_epsilon, hidden_dropout, attention_dropout, layer_number, self_attn_mask_type,
+                         fuse_qkv_params, attn_input_format, params_dtype, device, normalization="LayerNorm",
+                         activation="gelu", bias=True):
+                super().__init__()
+                assert (fuse_qkv_params, attn_input_format, self_attn_mask_type) == (True, "bshd", "causal")
+                assert hidden_dropout == attention_dropout == 0.0 and params_dtype == torch.float32
+                dev, E, H = _device(device), hidden_size, num_attention_heads
+                D, G = E // H, num_gqa_groups or H
+                K = ffn_hidden_size * (2 if activation == "swiglu" else 1)
+                ln_b = (E,) if normalization == "LayerNorm" else None
+                self.act, self.eps, self.E = activation, layernorm_epsilon, E
+                self.self_attention = torch.nn.Module()
+                self.self_attention.layernorm_qkv = _Params(dev, layer_norm_weight=(E,), layer_norm_bias=ln_b,
+                                                            weight=((H + 2 * G) * D, E), bias=((H + 2 * G) * D,) if bias else None)
+                self.self_attention.proj = _Params(dev, weight=(E, H * D), bias=(E,) if bias else None)
+                self.layernorm_mlp = _Params(dev, layer_norm_weight=(E,), layer_norm_bias=ln_b, fc1_weight=(K, E),
+                                             fc1_bias=(K,) if bias else None, fc2_weight=(E, ffn_hidden_size),
+                                             fc2_bias=(E,) if bias else None)
+
+            def forward(self, x, rotary_pos_emb=None):
+                stub.block_calls.append(stub.fp8_enabled[-1])
+                if rotary_pos_emb is not None:
+                    stub.rope_args.append((tuple(rotary_pos_emb.shape), rotary_pos_emb.dtype))
+                a, m = self.self_attention.layernorm_qkv, self.layernorm_mlp
+                q = F.linear(_norm(x, a.layer_norm_weight, a.layer_norm_bias, self.eps), a.weight, a.bias)[..., :self.E]
+                x = x + F.linear(q, self.self_attention.proj.weight, self.self_attention.proj.bias)
+                h = F.linear(_norm(x, m.layer_norm_weight, m.layer_norm_bias, self.eps), m.fc1_weight, m.fc1_bias)
+                h = F.silu(h.chunk(2, -1)[0]) * h.chunk(2, -1)[1] if self.act == "swiglu" else F.gelu(h, approximate="tanh")
+                return x + F.linear(h, m.fc2_weight, m.fc2_bias)
+
+        class LayerNormLinear(torch.nn.Module):
+            def __init__(self, in_features, out_features, *, eps, bias, normalization, params_dtype, device):
+                super().__init__()
+                assert not bias and normalization == "RMSNorm" and params_dtype == torch.float32
+                dev = _device(device)
+                self.eps = eps
+                self.layer_norm_weight = torch.nn.Parameter(torch.empty(in_features, device=dev))
+                self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, device=dev))
+
+            def forward(self, x):
+                stub.head_calls.append(stub.fp8_enabled[-1])
+                return F.linear(_norm(x, self.layer_norm_weight, None, self.eps), self.weight)
+
+        class RotaryPositionEmbedding:
+            def __init__(self, dim, rotary_base=10000.0):
+                self.inv_freq = 1.0 / rotary_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+
+            def __call__(self, max_seq_len):
+                freqs = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), self.inv_freq)
+                emb = torch.cat((freqs, freqs), dim=-1)
+                return emb.reshape(emb.size(0), 1, 1, emb.size(1))
+
+        @contextlib.contextmanager
+        def autocast(enabled=True, recipe=None):
+            self.fp8_enabled.append(enabled)
+            try:
+                yield
+            finally:
+                self.fp8_enabled.pop()
+
+        class _Recipe:
+            def __init__(self, **kw):
+                self.kw = kw
+
+        self.pytorch = types.SimpleNamespace(TransformerLayer=TransformerLayer, LayerNormLinear=LayerNormLinear,
+                                             RotaryPositionEmbedding=RotaryPositionEmbedding, autocast=autocast)
+        self.recipe = types.SimpleNamespace(Format=types.SimpleNamespace(HYBRID="HYBRID"), DelayedScaling=_Recipe,
+                                            Float8CurrentScaling=_Recipe, Float8BlockScaling=_Recipe,
+                                            MXFP8BlockScaling=_Recipe)
+
+    def install(self, monkeypatch):
+        root = types.ModuleType("transformer_engine")
+        pytorch, common, recipe = (types.ModuleType(n) for n in (
+            "transformer_engine.pytorch", "transformer_engine.common", "transformer_engine.common.recipe"))
+        pytorch.__dict__.update(vars(self.pytorch))
+        recipe.__dict__.update(vars(self.recipe))
+        root.pytorch, root.common, common.recipe = pytorch, common, recipe
+        for name, module in [("transformer_engine", root), ("transformer_engine.pytorch", pytorch),
+                             ("transformer_engine.common", common), ("transformer_engine.common.recipe", recipe)]:
+            monkeypatch.setitem(sys.modules, name, module)
+        return self
+
+
+@pytest.fixture
+def stub_te(monkeypatch):
+    if torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None:
+        pytest.skip("the real Transformer Engine is here: the gpu tests cover it")
+    return _StubTE().install(monkeypatch)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_te_model_param_count_with_stub(stub_te, name):
+    spec = REGISTRY[name]
+    assert _meta_numel(spec, backend="te") == spec.n_params()
+
+
+@pytest.mark.parametrize("spec", [REGISTRY[n] for n in TINY] + list(SMALL.values()), ids=lambda s: s.label)
+def test_te_model_first_loss_with_stub(stub_te, spec):
+    loss = _first_loss(spec, backend="te")
+    assert abs(loss - math.log(spec.vocab_size)) < 0.1 * math.log(spec.vocab_size), loss
+    if spec.arch == "llama":
+        assert stub_te.rope_args[-1] == ((64, 1, 1, spec.head_dim), torch.float32)
+
+
+def test_te_llama_head_runs_outside_fp8_and_rope_is_bounded(stub_te):
+    spec = REGISTRY["llama-tiny"]
+    model = build_model(spec, backend="te")
+    with torch.no_grad():
+        model.init_weights()
+    with stub_te.pytorch.autocast(enabled=True):
+        model(torch.zeros(1, 16, dtype=torch.long))
+    assert stub_te.head_calls == [False]
+    with pytest.raises(ValueError, match="exceeds llama-tiny's max_seq_len"):
+        model(torch.zeros(1, spec.max_seq_len + 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("recipe", ["bf16-te", "fp8-te-delayed"])
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_te_model_trains_under_fsdp2_through_the_worker_with_stub(stub_te, recipe, arch):
+    """The worker's whole path for a TE recipe: meta build, fully_shard, to_empty, init, steps (1 CPU rank)."""
+    from trainer.job import RankJob
+    from trainer.worker import RankWorker
+
+    spec = REGISTRY[f"{arch}-tiny"]
+    saved_env = dict(os.environ)
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        job = RankJob(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=port,
+                      model_spec_json=spec.to_json(), precision=recipe, compile="none", ac="none", batch_size=2,
+                      seq_len=32, warmup_steps=1, measure_steps=4, device_type="cpu")
+        result = RankWorker().run(job)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+    assert result["status"] == "ok", result.get("traceback")
+    assert result["loss_last"] < result["loss_first"]
+    assert abs(result["loss_first"] - math.log(spec.vocab_size)) < 0.1 * math.log(spec.vocab_size)
+    assert result["params_local"] == spec.n_params()
+    # blocks ran in the FP8 region (bf16-te: none opened), the Llama head always outside it
+    assert stub_te.block_calls and set(stub_te.block_calls) == {recipe != "bf16-te"}
+    assert stub_te.head_calls == ([False] * 5 if arch == "llama" else [])  # 1 warm-up + 4 measured steps
+    assert stub_te.fp8_enabled == [False]
 
 
 @pytest.mark.gpu

@@ -187,24 +187,28 @@ def _finish(report, output: Path, plan) -> None:
 def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[dict]) -> None:
     """Print the max-batch verdicts and record them beside the rows (`_search/`, ignored as data)."""
     import os
+    import sys
 
     from rich.console import Console
     from rich.table import Table
 
     by_batch = {(r.get("search_id"), r["batch_size"]): r for r in rows if r["status"] == "ok"}
-    table = Table(title="max-batch verdicts")
+    table = Table(title="max-batch verdicts", title_justify="left")
     for col in ("model", "precision", "compile", "seq", "gpus", "max batch", "first OOM", "fastest batch",
-                "TFLOP/s/GPU @fastest", "probes", "search s"):
+                "TFLOP/s/GPU @fastest", "probes", "search s", "cost (x one trial)"):
         table.add_column(col)
     for v in verdicts:
         fast = by_batch.get((v["search_id"], v["fastest_batch"]), {})
         v["tflops_at_fastest"] = fast.get("tflops_per_gpu")
         v["search_wall_s"] = sum(r.get("trial_wall_s") or 0 for r in rows if r.get("search_id") == v["search_id"])
+        # what the search cost against measuring the answer once
+        v["cost_vs_one_trial"] = v["search_wall_s"] / fast["trial_wall_s"] if fast.get("trial_wall_s") else None
         table.add_row(v["model"], v["precision"], v["compile"], str(v["seq_len"]), str(v["gpus"]), str(v["max_batch"]),
                       str(v["first_failing_batch"]), str(v["fastest_batch"]),
                       "–" if v["tflops_at_fastest"] is None else f"{v['tflops_at_fastest']:.4g}", str(v["probes"]),
-                      f"{v['search_wall_s']:.1f}" + (f" [red]aborted: {v['aborted']}[/red]" if v["aborted"] else ""))
-    Console().print(table)
+                      f"{v['search_wall_s']:.1f}" + (f" [red]aborted: {v['aborted']}[/red]" if v["aborted"] else ""),
+                      "–" if v["cost_vs_one_trial"] is None else f"{v['cost_vs_one_trial']:.1f}x")
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     folder = Path(output) / "_search"
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{run_id}.json.tmp"

@@ -1,0 +1,77 @@
+"""The result schema is code: a round trip through Parquet keeps every column, type and the version."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pyarrow.parquet as pq
+import pytest
+
+from sweep import store
+from sweep.errors import UserError
+from sweep.schema import COLUMNS, RESULT_SCHEMA, SCHEMA_VERSION, VERSION_KEY, to_table
+
+
+def _row(**changes) -> dict:
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    row = {"run_id": "r1", "trial_id": "t1", "attempt": 1, "cluster": "local", "accelerator": "cpu", "world_size": 2,
+           "model": "gpt-tiny", "precision": "bf16", "compile": "none", "batch_size": 2, "seq_len": 64,
+           "status": "ok", "step_time_s": 0.5, "tflops_per_gpu": 1.5, "node_ids": ["a", "b"],
+           "params_local": [10, 10], "started_at": now, "finished_at": now}
+    row.update(changes)
+    return row
+
+
+@pytest.mark.parametrize("row", [_row(), _row(trial_id="t2", status="oom", error="CUDA out of memory", step_time_s=None),
+                                 _row(trial_id="t3", status="unsupported", error="needs TE", node_ids=None)])
+def test_round_trip(tmp_path, row):
+    path = store.write_row(tmp_path, row)
+    assert pq.read_schema(path).metadata[VERSION_KEY] == SCHEMA_VERSION.encode()
+    (back,) = store.read_table(tmp_path).to_pylist()
+    assert back == {c: row.get(c) for c in COLUMNS}
+
+
+def test_contract_columns_exist():
+    needed = """run_id trial_id attempt parent_trial_id cluster accelerator world_size model precision compile
+    batch_size seq_len status error step_time_s step_time_p10_s step_time_p90_s tokens_per_s_per_gpu tflops_per_gpu mfu
+    peak_tflops flops_per_token peak_mem_gib loss_first loss_last torch_version ray_version hostname git_sha started_at
+    finished_at alloc_retries reserved_mem_gib te_version torchao_version gpu_name driver_version cuda_version
+    compile_time_s init_time_s node_ids hosts""".split()
+    assert not set(needed) - set(RESULT_SCHEMA.names)
+
+
+def test_unknown_column_or_status_is_a_bug():
+    with pytest.raises(KeyError):
+        to_table([_row(tflops=1.0)])
+    with pytest.raises(ValueError):
+        to_table([_row(status="great")])
+
+
+def test_a_trial_is_written_once(tmp_path):
+    store.write_row(tmp_path, _row())
+    with pytest.raises(FileExistsError):
+        store.write_row(tmp_path, _row())
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]  # no temp files left
+
+
+def test_foreign_and_newer_files_are_refused(tmp_path):
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "foreign.parquet")
+    with pytest.raises(UserError, match="not a sweep result"):
+        store.read_table(tmp_path)
+    (tmp_path / "foreign.parquet").unlink()
+    table = to_table([_row()]).replace_schema_metadata({VERSION_KEY: b"99.0"})
+    pq.write_table(table, tmp_path / "future.parquet")
+    with pytest.raises(UserError, match="99.0"):
+        store.read_table(tmp_path)
+    (tmp_path / "future.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(UserError, match="not a readable Parquet"):
+        store.read_table(tmp_path)
+
+
+def test_older_minor_version_reads_with_new_columns_null(tmp_path):
+    old = to_table([_row()]).drop_columns(["reserved_mem_gib"]).replace_schema_metadata({VERSION_KEY: b"1.0"})
+    pq.write_table(old, tmp_path / "old.parquet")
+    (back,) = store.read_table(tmp_path).to_pylist()
+    assert back["reserved_mem_gib"] is None and back["tflops_per_gpu"] == 1.5
