@@ -10,6 +10,8 @@ A config with no ok attempt shows its status text ("oom", "unsupported") in the 
 
 from __future__ import annotations
 
+import re
+
 import csv
 import io
 import sys
@@ -40,7 +42,11 @@ def num(key: str, spec: str, scale: float = 1.0, suffix: str = "", failed: bool 
         value = row.get(key)
         if value is None:
             return status_text(row, short=True) if failed and row.get("status") not in (None, "ok") else DASH
-        return format(value * scale, spec) + suffix
+        value = value * scale
+        decimals = re.search(r"\.(\d+)f$", spec)
+        if decimals and value and abs(value) < 10 ** -int(decimals.group(1)):
+            return format(value, ".2g") + suffix  # CPU-rank TFLOP/s would all print as 0.00
+        return format(value, spec) + suffix
 
     return text
 
