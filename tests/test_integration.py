@@ -91,3 +91,15 @@ def test_results_show_reads_the_run(demo_results, cli):
     result = cli("results", "show", demo_results[0])
     assert result.exit_code == 0, result.output
     assert "llama-tiny" in result.stdout
+
+
+def test_regional_compile_trains(ray_session, cli, write_grid, tmp_path):
+    """The default compile mode: each block compiled in place before fully_shard (inductor on the CPU)."""
+    grid = write_grid("models: [llama-tiny]\nprecisions: [bf16]\nbatch_sizes: [2]\ncompile: regional\n"
+                      "seq_len: 64\ngpus: 2\nsteps: {warmup: 1, measure: 2}\n")
+    out = tmp_path / "out"
+    result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    (row,) = store.read_table(out).to_pylist()
+    assert row["status"] == "ok", row["error"]
+    assert row["compile"] == "regional" and row["compile_time_s"] > 0 and row["loss_last"] < row["loss_first"]

@@ -243,8 +243,10 @@ def test_te_recipes_train_under_fsdp2_on_a_gpu(name, arch):
                                 else "b200", vendor="nvidia")
     if reason:
         pytest.skip(reason)
-    spec = FP8_SPEC if arch == "llama" else ModelSpec(arch="gpt", n_layers=2, d_embd=128, n_heads=4,
-                                                       vocab_size=512, max_seq_len=256)
+    # every GEMM dim a multiple of 128 (Float8BlockScaling's block), head dim 32
+    spec = ModelSpec(arch="llama", n_layers=2, d_embd=128, n_heads=4, n_kv_heads=2, ffn_hidden=384,
+                     vocab_size=512) if arch == "llama" else \
+        ModelSpec(arch="gpt", n_layers=2, d_embd=128, n_heads=4, vocab_size=512, max_seq_len=256)
     r = _run_one_rank(spec, name)
     assert r["status"] == "ok", f"{r.get('error')}\n{r.get('traceback')}"
     assert r["loss_last"] < r["loss_first"]

@@ -122,7 +122,7 @@ class RankWorker:
             model = parallelize(model, plan=plan, compile_mode=job.compile, ac=job.ac, mesh=mesh)
             model.to_empty(device=device)
             with torch.no_grad():
-                model.init_weights() if hasattr(model, "init_weights") else model._orig_mod.init_weights()
+                model.init_weights()  # a fully compiled model forwards the call to the original
             params_local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=device.type == "cuda")
 
