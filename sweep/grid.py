@@ -231,8 +231,8 @@ def expand(grid: GridSpec, *, cluster: str, max_ranks: int | None = None,
     trials = []
     for model, precision, comp, ac, seq_len, gpus, batch in itertools.product(
             grid.model_specs(), grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, grid.batch_sizes):
-        if model.arch == "gpt" and seq_len > model.max_seq_len:
-            raise UserError(f"Invalid grid: seq_len: {seq_len} exceeds {model.label}'s learned positions "
+        if seq_len > model.max_seq_len:  # gpt: learned positions; llama: the RoPE table
+            raise UserError(f"Invalid grid: seq_len: {seq_len} exceeds {model.label}'s max_seq_len "
                             f"({model.max_seq_len})")
         trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
                             batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,

@@ -26,9 +26,9 @@ def git_sha() -> str | None:
     try:
         out = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, timeout=5)
-        return out.stdout.strip() or None
-    except Exception:
-        return None
+        return out.stdout.strip() or os.environ.get("SWEEP_GIT_SHA")
+    except Exception:  # no git, or a copy of the tree without .git (set SWEEP_GIT_SHA there)
+        return os.environ.get("SWEEP_GIT_SHA")
 
 
 @lru_cache(maxsize=1)
@@ -77,7 +77,7 @@ def unsupported_row(trial: Trial, reason: str, **base) -> dict:
 def outcome_row(outcome, **base) -> dict:
     trial = outcome.trial
     row = base_row(trial, **base)
-    row.update(status=outcome.status, error=outcome.error, started_at=outcome.started_at,
+    row.update(status=outcome.status, error=outcome.error, traceback=outcome.traceback, started_at=outcome.started_at,
                finished_at=outcome.finished_at, trial_wall_s=outcome.wall_s)
     if outcome.nodes:
         row.update(node_ids=[n.get("node_id") for n in outcome.nodes], hosts=[n.get("hostname") for n in outcome.nodes],

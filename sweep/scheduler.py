@@ -8,13 +8,19 @@ the attempts that finished as `Outcome`s. Each attempt moves through
 
 Teardown runs on every path: success, a failed rank (the others are killed at once instead of waiting
 in a collective), a timeout, a dead actor, or Ctrl-C in the driver (`shutdown()`).
+A rank process that dies (SIGKILL, segfault, node lost) is an infrastructure failure: its error text
+starts with INFRA_PREFIX, which is how a resumed run knows, from the row alone, to retry it. When one
+rank dies its peers fail too ("Connection reset by peer" inside a collective), often in the same instant;
+the dead rank is the cause, so a rank's `error` waits up to DEATH_GRACE_S for a peer's death to show.
 Placement groups are requested in submission order and a new one is requested only when every earlier
-one is placed, so a big trial waiting for GPUs is not overtaken forever by small ones.
+one is placed, so a big trial waiting for GPUs is not overtaken forever by small ones. One that no set of
+live nodes can ever hold (a node lost) is given up as a `timeout` after the trial's timeout.
 """
 
 from __future__ import annotations
 
 import math
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -24,6 +30,10 @@ from trainer.job import RankJob
 
 DEFAULT_TIMEOUT_S = 1800.0  # a cold 8B compile plus measurement fits; a hung collective does not
 START_TIMEOUT_S = 300.0  # rank processes must come up within this (imports torch, maybe CUDA init)
+DEATH_GRACE_S = 3.0  # Ray reports a dead process within ~0.1 s of its peers' socket errors; 3 s is ample
+INFRA_PREFIX = "infrastructure: "  # starts the error of every attempt lost to a dead or unstartable process
+# The loopback interface ('lo' on Linux, 'lo0' on macOS): gloo and NCCL sockets of an embedded trial.
+_LOOPBACK = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
 
 
 @dataclass
@@ -37,6 +47,7 @@ class Outcome:
     finished_at: datetime | None = None
     wall_s: float | None = None
     infrastructure: bool = False  # a rank process died or never started: worth one retry
+    traceback: str | None = None  # the failing rank's Python traceback
 
 
 @dataclass
@@ -53,14 +64,19 @@ class _Attempt:
     deadline: float = math.inf
     placed_at: float | None = None
     started_at: datetime | None = None
+    ready: set = field(default_factory=set)  # refs already seen ready (not waited on again)
+    failure_final_at: float = math.inf  # a reported error decides then, unless a rank is found dead first
+    infeasible_since: float | None = None  # when Ray first said no node set can hold the placement group
 
 
 class Scheduler:
     def __init__(self, profile, *, max_concurrent: int | None = None, timeout_s: float | None = None,
                  pg_timeout_s: float = 120.0):
         import ray
+        from ray.exceptions import ObjectLostError, RayActorError
 
         self.ray = ray
+        self._lost_errors = (RayActorError, ObjectLostError)  # a rank's process or its node is gone
         self.profile = profile
         self.max_concurrent = max_concurrent or 10**9
         self.timeout_s = timeout_s or getattr(profile, "timeout_s", None) or DEFAULT_TIMEOUT_S
@@ -128,42 +144,81 @@ class Scheduler:
     def _waitable(self) -> list:
         refs = []
         for a in self.active:
-            refs += {"placing": [a.ready_ref], "starting": a.info_refs, "running": a.run_refs}.get(a.state, [])
+            refs += [r for r in {"placing": [a.ready_ref], "starting": a.info_refs, "running": a.run_refs}.get(a.state, [])
+                     if r not in a.ready]
         return refs
 
     # -- the state machine ---------------------------------------------------------------------
     def _advance(self, a: _Attempt, ready: set) -> Outcome | None:
         now = time.monotonic()
+        a.ready |= ready & set([a.ready_ref, *a.info_refs, *a.run_refs])
+        ready = a.ready
         if a.state == "placing":
             if a.ready_ref in ready:
                 a.placed_at, a.started_at = now, datetime.now(timezone.utc)
                 a.deadline = now + START_TIMEOUT_S
                 self._start_actors(a)
-            return None
+                return None
+            return self._unplaceable(a, now)
         if now > a.deadline:
             what = "rank processes did not start" if a.state == "starting" else "trial ran"
             limit = START_TIMEOUT_S if a.state == "starting" else (a.trial.timeout_s or self.timeout_s)
             return self._finish(a, "timeout", f"{what} past the {limit:.0f} s limit; all ranks killed")
         if a.state == "starting":
             if all(r in ready for r in a.info_refs):
-                try:
-                    a.nodes = self.ray.get(a.info_refs)
-                except Exception as e:  # an actor died while starting
-                    return self._finish(a, "error", f"rank process failed to start: {_short(e)}", infrastructure=True)
+                for rank, ref in enumerate(a.info_refs):
+                    try:
+                        a.nodes.append(self.ray.get(ref))
+                    except Exception as e:  # the process died, or its runtime env could not be set up
+                        return self._finish(a, "error", f"rank {rank} of {a.trial.gpus} failed to start: {_short(e)}",
+                                            infrastructure=True)
                 self._launch(a)
             return None
+        dead = {}
         for rank, ref in enumerate(a.run_refs):
             if ref in ready and rank not in a.results:
                 try:
                     a.results[rank] = self.ray.get(ref)
-                except Exception as e:  # RayActorError: the process died (SIGKILL, segfault, node lost)
-                    return self._finish(a, "error", f"rank {rank} died: {_short(e)}", infrastructure=True)
-                result = a.results[rank]
-                if result["status"] != "ok":  # first failing rank decides; the others are killed now
-                    return self._finish(a, result["status"], f"rank {rank}: {result.get('error')}")
+                except self._lost_errors as e:  # the process died (SIGKILL, segfault, OOM killer, node lost)
+                    dead[rank] = e
+                except Exception as e:  # a result that could not be read back: a failure of this rank
+                    a.results[rank] = {"status": "error", "error": _short(e)}
+        if dead:  # the cause, whatever its peers reported meanwhile
+            return self._finish(a, "error", _deaths(dead, a.nodes, a.trial.gpus), infrastructure=True)
+        failures = [(r, res) for r, res in a.results.items() if res["status"] != "ok"]  # in order of arrival
+        if failures and a.failure_final_at == math.inf:
+            a.failure_final_at = now + DEATH_GRACE_S
+        # An OOM is the rank's own failure and decides at once. An error may be the echo of a dead peer, so
+        # it decides once every rank reported or the grace is over; then the first one is the cause.
+        own = next(((r, res) for r, res in failures if res["status"] != "error"), None)
+        if own or failures and (now >= a.failure_final_at or len(a.results) == len(a.run_refs)):
+            rank, result = own or failures[0]  # the others are killed now, not left waiting in a collective
+            outcome = self._finish(a, result["status"], f"rank {rank}: {result.get('error')}")
+            outcome.traceback = result.get("traceback")
+            return outcome
         if len(a.results) == len(a.run_refs):
             return self._finish(a, "ok", None)
         return None
+
+    def _unplaceable(self, a: _Attempt, now: float) -> Outcome | None:
+        """Time out a placement group that no node set of the cluster can hold (a node lost, or a profile that
+        promises more than the cluster has): it would wait forever, and hold up every trial behind it."""
+        from ray.util.placement_group import placement_group_table
+
+        try:
+            table = placement_group_table(a.pg)
+            infeasible = table.get("stats", {}).get("scheduling_state") == "INFEASIBLE"
+        except Exception:  # no such detail from this Ray: wait as before
+            return None
+        if not infeasible:  # placed soon, or waiting for busy resources that a running trial will free
+            a.infeasible_since = None
+            return None
+        a.infeasible_since = a.infeasible_since or now
+        limit = a.trial.timeout_s or self.timeout_s
+        if now - a.infeasible_since < limit:
+            return None
+        return self._finish(a, "timeout", f"could not be placed for {limit:.0f} s: the cluster's live nodes cannot "
+                                          f"hold {a.trial.gpus} x {self._bundle()} ({table.get('strategy')})")
 
     def _start_actors(self, a: _Attempt) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -175,6 +230,9 @@ class Scheduler:
         env = {str(k): str(v) for k, v in (self.profile.env or {}).items()}
         if not self.profile.is_gpu:  # CPU ranks: one intra-op thread pool per rank, sized to its CPUs
             env.setdefault("OMP_NUM_THREADS", str(self.profile.cpus_per_rank))
+        if self.profile.is_embedded and _LOOPBACK:  # one machine: rank-to-rank sockets stay on loopback
+            env.setdefault("GLOO_SOCKET_IFNAME", _LOOPBACK)
+            env.setdefault("NCCL_SOCKET_IFNAME", _LOOPBACK)
         for i in range(a.trial.gpus):
             actor = self._remote_worker.options(
                 num_cpus=self.profile.cpus_per_rank, num_gpus=1 if self.profile.is_gpu else 0, max_restarts=0,
@@ -207,6 +265,8 @@ class Scheduler:
         a.deadline = time.monotonic() + (t.timeout_s or self.timeout_s)
 
     def _finish(self, a: _Attempt, status: str, error: str | None, infrastructure: bool = False) -> Outcome:
+        if infrastructure:
+            error = INFRA_PREFIX + error
         self._teardown(a)
         self.active.remove(a)
         wall = time.monotonic() - a.placed_at if a.placed_at else None
@@ -228,6 +288,19 @@ class Scheduler:
         except Exception:
             pass
         a.state = "done"
+
+
+def is_infrastructure_error(error: str | None) -> bool:
+    """True for the error text of an attempt lost to a dead or unstartable rank process."""
+    return bool(error) and error.startswith(INFRA_PREFIX)
+
+
+def _deaths(dead: dict, nodes: list[dict], world_size: int) -> str:
+    """'rank 1 of 2 died (pid 4242 on host-a): ActorDiedError: ...': which ranks, where to find their logs."""
+    where = ", ".join(f"pid {nodes[r].get('pid')} on {nodes[r].get('hostname')}" if r < len(nodes) else "?"
+                      for r in dead)
+    ranks = ", ".join(str(r) for r in dead)
+    return f"rank{'s' if len(dead) > 1 else ''} {ranks} of {world_size} died ({where}): {_short(next(iter(dead.values())))}"
 
 
 def _short(e: BaseException) -> str:

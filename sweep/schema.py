@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: + traceback
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -49,6 +49,7 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     # outcome
     ("status", pa.string(), "ok | oom | error | timeout | unsupported"),
     ("error", pa.string(), "why the attempt did not succeed (first failing rank)"),
+    ("traceback", pa.string(), "the failing rank's Python traceback (its last 4000 characters)"),
     # performance
     ("step_time_s", pa.float64(), "median step time over the measured steps (synchronised)"),
     ("step_time_p10_s", pa.float64(), "10th percentile step time"),

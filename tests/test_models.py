@@ -85,7 +85,8 @@ def test_scaled_down_specs_keep_the_architecture(name):
 
 # -- first loss ----------------------------------------------------------------------------------
 
-def _first_loss(spec: ModelSpec, *, batch: int = 2, seq: int = 64, device: str = "cpu", backend: str = "torch") -> float:
+def _first_loss(spec: ModelSpec, *, batch: int = 2, seq: int = 64, device: str = "cpu",
+                backend: str = "torch") -> float:
     torch.manual_seed(3985)
     with torch.device(device):
         model = build_model(spec, backend=backend)
@@ -238,7 +239,8 @@ class _StubTE:
                 self.act, self.eps, self.E = activation, layernorm_epsilon, E
                 self.self_attention = torch.nn.Module()
                 self.self_attention.layernorm_qkv = _Params(dev, layer_norm_weight=(E,), layer_norm_bias=ln_b,
-                                                            weight=((H + 2 * G) * D, E), bias=((H + 2 * G) * D,) if bias else None)
+                                                            weight=((H + 2 * G) * D, E),
+                                                            bias=((H + 2 * G) * D,) if bias else None)
                 self.self_attention.proj = _Params(dev, weight=(E, H * D), bias=(E,) if bias else None)
                 self.layernorm_mlp = _Params(dev, layer_norm_weight=(E,), layer_norm_bias=ln_b, fc1_weight=(K, E),
                                              fc1_bias=(K,) if bias else None, fc2_weight=(E, ffn_hidden_size),
@@ -252,7 +254,11 @@ class _StubTE:
                 q = F.linear(_norm(x, a.layer_norm_weight, a.layer_norm_bias, self.eps), a.weight, a.bias)[..., :self.E]
                 x = x + F.linear(q, self.self_attention.proj.weight, self.self_attention.proj.bias)
                 h = F.linear(_norm(x, m.layer_norm_weight, m.layer_norm_bias, self.eps), m.fc1_weight, m.fc1_bias)
-                h = F.silu(h.chunk(2, -1)[0]) * h.chunk(2, -1)[1] if self.act == "swiglu" else F.gelu(h, approximate="tanh")
+                if self.act == "swiglu":
+                    gate, up = h.chunk(2, -1)
+                    h = F.silu(gate) * up
+                else:
+                    h = F.gelu(h, approximate="tanh")
                 return x + F.linear(h, m.fc2_weight, m.fc2_bias)
 
         class LayerNormLinear(torch.nn.Module):

@@ -5,7 +5,9 @@ The order is fixed and matters (torchtitan's `parallelize_llama` does the same):
   2. activation checkpointing wraps each block, inside what is compiled, so compile sees the recompute;
   3. regional compile: each block compiled in place before sharding, so FSDP2's all-gather hooks stay
      outside the compiled graphs (no graph breaks on collectives) and identical blocks reuse one graph;
-  4. fully_shard each block, then the root (embeddings, final norm, head).
+  4. fully_shard each block, then the root (embeddings, final norm, head) — when there is more than one
+     rank. On one rank FSDP2 has nothing to shard and would only add copies; the plain model trains under
+     bf16 autocast instead (`PrecisionPlan.training_context`), as the seeds' single-GPU scripts do.
 `full` compile wraps the whole sharded model instead (slow to compile on large models: the seed's
 GPT-1.5B with torchao rowwise did not finish compiling in 230 s on an H200).
 """
@@ -38,6 +40,8 @@ def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh) -> 
     if compile_mode == "regional":  # 3. compile
         for block in model.blocks:
             block.compile()
+    if mesh.size() == 1:  # 4. nothing to shard
+        return torch.compile(model) if compile_mode == "full" else model
     mp_policy = plan.mp_policy()
     for i, block in enumerate(model.blocks):  # 4. FSDP2
         # The last block is not resharded after forward: backward needs it first (saves one all-gather).

@@ -5,8 +5,8 @@
   - `forward_context`: `transformer_engine.pytorch.autocast(enabled=True, recipe=...)` around the forward
     (TE >= 2.8 name; `fp8_autocast(enabled=..., fp8_recipe=...)` before that, deprecated since);
     `bf16-te` runs the same TE layers with no FP8 at all: the fair baseline for TE FP8;
-  - `mp_policy()`: FSDP2 gathers bf16 copies of the fp32 master weights and reduce-scatters gradients in
-    fp32, as the torch recipes do, but does NOT cast forward inputs (see `TEPrecisionPlan`).
+  - `mp_policy()`: the torch recipes' own: FSDP2 gathers bf16 copies of the fp32 master weights,
+    reduce-scatters gradients in fp32 and does not cast forward inputs (the fp32 RoPE angles stay fp32).
 
 The amax reduction group is left as None: TE then reduces DelayedScaling amaxes over the default
 (world) group, which is FSDP's data-parallel group here (seed 000 passed that group explicitly).
@@ -16,7 +16,6 @@ Transformer Engine is imported lazily: this module imports on a CPU machine with
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable
 
@@ -58,7 +57,8 @@ def te_recipe(name: str, recipe_module: ModuleType) -> object | None:
     return None if factory is None else factory(recipe_module)
 
 
-def autocast_factory(te_pytorch: ModuleType, fp8_recipe: object | None) -> Callable[[], contextlib.AbstractContextManager]:
+def autocast_factory(te_pytorch: ModuleType,
+                     fp8_recipe: object | None) -> Callable[[], contextlib.AbstractContextManager]:
     """A no-argument callable that opens TE's FP8 region for `fp8_recipe` (nullcontext when None)."""
     if fp8_recipe is None:
         return contextlib.nullcontext
@@ -66,19 +66,6 @@ def autocast_factory(te_pytorch: ModuleType, fp8_recipe: object | None) -> Calla
     if autocast is not None:
         return lambda: autocast(enabled=True, recipe=fp8_recipe)
     return lambda: te_pytorch.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)
-
-
-@dataclass(kw_only=True)
-class TEPrecisionPlan(PrecisionPlan):
-    def mp_policy(self):
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        # cast_forward_inputs=False: the Llama blocks take RoPE angles (fp32, up to max_seq_len radians)
-        # as a forward argument; FSDP2 would cast them to bf16 (8-bit mantissa: errors of several
-        # radians at position 4096). Block inputs are bf16 already (the embedding's weight is gathered in
-        # bf16), and TE reads its compute dtype from its input.
-        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32,
-                                    cast_forward_inputs=False)
 
 
 def te_plan(recipe: Recipe, *, te_pytorch: ModuleType | None = None,
@@ -93,5 +80,5 @@ def te_plan(recipe: Recipe, *, te_pytorch: ModuleType | None = None,
     fp8_recipe = te_recipe(recipe.name, recipe_module)
     notes = ["TE layers" + ("" if fp8_recipe is None else f", {type(fp8_recipe).__name__}"),
              "LM head outside FP8"]
-    return TEPrecisionPlan(recipe=recipe, model_backend="te", param_dtype=torch.bfloat16,
+    return PrecisionPlan(recipe=recipe, model_backend="te", param_dtype=torch.bfloat16,
                            forward_context=autocast_factory(te_pytorch, fp8_recipe), notes=notes)

@@ -17,6 +17,12 @@ from datetime import timedelta
 from trainer.job import RankJob, classify_failure
 
 
+def learning_rate(d_embd: int) -> float:
+    """AdamW lr scaled as 1/width (muP-style, Yang et al. 2022): 1e-3 for the tiny models, ~7.5e-5 for d 4096.
+    A fixed 1e-3 made Llama3-8B's loss rise over its first 10 steps; this keeps every model's loss falling."""
+    return min(1e-3, 0.3 / d_embd)
+
+
 def _versions() -> dict:
     import torch
 
@@ -108,7 +114,8 @@ class RankWorker:
                                 device_id=device if device.type == "cuda" else None)
         mesh = init_device_mesh(device.type, (job.world_size,))
         spec = ModelSpec.model_validate_json(job.model_spec_json)
-        plan = precision_plan(job.precision, device_type=device.type)
+        sharded = job.world_size > 1
+        plan = precision_plan(job.precision, device_type=device.type, sharded=sharded)
 
         # SWEEP_MEMORY_CAP_RANKS=1,3 caps only those ranks (to rehearse one rank failing alone).
         capped = os.environ.get("SWEEP_MEMORY_CAP_RANKS")
@@ -124,7 +131,7 @@ class RankWorker:
             with torch.no_grad():
                 model.init_weights()  # a fully compiled model forwards the call to the original
             params_local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=device.type == "cuda")
+            optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate(spec.d_embd), fused=device.type == "cuda")
 
             # Synthetic tokens. Labels are a fixed random permutation of the inputs: a mapping the model
             # can learn (loss falls, showing the step really trains) with no shortcut at init (the
@@ -140,7 +147,7 @@ class RankWorker:
 
             def step(i: int) -> float:
                 tokens = batches[i % len(batches)]
-                with plan.forward_context():
+                with plan.training_context(device.type, sharded=sharded):
                     logits = model(tokens)
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), perm[tokens].flatten())
                 loss.backward()

@@ -51,3 +51,16 @@ sweep_grid() {
   python3 benchmarks/h200/summarize.py "$RES/$name"
   pack
 }
+
+# max_batch NAME LIMIT_S [sweep max-batch options...]: one `sweep max-batch`, stopped with SIGINT past LIMIT_S.
+max_batch() {
+  local name=$1 limit=$2
+  shift 2
+  echo "== $(date -u +%FT%TZ) python3 -m sweep max-batch $* --cluster $PROFILE --output $RES/$name"
+  local t0=$SECONDS
+  timeout --signal=INT --kill-after=30 "$limit" python3 -m sweep max-batch "$@" --cluster "$PROFILE" \
+    --output "$RES/$name"
+  echo "== max-batch exit $? after $((SECONDS - t0)) s"
+  cat "$RES/$name"/_search/*.json 2>/dev/null
+  pack
+}

@@ -25,7 +25,7 @@ class ModelSpec(BaseModel):
     vocab_size: int = Field(gt=1, description="vocabulary (V)")
     n_kv_heads: int | None = Field(default=None, gt=0, description="llama: key/value heads (GQA)")
     ffn_hidden: int | None = Field(default=None, gt=0, description="llama: SwiGLU hidden width")
-    max_seq_len: int = Field(default=4096, gt=0, description="gpt: learned positions available")
+    max_seq_len: int = Field(default=8192, gt=0, description="longest seq_len: gpt's learned positions, llama's RoPE table")
     rope_theta: float = Field(default=500000.0, gt=0, description="llama: RoPE base (Llama3: 500000)")
     norm_eps: float = Field(default=1e-5, gt=0)
 

@@ -37,7 +37,7 @@ from trainer.models.specs import ModelSpec
 INIT_STD = 0.02  # as gpt.py / llama.py
 
 
-def init_rule(name: str, n_layers: int) -> tuple[str, float]:
+def init_rule(name: str, n_layers: int, d_embd: int = 0) -> tuple[str, float]:
     """How the parameter called `name` (its fully qualified name) is initialised.
 
     ("ones", 1.0) for norm scales, ("zeros", 0.0) for biases, ("normal", std) for the rest: std 0.02, and
@@ -49,15 +49,19 @@ def init_rule(name: str, n_layers: int) -> tuple[str, float]:
         return ("ones", 1.0)
     if leaf == "layer_norm_bias" or leaf.endswith("bias"):
         return ("zeros", 0.0)
+    if name == "output.weight" and d_embd:  # the untied Llama head, as llama.py
+        from trainer.models.llama import head_init_std
+
+        return ("normal", head_init_std(d_embd))
     if name.endswith(("proj.weight", "fc2_weight")):
         return ("normal", INIT_STD / math.sqrt(2 * n_layers))
     return ("normal", INIT_STD)
 
 
-def _init_params(model: nn.Module, n_layers: int) -> None:
+def _init_params(model: nn.Module, n_layers: int, d_embd: int = 0) -> None:
     """Initialise every parameter in place by `init_rule` (plain tensors or FSDP2's DTensor shards)."""
     for name, param in model.named_parameters():
-        kind, value = init_rule(name, n_layers)
+        kind, value = init_rule(name, n_layers, d_embd)
         if kind == "normal":
             nn.init.normal_(param, mean=0.0, std=value)
         else:
@@ -103,7 +107,7 @@ class TELlama(nn.Module):
         self.register_buffer("rope_freqs", torch.empty(spec.max_seq_len, 1, 1, spec.head_dim), persistent=False)
 
     def init_weights(self) -> None:
-        _init_params(self, self.spec.n_layers)
+        _init_params(self, self.spec.n_layers, self.spec.d_embd)
         rope = _te().RotaryPositionEmbedding(self.spec.head_dim, rotary_base=self.spec.rope_theta)
         self.rope_freqs.copy_(rope(self.spec.max_seq_len).to(self.rope_freqs.device, torch.float32))
 
