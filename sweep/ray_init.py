@@ -1,17 +1,30 @@
 """Connecting to Ray for a cluster profile.
 
-`ray_address: local` starts Ray inside this process (the embedded default): bound to 127.0.0.1, no
-dashboard, so nothing listens beyond this machine. Any other address joins an existing cluster that the
-user runs on a private network (Ray's ports execute code: never expose them).
+`ray_address: local` starts Ray inside this process (the embedded default): every Ray server listens on
+127.0.0.1 only and there is no dashboard, so nothing listens beyond this machine (tests/test_faults.py
+checks it). Any other address joins an existing cluster that the user runs on a private network (Ray's
+ports execute code: never expose them).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
+from contextlib import contextmanager
+
+# On Linux, Ray turns `_node_ip_address="127.0.0.1"` into the machine's routable address and binds its
+# gRPC servers (GCS, raylet, every worker) and agents to all interfaces. It keeps 127.0.0.1 only where it
+# thinks multi-node clusters are unsupported (macOS, Windows); this switch says so for the embedded Ray.
+_LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def connect(profile) -> bool:
-    """Connect for `profile`; returns True if this call started Ray (and so should shut it down)."""
+    """Connect for `profile`; returns True if this call started Ray (and so should shut it down).
+
+    A Ctrl-C while Ray starts is held until the start is complete, then Ray is shut down and the
+    KeyboardInterrupt raised: interrupting `ray.init` halfway leaves its agent processes running.
+    """
     import ray
 
     if ray.is_initialized():  # a library user or a test session already connected
@@ -19,11 +32,18 @@ def connect(profile) -> bool:
     quiet = not os.environ.get("SWEEP_DEBUG")
     common = dict(logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet, configure_logging=True)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    if profile.is_embedded:
-        num_cpus = None if profile.is_gpu else profile.ranks_per_node * profile.cpus_per_rank
-        ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **common)
-    else:
-        ray.init(address=profile.ray_address, **common)
+    with _sigint_held() as interrupted:
+        if profile.is_embedded:
+            num_cpus = None if profile.is_gpu else profile.ranks_per_node * profile.cpus_per_rank
+            with _loopback_only():
+                # address="local": always a new instance, never a cluster found in /tmp/ray or $RAY_ADDRESS
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                         **common)
+        else:
+            ray.init(address=profile.ray_address, **common)
+    if interrupted:
+        ray.shutdown()
+        raise KeyboardInterrupt
     return True
 
 
@@ -31,4 +51,39 @@ def disconnect(started: bool) -> None:
     import ray
 
     if started and ray.is_initialized():
-        ray.shutdown()
+        with _sigint_held():  # a second Ctrl-C must not cut the shutdown short and orphan Ray's processes
+            ray.shutdown()
+
+
+@contextmanager
+def _loopback_only():
+    """Flip the switch while Ray starts its processes, then put it back (a later remote connection from
+    this process must advertise a routable address)."""
+    from ray._private import ray_constants
+
+    saved = os.environ.get(_LOOPBACK_SWITCH), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[_LOOPBACK_SWITCH] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if saved[0] is None:
+            os.environ.pop(_LOOPBACK_SWITCH, None)
+        else:
+            os.environ[_LOOPBACK_SWITCH] = saved[0]
+        if saved[1] is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved[1]
+
+
+@contextmanager
+def _sigint_held():
+    """Defer SIGINT for the block; yields a list that is non-empty if one arrived."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield received
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -138,5 +138,7 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
 
 
 def _was_infrastructure(row: dict) -> bool:
-    error = row.get("error") or ""
-    return row["status"] == "error" and (" died: " in error or "failed to start" in error)
+    """Whether a recorded attempt was lost to the machinery (so the plan retries it), from its row alone."""
+    from sweep.scheduler import is_infrastructure_error
+
+    return row["status"] == "error" and is_infrastructure_error(row.get("error"))

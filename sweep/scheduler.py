@@ -144,8 +144,8 @@ class Scheduler:
     def _waitable(self) -> list:
         refs = []
         for a in self.active:
-            refs += [r for r in {"placing": [a.ready_ref], "starting": a.info_refs, "running": a.run_refs}.get(a.state, [])
-                     if r not in a.ready]
+            pending = {"placing": [a.ready_ref], "starting": a.info_refs, "running": a.run_refs}.get(a.state, [])
+            refs += [r for r in pending if r not in a.ready]  # a ready ref would end every wait at once
         return refs
 
     # -- the state machine ---------------------------------------------------------------------
@@ -300,7 +300,8 @@ def _deaths(dead: dict, nodes: list[dict], world_size: int) -> str:
     where = ", ".join(f"pid {nodes[r].get('pid')} on {nodes[r].get('hostname')}" if r < len(nodes) else "?"
                       for r in dead)
     ranks = ", ".join(str(r) for r in dead)
-    return f"rank{'s' if len(dead) > 1 else ''} {ranks} of {world_size} died ({where}): {_short(next(iter(dead.values())))}"
+    cause = _short(next(iter(dead.values())))
+    return f"rank{'s' if len(dead) > 1 else ''} {ranks} of {world_size} died ({where}): {cause}"
 
 
 def _short(e: BaseException) -> str:
