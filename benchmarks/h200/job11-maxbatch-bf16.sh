@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Device job 9 (kind nvidia-h200-x2, carry .whl): issues 3/4/5 after the one-rank and lr fixes.
+# Device job 11 (kind nvidia-h200-x2, carry .whl): issues 3/4/5 after the one-rank and lr fixes.
 #  1. GPT-1.5B one-GPU trials, bf16 and torchao fp8 side by side (two at a time, one per GPU);
 #  2. sweep max-batch for Llama3-8B bf16 over both GPUs (2-rank trials), then the same under an 80 GiB cap.
-JOB=job9-maxbatch-bf16; source benchmarks/h200/common.sh
+JOB=job11-maxbatch-bf16; source benchmarks/h200/common.sh
 install_wheels || exit 1
 versions
 sweep_grid gpt1.5b-concurrent benchmarks/h200/gpt1.5b-torch.yaml 200
