@@ -35,7 +35,7 @@ def connect(profile) -> bool:
     with _sigint_held() as interrupted:
         if profile.is_embedded:
             num_cpus = None if profile.is_gpu else profile.ranks_per_node * profile.cpus_per_rank
-            with _loopback_only():
+            with loopback_only():
                 # address="local": always a new instance, never a cluster found in /tmp/ray or $RAY_ADDRESS
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                          **common)
@@ -56,7 +56,7 @@ def disconnect(started: bool) -> None:
 
 
 @contextmanager
-def _loopback_only():
+def loopback_only():
     """Flip the switch while Ray starts its processes, then put it back (a later remote connection from
     this process must advertise a routable address)."""
     from ray._private import ray_constants

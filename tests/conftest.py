@@ -15,10 +15,13 @@ def ray_session():
     """A real Ray instance on this machine (127.0.0.1, no dashboard). `sweep run` reuses it in-process."""
     import ray
 
+    from sweep.ray_init import loopback_only
+
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # 4 logical CPUs on a 2-core machine: two 2-rank trials may overlap; timings are not asserted.
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
-             log_to_driver=False)
+    with loopback_only():  # as the embedded profile: every Ray server on 127.0.0.1
+        ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 logging_level="ERROR", log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -324,8 +324,6 @@ def test_embedded_ray_listens_on_loopback_only(sweep_mid_trial):
     assert not exposed, f"listening beyond this machine: {exposed}"
 
 
-@pytest.mark.xfail(strict=True, reason="torch's TCPStore (rank 0's rendezvous server) binds every interface; "
-                                       "trainer/worker.py must bind it to MASTER_ADDR (TCPStore master_listen_fd)")
 def test_rank_processes_listen_on_loopback_only(sweep_mid_trial):
     driver, _, pids = sweep_mid_trial
     ranks = [p for p in pids if _cmdline(p).startswith("ray::RankWorker")]

@@ -54,6 +54,25 @@ def _device_info(device) -> dict:
     return {"gpu_name": torch.cuda.get_device_name(device), "driver_version": driver, "cuda_version": runtime}
 
 
+def _rendezvous_store(job: RankJob, timeout: timedelta):
+    """The process group's TCPStore, served by rank 0 on MASTER_ADDR only.
+
+    torch's default store listens on every interface; bound to rank 0's node address it is reachable by
+    the other ranks and, for the embedded cluster (127.0.0.1), by nothing beyond this machine.
+    """
+    import torch.distributed as dist
+
+    if job.rank != 0:
+        return dist.TCPStore(job.master_addr, job.master_port, job.world_size, False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in job.master_addr else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((job.master_addr, job.master_port))
+    listener.listen()
+    return dist.TCPStore(job.master_addr, job.master_port, job.world_size, True, timeout=timeout,
+                         master_listen_fd=listener.detach())
+
+
 class RankWorker:
     def __init__(self) -> None:
         self.created_at = time.perf_counter()
@@ -109,8 +128,9 @@ class RankWorker:
             backend = "gloo"
         os.environ.update(MASTER_ADDR=job.master_addr, MASTER_PORT=str(job.master_port), RANK=str(job.rank),
                           WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(job.local_rank))
-        dist.init_process_group(backend, rank=job.rank, world_size=job.world_size,
-                                timeout=timedelta(seconds=job.pg_timeout_s),
+        timeout = timedelta(seconds=job.pg_timeout_s)
+        dist.init_process_group(backend, store=_rendezvous_store(job, timeout), rank=job.rank,
+                                world_size=job.world_size, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
         mesh = init_device_mesh(device.type, (job.world_size,))
         spec = ModelSpec.model_validate_json(job.model_spec_json)

@@ -165,7 +165,9 @@ def _capacity(profile, trials) -> float | None:
     caps = {t.memory_cap_bytes for t in trials}
     if len(caps) == 1 and None not in caps:
         return float(caps.pop())
-    return profile.memory_per_device_bytes if profile.is_gpu else None
+    if not profile.is_gpu:
+        return None
+    return profile.memory_per_device_bytes or profile.accelerator_info.memory_gib * 1024**3
 
 
 def _finish(report, output: Path, plan) -> None:
