@@ -103,3 +103,30 @@ def test_regional_compile_trains(ray_session, cli, write_grid, tmp_path):
     (row,) = store.read_table(out).to_pylist()
     assert row["status"] == "ok", row["error"]
     assert row["compile"] == "regional" and row["compile_time_s"] > 0 and row["loss_last"] < row["loss_first"]
+
+
+def test_results_commands_on_a_real_sweep(demo_results, cli, tmp_path):
+    """`sweep results` over rows a real CPU sweep wrote: the exports carry the rows' own numbers."""
+    import csv
+    import io
+
+    out = demo_results[0]
+    rows = {(r["model"], r["batch_size"]): r for r in store.read_table(out).to_pylist()}
+    result = cli("results", "export", out, "--format", "csv")
+    assert result.exit_code == 0, result.output
+    exported = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert len(exported) == len(rows)
+    for line in exported:
+        row = rows[(line["model"], int(line["batch_size"]))]
+        assert float(line["tflops_per_gpu"]) == pytest.approx(row["tflops_per_gpu"], rel=1e-9)
+        assert float(line["step_time_s"]) == pytest.approx(row["step_time_s"], rel=1e-9)
+        assert line["status"] == "ok" and int(line["n_ok"]) == 1
+    md = cli("results", "export", out, "--format", "md")
+    assert md.exit_code == 0 and md.stdout.count("| llama-tiny |") == 2
+    for name in ("max-batch", "compare"):
+        assert cli("results", name, out).exit_code == 0
+    png = tmp_path / "tflops.png"
+    assert cli("results", "plot", out, "--out", png).exit_code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    query = cli("results", "query", out, "SELECT count(*) AS n FROM results WHERE status = 'ok'", "--format", "csv")
+    assert query.exit_code == 0 and query.stdout.split()[-1] == "4"

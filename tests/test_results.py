@@ -28,7 +28,7 @@ from sweep.commands import results as results_cmd
 from sweep.results import aggregate, query
 from sweep.store import write_row
 
-KEYS = query.CONFIG_KEYS
+KEYS = tuple(k for k in query.CONFIG_KEYS if k != "memory_cap_gib")  # the synthetic rows have no cap
 GROUP = tuple(k for k in KEYS if k != "batch_size")
 PEAK = {"h200": 989.0, "mi300x": 1307.0}
 SPEED = {"h200": 420.0, "mi300x": 470.0}
@@ -98,7 +98,7 @@ def dataset(tmp_path_factory) -> tuple[Path, list[dict]]:
 def expected_configs(rows: list[dict]) -> dict[tuple, dict]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        groups[tuple(r[k] for k in KEYS)].append(r)
+        groups[tuple(r.get(k) for k in KEYS)].append(r)
     out = {}
     for key, rs in groups.items():
         ok = [r for r in rs if r["status"] == "ok"]
@@ -134,7 +134,7 @@ def invoke(*args: str):
 
 def test_configs_median_counts_and_failures(dataset):
     out, rows = dataset
-    got = {tuple(r[k] for k in KEYS): r for r in aggregate.configs(out).to_pylist()}
+    got = {tuple(r.get(k) for k in KEYS): r for r in aggregate.configs(out).to_pylist()}
     want = expected_configs(rows)
     assert got.keys() == want.keys()  # every config, failed ones included
     for key, e in want.items():
@@ -184,8 +184,8 @@ def test_compare_precision_ratios(dataset):
     assert {r["precision"] for r in table} == {"fp8-te", "fp8-torchao"}
     assert len(table) == 2 * 2 * 2 * 5
     for r in table:
-        key = tuple(r[k] for k in KEYS)
-        base = want[tuple("bf16" if k == "precision" else r[k] for k in KEYS)]
+        key = tuple(r.get(k) for k in KEYS)
+        base = want[tuple("bf16" if k == "precision" else r.get(k) for k in KEYS)]
         mine = want[key]
         assert r["base_status"] == base["status"]
         if mine["tflops_per_gpu"] is not None and base["tflops_per_gpu"] is not None:
@@ -369,3 +369,13 @@ def test_results_command_imports_nothing_heavy():
     code = "import sys, sweep.commands.results; print(sorted(m for m in ('duckdb', 'matplotlib', 'pyarrow') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_memory_cap_is_its_own_config(tmp_path):
+    """Rows under `--memory-cap 80GiB` answer another question than rows on the whole card."""
+    (row,) = [r for r in make_rows() if r["status"] == "ok"][:1]
+    write_row(tmp_path, {**row, "trial_id": "uncapped"})
+    write_row(tmp_path, {**row, "trial_id": "capped", "memory_cap_gib": 80.0, "tflops_per_gpu": 1.0})
+    got = aggregate.configs(tmp_path).to_pylist()
+    assert sorted((r["memory_cap_gib"] is None, r["tflops_per_gpu"]) for r in got) == [
+        (False, 1.0), (True, row["tflops_per_gpu"])]

@@ -21,7 +21,13 @@ import pyarrow as pa
 from sweep.errors import UserError
 from sweep.results import aggregate
 
-SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size")
+SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", "memory_cap_gib")
+
+
+def _text(key: str, value) -> str:
+    if key == "memory_cap_gib":  # a capped search is its own series, never joined to the uncapped one
+        return "no cap" if value is None else f"cap {value:g} GiB"
+    return str(value)
 
 
 def plot(directory: Path, out: Path, where: Iterable[str] = ()) -> Path:
@@ -33,14 +39,14 @@ def plot(directory: Path, out: Path, where: Iterable[str] = ()) -> Path:
 def _labels(rows: list[dict]) -> tuple[list[str], str]:
     """Series label keys (precision and every varying key) and a caption of the constant ones."""
     varying = [k for k in SERIES_KEYS if k == "precision" or len({r[k] for r in rows}) > 1]
-    constant = [f"{k} {rows[0][k]}" for k in SERIES_KEYS if k not in varying and rows]
+    constant = [f"{k} {_text(k, rows[0][k])}" for k in SERIES_KEYS if k not in varying and rows]
     return varying, " · ".join(constant)
 
 
 def _styles(rows: list[dict], varying: list[str], label) -> dict[str, dict]:
     """Colour by precision; line style, marker and bar hatch by the rest of the series key (cluster...)."""
     precisions = sorted({str(r["precision"]) for r in rows})
-    rest = lambda r: tuple(str(r[k]) for k in varying if k != "precision")  # noqa: E731
+    rest = lambda r: tuple(_text(k, r[k]) for k in varying if k != "precision")  # noqa: E731
     others = sorted({rest(r) for r in rows})
     styles = {}
     for r in rows:
@@ -57,7 +63,7 @@ def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path) -> Path:
 
     rows, groups = configs.to_pylist(), max_batch.to_pylist()
     varying, caption = _labels(rows)
-    label = lambda r: " · ".join(str(r[k]) for k in varying)  # noqa: E731
+    label = lambda r: " · ".join(_text(k, r[k]) for k in varying)  # noqa: E731
     style = _styles(rows, varying, label)
     series = list(style)
     models = sorted({r["model"] for r in rows})
@@ -84,7 +90,11 @@ def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path) -> Path:
     handles = [Line2D([], [], color=style[s]["color"], linestyle=style[s]["linestyle"], marker=style[s]["marker"], label=s) for s in series]
     handles += [Line2D([], [], color="0.3", marker="x", linestyle="none", markersize=8, label="OOM"),
                 Line2D([], [], color="0.3", marker="^", markerfacecolor="none", linestyle="none", label="error / timeout / unsupported")]
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), frameon=False)
+    # as many columns as the figure's width holds for the longest label (~7 px per character)
+    width_px = fig.get_figwidth() * fig.dpi
+    longest = max(len(h.get_label()) for h in handles) * 7 + 40
+    fig.legend(handles=handles, loc="outside lower center", ncols=max(1, min(len(handles), int(width_px // longest))),
+               frameon=False)
     if caption:
         fig.suptitle(caption, fontsize="medium")
     out.parent.mkdir(parents=True, exist_ok=True)

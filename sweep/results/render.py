@@ -10,19 +10,20 @@ A config with no ok attempt shows its status text ("oom", "unsupported") in the 
 
 from __future__ import annotations
 
-import re
-
 import csv
 import io
+import re
 import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from sweep.results.aggregate import FAILURES
+from sweep.results.query import CONFIG_KEYS
 
 DASH = "—"
 CONFIG_HEADERS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile",
-                  "ac": "ac", "batch_size": "batch", "seq_len": "seq", "world_size": "GPUs"}
+                  "ac": "ac", "batch_size": "batch", "seq_len": "seq", "world_size": "GPUs",
+                  "memory_cap_gib": "cap (GiB)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +175,7 @@ def _spread(row: dict) -> str:
 
 
 SHOW_COLS = [
-    *config_cols(("cluster", "model", "precision", "compile", "ac", "batch_size", "seq_len", "world_size")),
+    *config_cols(CONFIG_KEYS),
     Col("status", "status", lambda r: r.get("status") or DASH, numeric=False),
     Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
     Col("mfu", "MFU", num("mfu", ".1f", 100, " %")),
@@ -184,7 +185,7 @@ SHOW_COLS = [
 ]
 
 EXPORT_COLS = [
-    *config_cols(("cluster", "model", "precision", "compile", "ac", "batch_size", "seq_len", "world_size")),
+    *config_cols(CONFIG_KEYS),
     Col("status", "status", status_text, numeric=False),
     METRIC_COLS[0],
     Col("spread_pct", "spread", _spread),
@@ -198,7 +199,7 @@ def _max_ok(row: dict) -> str:
 
 
 MAX_BATCH_COLS = [
-    *config_cols(("cluster", "model", "precision", "compile", "ac", "seq_len", "world_size")),
+    *config_cols(tuple(k for k in CONFIG_KEYS if k != "batch_size")),
     Col("status", "status", lambda r: r.get("status") or DASH, numeric=False),
     Col("max_ok_batch", "max ok batch", _max_ok),
     Col("oom_batch", "OOM at", lambda r: DASH if r.get("oom_batch") is None else str(r["oom_batch"])),
