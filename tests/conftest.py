@@ -15,13 +15,12 @@ def ray_session():
     """A real Ray instance on this machine (127.0.0.1, no dashboard). `sweep run` reuses it in-process."""
     import ray
 
-    from sweep.ray_init import loopback_only
-
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # 4 logical CPUs on a 2-core machine: two 2-rank trials may overlap; timings are not asserted.
-    with loopback_only():  # as the embedded profile: every Ray server on 127.0.0.1
-        ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 logging_level="ERROR", log_to_driver=False)
+    # Not loopback-only (unlike the embedded profile): tests/test_multinode.py starts a Ray cluster from
+    # this process for a driver subprocess, and both must agree on this machine's node address.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
+             logging_level="ERROR", log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -92,7 +92,9 @@ def split_constant(rows: list[dict], cols: list[Col], always: Sequence[str] = ()
     for col in cols:
         values = {col.text(r) for r in rows}
         if col.key in CONFIG_HEADERS and col.key not in always and len(values) == 1 and len(rows) > 1:
-            caption.append(f"{col.key} {values.pop()}")
+            value = values.pop()
+            if value != DASH:  # a column that is empty everywhere (no memory cap) says nothing
+                caption.append(f"{col.key} {value}")
         else:
             keep.append(col)
     return keep, " · ".join(caption)
