@@ -123,8 +123,9 @@ def test_results_commands_on_a_real_sweep(demo_results, cli, tmp_path):
         assert line["status"] == "ok" and int(line["n_ok"]) == 1
     md = cli("results", "export", out, "--format", "md")
     assert md.exit_code == 0 and md.stdout.count("| llama-tiny |") == 2
-    for name in ("max-batch", "compare"):
-        assert cli("results", name, out).exit_code == 0
+    assert cli("results", "max-batch", out).exit_code == 0
+    only_bf16 = cli("results", "compare", out)  # one precision: nothing to compare, said in one line
+    assert only_bf16.exit_code == 2 and "nothing to compare" in only_bf16.stderr
     png = tmp_path / "tflops.png"
     assert cli("results", "plot", out, "--out", png).exit_code == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
