@@ -94,13 +94,15 @@ class RankWorker:
 
     def run(self, job: RankJob) -> dict:
         try:
-            return {"status": "ok", **self._train(job)}
+            result = {"status": "ok", **self._train(job)}
         except BaseException as e:  # noqa: BLE001 - every failure becomes a row, with its class
             message = f"{type(e).__name__}: {e}".strip()
+            # Report at once, without destroying the process group: its peers may be inside a collective,
+            # and tearing down a communicator they still use can block. The driver kills every rank now.
             return {"status": classify_failure(type(e).__name__, message), "error": message[:2000],
                     "traceback": traceback.format_exc()[-4000:]}
-        finally:
-            self._teardown()
+        self._teardown()
+        return result
 
     def _teardown(self) -> None:
         import torch.distributed as dist
@@ -134,6 +136,9 @@ class RankWorker:
                                 device_id=device if device.type == "cuda" else None)
         mesh = init_device_mesh(device.type, (job.world_size,))
         spec = ModelSpec.model_validate_json(job.model_spec_json)
+        if device.type == "cuda":
+            # fp32 recipes use TF32 tensor cores: the catalog's NVIDIA fp32 peak (the MFU divisor) is TF32's
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         sharded = job.world_size > 1
         plan = precision_plan(job.precision, device_type=device.type, sharded=sharded)
 
