@@ -22,35 +22,20 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from clusters.schema import parse_memory_size
 from sweep.errors import UserError
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.recipes import RECIPES
 
 CompileMode = Literal["none", "regional", "full"]
 AcMode = Literal["none", "selective", "full"]
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
-
-
-def parse_size(text: str | int) -> int:
-    """'80GiB' -> bytes. Accepts B, KB/KiB, MB/MiB, GB/GiB, TB/TiB (case-insensitive)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    match = _SIZE.match(str(text))
-    if not match or match.group(2) and match.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (e.g. 80GiB, 512MiB, 192GB)")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
-
 
 def _listify(value: Any) -> list:
     return value if isinstance(value, list) else [value]
@@ -128,7 +113,14 @@ class GridSpec(BaseModel):
     @field_validator("memory_cap", mode="after")
     @classmethod
     def _size(cls, value):
-        return None if value is None else parse_size(value)
+        return None if value is None else parse_memory_size(str(value))  # "80GiB"; a bare number is refused
+
+    @model_validator(mode="after")
+    def _one_start_for_a_search(self) -> "GridSpec":
+        if self.search and len(self.batch_sizes) > 1:
+            raise ValueError(f"search: max_batch starts from one batch and finds the rest; give one batch_sizes "
+                             f"entry (the first probe), got {self.batch_sizes}")
+        return self
 
     def model_specs(self) -> list[ModelSpec]:
         return [REGISTRY[m] if isinstance(m, str) else m for m in self.models]
@@ -185,7 +177,8 @@ def _format_validation(source: str, err: ValidationError) -> str:
     got = first.get("input")
     shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
     extra = f"; {len(err.errors()) - 1} more error(s)" if len(err.errors()) > 1 else ""
-    return f"Invalid grid {source}: {loc}: {msg}{shown}{extra}"
+    where = f"{loc}: " if loc else ""  # a check across fields has no single location
+    return f"Invalid grid {source}: {where}{msg}{shown}{extra}"
 
 
 def parse_grid(data: Any, source: str = "<grid>") -> GridSpec:
@@ -218,21 +211,21 @@ def load_grid(path: str | Path) -> GridSpec:
     return parse_grid(data, str(path))
 
 
-def expand(grid: GridSpec, *, cluster: str, max_ranks: int | None = None,
+def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | None = None,
            timeout_s: float | None = None, memory_cap_bytes: int | None = None,
            default_memory_cap: int | None = None) -> list[Trial]:
     """The cartesian product of the grid's axes, in a stable order."""
     if max_ranks is not None:
         too_many = [g for g in grid.gpus if g > max_ranks]
         if too_many:
-            raise UserError(f"Invalid grid: gpus: {too_many[0]} ranks per trial, but cluster '{cluster}' "
+            raise UserError(f"Invalid grid {source}: gpus: {too_many[0]} ranks per trial, but cluster '{cluster}' "
                             f"has {max_ranks}")
     cap = next((c for c in (memory_cap_bytes, grid.memory_cap, default_memory_cap) if c is not None), None)
     trials = []
     for model, precision, comp, ac, seq_len, gpus, batch in itertools.product(
             grid.model_specs(), grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, grid.batch_sizes):
         if seq_len > model.max_seq_len:  # gpt: learned positions; llama: the RoPE table
-            raise UserError(f"Invalid grid: seq_len: {seq_len} exceeds {model.label}'s max_seq_len "
+            raise UserError(f"Invalid grid {source}: seq_len: {seq_len} exceeds {model.label}'s max_seq_len "
                             f"({model.max_seq_len})")
         trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
                             batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,

@@ -14,12 +14,11 @@ from sweep.grid import OomPolicy, Trial
 INFRA_RETRIES = 1  # a dead rank process or lost node is retried once; OOM/unsupported/timeout never
 
 
-def next_batch_after_oom(policy: OomPolicy, failed: int, *, grid_batches: list[int], ok: set[int],
-                         tried: set[int]) -> int | None:
+def next_batch_after_oom(policy: OomPolicy, failed: int, *, ok: set[int], tried: set[int]) -> int | None:
     """The batch to retry after `failed` ran out of memory, or None to stop.
 
     halve:  failed // 2
-    next:   the next smaller batch of the grid (none left: stop)
+    next:   failed - 1 (the next smaller batch: the exact limit, one attempt at a time)
     bisect: midway between the largest batch known to fit and `failed` (none known: halve)
     """
     if policy.policy == "none":
@@ -27,8 +26,7 @@ def next_batch_after_oom(policy: OomPolicy, failed: int, *, grid_batches: list[i
     if policy.policy == "halve":
         candidate = failed // 2
     elif policy.policy == "next":
-        smaller = [b for b in grid_batches if b < failed]
-        candidate = max(smaller) if smaller else 0
+        candidate = failed - 1
     else:
         fits = [b for b in ok if b < failed]
         candidate = (max(fits) + failed) // 2 if fits else failed // 2
@@ -71,8 +69,7 @@ class GridPlan:
         grid_batches = self._grid_batches.get(key, [])
         # A lower batch that the grid runs anyway is not run twice: the grid's own trial covers it.
         tried = self._tried[key] | set(grid_batches)
-        batch = next_batch_after_oom(self.oom, trial.batch_size, grid_batches=grid_batches,
-                                     ok=self._ok.get(key, set()), tried=tried)
+        batch = next_batch_after_oom(self.oom, trial.batch_size, ok=self._ok.get(key, set()), tried=tried)
         return [] if batch is None else [trial.child(batch_size=batch, retry=0)]
 
 
@@ -101,10 +98,6 @@ class MaxBatchSearch:
     @property
     def smallest_failed(self) -> int | None:
         return min(self.failed, default=None)
-
-    @property
-    def done(self) -> bool:
-        return self.next_probe() is None
 
     def record(self, batch: int, status: str, *, peak_mem_bytes: float | None = None,
                tokens_per_s: float | None = None) -> None:
@@ -159,20 +152,21 @@ class MaxBatchSearch:
         return max(rated, key=rated.get) if rated else None
 
 
-def search_id(trial: Trial, run_id: str) -> str:
-    return hashlib.sha256(f"{run_id}:{trial.config_key}".encode()).hexdigest()[:12]
+def search_id(trial: Trial) -> str:
+    """The search for one config (not one run): a resumed search keeps its id and its probes."""
+    return hashlib.sha256(repr(trial.config_key).encode()).hexdigest()[:12]
 
 
 class MaxBatchPlan:
     """One MaxBatchSearch per (model, precision, compile, ac, seq_len, ranks); each probe is a trial."""
 
-    def __init__(self, seeds: list[Trial], *, run_id: str, capacity_bytes: float | None, step: int = 1):
+    def __init__(self, seeds: list[Trial], *, capacity_bytes: float | None, step: int = 1):
         self.templates: dict[tuple, Trial] = {}
         self.searches: dict[tuple, MaxBatchSearch] = {}
         for t in seeds:
             if t.config_key in self.templates:
                 continue
-            sid = search_id(t, run_id)
+            sid = search_id(t)
             self.templates[t.config_key] = Trial(**{**t.__dict__, "search_id": sid})
             self.searches[t.config_key] = MaxBatchSearch(start=t.batch_size, step=step, capacity_bytes=capacity_bytes)
 

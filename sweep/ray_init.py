@@ -40,7 +40,14 @@ def connect(profile) -> bool:
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                          **common)
         else:
-            ray.init(address=profile.ray_address, **common)
+            try:
+                ray.init(address=profile.ray_address, **common)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                from sweep.errors import UserError
+
+                raise UserError(f"cluster '{profile.name}': cannot reach Ray at {profile.ray_address} "
+                                f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); start it (ray start --head) "
+                                f"or fix ray_address in the profile") from None
     if interrupted:
         ray.shutdown()
         raise KeyboardInterrupt

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 
 from sweep.grid import Trial
-from trainer.flops import flops_per_token
+from trainer.flops import flops_per_token, spec_flops_per_token
 from trainer.recipes import RECIPES
 
 GiB = 1024**3
@@ -26,7 +26,12 @@ def git_sha() -> str | None:
     try:
         out = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, timeout=5)
-        return out.stdout.strip() or os.environ.get("SWEEP_GIT_SHA")
+        sha = out.stdout.strip()
+        if not sha:
+            return os.environ.get("SWEEP_GIT_SHA")
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha + "+dirty" if dirty else sha  # rows must not name a commit that is not what ran
     except Exception:  # no git, or a copy of the tree without .git (set SWEEP_GIT_SHA there)
         return os.environ.get("SWEEP_GIT_SHA")
 
@@ -62,9 +67,7 @@ def base_row(trial: Trial, *, run_id: str, profile, grid_name: str | None) -> di
         "warmup_steps": trial.warmup_steps, "measure_steps": trial.measure_steps,
         "memory_cap_gib": trial.memory_cap_bytes / GiB if trial.memory_cap_bytes else None,
         "peak_tflops": profile.peak_tflops(recipe.family),
-        "flops_per_token": flops_per_token(n_params=trial.model.n_params(), n_layers=trial.model.n_layers,
-                                           n_heads=trial.model.n_heads, head_dim=trial.model.head_dim,
-                                           seq_len=trial.seq_len),
+        "flops_per_token": spec_flops_per_token(trial.model, trial.seq_len),
         "n_params": trial.model.n_params(), "ray_version": _ray_version(), "git_sha": git_sha(),
     }
 

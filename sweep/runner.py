@@ -33,8 +33,12 @@ def unsupported(trial: Trial, profile) -> str | None:
 class RunReport:
     run_id: str
     rows: list[dict] = field(default_factory=list)  # rows written by this run
-    reused: int = 0  # attempts found already recorded (resume)
+    reused_rows: list[dict] = field(default_factory=list)  # attempts found already recorded (resume)
     interrupted: bool = False
+
+    @property
+    def reused(self) -> int:
+        return len(self.reused_rows)
 
 
 class _Progress:
@@ -101,6 +105,11 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
     with _Progress(progress) as bar:
         bar.add(len(queue))
         try:
+            # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
+            # (exit 2, no rows), not a run with only its unsupported rows written.
+            if any(t.trial_id not in recorded and unsupported(t, profile) is None for t in queue):
+                started_ray = connect(profile)
+                scheduler = Scheduler(profile, max_concurrent=max_concurrent, timeout_s=timeout_s)
             while queue or (scheduler and scheduler.busy):
                 while queue:
                     trial = queue.popleft()
@@ -109,8 +118,8 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
                         continue
                     seen.add(trial.trial_id)
                     if trial.trial_id in recorded:  # --resume: reuse the row, let the plan continue from it
-                        report.reused += 1
                         row = recorded[trial.trial_id]
+                        report.reused_rows.append(row)
                         bar.done(row)
                         follow = plan.on_result(trial, row["status"], _was_infrastructure(row), row)
                         bar.add(len(follow))

@@ -30,6 +30,7 @@ from trainer.job import RankJob
 
 DEFAULT_TIMEOUT_S = 1800.0  # a cold 8B compile plus measurement fits; a hung collective does not
 START_TIMEOUT_S = 300.0  # rank processes must come up within this (imports torch, maybe CUDA init)
+INFEASIBLE_LIMIT_S = 120.0  # a placement no live node set can hold is given up after this (or the trial timeout)
 DEATH_GRACE_S = 3.0  # Ray reports a dead process within ~0.1 s of its peers' socket errors; 3 s is ample
 INFRA_PREFIX = "infrastructure: "  # starts the error of every attempt lost to a dead or unstartable process
 # The loopback interface ('lo' on Linux, 'lo0' on macOS): gloo and NCCL sockets of an embedded trial.
@@ -160,10 +161,9 @@ class Scheduler:
                 self._start_actors(a)
                 return None
             return self._unplaceable(a, now)
-        if now > a.deadline:
-            what = "rank processes did not start" if a.state == "starting" else "trial ran"
-            limit = START_TIMEOUT_S if a.state == "starting" else (a.trial.timeout_s or self.timeout_s)
-            return self._finish(a, "timeout", f"{what} past the {limit:.0f} s limit; all ranks killed")
+        if a.state == "starting" and now > a.deadline:
+            return self._finish(a, "timeout", f"rank processes did not start within {START_TIMEOUT_S:.0f} s; "
+                                              "all ranks killed")
         if a.state == "starting":
             if all(r in ready for r in a.info_refs):
                 for rank, ref in enumerate(a.info_refs):
@@ -198,6 +198,9 @@ class Scheduler:
             return outcome
         if len(a.results) == len(a.run_refs):
             return self._finish(a, "ok", None)
+        if now > a.deadline:  # checked after reading results: a trial that finished in time is not lost
+            limit = a.trial.timeout_s or self.timeout_s
+            return self._finish(a, "timeout", f"trial ran past the {limit:.0f} s limit; all ranks killed")
         return None
 
     def _unplaceable(self, a: _Attempt, now: float) -> Outcome | None:
@@ -214,7 +217,9 @@ class Scheduler:
             a.infeasible_since = None
             return None
         a.infeasible_since = a.infeasible_since or now
-        limit = a.trial.timeout_s or self.timeout_s
+        # Short: FIFO placement means every trial behind this one waits too (an autoscaler adding nodes
+        # has this long to make it feasible).
+        limit = min(INFEASIBLE_LIMIT_S, a.trial.timeout_s or self.timeout_s)
         if now - a.infeasible_since < limit:
             return None
         return self._finish(a, "timeout", f"could not be placed for {limit:.0f} s: the cluster's live nodes cannot "

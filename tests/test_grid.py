@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sweep.errors import UserError
-from sweep.grid import expand, load_grid, parse_grid, parse_size
+from sweep.grid import expand, load_grid, parse_grid
 
 GOOD = """
 models: [gpt-tiny, {arch: llama, name: inline, n_layers: 1, d_embd: 32, n_heads: 4, n_kv_heads: 2,
@@ -39,15 +39,12 @@ def test_scalars_become_lists_and_defaults_apply():
     assert grid.steps.warmup == 3 and grid.on_oom.policy == "halve"
 
 
-@pytest.mark.parametrize("text", ["80GiB", "80 gib", "512MiB", "192GB", "1024"])
-def test_sizes(text):
-    assert parse_size(text) > 0
-
-
-def test_size_units():
-    assert parse_size("1GiB") == 1024**3 and parse_size("1GB") == 10**9
-    with pytest.raises(ValueError):
-        parse_size("lots")
+def test_memory_cap_needs_a_unit():
+    assert parse_grid({"models": ["gpt-tiny"], "batch_sizes": [1], "memory_cap": "80GiB"}).memory_cap == 80 * 1024**3
+    assert parse_grid({"models": ["gpt-tiny"], "batch_sizes": [1], "memory_cap": "192GB"}).memory_cap == 192 * 10**9
+    for bad in (80, "80", "0GiB", "lots"):  # a bare 80 would be an 80-byte cap: every trial would OOM
+        with pytest.raises(UserError, match="memory_cap"):
+            parse_grid({"models": ["gpt-tiny"], "batch_sizes": [1], "memory_cap": bad})
 
 
 BAD = {
@@ -69,6 +66,7 @@ BAD = {
     "python tag": ("models: !!python/object/apply:os.system ['echo hacked > /tmp/sweep-hacked']\nbatch_sizes: [1]\n",
                    "YAML error"),
     "too many ranks": ("models: [gpt-tiny]\nbatch_sizes: [1]\ngpus: 64\n", "64"),
+    "cap without unit": ("models: [gpt-tiny]\nbatch_sizes: [1]\nmemory_cap: 80\n", "memory_cap"),
 }
 
 

@@ -10,21 +10,21 @@ from sweep.grid import OomPolicy, parse_grid, expand
 from sweep.policy import GridPlan, MaxBatchPlan, MaxBatchSearch, infra_retry, next_batch_after_oom
 
 
-@pytest.mark.parametrize("policy,failed,grid,ok,expected", [
-    ("halve", 16, [16], set(), 8),
-    ("halve", 1, [1], set(), None),  # below min_batch
-    ("next", 16, [4, 8, 16], set(), 8),
-    ("next", 4, [4, 8, 16], set(), None),  # nothing smaller in the grid
-    ("bisect", 16, [16], {4}, 10),
-    ("bisect", 16, [16], set(), 8),
-    ("none", 16, [16], set(), None),
+@pytest.mark.parametrize("policy,failed,ok,expected", [
+    ("halve", 16, set(), 8),
+    ("halve", 1, set(), None),  # below min_batch
+    ("next", 16, set(), 15),
+    ("next", 1, set(), None),
+    ("bisect", 16, {4}, 10),
+    ("bisect", 16, set(), 8),
+    ("none", 16, set(), None),
 ])
-def test_next_batch_after_oom(policy, failed, grid, ok, expected):
-    assert next_batch_after_oom(OomPolicy(policy=policy), failed, grid_batches=grid, ok=ok, tried={failed}) == expected
+def test_next_batch_after_oom(policy, failed, ok, expected):
+    assert next_batch_after_oom(OomPolicy(policy=policy), failed, ok=ok, tried={failed}) == expected
 
 
 def test_min_batch_is_respected():
-    assert next_batch_after_oom(OomPolicy(policy="halve", min_batch=4), 6, grid_batches=[6], ok=set(), tried={6}) is None
+    assert next_batch_after_oom(OomPolicy(policy="halve", min_batch=4), 6, ok=set(), tried={6}) is None
 
 
 def _trials(batches, **extra):
@@ -46,6 +46,24 @@ def test_a_lower_batch_already_in_the_grid_is_not_run_twice():
     assert plan.on_result(eight, "oom") == []  # 8 // 2 = 4 is the grid's own trial
     (two,) = plan.on_result(four, "oom")
     assert two.batch_size == 2
+
+
+@pytest.mark.parametrize("policy,batches,chain", [
+    ("next", [16], [15, 14]),  # one smaller each time
+    ("next", [7, 8], []),  # 8 -> 7 is the grid's own trial: not run twice
+    ("halve", [16], [8, 4]),
+    ("bisect", [16], [8, 4]),  # nothing known to fit: halve
+])
+def test_grid_plan_follows_each_policy(policy, batches, chain):
+    plan = GridPlan(_trials(batches), OomPolicy(policy=policy))
+    trial = plan.initial()[-1]
+    got = []
+    for _ in chain:
+        (trial,) = plan.on_result(trial, "oom")
+        got.append(trial.batch_size)
+    assert got == chain
+    if not chain:
+        assert plan.on_result(trial, "oom") == []
 
 
 def test_infrastructure_failures_are_retried_once_and_nothing_else_is():
@@ -111,7 +129,7 @@ def test_non_memory_failure_aborts_the_search():
 
 def test_max_batch_plan_runs_one_search_per_config():
     trials = _trials([1], precisions=["bf16", "fp32"])
-    plan = MaxBatchPlan(trials, run_id="r", capacity_bytes=None)
+    plan = MaxBatchPlan(trials, capacity_bytes=None)
     first = plan.initial()
     assert len(first) == 2 and len({t.search_id for t in first}) == 2
     follow = plan.on_result(first[0], "ok", row={"peak_mem_gib": 0.1, "tokens_per_s_per_gpu": 10.0})

@@ -28,6 +28,3 @@ def spec_flops_per_token(spec, seq_len: int) -> float:
     return flops_per_token(n_params=spec.n_params(), n_layers=spec.n_layers, n_heads=spec.n_heads,
                            head_dim=spec.head_dim, seq_len=seq_len)
 
-
-def tflops_per_gpu(flops_per_token_: float, tokens_per_s_per_gpu: float) -> float:
-    return flops_per_token_ * tokens_per_s_per_gpu / 1e12

@@ -28,11 +28,11 @@ class RankJob:
     seed: int = 3985  # the seeds' torch.manual_seed
 
 
-OOM_MARKERS = (
-    "out of memory",  # CUDA: "CUDA out of memory"; ROCm: "HIP out of memory"
+OOM_MARKERS = (  # allocator messages only: anything else stays 'error'
+    "cuda out of memory",  # torch's CUDA caching allocator (when not raised as OutOfMemoryError)
+    "hip out of memory",  # the same on ROCm
     "can't allocate memory",  # CPU: "DefaultCPUAllocator: can't allocate memory"
     "cannot allocate memory",  # errno 12 (ENOMEM) from mmap/malloc under a data limit
-    "failed to allocate",
     "std::bad_alloc",
 )
 

@@ -17,9 +17,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-COMPILE_MODES = ("none", "regional", "full")
-AC_MODES = ("none", "selective", "full")
-
 
 def _checkpoint_blocks(model: nn.Module, mode: str) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper

@@ -97,8 +97,10 @@ class RankWorker:
             result = {"status": "ok", **self._train(job)}
         except BaseException as e:  # noqa: BLE001 - every failure becomes a row, with its class
             message = f"{type(e).__name__}: {e}".strip()
-            # Report at once, without destroying the process group: its peers may be inside a collective,
+            # Report at once, without destroying a shared process group: peers may be inside a collective,
             # and tearing down a communicator they still use can block. The driver kills every rank now.
+            if job.world_size == 1:
+                self._teardown()
             return {"status": classify_failure(type(e).__name__, message), "error": message[:2000],
                     "traceback": traceback.format_exc()[-4000:]}
         self._teardown()
@@ -107,8 +109,11 @@ class RankWorker:
     def _teardown(self) -> None:
         import torch.distributed as dist
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # the result is already measured; a failing teardown must not lose it
+            pass
 
     def _train(self, job: RankJob) -> dict:
         import torch
@@ -161,8 +166,10 @@ class RankWorker:
             # Synthetic tokens. Labels are a fixed random permutation of the inputs: a mapping the model
             # can learn (loss falls, showing the step really trains) with no shortcut at init (the
             # first loss is ~ln V). A few batches are made up front so no data work is timed.
-            gen = torch.Generator(device=device).manual_seed(job.seed + job.rank)
-            perm = torch.randperm(spec.vocab_size, generator=gen, device=device)
+            # The permutation is the task, the same on every rank; each rank draws its own tokens.
+            perm = torch.randperm(spec.vocab_size, generator=torch.Generator(device=device).manual_seed(job.seed),
+                                  device=device)
+            gen = torch.Generator(device=device).manual_seed(job.seed + 1 + job.rank)
             batches = [torch.randint(spec.vocab_size, (job.batch_size, job.seq_len), generator=gen, device=device)
                        for _ in range(min(4, job.warmup_steps + job.measure_steps))]
 
@@ -199,7 +206,6 @@ class RankWorker:
         steady = statistics.median(measured)
         return {
             "step_times": measured,
-            "first_step_s": times[0],
             "compile_time_s": max(0.0, times[0] - steady),
             "init_time_s": init_time_s,
             "loss_first": float(losses[0]),

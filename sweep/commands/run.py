@@ -53,7 +53,8 @@ def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, **axes):
     """Load profile and grid, expand to trials: every user error surfaces here, before anything runs."""
     from clusters import load_profile
     from sweep.errors import UserError
-    from sweep.grid import expand, parse_grid, parse_size
+    from clusters.schema import parse_memory_size
+    from sweep.grid import expand, parse_grid
 
     profile = load_profile(cluster)
     data, source = _grid_data(grid, **axes)
@@ -63,11 +64,11 @@ def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, **axes):
         raise UserError("no batch sizes: give a grid file with batch_sizes or --batch-size")
     spec = parse_grid(data, source)
     try:
-        cap = parse_size(memory_cap) if memory_cap else None
+        cap = parse_memory_size(memory_cap) if memory_cap else None
     except ValueError as e:
         raise UserError(f"--memory-cap: {e}") from None
     # the cap: --memory-cap, else the grid's memory_cap, else the profile's memory_per_device
-    trials = expand(spec, cluster=profile.name, max_ranks=profile.total_ranks, timeout_s=profile.timeout_s,
+    trials = expand(spec, cluster=profile.name, source=source, max_ranks=profile.total_ranks, timeout_s=profile.timeout_s,
                     memory_cap_bytes=cap, default_memory_cap=profile.memory_per_device_bytes)
     return profile, spec, trials
 
@@ -96,7 +97,7 @@ def register(app: typer.Typer) -> None:
                                          batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus)
         run_id = new_run_id()
         if spec.search == "max_batch":
-            plan = MaxBatchPlan(trials, run_id=run_id, capacity_bytes=_capacity(profile, trials))
+            plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials))
         else:
             plan = GridPlan(trials, spec.on_oom)
         report = execute(plan, profile=profile, output=output, run_id=run_id, grid_name=spec.name, resume=resume,
@@ -145,7 +146,6 @@ def register(app: typer.Typer) -> None:
                   progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True) -> None:
         """Find the largest batch that fits, and the fastest, per model and precision."""
         from sweep.errors import UserError
-        from sweep.grid import load_grid  # noqa: F401 (keeps option parsing identical to `run`)
         from sweep.policy import MaxBatchPlan
         from sweep.runner import execute, new_run_id
 
@@ -155,7 +155,7 @@ def register(app: typer.Typer) -> None:
                                          batch_size=[start], compile=compile, seq_len=seq_len, gpus=gpus)
         trials = [t.__class__(**{**t.__dict__, "warmup_steps": warmup, "measure_steps": measure}) for t in trials]
         run_id = new_run_id()
-        plan = MaxBatchPlan(trials, run_id=run_id, capacity_bytes=_capacity(profile, trials), step=step)
+        plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
         report = execute(plan, profile=profile, output=output, run_id=run_id, progress=progress)
         _finish(report, output, plan)
 
@@ -177,8 +177,8 @@ def _finish(report, output: Path, plan) -> None:
     if rows:
         _print_table(rows, f"run {report.run_id}: {len(rows)} attempts" +
                      (f" ({report.reused} reused from earlier runs)" if report.reused else ""))
-    if hasattr(plan, "verdicts"):
-        _write_verdicts(output, report.run_id, plan.verdicts(), rows)
+    if hasattr(plan, "verdicts"):  # probes reused by --resume count too
+        _write_verdicts(output, report.run_id, plan.verdicts(), rows + report.reused_rows)
     console = Console(stderr=True)
     if report.interrupted:
         console.print(f"interrupted: {len(rows)} attempts written to {output}; rerun with --resume to finish")
