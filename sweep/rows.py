@@ -62,6 +62,7 @@ def base_row(trial: Trial, *, run_id: str, profile, grid_name: str | None) -> di
         "run_id": run_id, "trial_id": trial.trial_id, "attempt": trial.attempt,
         "parent_trial_id": trial.parent_trial_id, "search_id": trial.search_id, "grid_name": grid_name,
         "cluster": profile.name, "accelerator": profile.accelerator, "world_size": trial.gpus,
+        "cost_per_gpu_hour": profile.cost_per_gpu_hour,
         "model": trial.model.label, "model_spec": trial.model.to_json(), "precision": trial.precision,
         "compile": trial.compile, "ac": trial.ac, "batch_size": trial.batch_size, "seq_len": trial.seq_len,
         "warmup_steps": trial.warmup_steps, "measure_steps": trial.measure_steps,

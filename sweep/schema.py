@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.1"  # 1.1: + traceback
+SCHEMA_VERSION = "1.2"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -30,6 +30,7 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     # where
     ("cluster", pa.string(), "cluster profile name"),
     ("accelerator", pa.string(), "accelerator catalog name (h200, mi300x, cpu, ...)"),
+    ("cost_per_gpu_hour", pa.float64(), "the profile's $ per GPU-hour when the row was written, else null"),
     ("world_size", pa.int32(), "ranks in the trial (one per GPU)"),
     ("nodes", pa.int32(), "distinct Ray nodes the ranks ran on"),
     ("node_ids", pa.list_(pa.string()), "Ray node id per rank"),

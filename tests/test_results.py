@@ -379,3 +379,13 @@ def test_a_memory_cap_is_its_own_config(tmp_path):
     got = aggregate.configs(tmp_path).to_pylist()
     assert sorted((r["memory_cap_gib"] is None, r["tflops_per_gpu"]) for r in got) == [
         (False, 1.0), (True, row["tflops_per_gpu"])]
+
+
+def test_perf_per_dollar_uses_the_cost_stored_in_the_rows(tmp_path):
+    """Profiles passed by path (no registry name) still compare on cost: the rows carry it."""
+    (row,) = [r for r in make_rows() if r["status"] == "ok"][:1]
+    write_row(tmp_path, {**row, "trial_id": "a", "cluster": "my-a", "cost_per_gpu_hour": 2.0, "tokens_per_s_per_gpu": 100.0})
+    write_row(tmp_path, {**row, "trial_id": "b", "cluster": "my-b", "cost_per_gpu_hour": 4.0, "tokens_per_s_per_gpu": 300.0})
+    (r,) = aggregate.compare(tmp_path, "my-a", by="cluster").to_pylist()
+    assert r["cluster"] == "my-b" and r["cost_per_gpu_hour"] == 4.0 and r["base_cost_per_gpu_hour"] == 2.0
+    assert r["cost_ratio"] == pytest.approx((300.0 / 4.0) / (100.0 / 2.0))

@@ -153,7 +153,14 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
 
 def compare(directory: Path, baseline: str, by: str = "precision", where: Iterable[str] = ()) -> pa.Table:
     table = configs(directory, where)
-    costs = cluster_costs(sorted(set(table.column("cluster").to_pylist()))) if by == "cluster" else None
+    costs = None
+    if by == "cluster":
+        # The cost the rows were written with (a renamed or edited profile does not rewrite history);
+        # the profile's current cost only for rows written before sweep recorded it.
+        stored = load(directory, where, ["cluster", "cost_per_gpu_hour"]).to_pylist()
+        recorded = {r["cluster"]: r["cost_per_gpu_hour"] for r in stored if r["cost_per_gpu_hour"]}
+        names = sorted(set(table.column("cluster").to_pylist()))
+        costs = {**cluster_costs([n for n in names if n not in recorded]), **recorded}
     return compare_table(table, baseline, by, costs)
 
 
