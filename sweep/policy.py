@@ -7,7 +7,7 @@ imports torch or Ray, so every decision is unit-tested on its own (tests/test_po
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sweep.grid import OomPolicy, Trial
 
@@ -167,7 +167,7 @@ class MaxBatchPlan:
             if t.config_key in self.templates:
                 continue
             sid = search_id(t)
-            self.templates[t.config_key] = Trial(**{**t.__dict__, "search_id": sid})
+            self.templates[t.config_key] = replace(t, search_id=sid)
             self.searches[t.config_key] = MaxBatchSearch(start=t.batch_size, step=step, capacity_bytes=capacity_bytes)
 
     def _probe(self, key: tuple) -> list[Trial]:
@@ -175,7 +175,7 @@ class MaxBatchPlan:
         if batch is None:
             return []
         template = self.templates[key]
-        return [Trial(**{**template.__dict__, "batch_size": batch})]
+        return [replace(template, batch_size=batch)]
 
     def initial(self) -> list[Trial]:
         return [t for key in self.searches for t in self._probe(key)]

@@ -80,7 +80,7 @@ class _Progress:
 
 def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name: str | None = None,
             resume: bool = False, max_concurrent: int | None = None, timeout_s: float | None = None,
-            progress: bool = True, on_row=None) -> RunReport:
+            progress: bool = True) -> RunReport:
     from sweep.ray_init import connect, disconnect
     from sweep.scheduler import Scheduler
 
@@ -90,15 +90,17 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
     queue: deque[Trial] = deque(plan.initial())
     seen: set[str] = set()
 
-    def record(trial: Trial, row: dict, infrastructure: bool = False) -> None:
-        store.write_row(output, row)
-        report.rows.append(row)
+    def follow_up(trial: Trial, row: dict, infrastructure: bool) -> None:
+        """Show the attempt and queue what the plan asks for next (retries, search probes)."""
         bar.done(row)
-        if on_row:
-            on_row(row)
         follow = plan.on_result(trial, row["status"], infrastructure, row)
         bar.add(len(follow))
         queue.extend(follow)
+
+    def record(trial: Trial, row: dict, infrastructure: bool = False) -> None:
+        store.write_row(output, row)
+        report.rows.append(row)
+        follow_up(trial, row, infrastructure)
 
     started_ray = False
     scheduler = None
@@ -120,10 +122,7 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
                     if trial.trial_id in recorded:  # --resume: reuse the row, let the plan continue from it
                         row = recorded[trial.trial_id]
                         report.reused_rows.append(row)
-                        bar.done(row)
-                        follow = plan.on_result(trial, row["status"], _was_infrastructure(row), row)
-                        bar.add(len(follow))
-                        queue.extend(follow)
+                        follow_up(trial, row, _was_infrastructure(row))
                         continue
                     reason = unsupported(trial, profile)
                     if reason:  # no actors, no GPU time

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -38,7 +38,6 @@ class PrecisionPlan:
     convert: Callable[[nn.Module], None] = lambda model: None
     after_optimizer_step: Callable[[nn.Module], None] = lambda model: None
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    notes: list[str] = field(default_factory=list)
 
     def mp_policy(self):
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -86,8 +85,7 @@ def _torchao_plan(recipe: Recipe, *, emulate: bool, sharded: bool) -> PrecisionP
             # one all-reduce for every layer's amax instead of one per layer at the next all-gather
             precompute_float8_dynamic_scale_for_fsdp(model)
 
-    return PrecisionPlan(recipe=recipe, convert=convert, after_optimizer_step=after_optimizer_step,
-                         notes=["emulated matmuls (CPU)"] if emulate else [])
+    return PrecisionPlan(recipe=recipe, convert=convert, after_optimizer_step=after_optimizer_step)
 
 
 def precision_plan(name: str, *, device_type: str, sharded: bool = True) -> PrecisionPlan:

@@ -78,7 +78,5 @@ def te_plan(recipe: Recipe, *, te_pytorch: ModuleType | None = None,
     if recipe_module is None:
         from transformer_engine.common import recipe as recipe_module
     fp8_recipe = te_recipe(recipe.name, recipe_module)
-    notes = ["TE layers" + ("" if fp8_recipe is None else f", {type(fp8_recipe).__name__}"),
-             "LM head outside FP8"]
     return PrecisionPlan(recipe=recipe, model_backend="te", param_dtype=torch.bfloat16,
-                           forward_context=autocast_factory(te_pytorch, fp8_recipe), notes=notes)
+                         forward_context=autocast_factory(te_pytorch, fp8_recipe))

@@ -24,16 +24,16 @@ def learning_rate(d_embd: int) -> float:
 
 
 def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
     import torch
 
-    out = {"torch_version": torch.__version__, "te_version": None, "torchao_version": None}
-    for key, module in (("te_version", "transformer_engine"), ("torchao_version", "torchao")):
+    out = {"torch_version": torch.__version__}
+    for key, distribution in (("te_version", "transformer-engine"), ("torchao_version", "torchao")):
         try:
-            from importlib.metadata import version
-
-            out[key] = version(module if module != "transformer_engine" else "transformer-engine")
-        except Exception:
-            pass
+            out[key] = version(distribution)
+        except PackageNotFoundError:
+            out[key] = None
     return out
 
 
@@ -177,7 +177,7 @@ class RankWorker:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
 
-            def step(i: int) -> float:
+            def step(i: int) -> torch.Tensor:
                 tokens = batches[i % len(batches)]
                 with plan.training_context(device.type, sharded=sharded):
                     logits = model(tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -153,7 +154,7 @@ def register(app: typer.Typer) -> None:
             raise UserError("max-batch needs --model")
         profile, spec, trials = _prepare(None, cluster, memory_cap, model=model, precision=precision,
                                          batch_size=[start], compile=compile, seq_len=seq_len, gpus=gpus)
-        trials = [t.__class__(**{**t.__dict__, "warmup_steps": warmup, "measure_steps": measure}) for t in trials]
+        trials = [replace(t, warmup_steps=warmup, measure_steps=measure) for t in trials]
         run_id = new_run_id()
         plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
         report = execute(plan, profile=profile, output=output, run_id=run_id, progress=progress)
