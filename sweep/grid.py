@@ -9,6 +9,9 @@
     gpus: 8                           # ranks per trial, int or list
     steps: {warmup: 3, measure: 10}
     ac: none                          # activation checkpointing: none | selective | full (or a list)
+    grad_accum: 1                     # micro-batches per optimizer step (or a list)
+    grad_clip: 1.0                    # clip the gradient norm to this before each optimizer step; 0: no clip
+    fp8_lm_head: false                # FP8 recipes: also run the output head in FP8 (seed 000 does)
     on_oom: {policy: halve, min_batch: 1}
     search: max_batch                 # optional: find the largest / fastest batch per precision
     timeout_s: 1800                   # per trial
@@ -64,14 +67,17 @@ class GridSpec(BaseModel):
     seq_len: list[int] = Field(default=[1024], min_length=1)
     gpus: list[int] = Field(default=[1], min_length=1)
     ac: list[AcMode] = Field(default=["none"], min_length=1)
+    grad_accum: list[int] = Field(default=[1], min_length=1)
+    grad_clip: list[float] = Field(default=[1.0], min_length=1)
+    fp8_lm_head: list[bool] = Field(default=[False], min_length=1)
     steps: Steps = Steps()
     on_oom: OomPolicy = OomPolicy()
     search: Literal["max_batch"] | None = None
     timeout_s: float | None = Field(default=None, gt=0)
     memory_cap: str | int | None = None
 
-    _as_list = field_validator("precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac",
-                               mode="before")(_listify)
+    _as_list = field_validator("precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac", "grad_accum",
+                               "grad_clip", "fp8_lm_head", mode="before")(_listify)
 
     @field_validator("models", mode="before")
     @classmethod
@@ -102,12 +108,20 @@ class GridSpec(BaseModel):
                 raise ValueError(f"unknown precision '{p}'; valid: {', '.join(RECIPES)}")
         return precisions
 
-    @field_validator("batch_sizes", "seq_len", "gpus", mode="after")
+    @field_validator("batch_sizes", "seq_len", "gpus", "grad_accum", mode="after")
     @classmethod
     def _positive(cls, values: list[int]) -> list[int]:
         for v in values:
             if v <= 0:
                 raise ValueError(f"must be positive, got {v}")
+        return values
+
+    @field_validator("grad_clip", mode="after")
+    @classmethod
+    def _clip(cls, values: list[float]) -> list[float]:
+        for v in values:
+            if not v >= 0:  # also refuses nan
+                raise ValueError(f"must be >= 0 (0 turns clipping off), got {v}")
         return values
 
     @field_validator("memory_cap", mode="after")
@@ -126,6 +140,9 @@ class GridSpec(BaseModel):
         return [REGISTRY[m] if isinstance(m, str) else m for m in self.models]
 
 
+TRAINING_DEFAULTS = {"grad_accum": 1, "grad_clip": 1.0, "fp8_lm_head": False}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Trial:
     """One configuration to run once. `trial_id` hashes everything that defines the measurement."""
@@ -140,6 +157,9 @@ class Trial:
     gpus: int
     warmup_steps: int
     measure_steps: int
+    grad_accum: int = 1  # micro-batches per optimizer step; a step trains grad_accum * batch_size rows per GPU
+    grad_clip: float = 1.0  # max gradient norm; 0 = no clipping
+    fp8_lm_head: bool = False
     memory_cap_bytes: int | None = None
     timeout_s: float | None = None
     # lineage: not part of the measurement
@@ -154,20 +174,33 @@ class Trial:
                "compile": self.compile, "ac": self.ac, "batch_size": self.batch_size, "seq_len": self.seq_len,
                "gpus": self.gpus, "warmup": self.warmup_steps, "measure": self.measure_steps,
                "memory_cap": self.memory_cap_bytes, "retry": self.retry}
+        # Keys added later enter the hash only when not at their default, so earlier trial ids stay valid.
+        key.update({k: v for k, v in self.training_options.items() if v != TRAINING_DEFAULTS[k]})
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def config_key(self) -> tuple:
         """Everything but the batch: trials that differ only in batch share it (OOM retry, search)."""
-        return (self.cluster, self.model.to_json(), self.precision, self.compile, self.ac, self.seq_len, self.gpus)
+        changed = tuple((k, v) for k, v in self.training_options.items() if v != TRAINING_DEFAULTS[k])
+        return (self.cluster, self.model.to_json(), self.precision, self.compile, self.ac, self.seq_len, self.gpus,
+                *changed)  # as trial_id: options at their default leave earlier keys (and search ids) unchanged
+
+    @property
+    def training_options(self) -> dict:
+        return {"grad_accum": self.grad_accum, "grad_clip": self.grad_clip, "fp8_lm_head": self.fp8_lm_head}
 
     def child(self, **changes) -> "Trial":
         """A follow-up attempt (lower batch after an OOM, or an infrastructure retry)."""
         return replace(self, attempt=self.attempt + 1, parent_trial_id=self.trial_id, **changes)
 
+    def options_text(self) -> str:
+        """The training options not at their default, e.g. 'grad_accum=8 fp8_lm_head=True'."""
+        return " ".join(f"{k}={v}" for k, v in self.training_options.items() if v != TRAINING_DEFAULTS[k])
+
     def describe(self) -> str:
+        extra = self.options_text()
         return (f"{self.model.label} {self.precision} bs={self.batch_size} T={self.seq_len} "
-                f"gpus={self.gpus} compile={self.compile}")
+                f"gpus={self.gpus} compile={self.compile}{' ' + extra if extra else ''}")
 
 
 def _format_validation(source: str, err: ValidationError) -> str:
@@ -222,13 +255,19 @@ def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | N
                             f"has {max_ranks}")
     cap = next((c for c in (memory_cap_bytes, grid.memory_cap, default_memory_cap) if c is not None), None)
     trials = []
-    for model, precision, comp, ac, seq_len, gpus, batch in itertools.product(
-            grid.model_specs(), grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, grid.batch_sizes):
+    for model, precision, comp, ac, seq_len, gpus, accum, clip, fp8_head, batch in itertools.product(
+            grid.model_specs(), grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, grid.grad_accum,
+            grid.grad_clip, grid.fp8_lm_head, grid.batch_sizes):
         if seq_len > model.max_seq_len:  # gpt: learned positions; llama: the RoPE table
             raise UserError(f"Invalid grid {source}: seq_len: {seq_len} exceeds {model.label}'s max_seq_len "
                             f"({model.max_seq_len})")
+        # An FP8 head needs an FP8 recipe and an untied head (GPT's head is the embedding): elsewhere the
+        # option does nothing, so `fp8_lm_head: [false, true]` crossed with bf16 gives one bf16 trial.
+        fp8_head = fp8_head and RECIPES[precision].family == "fp8" and model.arch == "llama"
         trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
                             batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,
-                            measure_steps=grid.steps.measure, memory_cap_bytes=cap,
+                            measure_steps=grid.steps.measure, grad_accum=accum, grad_clip=clip,
+                            fp8_lm_head=fp8_head, memory_cap_bytes=cap,
                             timeout_s=grid.timeout_s or timeout_s))
-    return trials
+    unique = {t.trial_id: t for t in trials}
+    return list(unique.values())

@@ -1,6 +1,8 @@
 """Turn an attempt's outcome into one result row: the measurement arithmetic lives here.
 
-    tokens/s/GPU  = batch_size * seq_len / median step time       (each rank trains its own batch)
+    tokens/s/GPU  = grad_accum * batch_size * seq_len / median step time
+                    (each rank trains its own micro-batches; a step ends with the optimizer step, so gradient
+                    accumulation's saving on optimizer work is counted, never a micro-batch alone)
     TFLOP/s/GPU   = flops_per_token * tokens/s/GPU / 1e12          (trainer.flops: 6N + 12·L·H·D·T)
     MFU           = TFLOP/s/GPU / peak TFLOP/s of the accelerator for the recipe's family
 """
@@ -65,7 +67,7 @@ def base_row(trial: Trial, *, run_id: str, profile, grid_name: str | None) -> di
         "cost_per_gpu_hour": profile.cost_per_gpu_hour,
         "model": trial.model.label, "model_spec": trial.model.to_json(), "precision": trial.precision,
         "compile": trial.compile, "ac": trial.ac, "batch_size": trial.batch_size, "seq_len": trial.seq_len,
-        "warmup_steps": trial.warmup_steps, "measure_steps": trial.measure_steps,
+        "warmup_steps": trial.warmup_steps, "measure_steps": trial.measure_steps, **trial.training_options,
         "memory_cap_gib": trial.memory_cap_bytes / GiB if trial.memory_cap_bytes else None,
         "peak_tflops": profile.peak_tflops(recipe.family),
         "flops_per_token": spec_flops_per_token(trial.model, trial.seq_len),
@@ -94,7 +96,7 @@ def outcome_row(outcome, **base) -> dict:
     # The slowest rank sets the pace of a synchronous step: take the per-step max over ranks.
     step_times = [max(times) for times in zip(*(r["step_times"] for r in ranks))]
     median = statistics.median(step_times)
-    tokens_per_s = trial.batch_size * trial.seq_len / median
+    tokens_per_s = trial.grad_accum * trial.batch_size * trial.seq_len / median
     fpt = flops_per_token(n_params=rank0["n_params"], n_layers=trial.model.n_layers, n_heads=trial.model.n_heads,
                           head_dim=trial.model.head_dim, seq_len=trial.seq_len)
     tflops = fpt * tokens_per_s / 1e12

@@ -262,7 +262,7 @@ class Scheduler:
             job = RankJob(rank=rank, world_size=t.gpus, local_rank=local_ranks[rank], master_addr=master["ip"],
                           master_port=master["port"], model_spec_json=t.model.to_json(), precision=t.precision,
                           compile=t.compile, ac=t.ac, batch_size=t.batch_size, seq_len=t.seq_len,
-                          warmup_steps=t.warmup_steps, measure_steps=t.measure_steps,
+                          warmup_steps=t.warmup_steps, measure_steps=t.measure_steps, **t.training_options,
                           device_type="cuda" if self.profile.is_gpu else "cpu",
                           memory_cap_bytes=t.memory_cap_bytes, pg_timeout_s=self.pg_timeout_s)
             a.run_refs.append(actor.run.remote(job))

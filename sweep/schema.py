@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.2"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour
+SCHEMA_VERSION = "1.3"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -46,16 +46,19 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("seq_len", pa.int32(), "tokens per sample"),
     ("warmup_steps", pa.int32(), "steps run before timing"),
     ("measure_steps", pa.int32(), "timed steps"),
+    ("grad_accum", pa.int32(), "micro-batches per optimizer step (null before schema 1.3: 1)"),
+    ("grad_clip", pa.float64(), "max gradient norm, 0 = no clipping (null before schema 1.3: 1.0)"),
+    ("fp8_lm_head", pa.bool_(), "FP8 recipes: output head in FP8 too (null before schema 1.3: false)"),
     ("memory_cap_gib", pa.float64(), "per-rank memory cap imposed by sweep, else null"),
     # outcome
     ("status", pa.string(), "ok | oom | error | timeout | unsupported"),
     ("error", pa.string(), "why the attempt did not succeed (first failing rank)"),
     ("traceback", pa.string(), "the failing rank's Python traceback (its last 4000 characters)"),
     # performance
-    ("step_time_s", pa.float64(), "median step time over the measured steps (synchronised)"),
+    ("step_time_s", pa.float64(), "median optimizer-step time (grad_accum micro-batches) over the measured steps"),
     ("step_time_p10_s", pa.float64(), "10th percentile step time"),
     ("step_time_p90_s", pa.float64(), "90th percentile step time"),
-    ("tokens_per_s_per_gpu", pa.float64(), "batch_size * seq_len / step_time_s"),
+    ("tokens_per_s_per_gpu", pa.float64(), "grad_accum * batch_size * seq_len / step_time_s"),
     ("tflops_per_gpu", pa.float64(), "flops_per_token * tokens_per_s_per_gpu / 1e12"),
     ("mfu", pa.float64(), "tflops_per_gpu / peak_tflops"),
     ("peak_tflops", pa.float64(), "the MFU divisor: accelerator peak dense TFLOP/s for this precision"),

@@ -39,6 +39,29 @@ def test_scalars_become_lists_and_defaults_apply():
     assert grid.steps.warmup == 3 and grid.on_oom.policy == "halve"
 
 
+def test_training_options_are_axes_and_keep_earlier_ids():
+    base = {"models": ["llama-tiny", "gpt-tiny"], "batch_sizes": [2], "precisions": ["bf16", "fp8-torchao-tensorwise"]}
+    plain = expand(parse_grid(base), cluster="local")
+    assert all((t.grad_accum, t.grad_clip, t.fp8_lm_head) == (1, 1.0, False) for t in plain)
+    # options at their default leave the id as it was before they existed (resume of older results)
+    assert plain[0].trial_id == "aff6f42986fcc9ba" and plain[0].options_text() == ""
+    grid = parse_grid({**base, "grad_accum": [1, 4], "grad_clip": 0, "fp8_lm_head": [False, True]})
+    trials = expand(grid, cluster="local")
+    # the FP8 head only exists for FP8 recipes on an untied head: llama x fp8 gets both, the rest one
+    assert len(trials) == 2 * (1 + 2 + 1 + 1)
+    assert {(t.model.label, t.precision) for t in trials if t.fp8_lm_head} == {("llama-tiny", "fp8-torchao-tensorwise")}
+    assert len({t.trial_id for t in trials}) == len(trials) and {t.grad_clip for t in trials} == {0.0}
+    assert {t.config_key for t in trials}.isdisjoint({t.config_key for t in plain})
+    four = next(t for t in trials if t.grad_accum == 4)
+    assert "grad_accum=4" in four.describe() and "grad_clip=0.0" in four.options_text()
+
+
+@pytest.mark.parametrize("field, value", [("grad_accum", 0), ("grad_clip", -1.0), ("grad_clip", float("nan"))])
+def test_training_options_are_validated(field, value):
+    with pytest.raises(UserError, match=field):
+        parse_grid({"models": ["gpt-tiny"], "batch_sizes": [1], field: value})
+
+
 def test_memory_cap_needs_a_unit():
     assert parse_grid({"models": ["gpt-tiny"], "batch_sizes": [1], "memory_cap": "80GiB"}).memory_cap == 80 * 1024**3
     assert parse_grid({"models": ["gpt-tiny"], "batch_sizes": [1], "memory_cap": "192GB"}).memory_cap == 192 * 10**9

@@ -105,6 +105,25 @@ def test_regional_compile_trains(ray_session, cli, write_grid, tmp_path):
     assert row["compile"] == "regional" and row["compile_time_s"] > 0 and row["loss_last"] < row["loss_first"]
 
 
+def test_gradient_accumulation_counts_every_micro_batch(ray_session, cli, write_grid, tmp_path):
+    """grad_accum micro-batches per optimizer step, FSDP2 over 2 gloo ranks, clipping off: a step's time covers
+    all of them and the optimizer step, and the tokens count every micro-batch."""
+    grid = write_grid("models: [llama-tiny]\nprecisions: [bf16]\nbatch_sizes: [2]\ncompile: none\nseq_len: 32\n"
+                      "gpus: 2\ngrad_accum: [1, 3]\ngrad_clip: 0\nsteps: {warmup: 1, measure: 3}\n")
+    out = tmp_path / "out"
+    result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    rows = {r["grad_accum"]: r for r in store.read_table(out).to_pylist()}
+    assert set(rows) == {1, 3}
+    for accum, row in rows.items():
+        assert row["status"] == "ok", row["error"]
+        assert row["grad_clip"] == 0.0 and row["fp8_lm_head"] is False
+        assert row["tokens_per_s_per_gpu"] == pytest.approx(accum * 2 * 32 / row["step_time_s"], rel=1e-9)
+        assert row["loss_last"] < row["loss_first"]
+        # the loss reported is the mean over the step's micro-batches: still ~ln V at the first step
+        assert row["loss_first"] == pytest.approx(math.log(REGISTRY["llama-tiny"].vocab_size), rel=0.1)
+
+
 def test_results_commands_on_a_real_sweep(demo_results, cli, tmp_path):
     """`sweep results` over rows a real CPU sweep wrote: the exports carry the rows' own numbers."""
     import csv

@@ -84,6 +84,15 @@ def test_torchao_convert_swaps_every_eligible_linear_but_the_head(name):
     assert not isinstance(model.output, Float8Linear)
 
 
+def test_fp8_lm_head_converts_the_head_too():
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = build_model(FP8_SPEC)
+    precision_plan("fp8-torchao-tensorwise", device_type="cpu", fp8_lm_head=True).convert(model)
+    assert isinstance(model.output, Float8Linear)
+    assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 7 * FP8_SPEC.n_layers + 1
+
+
 def _free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     for s in socks:

@@ -30,6 +30,7 @@ from sweep.store import write_row
 
 KEYS = tuple(k for k in query.CONFIG_KEYS if k != "memory_cap_gib")  # the synthetic rows have no cap
 GROUP = tuple(k for k in KEYS if k != "batch_size")
+DEFAULT_OPTIONS = (1, 1.0, False)  # grad_accum, grad_clip, fp8_lm_head
 PEAK = {"h200": 989.0, "mi300x": 1307.0}
 SPEED = {"h200": 420.0, "mi300x": 470.0}
 PREC = {"bf16": 1.0, "fp8-te": 1.12, "fp8-torchao": 1.07}
@@ -71,6 +72,7 @@ def make_rows() -> list[dict]:
                             "world_size": 8, "nodes": 1, "hostname": f"{cluster}-node0",
                             "model": model, "precision": precision, "compile": "none", "ac": "none",
                             "batch_size": batch, "seq_len": SEQ, "warmup_steps": 3, "measure_steps": 10,
+                            "grad_accum": 1, "grad_clip": 1.0, "fp8_lm_head": False,
                             "status": status, "error": error, "gpu_name": cluster.upper(),
                             "started_at": t0 + dt.timedelta(minutes=n), "finished_at": t0 + dt.timedelta(minutes=n, seconds=50),
                         }
@@ -145,7 +147,7 @@ def test_configs_median_counts_and_failures(dataset):
             assert g[f"n_{s}"] == e[f"n_{s}"]
         for m in aggregate.METRICS:
             assert g[m] == (pytest.approx(e[m], rel=1e-12) if e[m] is not None else None), (key, m)
-    flaky = got[("h200", "llama3-8b", "fp8-te", "none", "none", 8, SEQ, 8)]
+    flaky = got[("h200", "llama3-8b", "fp8-te", "none", "none", 8, SEQ, 8, *DEFAULT_OPTIONS)]
     assert (flaky["status"], flaky["n_ok"], flaky["n_oom"], flaky["error"]) == ("ok", 2, 1, "CUDA out of memory (fragmentation)")
 
 
@@ -169,11 +171,11 @@ def test_max_batch_largest_oom_and_fastest(dataset):
         assert g["tflops_per_gpu"] == pytest.approx(mine[fastest]["tflops_per_gpu"])
         assert g["mfu"] == pytest.approx(mine[fastest]["mfu"])
     # spot checks of the rules against the generator
-    h200_8b = lambda p: got[("h200", "llama3-8b", p, "none", "none", SEQ, 8)]  # noqa: E731
+    h200_8b = lambda p: got[("h200", "llama3-8b", p, "none", "none", SEQ, 8, *DEFAULT_OPTIONS)]  # noqa: E731
     assert (h200_8b("bf16")["max_ok_batch"], h200_8b("bf16")["oom_batch"]) == (4, 8)
     assert (h200_8b("fp8-te")["max_ok_batch"], h200_8b("fp8-te")["oom_batch"]) == (8, 16)  # 2 of 3 ok at 8
     assert h200_8b("fp8-torchao")["fastest_batch"] == 4  # slower at its limit of 8
-    mi_8b_bf16 = got[("mi300x", "llama3-8b", "bf16", "none", "none", SEQ, 8)]
+    mi_8b_bf16 = got[("mi300x", "llama3-8b", "bf16", "none", "none", SEQ, 8, *DEFAULT_OPTIONS)]
     assert (mi_8b_bf16["max_ok_batch"], mi_8b_bf16["oom_batch"]) == (4, 8)  # 16 timed out, 8 is the OOM
 
 
@@ -200,7 +202,7 @@ def test_compare_clusters_with_costs(dataset):
     costs = {"h200": 3.5, "mi300x": None}
     table = aggregate.compare_table(aggregate.configs(out), "h200", "cluster", {"h200": 3.5, "mi300x": 2.1})
     r = next(r for r in table.to_pylist() if (r["model"], r["precision"], r["batch_size"]) == ("llama3-8b", "bf16", 2))
-    mi, h = (want[(c, "llama3-8b", "bf16", "none", "none", 2, SEQ, 8)] for c in ("mi300x", "h200"))
+    mi, h = (want[(c, "llama3-8b", "bf16", "none", "none", 2, SEQ, 8, *DEFAULT_OPTIONS)] for c in ("mi300x", "h200"))
     assert r["cluster"] == "mi300x"
     assert r["ratio"] == pytest.approx(mi["tflops_per_gpu"] / h["tflops_per_gpu"])
     assert r["tok_s_per_usd_h"] == pytest.approx(mi["tokens_per_s_per_gpu"] / 2.1)
@@ -232,7 +234,10 @@ def test_where_filters(dataset):
 # --- exports: the same numbers as the rows ---------------------------------------------------------
 
 HEADER_KEYS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile", "ac": "ac",
-               "batch": "batch_size", "seq": "seq_len", "GPUs": "world_size"}
+               "batch": "batch_size", "seq": "seq_len", "GPUs": "world_size", "accum": "grad_accum", "clip": "grad_clip",
+               "fp8 head": "fp8_lm_head"}
+PARSE = {"batch_size": int, "seq_len": int, "world_size": int, "grad_accum": int, "grad_clip": float,
+         "fp8_lm_head": lambda text: text == "True"}
 
 
 def _parse_markdown(text: str) -> list[dict]:
@@ -248,7 +253,7 @@ def _parse_markdown(text: str) -> list[dict]:
 
 def _key(row: dict) -> tuple:
     by_key = {HEADER_KEYS.get(h, h): v for h, v in row.items()}
-    return tuple(int(by_key[k]) if k in ("batch_size", "seq_len", "world_size") else by_key[k] for k in KEYS)
+    return tuple(PARSE.get(k, str)(by_key[k]) for k in KEYS)
 
 
 def test_export_markdown_carries_row_numbers(dataset):

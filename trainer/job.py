@@ -23,6 +23,9 @@ class RankJob:
     warmup_steps: int
     measure_steps: int
     device_type: str  # "cpu" (gloo) or "cuda" (nccl; ROCm builds of torch also say cuda)
+    grad_accum: int = 1  # micro-batches (of batch_size rows) per optimizer step
+    grad_clip: float = 1.0  # max gradient norm before each optimizer step; 0 = no clipping
+    fp8_lm_head: bool = False  # FP8 recipes: the output head in FP8 too
     memory_cap_bytes: int | None = None
     pg_timeout_s: float = 120.0  # bounded: a stuck collective fails instead of waiting NCCL's 10 min
     seed: int = 3985  # the seeds' torch.manual_seed

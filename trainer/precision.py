@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,9 +24,13 @@ from trainer.recipes import RECIPES, Recipe
 FP8_DIM_MULTIPLE = 16  # FP8 GEMMs need both dims divisible by 16 (cuBLASLt / hipBLASLt)
 
 
-def fp8_module_filter(module: nn.Module, fqn: str) -> bool:
-    """Which Linear layers get FP8: not the output head (accuracy) and only dims divisible by 16."""
-    if not isinstance(module, nn.Linear) or fqn in ("output", "lm_head"):
+HEAD_NAMES = ("output", "lm_head")
+
+
+def fp8_module_filter(module: nn.Module, fqn: str, *, include_head: bool = False) -> bool:
+    """Which Linear layers get FP8: only dims divisible by 16, and not the output head (accuracy: torchtitan's
+    default) unless `include_head` (the grid's `fp8_lm_head`, as seed 000's TE head runs)."""
+    if not isinstance(module, nn.Linear) or (fqn in HEAD_NAMES and not include_head):
         return False
     return module.in_features % FP8_DIM_MULTIPLE == 0 and module.out_features % FP8_DIM_MULTIPLE == 0
 
@@ -61,7 +66,7 @@ class PrecisionPlan:
         return stack
 
 
-def _torchao_plan(recipe: Recipe, *, emulate: bool, sharded: bool) -> PrecisionPlan:
+def _torchao_plan(recipe: Recipe, *, emulate: bool, sharded: bool, fp8_lm_head: bool) -> PrecisionPlan:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     if recipe.name == "fp8-torchao-tensorwise":
@@ -76,7 +81,8 @@ def _torchao_plan(recipe: Recipe, *, emulate: bool, sharded: bool) -> PrecisionP
         config = dataclasses.replace(config, emulate=True)
 
     def convert(model: nn.Module) -> None:
-        convert_to_float8_training(model, config=config, module_filter_fn=fp8_module_filter)
+        convert_to_float8_training(model, config=config, module_filter_fn=functools.partial(
+            fp8_module_filter, include_head=fp8_lm_head))
 
     def after_optimizer_step(model: nn.Module) -> None:
         if config.enable_fsdp_float8_all_gather:
@@ -88,14 +94,14 @@ def _torchao_plan(recipe: Recipe, *, emulate: bool, sharded: bool) -> PrecisionP
     return PrecisionPlan(recipe=recipe, convert=convert, after_optimizer_step=after_optimizer_step)
 
 
-def precision_plan(name: str, *, device_type: str, sharded: bool = True) -> PrecisionPlan:
+def precision_plan(name: str, *, device_type: str, sharded: bool = True, fp8_lm_head: bool = False) -> PrecisionPlan:
     """The plan for recipe `name` on `device_type` ('cuda' or 'cpu'); the recipe must be supported.
     On MI300-class GPUs torchao picks the e4m3fnuz/e5m2fnuz formats itself (torchao.float8.config)."""
     recipe = RECIPES[name]
     if recipe.backend == "torch":
         return PrecisionPlan(recipe=recipe, param_dtype=None if recipe.family == "fp32" else torch.bfloat16)
     if recipe.backend == "torchao":
-        return _torchao_plan(recipe, emulate=device_type == "cpu", sharded=sharded)
+        return _torchao_plan(recipe, emulate=device_type == "cpu", sharded=sharded, fp8_lm_head=fp8_lm_head)
     from trainer.te import te_plan
 
     return te_plan(recipe)

@@ -145,7 +145,7 @@ class RankWorker:
             # fp32 recipes use TF32 tensor cores: the catalog's NVIDIA fp32 peak (the MFU divisor) is TF32's
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         sharded = job.world_size > 1
-        plan = precision_plan(job.precision, device_type=device.type, sharded=sharded)
+        plan = precision_plan(job.precision, device_type=device.type, sharded=sharded, fp8_lm_head=job.fp8_lm_head)
 
         # SWEEP_MEMORY_CAP_RANKS=1,3 caps only those ranks (to rehearse one rank failing alone).
         capped = os.environ.get("SWEEP_MEMORY_CAP_RANKS")
@@ -154,7 +154,7 @@ class RankWorker:
             reset_peak(device)
             torch.manual_seed(job.seed)
             with torch.device("meta"):  # build on meta, shard, then materialise only this rank's shard
-                model = build_model(spec, backend=plan.model_backend)
+                model = build_model(spec, backend=plan.model_backend, fp8_lm_head=job.fp8_lm_head)
             n_params = sum(p.numel() for p in model.parameters())  # N of the FLOP formula: every parameter
             model = parallelize(model, plan=plan, compile_mode=job.compile, ac=job.ac, mesh=mesh)
             model.to_empty(device=device)
@@ -171,23 +171,40 @@ class RankWorker:
                                   device=device)
             gen = torch.Generator(device=device).manual_seed(job.seed + 1 + job.rank)
             batches = [torch.randint(spec.vocab_size, (job.batch_size, job.seq_len), generator=gen, device=device)
-                       for _ in range(min(4, job.warmup_steps + job.measure_steps))]
+                       for _ in range(min(4, (job.warmup_steps + job.measure_steps) * job.grad_accum))]
 
             def sync() -> None:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
 
+            def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+                return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+            # Compiled with the model: inductor fuses the fp32 upcast into the log-softmax, so the
+            # (tokens x vocab) logits are never materialised in fp32 (torchtitan compiles its loss too).
+            loss_fn = torch.compile(cross_entropy) if job.compile != "none" else cross_entropy
+            # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
+            # rest (weights only change at the optimizer step), as seed 000 does.
+            weight_cache = plan.model_backend == "te" and job.grad_accum > 1
+
             def step(i: int) -> torch.Tensor:
-                tokens = batches[i % len(batches)]
-                with plan.training_context(device.type, sharded=sharded):
-                    logits = model(tokens)
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), perm[tokens].flatten())
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as seed 000
+                """One optimizer step over grad_accum micro-batches (FSDP2 reduce-scatters the gradients of
+                each micro-batch as its backward runs, as seed 000's FSDP1 loop without no_sync does)."""
+                total = torch.zeros((), device=device)
+                for micro in range(job.grad_accum):
+                    tokens = batches[(i * job.grad_accum + micro) % len(batches)]
+                    kwargs = {"is_first_microbatch": micro == 0} if weight_cache else {}
+                    with plan.training_context(device.type, sharded=sharded):
+                        logits = model(tokens, **kwargs)
+                    loss = loss_fn(logits, perm[tokens]) / job.grad_accum
+                    loss.backward()
+                    total += loss.detach()
+                if job.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip)  # seed 000: 1.0
                 optimizer.step()
                 plan.after_optimizer_step(model)
                 optimizer.zero_grad(set_to_none=True)
-                return loss
+                return total
 
             dist.barrier()
             init_time_s = time.perf_counter() - self.created_at

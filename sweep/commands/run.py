@@ -28,6 +28,8 @@ BatchOpt = Annotated[Optional[list[int]], typer.Option("--batch-size", "-b", hel
 CompileOpt = Annotated[Optional[list[Compile]], typer.Option("--compile", help="Compile mode (repeatable).")]
 SeqOpt = Annotated[Optional[list[int]], typer.Option("--seq-len", help="Sequence length (repeatable).")]
 GpusOpt = Annotated[Optional[list[int]], typer.Option("--gpus", help="Ranks per trial (repeatable).")]
+AccumOpt = Annotated[Optional[list[int]], typer.Option("--grad-accum", help="Micro-batches per optimizer step "
+                                                      "(repeatable).")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Result dataset folder.")]
 CapOpt = Annotated[Optional[str], typer.Option("--memory-cap", help="Per-rank memory cap, e.g. 80GiB: "
                                                "allocations past it really fail (what fits on a smaller card?).")]
@@ -42,7 +44,7 @@ def _grid_data(grid: Path | None, **axes) -> tuple[dict, str]:
     else:
         data, source = {}, "<options>"
     names = {"model": "models", "precision": "precisions", "batch_size": "batch_sizes", "compile": "compile",
-             "seq_len": "seq_len", "gpus": "gpus"}
+             "seq_len": "seq_len", "gpus": "gpus", "grad_accum": "grad_accum"}
     for option, key in names.items():
         values = axes.get(option)
         if values:
@@ -86,6 +88,7 @@ def register(app: typer.Typer) -> None:
     @user_errors
     def run(grid: GridArg = None, cluster: ClusterOpt = "local", model: ModelOpt = None, precision: PrecisionOpt = None,
             batch_size: BatchOpt = None, compile: CompileOpt = None, seq_len: SeqOpt = None, gpus: GpusOpt = None,
+            grad_accum: AccumOpt = None,
             output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
             resume: Annotated[bool, typer.Option(help="Skip attempts already recorded in --output.")] = False,
             max_concurrent: Annotated[Optional[int], typer.Option(min=1, help="At most this many trials at once.")] = None,
@@ -95,7 +98,8 @@ def register(app: typer.Typer) -> None:
         from sweep.runner import execute, new_run_id
 
         profile, spec, trials = _prepare(grid, cluster, memory_cap, model=model, precision=precision,
-                                         batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus)
+                                         batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus,
+                                         grad_accum=grad_accum)
         run_id = new_run_id()
         if spec.search == "max_batch":
             plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials))
@@ -109,7 +113,7 @@ def register(app: typer.Typer) -> None:
     @user_errors
     def plan(grid: GridArg = None, cluster: ClusterOpt = "local", model: ModelOpt = None, precision: PrecisionOpt = None,
              batch_size: BatchOpt = None, compile: CompileOpt = None, seq_len: SeqOpt = None, gpus: GpusOpt = None,
-             memory_cap: CapOpt = None) -> None:
+             grad_accum: AccumOpt = None, memory_cap: CapOpt = None) -> None:
         """Show the trials a grid expands to, and which cannot run here and why. Nothing runs."""
         from rich.console import Console
         from rich.markup import escape
@@ -118,10 +122,11 @@ def register(app: typer.Typer) -> None:
         from sweep.runner import unsupported
 
         profile, spec, trials = _prepare(grid, cluster, memory_cap, model=model, precision=precision,
-                                         batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus)
+                                         batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus,
+                                         grad_accum=grad_accum)
         table = Table(title=f"{len(trials)} trials on {profile.name} ({profile.accelerator}, "
                             f"{profile.total_ranks} ranks)" + (" — max-batch search" if spec.search else ""))
-        for col in ("trial_id", "model", "params", "precision", "compile", "ac", "batch", "seq", "gpus", "runs"):
+        for col in ("trial_id", "model", "params", "precision", "compile", "ac", "batch", "seq", "gpus", "options", "runs"):
             table.add_column(col, overflow="fold")
         reasons: dict[str, int] = {}
         for t in trials:
@@ -129,7 +134,7 @@ def register(app: typer.Typer) -> None:
             if reason is not None:
                 reasons.setdefault(reason, len(reasons) + 1)
             table.add_row(t.trial_id[:8], t.model.label, f"{t.model.n_params() / 1e9:.3g}B", t.precision, t.compile,
-                          t.ac, str(t.batch_size), str(t.seq_len), str(t.gpus),
+                          t.ac, str(t.batch_size), str(t.seq_len), str(t.gpus), t.options_text() or "-",
                           "yes" if reason is None else f"[yellow]no ({reasons[reason]})[/yellow]")
         console = Console()
         console.print(table)
@@ -139,7 +144,7 @@ def register(app: typer.Typer) -> None:
     @app.command("max-batch")
     @user_errors
     def max_batch(cluster: ClusterOpt = "local", model: ModelOpt = None, precision: PrecisionOpt = None,
-                  compile: CompileOpt = None, seq_len: SeqOpt = None, gpus: GpusOpt = None,
+                  compile: CompileOpt = None, seq_len: SeqOpt = None, gpus: GpusOpt = None, grad_accum: AccumOpt = None,
                   start: Annotated[int, typer.Option(min=1, help="First batch to probe.")] = 1,
                   step: Annotated[int, typer.Option(min=1, help="Granularity: stop when B ok and B+step oom.")] = 1,
                   warmup: Annotated[int, typer.Option(min=0)] = 2, measure: Annotated[int, typer.Option(min=1)] = 5,
@@ -153,7 +158,8 @@ def register(app: typer.Typer) -> None:
         if not model:
             raise UserError("max-batch needs --model")
         profile, spec, trials = _prepare(None, cluster, memory_cap, model=model, precision=precision,
-                                         batch_size=[start], compile=compile, seq_len=seq_len, gpus=gpus)
+                                         batch_size=[start], compile=compile, seq_len=seq_len, gpus=gpus,
+                                         grad_accum=grad_accum)
         trials = [replace(t, warmup_steps=warmup, measure_steps=measure) for t in trials]
         run_id = new_run_id()
         plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)

@@ -23,7 +23,7 @@ from sweep.results.query import CONFIG_KEYS
 DASH = "—"
 CONFIG_HEADERS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile",
                   "ac": "ac", "batch_size": "batch", "seq_len": "seq", "world_size": "GPUs",
-                  "memory_cap_gib": "cap (GiB)"}
+                  "grad_accum": "accum", "grad_clip": "clip", "fp8_lm_head": "fp8 head", "memory_cap_gib": "cap (GiB)"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,15 +12,16 @@ from trainer.models.specs import REGISTRY, ModelSpec, resolve
 __all__ = ["REGISTRY", "ModelSpec", "resolve", "build_model"]
 
 
-def build_model(spec: ModelSpec, *, backend: str = "torch"):
+def build_model(spec: ModelSpec, *, backend: str = "torch", fp8_lm_head: bool = False):
     """Build the nn.Module for `spec` on the current default device (use `torch.device('meta')`).
 
-    backend "te" builds Transformer Engine layers (trainer.models.te); anything else plain torch.
+    backend "te" builds Transformer Engine layers (trainer.models.te), whose head leaves TE's FP8 region
+    unless `fp8_lm_head`; anything else plain torch (torchao picks its FP8 layers when converting).
     """
     if backend == "te":
         from trainer.models.te import build_te_model
 
-        return build_te_model(spec)
+        return build_te_model(spec, fp8_lm_head=fp8_lm_head)
     if spec.arch == "gpt":
         from trainer.models.gpt import GPT
 

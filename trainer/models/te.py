@@ -8,7 +8,8 @@ where TE is installed).
 Llama (seed 000's TE model): TransformerLayer with RMSNorm, SwiGLU, grouped-query attention, fused QKV,
 no biases, no dropout, causal self-attention on (batch, seq, hidden) input, RoPE applied inside TE's
 attention from `rotary_pos_emb` (TE's RotaryPositionEmbedding table, base `spec.rope_theta`); the head is
-a TE LayerNormLinear (final RMSNorm fused with the vocabulary projection), kept out of FP8.
+a TE LayerNormLinear (final RMSNorm fused with the vocabulary projection), kept out of FP8 unless
+`fp8_lm_head` (seed 000 runs its head in FP8).
 Differences from seed 000, on purpose: `num_gqa_groups` is the number of KV heads (TE's meaning; the
 seed passed n_heads // n_kv_heads = 4 for Llama3-8B's 8 KV heads, a 7.90 B model instead of 8.03 B),
 RoPE uses base 500000 (the seed's default 10000 ignored its own rope_base) and fp32 angles sized to
@@ -26,6 +27,7 @@ FSDP2: layers are created with `device="meta"` (TE then defers its own init), sh
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -92,10 +94,10 @@ def _layer(te, spec: ModelSpec, i: int, device: str, **arch) -> nn.Module:
 
 
 class TELlama(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, *, fp8_lm_head: bool = False):
         super().__init__()
         te, device = _te(), _device()
-        self.spec = spec
+        self.spec, self.fp8_lm_head = spec, fp8_lm_head
         self.tok_embd = nn.Embedding(spec.vocab_size, spec.d_embd)
         self.blocks = nn.ModuleList(
             _layer(te, spec, i, device, ffn_hidden_size=spec.ffn_hidden, num_gqa_groups=spec.n_kv_heads,
@@ -111,16 +113,19 @@ class TELlama(nn.Module):
         rope = _te().RotaryPositionEmbedding(self.spec.head_dim, rotary_base=self.spec.rope_theta)
         self.rope_freqs.copy_(rope(self.spec.max_seq_len).to(self.rope_freqs.device, torch.float32))
 
-    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx_BT: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
+        """`is_first_microbatch` (TE's): None casts the weights to FP8 on every call; True casts and caches
+        them, False reuses the cache - valid while the weights do not change (gradient accumulation)."""
         T = idx_BT.size(1)
         if T > self.rope_freqs.size(0):
             raise ValueError(f"seq_len {T} exceeds {self.spec.label}'s max_seq_len ({self.spec.max_seq_len})")
         x_BTE = self.tok_embd(idx_BT)
         freqs = self.rope_freqs[:T]
         for block in self.blocks:
-            x_BTE = block(x_BTE, rotary_pos_emb=freqs)
-        with _fp8_off():  # the LM head stays in bf16 (accuracy), as torchao's module filter does
-            return self.output(x_BTE)
+            x_BTE = block(x_BTE, rotary_pos_emb=freqs, is_first_microbatch=is_first_microbatch)
+        # the LM head stays in bf16 (accuracy), as torchao's module filter does, unless asked
+        with contextlib.nullcontext() if self.fp8_lm_head else _fp8_off():
+            return self.output(x_BTE, is_first_microbatch=is_first_microbatch)
 
 
 class TEGPT(nn.Module):
@@ -139,14 +144,15 @@ class TEGPT(nn.Module):
     def init_weights(self) -> None:
         _init_params(self, self.spec.n_layers)
 
-    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx_BT: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
         pos_T = torch.arange(idx_BT.size(1), device=idx_BT.device)
         x_BTE = self.tok_embd(idx_BT) + self.pos_embd(pos_T)
         for block in self.blocks:
-            x_BTE = block(x_BTE)
+            x_BTE = block(x_BTE, is_first_microbatch=is_first_microbatch)
         return F.linear(self.out_norm(x_BTE), self.tok_embd.weight)  # tied head (seed 002), not FP8
 
 
-def build_te_model(spec: ModelSpec) -> nn.Module:
-    """The TE model for `spec`, on the meta device when built under `torch.device("meta")`, else CUDA."""
-    return TEGPT(spec) if spec.arch == "gpt" else TELlama(spec)
+def build_te_model(spec: ModelSpec, *, fp8_lm_head: bool = False) -> nn.Module:
+    """The TE model for `spec`, on the meta device when built under `torch.device("meta")`, else CUDA.
+    GPT's head is the tied embedding (plain torch): `fp8_lm_head` applies to Llama only."""
+    return TEGPT(spec) if spec.arch == "gpt" else TELlama(spec, fp8_lm_head=fp8_lm_head)
