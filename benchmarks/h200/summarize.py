@@ -15,7 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-COLS = ["model", "precision", "compile", "batch_size", "seq_len", "world_size", "status", "tflops_per_gpu", "mfu",
+COLS = ["model", "precision", "compile", "batch_size", "seq_len", "world_size", "grad_accum", "grad_clip",
+        "fp8_lm_head", "status", "tflops_per_gpu", "mfu",
         "step_time_s", "step_time_p10_s", "step_time_p90_s", "tokens_per_s_per_gpu", "peak_mem_gib",
         "reserved_mem_gib", "alloc_retries", "loss_first", "loss_last", "init_time_s", "compile_time_s",
         "steps_time_s", "trial_wall_s", "n_params", "torch_version", "te_version", "torchao_version", "gpu_name",
