@@ -204,6 +204,7 @@ class _StubTE:
         self.head_calls: list[bool] = []  # fp8 state seen by LayerNormLinear (the LM head)
         self.block_calls: list[bool] = []  # fp8 state seen by TransformerLayer
         self.rope_args: list[tuple] = []
+        self.cache_args: list[bool | None] = []  # is_first_microbatch seen by the blocks (FP8 weight cache)
         stub = self
 
         def _device(device):
@@ -246,8 +247,9 @@ class _StubTE:
                                              fc1_bias=(K,) if bias else None, fc2_weight=(E, ffn_hidden_size),
                                              fc2_bias=(E,) if bias else None)
 
-            def forward(self, x, rotary_pos_emb=None):
+            def forward(self, x, rotary_pos_emb=None, is_first_microbatch=None):
                 stub.block_calls.append(stub.fp8_enabled[-1])
+                stub.cache_args.append(is_first_microbatch)
                 if rotary_pos_emb is not None:
                     stub.rope_args.append((tuple(rotary_pos_emb.shape), rotary_pos_emb.dtype))
                 a, m = self.self_attention.layernorm_qkv, self.layernorm_mlp
@@ -270,7 +272,7 @@ class _StubTE:
                 self.layer_norm_weight = torch.nn.Parameter(torch.empty(in_features, device=dev))
                 self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, device=dev))
 
-            def forward(self, x):
+            def forward(self, x, is_first_microbatch=None):
                 stub.head_calls.append(stub.fp8_enabled[-1])
                 return F.linear(_norm(x, self.layer_norm_weight, None, self.eps), self.weight)
 
@@ -347,14 +349,10 @@ def test_te_llama_head_runs_outside_fp8_and_rope_is_bounded(stub_te):
         model(torch.zeros(1, spec.max_seq_len + 1, dtype=torch.long))
 
 
-@pytest.mark.parametrize("recipe", ["bf16-te", "fp8-te-delayed"])
-@pytest.mark.parametrize("arch", ["llama", "gpt"])
-def test_te_model_trains_under_fsdp2_through_the_worker_with_stub(stub_te, recipe, arch):
-    """The worker's whole path for a TE recipe: meta build, fully_shard, to_empty, init, steps (1 CPU rank)."""
+def _run_one_rank(spec, recipe: str, **options) -> dict:
     from trainer.job import RankJob
     from trainer.worker import RankWorker
 
-    spec = REGISTRY[f"{arch}-tiny"]
     saved_env = dict(os.environ)
     try:
         with socket.socket() as s:
@@ -362,11 +360,19 @@ def test_te_model_trains_under_fsdp2_through_the_worker_with_stub(stub_te, recip
             port = s.getsockname()[1]
         job = RankJob(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=port,
                       model_spec_json=spec.to_json(), precision=recipe, compile="none", ac="none", batch_size=2,
-                      seq_len=32, warmup_steps=1, measure_steps=4, device_type="cpu")
-        result = RankWorker().run(job)
+                      seq_len=32, warmup_steps=1, measure_steps=4, device_type="cpu", **options)
+        return RankWorker().run(job)
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
+
+
+@pytest.mark.parametrize("recipe", ["bf16-te", "fp8-te-delayed"])
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_te_model_trains_under_fsdp2_through_the_worker_with_stub(stub_te, recipe, arch):
+    """The worker's whole path for a TE recipe: meta build, fully_shard, to_empty, init, steps (1 CPU rank)."""
+    spec = REGISTRY[f"{arch}-tiny"]
+    result = _run_one_rank(spec, recipe)
     assert result["status"] == "ok", result.get("traceback")
     assert result["loss_last"] < result["loss_first"]
     assert abs(result["loss_first"] - math.log(spec.vocab_size)) < 0.1 * math.log(spec.vocab_size)
@@ -375,6 +381,19 @@ def test_te_model_trains_under_fsdp2_through_the_worker_with_stub(stub_te, recip
     assert stub_te.block_calls and set(stub_te.block_calls) == {recipe != "bf16-te"}
     assert stub_te.head_calls == ([False] * 5 if arch == "llama" else [])  # 1 warm-up + 4 measured steps
     assert stub_te.fp8_enabled == [False]
+    assert set(stub_te.cache_args) == {None}  # one micro-batch per step: FP8 weights cast at every forward
+
+
+def test_te_gradient_accumulation_caches_fp8_weights_and_fp8_head_with_stub(stub_te):
+    """grad_accum 3: TE casts FP8 weights on each step's first micro-batch and reuses them on the other two;
+    fp8_lm_head runs the head inside the FP8 region."""
+    spec = REGISTRY["llama-tiny"]
+    result = _run_one_rank(spec, "fp8-te-delayed", grad_accum=3, fp8_lm_head=True)
+    assert result["status"] == "ok", result.get("traceback")
+    assert result["loss_last"] < result["loss_first"]
+    assert stub_te.head_calls == [True] * 3 * 5  # 3 micro-batches x (1 warm-up + 4 measured steps)
+    per_forward = [True, False, False] * 5
+    assert stub_te.cache_args == [c for c in per_forward for _ in range(spec.n_layers)]
 
 
 @pytest.mark.gpu
