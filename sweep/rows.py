@@ -24,18 +24,22 @@ GiB = 1024**3
 
 @lru_cache(maxsize=1)
 def git_sha() -> str | None:
+    """The commit that produced the rows: SWEEP_GIT_SHA when set (a copy of the tree shipped to another
+    machine, whose .git may be missing or stale), else `git rev-parse`, suffixed +dirty for uncommitted changes."""
+    if os.environ.get("SWEEP_GIT_SHA"):
+        return os.environ["SWEEP_GIT_SHA"]
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, timeout=5)
         sha = out.stdout.strip()
         if not sha:
-            return os.environ.get("SWEEP_GIT_SHA")
+            return None
         dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=5).stdout.strip()
         return sha + "+dirty" if dirty else sha  # rows must not name a commit that is not what ran
-    except Exception:  # no git, or a copy of the tree without .git (set SWEEP_GIT_SHA there)
-        return os.environ.get("SWEEP_GIT_SHA")
+    except Exception:  # no git
+        return None
 
 
 @lru_cache(maxsize=1)

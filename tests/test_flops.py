@@ -157,3 +157,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_git_sha_names_the_shipped_commit_when_given(monkeypatch):
+    """A tree copied to a GPU machine may carry no .git or a stale one: SWEEP_GIT_SHA, when set, wins."""
+    import re
+
+    from sweep import rows
+
+    rows.git_sha.cache_clear()
+    try:
+        monkeypatch.setenv("SWEEP_GIT_SHA", "926b7b394b80")
+        assert rows.git_sha() == "926b7b394b80"
+        rows.git_sha.cache_clear()
+        monkeypatch.delenv("SWEEP_GIT_SHA")
+        sha = rows.git_sha()  # this checkout's HEAD (None only outside a git checkout)
+        assert sha is None or re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", sha), sha
+    finally:
+        rows.git_sha.cache_clear()
