@@ -197,7 +197,7 @@ class MaxBatchPlan:
             t = self.templates[key]
             out.append({"search_id": t.search_id, "model": t.model.label, "precision": t.precision,
                         "compile": t.compile, "ac": t.ac, "seq_len": t.seq_len, "gpus": t.gpus,
-                        "max_batch": search.largest_ok, "first_failing_batch": search.smallest_failed,
+                        "options": t.options_text(), "max_batch": search.largest_ok, "first_failing_batch": search.smallest_failed,
                         "fastest_batch": search.fastest(), "probes": len(search.probes),
                         "probe_batches": list(search.probes), "aborted": search.aborted})
         return out

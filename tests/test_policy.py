@@ -136,3 +136,11 @@ def test_max_batch_plan_runs_one_search_per_config():
     assert [t.batch_size for t in follow] == [2] and follow[0].search_id == first[0].search_id
     (verdict, _) = plan.verdicts()
     assert verdict["max_batch"] == 1 and verdict["probes"] == 1
+
+
+def test_max_batch_searches_apart_per_training_option():
+    """grad_accum 1 and 8 are different questions: two searches, each verdict naming its options."""
+    plan = MaxBatchPlan(_trials([2], grad_accum=[1, 8]), capacity_bytes=None)
+    first = plan.initial()
+    assert len({t.search_id for t in first}) == 2
+    assert sorted(v["options"] for v in plan.verdicts()) == ["", "grad_accum=8"]

@@ -212,7 +212,8 @@ def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[
         v["search_wall_s"] = sum(r.get("trial_wall_s") or 0 for r in rows if r.get("search_id") == v["search_id"])
         # what the search cost against measuring the answer once
         v["cost_vs_one_trial"] = v["search_wall_s"] / fast["trial_wall_s"] if fast.get("trial_wall_s") else None
-        table.add_row(v["model"], v["precision"], v["compile"], str(v["seq_len"]), str(v["gpus"]), str(v["max_batch"]),
+        precision = v["precision"] + (f" ({v['options']})" if v["options"] else "")  # e.g. grad_accum=8
+        table.add_row(v["model"], precision, v["compile"], str(v["seq_len"]), str(v["gpus"]), str(v["max_batch"]),
                       str(v["first_failing_batch"]), str(v["fastest_batch"]),
                       "–" if v["tflops_at_fastest"] is None else f"{v['tflops_at_fastest']:.4g}", str(v["probes"]),
                       f"{v['search_wall_s']:.1f}" + (f" [red]aborted: {v['aborted']}[/red]" if v["aborted"] else ""),
