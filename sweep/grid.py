@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from clusters.schema import parse_memory_size
 from sweep.errors import UserError
+from sweep.schema import TRAINING_DEFAULTS
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.recipes import RECIPES
 
@@ -138,9 +139,6 @@ class GridSpec(BaseModel):
 
     def model_specs(self) -> list[ModelSpec]:
         return [REGISTRY[m] if isinstance(m, str) else m for m in self.models]
-
-
-TRAINING_DEFAULTS = {"grad_accum": 1, "grad_clip": 1.0, "fp8_lm_head": False}
 
 
 @dataclass(frozen=True, kw_only=True)

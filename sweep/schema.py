@@ -15,6 +15,9 @@ VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 
+# Training options (grid axes since 1.3) at their default: what rows written before 1.3 ran with.
+TRAINING_DEFAULTS = {"grad_accum": 1, "grad_clip": 1.0, "fp8_lm_head": False}
+
 _TS = pa.timestamp("us", tz="UTC")
 
 # (name, type, description). The description lands in the field metadata so that

@@ -122,6 +122,10 @@ def test_gradient_accumulation_counts_every_micro_batch(ray_session, cli, write_
         assert row["loss_last"] < row["loss_first"]
         # the loss reported is the mean over the step's micro-batches: still ~ln V at the first step
         assert row["loss_first"] == pytest.approx(math.log(REGISTRY["llama-tiny"].vocab_size), rel=0.1)
+    # the option that varies is a column; the constant one (clip 0, not the default) is in the caption
+    shown = cli("results", "show", out)
+    assert shown.exit_code == 0 and "accum" in shown.stdout and "grad_clip 0.0" in shown.stdout
+    assert "fp8_lm_head" not in shown.stdout  # at its default everywhere: says nothing
 
 
 def test_results_commands_on_a_real_sweep(demo_results, cli, tmp_path):

@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 from sweep.commands import results as results_cmd
 from sweep.results import aggregate, query
+from sweep.schema import TRAINING_DEFAULTS
 from sweep.store import write_row
 
 KEYS = tuple(k for k in query.CONFIG_KEYS if k != "memory_cap_gib")  # the synthetic rows have no cap
@@ -253,7 +254,8 @@ def _parse_markdown(text: str) -> list[dict]:
 
 def _key(row: dict) -> tuple:
     by_key = {HEADER_KEYS.get(h, h): v for h, v in row.items()}
-    return tuple(PARSE.get(k, str)(by_key[k]) for k in KEYS)
+    # training options at their default are left out of tables and captions
+    return tuple(PARSE.get(k, str)(by_key[k] if k in by_key else str(TRAINING_DEFAULTS[k])) for k in KEYS)
 
 
 def test_export_markdown_carries_row_numbers(dataset):

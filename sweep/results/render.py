@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 from sweep.results.aggregate import FAILURES
 from sweep.results.query import CONFIG_KEYS
+from sweep.schema import TRAINING_DEFAULTS
 
 DASH = "—"
 CONFIG_HEADERS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile",
@@ -93,7 +94,8 @@ def split_constant(rows: list[dict], cols: list[Col], always: Sequence[str] = ()
         values = {col.text(r) for r in rows}
         if col.key in CONFIG_HEADERS and col.key not in always and len(values) == 1 and len(rows) > 1:
             value = values.pop()
-            if value != DASH:  # a column that is empty everywhere (no memory cap) says nothing
+            # a column empty everywhere (no memory cap) or a training option at its default says nothing
+            if value != DASH and value != str(TRAINING_DEFAULTS.get(col.key)):
                 caption.append(f"{col.key} {value}")
         else:
             keep.append(col)
