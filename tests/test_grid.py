@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sweep.errors import UserError
@@ -144,3 +146,15 @@ def test_python_tags_never_execute(write_grid, tmp_path):
     with pytest.raises(UserError):
         load_grid(write_grid(BAD["python tag"][0]))
     assert not os.path.exists("/tmp/sweep-hacked")
+
+
+ROOT = Path(__file__).parent.parent
+SHIPPED_GRIDS = sorted(p for folder in ("benchmarks", "examples") for p in (ROOT / folder).rglob("*.yaml")
+                       if not p.name.startswith("profile"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_GRIDS, ids=lambda p: p.name)
+def test_shipped_grids_stay_valid(path):
+    """The example grids and those that reproduce benchmarks/RESULTS.md still parse and expand as written."""
+    trials = expand(load_grid(path), cluster="h200x2", max_ranks=2)
+    assert trials and all(t.gpus <= 2 for t in trials)
