@@ -47,6 +47,8 @@ def test_training_options_are_axes_and_keep_earlier_ids():
     assert all((t.grad_accum, t.grad_clip, t.fp8_lm_head) == (1, 1.0, False) for t in plain)
     # options at their default leave the id as it was before they existed (resume of older results)
     assert plain[0].trial_id == "aff6f42986fcc9ba" and plain[0].options_text() == ""
+    t = plain[0]  # and the config key (hence the max-batch search id) is the one from before
+    assert t.config_key == (t.cluster, t.model.to_json(), t.precision, t.compile, t.ac, t.seq_len, t.gpus)
     grid = parse_grid({**base, "grad_accum": [1, 4], "grad_clip": 0, "fp8_lm_head": [False, True]})
     trials = expand(grid, cluster="local")
     # the FP8 head only exists for FP8 recipes on an untied head: llama x fp8 gets both, the rest one
