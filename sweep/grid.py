@@ -173,19 +173,23 @@ class Trial:
                "gpus": self.gpus, "warmup": self.warmup_steps, "measure": self.measure_steps,
                "memory_cap": self.memory_cap_bytes, "retry": self.retry}
         # Keys added later enter the hash only when not at their default, so earlier trial ids stay valid.
-        key.update({k: v for k, v in self.training_options.items() if v != TRAINING_DEFAULTS[k]})
+        key.update(self.changed_options)
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def config_key(self) -> tuple:
         """Everything but the batch: trials that differ only in batch share it (OOM retry, search)."""
-        changed = tuple((k, v) for k, v in self.training_options.items() if v != TRAINING_DEFAULTS[k])
         return (self.cluster, self.model.to_json(), self.precision, self.compile, self.ac, self.seq_len, self.gpus,
-                *changed)  # as trial_id: options at their default leave earlier keys (and search ids) unchanged
+                *self.changed_options.items())  # as trial_id: options at their default leave earlier keys alone
 
     @property
     def training_options(self) -> dict:
         return {"grad_accum": self.grad_accum, "grad_clip": self.grad_clip, "fp8_lm_head": self.fp8_lm_head}
+
+    @property
+    def changed_options(self) -> dict:
+        """The training options not at their default (what trial_id, config_key and the tables show)."""
+        return {k: v for k, v in self.training_options.items() if v != TRAINING_DEFAULTS[k]}
 
     def child(self, **changes) -> "Trial":
         """A follow-up attempt (lower batch after an OOM, or an infrastructure retry)."""
@@ -193,7 +197,7 @@ class Trial:
 
     def options_text(self) -> str:
         """The training options not at their default, e.g. 'grad_accum=8 fp8_lm_head=True'."""
-        return " ".join(f"{k}={v}" for k, v in self.training_options.items() if v != TRAINING_DEFAULTS[k])
+        return " ".join(f"{k}={v}" for k, v in self.changed_options.items())
 
     def describe(self) -> str:
         extra = self.options_text()

@@ -4,7 +4,7 @@ A `PrecisionPlan` says how a recipe touches training:
   - `model_backend`: build plain torch modules, or Transformer Engine modules;
   - `convert(model)`: module swaps before compile and sharding (torchao float8 Linear);
   - `mp_policy()`: FSDP2 mixed precision (bf16 params, fp32 gradient reduction for bf16 and FP8);
-  - `forward_context()`: what wraps the forward pass (TE's fp8_autocast);
+  - `training_context()`: what wraps the forward pass (TE's autocast; bf16 autocast on one rank);
   - `after_optimizer_step(model)`: per-step bookkeeping (torchao's float8 all-gather scale precompute).
 """
 
@@ -43,6 +43,9 @@ class PrecisionPlan:
     convert: Callable[[nn.Module], None] = lambda model: None
     after_optimizer_step: Callable[[nn.Module], None] = lambda model: None
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # where it trains (set by `precision_plan`): one unsharded rank computes under autocast instead of FSDP2
+    device_type: str = "cpu"
+    sharded: bool = True
 
     def mp_policy(self):
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -55,13 +58,13 @@ class PrecisionPlan:
         return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32,
                                     cast_forward_inputs=False)
 
-    def training_context(self, device_type: str, *, sharded: bool) -> contextlib.AbstractContextManager:
+    def training_context(self) -> contextlib.AbstractContextManager:
         """What wraps each forward: the recipe's own context, and bf16 autocast when FSDP2 does not shard
         (one rank: the plain model keeps fp32 master weights and computes in bf16, as the seeds'
         single-GPU scripts do)."""
         stack = contextlib.ExitStack()
-        if not sharded and self.param_dtype is not None:
-            stack.enter_context(torch.autocast(device_type, dtype=self.param_dtype))
+        if not self.sharded and self.param_dtype is not None:
+            stack.enter_context(torch.autocast(self.device_type, dtype=self.param_dtype))
         stack.enter_context(self.forward_context())
         return stack
 
@@ -99,9 +102,11 @@ def precision_plan(name: str, *, device_type: str, sharded: bool = True, fp8_lm_
     On MI300-class GPUs torchao picks the e4m3fnuz/e5m2fnuz formats itself (torchao.float8.config)."""
     recipe = RECIPES[name]
     if recipe.backend == "torch":
-        return PrecisionPlan(recipe=recipe, param_dtype=None if recipe.family == "fp32" else torch.bfloat16)
-    if recipe.backend == "torchao":
-        return _torchao_plan(recipe, emulate=device_type == "cpu", sharded=sharded, fp8_lm_head=fp8_lm_head)
-    from trainer.te import te_plan
+        plan = PrecisionPlan(recipe=recipe, param_dtype=None if recipe.family == "fp32" else torch.bfloat16)
+    elif recipe.backend == "torchao":
+        plan = _torchao_plan(recipe, emulate=device_type == "cpu", sharded=sharded, fp8_lm_head=fp8_lm_head)
+    else:
+        from trainer.te import te_plan
 
-    return te_plan(recipe)
+        plan = te_plan(recipe)
+    return dataclasses.replace(plan, device_type=device_type, sharded=sharded)

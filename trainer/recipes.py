@@ -18,6 +18,7 @@ Backend = Literal["torch", "torchao", "te"]
 CUDA_CAPABILITY: dict[str, float] = {"a100": 8.0, "l40s": 8.9, "h100": 9.0, "h200": 9.0, "gh200": 9.0,
                                      "b200": 10.0, "gb200": 10.0}
 AMD_FP8: frozenset[str] = frozenset({"mi300x", "mi325x", "mi355x"})
+TE_INSTALL_HINT = "pip install 'sweep[te]' (transformer-engine[pytorch]>=2.10)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +76,7 @@ def unsupported_reason(recipe: Recipe, *, accelerator: str, vendor: str,
     have_te = have_module("transformer_engine") if have_te is None else have_te
     have_torchao = have_module("torchao") if have_torchao is None else have_torchao
     if recipe.backend == "te" and not have_te:
-        return f"{recipe.name} needs Transformer Engine: pip install 'sweep[te]' (transformer-engine[pytorch]>=2.10)"
+        return f"{recipe.name} needs Transformer Engine: {TE_INSTALL_HINT}"
     if recipe.backend == "torchao" and not have_torchao:
         return f"{recipe.name} needs torchao: pip install torchao"
     return None

@@ -22,9 +22,7 @@ from typing import Callable
 import torch
 
 from trainer.precision import PrecisionPlan
-from trainer.recipes import Recipe
-
-TE_INSTALL_HINT = "pip install 'sweep[te]' (transformer-engine[pytorch]>=2.10)"
+from trainer.recipes import TE_INSTALL_HINT, Recipe
 
 # Recipe name -> TE recipe object, built from `transformer_engine.common.recipe` (passed in, so the
 # mapping is testable without TE). None: TE layers in bf16, no FP8.

@@ -144,8 +144,8 @@ class RankWorker:
         if device.type == "cuda":
             # fp32 recipes use TF32 tensor cores: the catalog's NVIDIA fp32 peak (the MFU divisor) is TF32's
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        sharded = job.world_size > 1
-        plan = precision_plan(job.precision, device_type=device.type, sharded=sharded, fp8_lm_head=job.fp8_lm_head)
+        plan = precision_plan(job.precision, device_type=device.type, sharded=job.world_size > 1,
+                              fp8_lm_head=job.fp8_lm_head)
 
         # SWEEP_MEMORY_CAP_RANKS=1,3 caps only those ranks (to rehearse one rank failing alone).
         capped = os.environ.get("SWEEP_MEMORY_CAP_RANKS")
@@ -194,7 +194,7 @@ class RankWorker:
                 for micro in range(job.grad_accum):
                     tokens = batches[(i * job.grad_accum + micro) % len(batches)]
                     kwargs = {"is_first_microbatch": micro == 0} if weight_cache else {}
-                    with plan.training_context(device.type, sharded=sharded):
+                    with plan.training_context():
                         logits = model(tokens, **kwargs)
                     loss = loss_fn(logits, perm[tokens]) / job.grad_accum
                     loss.backward()
