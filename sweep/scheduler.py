@@ -14,7 +14,8 @@ rank dies its peers fail too ("Connection reset by peer" inside a collective), o
 the dead rank is the cause, so a rank's `error` waits up to DEATH_GRACE_S for a peer's death to show.
 Placement groups are requested in submission order and a new one is requested only when every earlier
 one is placed, so a big trial waiting for GPUs is not overtaken forever by small ones. One that no set of
-live nodes can ever hold (a node lost) is given up as a `timeout` after the trial's timeout.
+live nodes can ever hold (a node lost) is given up as a `timeout` after INFEASIBLE_LIMIT_S (or the trial's
+timeout, if shorter).
 """
 
 from __future__ import annotations
@@ -193,9 +194,8 @@ class Scheduler:
         own = next(((r, res) for r, res in failures if res["status"] != "error"), None)
         if own or failures and (now >= a.failure_final_at or len(a.results) == len(a.run_refs)):
             rank, result = own or failures[0]  # the others are killed now, not left waiting in a collective
-            outcome = self._finish(a, result["status"], f"rank {rank}: {result.get('error')}")
-            outcome.traceback = result.get("traceback")
-            return outcome
+            return self._finish(a, result["status"], f"rank {rank}: {result.get('error')}",
+                                traceback=result.get("traceback"))
         if len(a.results) == len(a.run_refs):
             return self._finish(a, "ok", None)
         if now > a.deadline:  # checked after reading results: a trial that finished in time is not lost
@@ -269,7 +269,8 @@ class Scheduler:
         a.state = "running"
         a.deadline = time.monotonic() + (t.timeout_s or self.timeout_s)
 
-    def _finish(self, a: _Attempt, status: str, error: str | None, infrastructure: bool = False) -> Outcome:
+    def _finish(self, a: _Attempt, status: str, error: str | None, infrastructure: bool = False,
+                traceback: str | None = None) -> Outcome:
         if infrastructure:
             error = INFRA_PREFIX + error
         self._teardown(a)
@@ -278,7 +279,7 @@ class Scheduler:
         ranks = [a.results[r] for r in sorted(a.results)] if status == "ok" else list(a.results.values())
         return Outcome(trial=a.trial, status=status, error=error, ranks=ranks, nodes=a.nodes,
                        started_at=a.started_at, finished_at=datetime.now(timezone.utc), wall_s=wall,
-                       infrastructure=infrastructure)
+                       infrastructure=infrastructure, traceback=traceback)
 
     def _teardown(self, a: _Attempt) -> None:
         from ray.util.placement_group import remove_placement_group

@@ -2,9 +2,9 @@
 
 Rules (one place for all commands):
 
-- A config is ``CONFIG_KEYS`` (cluster, model, precision, compile, ac, batch_size, seq_len,
-  world_size). Attempts of one config, from any number of runs, aggregate to the median of their
-  ``ok`` attempts, with min, max and counts beside it.
+- A config is ``query.CONFIG_KEYS`` (cluster, model, precision, compile, ac, batch_size, seq_len,
+  world_size, the training options and the memory cap). Attempts of one config, from any number of runs,
+  aggregate to the median of their ``ok`` attempts, with min, max and counts beside it.
 - A config with no ``ok`` attempt keeps its failure as its status (``oom``, ``error/timeout``, ...)
   and null metrics: never zeros, never dropped. A config with both keeps ``ok`` and counts the rest.
 
@@ -152,12 +152,13 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
 
 
 def compare(directory: Path, baseline: str, by: str = "precision", where: Iterable[str] = ()) -> pa.Table:
-    table = configs(directory, where)
+    rows = load(directory, where, (*LOAD_COLUMNS, "cost_per_gpu_hour"))  # one read for configs and costs
+    table = config_table(rows)
     costs = None
     if by == "cluster":
         # The cost the rows were written with (a renamed or edited profile does not rewrite history);
         # the profile's current cost only for rows written before sweep recorded it.
-        stored = load(directory, where, ["cluster", "cost_per_gpu_hour"]).to_pylist()
+        stored = rows.select(["cluster", "cost_per_gpu_hour"]).to_pylist()
         recorded = {r["cluster"]: r["cost_per_gpu_hour"] for r in stored if r["cost_per_gpu_hour"]}
         names = sorted(set(table.column("cluster").to_pylist()))
         costs = {**cluster_costs([n for n in names if n not in recorded]), **recorded}

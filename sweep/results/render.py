@@ -162,14 +162,6 @@ def _step(row: dict) -> str:
     """Seconds with 3 decimals (GPU steps); 3 significant digits below 10 ms (tiny CPU models)."""
     value = row.get("step_time_s")
     return DASH if value is None else f"{value:.3f}" if value >= 0.01 else f"{value:.3g}"
-METRIC_COLS = [
-    Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
-    Col("spread_pct", "spread", num("spread_pct", ".1f", suffix=" %")),
-    Col("mfu", "MFU", num("mfu", ".1f", 100, " %")),
-    Col("step_time_s", "step (s)", _step),
-    Col("tokens_per_s_per_gpu", "tok/s/GPU", num("tokens_per_s_per_gpu", ",.0f")),
-    Col("peak_mem_gib", "peak mem (GiB)", num("peak_mem_gib", ".2f")),
-]
 
 
 def _spread(row: dict) -> str:
@@ -191,9 +183,12 @@ SHOW_COLS = [
 EXPORT_COLS = [
     *config_cols(CONFIG_KEYS),
     Col("status", "status", status_text, numeric=False),
-    METRIC_COLS[0],
+    Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
     Col("spread_pct", "spread", _spread),
-    *METRIC_COLS[2:],
+    Col("mfu", "MFU", num("mfu", ".1f", 100, " %")),
+    Col("step_time_s", "step (s)", _step),
+    Col("tokens_per_s_per_gpu", "tok/s/GPU", num("tokens_per_s_per_gpu", ",.0f")),
+    Col("peak_mem_gib", "peak mem (GiB)", num("peak_mem_gib", ".2f")),
     Col("n_attempts", "n", lambda r: str(r["n_attempts"])),
 ]
 
