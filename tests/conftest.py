@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,40 @@ def write_grid(tmp_path):
         return path
 
     return write
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture
+def free_ports():
+    """free_ports(n): n TCP ports free on 127.0.0.1 now (for process-group rendezvous)."""
+    return _free_ports
+
+
+@pytest.fixture
+def run_one_rank():
+    """run_one_rank(spec, precision, **RankJob fields): the real RankWorker.run for one rank, in this process
+    (no Ray), as a Ray actor would run it; the environment it sets (MASTER_ADDR, RANK, ...) is put back."""
+    from trainer.job import RankJob
+    from trainer.worker import RankWorker
+
+    def run(spec, precision: str, **fields) -> dict:
+        job = dict(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=_free_ports(1)[0],
+                   model_spec_json=spec.to_json(), precision=precision, compile="none", ac="none", batch_size=2,
+                   seq_len=32, warmup_steps=1, measure_steps=4, device_type="cpu")
+        saved = dict(os.environ)
+        try:
+            return RankWorker().run(RankJob(**{**job, **fields}))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    return run

@@ -20,7 +20,6 @@ the counter cannot see.
 
 from __future__ import annotations
 
-import os
 import statistics
 import types
 from datetime import datetime, timezone
@@ -102,7 +101,7 @@ def test_seed_000_formula_for_llama3_8b():
     assert flops_per_token(n_params=1, n_layers=1, n_heads=1, head_dim=1, seq_len=1) == 18
 
 
-def test_flops_use_the_batch_actually_trained(monkeypatch):
+def test_flops_use_the_batch_actually_trained(monkeypatch, run_one_rank):
     """TFLOP/s = flops_per_token × the tokens each rank trained per second.
 
     Seed 002 trained 12 rows per step but counted 16 (`6 * N * 16 * 1024`): +33 %. Here the worker is
@@ -112,8 +111,6 @@ def test_flops_use_the_batch_actually_trained(monkeypatch):
     from sweep.grid import Trial
     from sweep.rows import outcome_row
     from sweep.scheduler import Outcome
-    from trainer.job import RankJob
-    from trainer.worker import RankWorker
     import trainer.models
 
     spec, batch, seq = REGISTRY["gpt-tiny"], 3, 32
@@ -126,15 +123,7 @@ def test_flops_use_the_batch_actually_trained(monkeypatch):
         return model
 
     monkeypatch.setattr(trainer.models, "build_model", recording_build)
-    saved_env = dict(os.environ)
-    try:
-        job = RankJob(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=_free_port(),
-                      model_spec_json=spec.to_json(), precision="bf16", compile="none", ac="none",
-                      batch_size=batch, seq_len=seq, warmup_steps=1, measure_steps=3, device_type="cpu")
-        result = RankWorker().run(job)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
+    result = run_one_rank(spec, "bf16", batch_size=batch, seq_len=seq, warmup_steps=1, measure_steps=3)
     assert result["status"] == "ok", result.get("error")
     assert seen == [(batch, seq)] * 4  # every step, warm-up included, trained `batch` rows of `seq` tokens
 
@@ -149,14 +138,6 @@ def test_flops_use_the_batch_actually_trained(monkeypatch):
     tokens_per_s = seen[-1][0] * seen[-1][1] / step_time
     assert row["tokens_per_s_per_gpu"] == pytest.approx(tokens_per_s)
     assert row["tflops_per_gpu"] == pytest.approx(spec_flops_per_token(spec, seq) * tokens_per_s / 1e12)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_git_sha_names_the_shipped_commit_when_given(monkeypatch):

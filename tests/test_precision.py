@@ -9,7 +9,6 @@ matmuls. GPU tests (marked `gpu`) skip cleanly without CUDA / TE and run on the 
 from __future__ import annotations
 
 import contextlib
-import socket
 import sys
 import types
 
@@ -93,16 +92,6 @@ def test_fp8_lm_head_converts_the_head_too():
     assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 7 * FP8_SPEC.n_layers + 1
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _rank_main(rank: int, ports: list[int], recipes: list[str], queue) -> None:
     from trainer.worker import RankWorker
 
@@ -114,11 +103,11 @@ def _rank_main(rank: int, ports: list[int], recipes: list[str], queue) -> None:
         queue.put((name, rank, RankWorker().run(job)))
 
 
-def test_torchao_fp8_trains_under_fsdp2_on_two_cpu_ranks():
+def test_torchao_fp8_trains_under_fsdp2_on_two_cpu_ranks(free_ports):
     """Each torchao FP8 recipe, emulated, FSDP2 over gloo: 2 processes run the three recipes in turn."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    ports = _free_ports(len(TORCHAO_FP8))
+    ports = free_ports(len(TORCHAO_FP8))
     procs = [ctx.Process(target=_rank_main, args=(rank, ports, TORCHAO_FP8, queue)) for rank in range(2)]
     for p in procs:
         p.start()
@@ -225,26 +214,10 @@ def test_te_plan_rejects_other_backends_and_missing_te(monkeypatch):
 
 # -- GPU: the real thing (H200s) -----------------------------------------------------------------
 
-def _run_one_rank(spec: ModelSpec, precision: str, *, batch: int = 2, seq: int = 128) -> dict:
-    import os
-
-    from trainer.worker import RankWorker
-
-    saved = dict(os.environ)
-    try:
-        job = RankJob(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=_free_ports(1)[0],
-                      model_spec_json=spec.to_json(), precision=precision, compile="none", ac="none",
-                      batch_size=batch, seq_len=seq, warmup_steps=2, measure_steps=6, device_type="cuda")
-        return RankWorker().run(job)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["bf16-te", "fp8-te-delayed", "fp8-te-current", "fp8-te-block"])
 @pytest.mark.parametrize("arch", ["llama", "gpt"])
-def test_te_recipes_train_under_fsdp2_on_a_gpu(name, arch):
+def test_te_recipes_train_on_a_gpu(run_one_rank, name, arch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     pytest.importorskip("transformer_engine.pytorch")
@@ -256,7 +229,7 @@ def test_te_recipes_train_under_fsdp2_on_a_gpu(name, arch):
     spec = ModelSpec(arch="llama", n_layers=2, d_embd=128, n_heads=4, n_kv_heads=2, ffn_hidden=384,
                      vocab_size=512) if arch == "llama" else \
         ModelSpec(arch="gpt", n_layers=2, d_embd=128, n_heads=4, vocab_size=512, max_seq_len=256)
-    r = _run_one_rank(spec, name)
+    r = run_one_rank(spec, name, device_type="cuda", seq_len=128, warmup_steps=2, measure_steps=6)
     assert r["status"] == "ok", f"{r.get('error')}\n{r.get('traceback')}"
     assert r["loss_last"] < r["loss_first"]
     assert r["params_local"] == spec.n_params() and r["te_version"]
@@ -264,9 +237,9 @@ def test_te_recipes_train_under_fsdp2_on_a_gpu(name, arch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["bf16", *TORCHAO_FP8])
-def test_torch_recipes_train_on_a_gpu(name):
+def test_torch_recipes_train_on_a_gpu(run_one_rank, name):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    r = _run_one_rank(FP8_SPEC, name)
+    r = run_one_rank(FP8_SPEC, name, device_type="cuda", seq_len=128, warmup_steps=2, measure_steps=6)
     assert r["status"] == "ok", f"{r.get('error')}\n{r.get('traceback')}"
     assert r["loss_last"] < r["loss_first"]
