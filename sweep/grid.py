@@ -12,6 +12,8 @@
     grad_accum: 1                     # micro-batches per optimizer step (or a list)
     grad_clip: 1.0                    # clip the gradient norm to this before each optimizer step; 0: no clip
     fp8_lm_head: false                # FP8 recipes: also run the output head in FP8 (seed 000 does)
+    reduce_dtype: fp32                # FSDP2 gradient reduce-scatter dtype: fp32 | bf16 (seed 000: bf16)
+    grad_sync: micro_batch            # with grad_accum > 1: reduce gradients every micro_batch | once per step
     on_oom: {policy: halve, min_batch: 1}
     search: max_batch                 # optional: find the largest / fastest batch per precision
     timeout_s: 1800                   # per trial
@@ -40,6 +42,8 @@ from trainer.recipes import RECIPES
 
 CompileMode = Literal["none", "regional", "full"]
 AcMode = Literal["none", "selective", "full"]
+ReduceDtype = Literal["fp32", "bf16"]
+GradSync = Literal["micro_batch", "step"]
 
 def _listify(value: Any) -> list:
     return value if isinstance(value, list) else [value]
@@ -71,6 +75,8 @@ class GridSpec(BaseModel):
     grad_accum: list[int] = Field(default=[1], min_length=1)
     grad_clip: list[float] = Field(default=[1.0], min_length=1)
     fp8_lm_head: list[bool] = Field(default=[False], min_length=1)
+    reduce_dtype: list[ReduceDtype] = Field(default=["fp32"], min_length=1)
+    grad_sync: list[GradSync] = Field(default=["micro_batch"], min_length=1)
     steps: Steps = Steps()
     on_oom: OomPolicy = OomPolicy()
     search: Literal["max_batch"] | None = None
@@ -78,7 +84,7 @@ class GridSpec(BaseModel):
     memory_cap: str | int | None = None
 
     _as_list = field_validator("precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac", "grad_accum",
-                               "grad_clip", "fp8_lm_head", mode="before")(_listify)
+                               "grad_clip", "fp8_lm_head", "reduce_dtype", "grad_sync", mode="before")(_listify)
 
     @field_validator("models", mode="before")
     @classmethod
@@ -158,6 +164,8 @@ class Trial:
     grad_accum: int = 1  # micro-batches per optimizer step; a step trains grad_accum * batch_size rows per GPU
     grad_clip: float = 1.0  # max gradient norm; 0 = no clipping
     fp8_lm_head: bool = False
+    reduce_dtype: str = "fp32"  # FSDP2's gradient reduce-scatter dtype
+    grad_sync: str = "micro_batch"  # "step": gradients reduced once per optimizer step, not per micro-batch
     memory_cap_bytes: int | None = None
     timeout_s: float | None = None
     # lineage: not part of the measurement
@@ -184,7 +192,8 @@ class Trial:
 
     @property
     def training_options(self) -> dict:
-        return {"grad_accum": self.grad_accum, "grad_clip": self.grad_clip, "fp8_lm_head": self.fp8_lm_head}
+        return {"grad_accum": self.grad_accum, "grad_clip": self.grad_clip, "fp8_lm_head": self.fp8_lm_head,
+                "reduce_dtype": self.reduce_dtype, "grad_sync": self.grad_sync}
 
     @property
     def changed_options(self) -> dict:
@@ -257,19 +266,24 @@ def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | N
                             f"has {max_ranks}")
     cap = next((c for c in (memory_cap_bytes, grid.memory_cap, default_memory_cap) if c is not None), None)
     trials = []
-    for model, precision, comp, ac, seq_len, gpus, accum, clip, fp8_head, batch in itertools.product(
+    for model, precision, comp, ac, seq_len, gpus, accum, clip, fp8_head, reduce, sync, batch in itertools.product(
             grid.model_specs(), grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, grid.grad_accum,
-            grid.grad_clip, grid.fp8_lm_head, grid.batch_sizes):
+            grid.grad_clip, grid.fp8_lm_head, grid.reduce_dtype, grid.grad_sync, grid.batch_sizes):
         if seq_len > model.max_seq_len:  # gpt: learned positions; llama: the RoPE table
             raise UserError(f"Invalid grid {source}: seq_len: {seq_len} exceeds {model.label}'s max_seq_len "
                             f"({model.max_seq_len})")
         # An FP8 head needs an FP8 recipe and an untied head (GPT's head is the embedding): elsewhere the
         # option does nothing, so `fp8_lm_head: [false, true]` crossed with bf16 gives one bf16 trial.
         fp8_head = fp8_head and RECIPES[precision].family == "fp8" and model.arch == "llama"
+        # Gradients are only reduced across ranks, and only in a dtype other than the parameters' when
+        # those are bf16 (fp32 trains and reduces in fp32); they can only wait for the step's last
+        # micro-batch when there is more than one. Elsewhere these options do nothing and fold away.
+        reduce = reduce if gpus > 1 and RECIPES[precision].family != "fp32" else "fp32"
+        sync = sync if gpus > 1 and accum > 1 else "micro_batch"
         trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
                             batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,
                             measure_steps=grid.steps.measure, grad_accum=accum, grad_clip=clip,
-                            fp8_lm_head=fp8_head, memory_cap_bytes=cap,
+                            fp8_lm_head=fp8_head, reduce_dtype=reduce, grad_sync=sync, memory_cap_bytes=cap,
                             timeout_s=grid.timeout_s or timeout_s))
     unique = {t.trial_id: t for t in trials}
     return list(unique.values())

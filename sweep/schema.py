@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.3"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head
+SCHEMA_VERSION = "1.4"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+#                          1.4: + reduce_dtype, grad_sync
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 
-# Training options (grid axes since 1.3) at their default: what rows written before 1.3 ran with.
-TRAINING_DEFAULTS = {"grad_accum": 1, "grad_clip": 1.0, "fp8_lm_head": False}
+# Training options (grid axes since 1.3) at their default: what rows written before they existed ran
+# with. `sweep.store` fills an older row's missing option with its default when it reads the dataset.
+TRAINING_DEFAULTS = {"grad_accum": 1, "grad_clip": 1.0, "fp8_lm_head": False, "reduce_dtype": "fp32",
+                     "grad_sync": "micro_batch"}
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -49,9 +52,11 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("seq_len", pa.int32(), "tokens per sample"),
     ("warmup_steps", pa.int32(), "steps run before timing"),
     ("measure_steps", pa.int32(), "timed steps"),
-    ("grad_accum", pa.int32(), "micro-batches per optimizer step (null before schema 1.3: 1)"),
-    ("grad_clip", pa.float64(), "max gradient norm, 0 = no clipping (null before schema 1.3: 1.0)"),
-    ("fp8_lm_head", pa.bool_(), "FP8 recipes: output head in FP8 too (null before schema 1.3: false)"),
+    ("grad_accum", pa.int32(), "micro-batches per optimizer step (1 in rows before schema 1.3)"),
+    ("grad_clip", pa.float64(), "max gradient norm, 0 = no clipping (1.0 before schema 1.3)"),
+    ("fp8_lm_head", pa.bool_(), "FP8 recipes: output head in FP8 too (false before schema 1.3)"),
+    ("reduce_dtype", pa.string(), "FSDP2 gradient reduce-scatter dtype: fp32 | bf16 (fp32 before schema 1.4)"),
+    ("grad_sync", pa.string(), "gradients reduced after every micro_batch or once per step (micro_batch before 1.4)"),
     ("memory_cap_gib", pa.float64(), "per-rank memory cap imposed by sweep, else null"),
     # outcome
     ("status", pa.string(), "ok | oom | error | timeout | unsupported"),

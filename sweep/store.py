@@ -13,11 +13,12 @@ import re
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from sweep.errors import UserError
-from sweep.schema import RESULT_SCHEMA, SCHEMA_VERSION, VERSION_KEY, to_table
+from sweep.schema import RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, to_table
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -71,8 +72,16 @@ def open_dataset(output: Path) -> ds.Dataset:
         raise UserError(f"{output}: no sweep results found (expected *.parquet files written by `sweep run`)")
     for f in files:
         _check_version(f)
-    # Older minor versions lack newer nullable columns: the unified schema fills them with nulls.
-    return ds.dataset([str(f) for f in files], schema=RESULT_SCHEMA, format="parquet")
+    # Older minor versions lack newer columns: the unified schema reads them as nulls. A training option a
+    # row predates is what that row ran with by default, so it reads as the default: old and new rows at
+    # the defaults then aggregate together, and `--where grad_accum=1` matches both. A dataset holds one
+    # row per attempt (thousands at most), so it is read into memory once here.
+    table = ds.dataset([str(f) for f in files], schema=RESULT_SCHEMA, format="parquet").to_table()
+    for name, default in TRAINING_DEFAULTS.items():
+        field = RESULT_SCHEMA.field(name)
+        filled = pc.fill_null(table.column(name), pa.scalar(default, type=field.type))
+        table = table.set_column(table.schema.get_field_index(name), field, filled)
+    return ds.dataset(table)
 
 
 def read_table(output: Path) -> pa.Table:

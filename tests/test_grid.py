@@ -60,7 +60,25 @@ def test_training_options_are_axes_and_keep_earlier_ids():
     assert "grad_accum=4" in four.describe() and "grad_clip=0.0" in four.options_text()
 
 
-@pytest.mark.parametrize("field, value", [("grad_accum", 0), ("grad_clip", -1.0), ("grad_clip", float("nan"))])
+def test_fsdp_gradient_options_fold_where_they_do_nothing():
+    """reduce_dtype needs ranks to reduce over and bf16 params; grad_sync also needs more than one micro-batch."""
+    grid = parse_grid({"models": ["llama-tiny"], "batch_sizes": [2], "precisions": ["bf16", "fp32"], "gpus": [1, 2],
+                       "grad_accum": [1, 4], "reduce_dtype": ["fp32", "bf16"], "grad_sync": ["micro_batch", "step"]})
+    trials = expand(grid, cluster="local")
+    varied = {(t.precision, t.gpus, t.grad_accum): {(t2.reduce_dtype, t2.grad_sync) for t2 in trials
+                                                    if (t2.precision, t2.gpus, t2.grad_accum) == (t.precision, t.gpus, t.grad_accum)}
+              for t in trials}
+    assert varied[("bf16", 2, 4)] == {(r, s) for r in ("fp32", "bf16") for s in ("micro_batch", "step")}
+    assert varied[("bf16", 2, 1)] == {("fp32", "micro_batch"), ("bf16", "micro_batch")}
+    assert varied[("fp32", 2, 4)] == {("fp32", "micro_batch"), ("fp32", "step")}
+    assert varied[("bf16", 1, 4)] == varied[("fp32", 1, 1)] == {("fp32", "micro_batch")}
+    assert len(trials) == 4 + 2 + 2 + 1 + 4 * 1
+    step = next(t for t in trials if t.grad_sync == "step" and t.reduce_dtype == "bf16")
+    assert step.options_text() == "grad_accum=4 reduce_dtype=bf16 grad_sync=step"
+
+
+@pytest.mark.parametrize("field, value", [("grad_accum", 0), ("grad_clip", -1.0), ("grad_clip", float("nan")),
+                                          ("reduce_dtype", "fp16"), ("grad_sync", "never")])
 def test_training_options_are_validated(field, value):
     with pytest.raises(UserError, match=field):
         parse_grid({"models": ["gpt-tiny"], "batch_sizes": [1], field: value})

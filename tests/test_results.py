@@ -31,7 +31,7 @@ from sweep.store import write_row
 
 KEYS = tuple(k for k in query.CONFIG_KEYS if k != "memory_cap_gib")  # the synthetic rows have no cap
 GROUP = tuple(k for k in KEYS if k != "batch_size")
-DEFAULT_OPTIONS = (1, 1.0, False)  # grad_accum, grad_clip, fp8_lm_head
+DEFAULT_OPTIONS = tuple(TRAINING_DEFAULTS.values())  # grad_accum, grad_clip, fp8_lm_head, ...
 PEAK = {"h200": 989.0, "mi300x": 1307.0}
 SPEED = {"h200": 420.0, "mi300x": 470.0}
 PREC = {"bf16": 1.0, "fp8-te": 1.12, "fp8-torchao": 1.07}
@@ -73,7 +73,7 @@ def make_rows() -> list[dict]:
                             "world_size": 8, "nodes": 1, "hostname": f"{cluster}-node0",
                             "model": model, "precision": precision, "compile": "none", "ac": "none",
                             "batch_size": batch, "seq_len": SEQ, "warmup_steps": 3, "measure_steps": 10,
-                            "grad_accum": 1, "grad_clip": 1.0, "fp8_lm_head": False,
+                            **TRAINING_DEFAULTS,
                             "status": status, "error": error, "gpu_name": cluster.upper(),
                             "started_at": t0 + dt.timedelta(minutes=n), "finished_at": t0 + dt.timedelta(minutes=n, seconds=50),
                         }
@@ -236,7 +236,7 @@ def test_where_filters(dataset):
 
 HEADER_KEYS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile", "ac": "ac",
                "batch": "batch_size", "seq": "seq_len", "GPUs": "world_size", "accum": "grad_accum", "clip": "grad_clip",
-               "fp8 head": "fp8_lm_head"}
+               "fp8 head": "fp8_lm_head", "reduce": "reduce_dtype", "grad sync": "grad_sync"}
 PARSE = {"batch_size": int, "seq_len": int, "world_size": int, "grad_accum": int, "grad_clip": float,
          "fp8_lm_head": lambda text: text == "True"}
 

@@ -9,7 +9,7 @@ import pytest
 
 from sweep import store
 from sweep.errors import UserError
-from sweep.schema import COLUMNS, RESULT_SCHEMA, SCHEMA_VERSION, VERSION_KEY, to_table
+from sweep.schema import COLUMNS, RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, to_table
 
 
 def _row(**changes) -> dict:
@@ -17,13 +17,15 @@ def _row(**changes) -> dict:
     row = {"run_id": "r1", "trial_id": "t1", "attempt": 1, "cluster": "local", "accelerator": "cpu", "world_size": 2,
            "model": "gpt-tiny", "precision": "bf16", "compile": "none", "batch_size": 2, "seq_len": 64,
            "status": "ok", "step_time_s": 0.5, "tflops_per_gpu": 1.5, "node_ids": ["a", "b"],
-           "params_local": [10, 10], "started_at": now, "finished_at": now}
+           "params_local": [10, 10], "started_at": now, "finished_at": now, **TRAINING_DEFAULTS}
     row.update(changes)
     return row
 
 
 @pytest.mark.parametrize("row", [_row(), _row(trial_id="t2", status="oom", error="CUDA out of memory", step_time_s=None),
-                                 _row(trial_id="t3", status="unsupported", error="needs TE", node_ids=None)])
+                                 _row(trial_id="t3", status="unsupported", error="needs TE", node_ids=None),
+                                 _row(trial_id="t4", grad_accum=8, grad_clip=0.0, fp8_lm_head=True, reduce_dtype="bf16",
+                                      grad_sync="step")])
 def test_round_trip(tmp_path, row):
     path = store.write_row(tmp_path, row)
     assert pq.read_schema(path).metadata[VERSION_KEY] == SCHEMA_VERSION.encode()
@@ -75,3 +77,17 @@ def test_older_minor_version_reads_with_new_columns_null(tmp_path):
     pq.write_table(old, tmp_path / "old.parquet")
     (back,) = store.read_table(tmp_path).to_pylist()
     assert back["reserved_mem_gib"] is None and back["tflops_per_gpu"] == 1.5
+
+
+def test_options_a_row_predates_read_as_their_defaults(tmp_path):
+    """A 1.2 row has no training-option columns: it ran with the defaults, so it reads (and filters) as such."""
+    from sweep.results.query import load
+
+    options = list(TRAINING_DEFAULTS)
+    old = to_table([_row()]).drop_columns(options).replace_schema_metadata({VERSION_KEY: b"1.2"})
+    pq.write_table(old, tmp_path / "old.parquet")
+    store.write_row(tmp_path, _row(trial_id="t9", grad_accum=4, reduce_dtype="bf16"))
+    rows = {r["trial_id"]: r for r in store.read_table(tmp_path).to_pylist()}
+    assert {k: rows["t1"][k] for k in options} == TRAINING_DEFAULTS
+    assert (rows["t9"]["grad_accum"], rows["t9"]["reduce_dtype"]) == (4, "bf16")
+    assert load(tmp_path, ["grad_accum=1", "grad_sync=micro_batch"]).column("trial_id").to_pylist() == ["t1"]

@@ -26,6 +26,8 @@ class RankJob:
     grad_accum: int = 1  # micro-batches (of batch_size rows) per optimizer step
     grad_clip: float = 1.0  # max gradient norm before each optimizer step; 0 = no clipping
     fp8_lm_head: bool = False  # FP8 recipes: the output head in FP8 too
+    reduce_dtype: str = "fp32"  # FSDP2 gradient reduce-scatter dtype: "fp32" or "bf16"
+    grad_sync: str = "micro_batch"  # "step": reduce gradients after the last micro-batch only
     memory_cap_bytes: int | None = None
     pg_timeout_s: float = 120.0  # bounded: a stuck collective fails instead of waiting NCCL's 10 min
     seed: int = 3985  # the seeds' torch.manual_seed

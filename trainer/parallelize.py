@@ -27,7 +27,7 @@ def _checkpoint_blocks(model: nn.Module, mode: str) -> None:
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh) -> nn.Module:
+def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh, reduce_dtype: str = "fp32") -> nn.Module:
     """Apply the transforms in order and return the model to train (sharded over `mesh`)."""
     from torch.distributed.fsdp import fully_shard
 
@@ -39,7 +39,7 @@ def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh) -> 
             block.compile()
     if mesh.size() == 1:  # 4. nothing to shard
         return torch.compile(model) if compile_mode == "full" else model
-    mp_policy = plan.mp_policy()
+    mp_policy = plan.mp_policy(reduce_dtype)
     for i, block in enumerate(model.blocks):  # 4. FSDP2
         # The last block is not resharded after forward: backward needs it first (saves one all-gather).
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(model.blocks) - 1)

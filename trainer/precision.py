@@ -25,6 +25,7 @@ FP8_DIM_MULTIPLE = 16  # FP8 GEMMs need both dims divisible by 16 (cuBLASLt / hi
 
 
 HEAD_NAMES = ("output", "lm_head")
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the grid's `reduce_dtype` values
 
 
 def fp8_module_filter(module: nn.Module, fqn: str, *, include_head: bool = False) -> bool:
@@ -47,15 +48,16 @@ class PrecisionPlan:
     device_type: str = "cpu"
     sharded: bool = True
 
-    def mp_policy(self):
+    def mp_policy(self, reduce_dtype: str = "fp32"):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         if self.param_dtype is None:
             return MixedPrecisionPolicy()
-        # bf16 params for compute, fp32 for the gradient reduce-scatter (accuracy of the sum over ranks).
+        # bf16 params for compute; gradients reduce-scattered in fp32 by default (accuracy of the sum over
+        # ranks), or in bf16 (the grid's `reduce_dtype`: half the bytes, as seed 000's FSDP1 does).
         # Inputs are not cast: block inputs are bf16 already (the embedding is gathered in bf16), and the
         # fp32 RoPE tables passed to each block must stay fp32.
-        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32,
+        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=REDUCE_DTYPES[reduce_dtype],
                                     cast_forward_inputs=False)
 
     def training_context(self) -> contextlib.AbstractContextManager:

@@ -120,6 +120,7 @@ class RankWorker:
         import torch.distributed as dist
         import torch.nn.functional as F
         from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule
 
         from trainer.memory import memory_cap, peak_stats, reset_peak
         from trainer.models import ModelSpec, build_model
@@ -156,7 +157,8 @@ class RankWorker:
             with torch.device("meta"):  # build on meta, shard, then materialise only this rank's shard
                 model = build_model(spec, backend=plan.model_backend, fp8_lm_head=job.fp8_lm_head)
             n_params = sum(p.numel() for p in model.parameters())  # N of the FLOP formula: every parameter
-            model = parallelize(model, plan=plan, compile_mode=job.compile, ac=job.ac, mesh=mesh)
+            model = parallelize(model, plan=plan, compile_mode=job.compile, ac=job.ac, mesh=mesh,
+                                reduce_dtype=job.reduce_dtype)
             model.to_empty(device=device)
             with torch.no_grad():
                 model.init_weights()  # a fully compiled model forwards the call to the original
@@ -186,12 +188,23 @@ class RankWorker:
             # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
             # rest (weights only change at the optimizer step), as seed 000 does.
             weight_cache = plan.model_backend == "te" and job.grad_accum > 1
+            fsdp_root = getattr(model, "_orig_mod", model)  # `full` compile wraps the sharded model
+            sync_once = job.grad_sync == "step" and job.grad_accum > 1 and isinstance(fsdp_root, FSDPModule)
 
             def step(i: int) -> torch.Tensor:
-                """One optimizer step over grad_accum micro-batches (FSDP2 reduce-scatters the gradients of
-                each micro-batch as its backward runs, as seed 000's FSDP1 loop without no_sync does)."""
+                """One optimizer step over grad_accum micro-batches. By default FSDP2 reduce-scatters the
+                gradients of each micro-batch as its backward runs (as seed 000's FSDP1 loop without no_sync
+                does); with grad_sync "step" only the last micro-batch's backward does."""
                 total = torch.zeros((), device=device)
                 for micro in range(job.grad_accum):
+                    if sync_once:
+                        # Before the last micro-batch: gradients accumulate unsharded on each rank (FSDP1's
+                        # no_sync; + one unsharded gradient copy in memory) and parameters stay gathered
+                        # after backward, so the next forward needs no all-gather (FSDP2's documented
+                        # trade of memory for communication during accumulation).
+                        last = micro == job.grad_accum - 1
+                        fsdp_root.set_requires_gradient_sync(last)
+                        fsdp_root.set_reshard_after_backward(last)
                     tokens = batches[(i * job.grad_accum + micro) % len(batches)]
                     kwargs = {"is_first_microbatch": micro == 0} if weight_cache else {}
                     with plan.training_context():

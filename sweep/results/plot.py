@@ -20,9 +20,9 @@ import pyarrow as pa
 
 from sweep.errors import UserError
 from sweep.results import aggregate
+from sweep.schema import TRAINING_DEFAULTS
 
-SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", "grad_accum", "grad_clip", "fp8_lm_head",
-               "memory_cap_gib")
+SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", *TRAINING_DEFAULTS, "memory_cap_gib")
 
 
 def _text(key: str, value) -> str:

@@ -20,13 +20,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from sweep.errors import UserError
-from sweep.schema import RESULT_SCHEMA, STATUSES
+from sweep.schema import RESULT_SCHEMA, STATUSES, TRAINING_DEFAULTS
 from sweep.store import open_dataset
 
 # The columns that make two attempts "the same config": repeats of one config aggregate together.
 # memory_cap_gib: a run under `--memory-cap 80GiB` answers another question than one on the whole card
 CONFIG_KEYS = ("cluster", "model", "precision", "compile", "ac", "batch_size", "seq_len", "world_size",
-               "grad_accum", "grad_clip", "fp8_lm_head", "memory_cap_gib")
+               *TRAINING_DEFAULTS, "memory_cap_gib")
 
 _WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|!=|==|=|>|<)\s*(.*?)\s*$")
 
