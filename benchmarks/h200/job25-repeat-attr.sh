@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Device job 25 (right after job 24, TE still installed): repeat the headline TE row; torch bf16 with each
-# gradient option alone; the probe configurations (no accumulation) with a bf16 reduce-scatter.
+# Device job 25 (fresh machine, carry .whl): install ray/torchao/pydantic; torch bf16 with each gradient option
+# alone; the probe configurations (no accumulation) with a bf16 reduce-scatter.
 JOB=job25-repeat-attr; source benchmarks/h200/common.sh
-sweep_grid job25-te-repeat benchmarks/h200/job25-te-repeat.yaml 110
+install_wheels || exit 1
+versions
 sweep_grid job25-torch-attr benchmarks/h200/job25-torch-attr.yaml 110
 sweep_grid job25-torch-step benchmarks/h200/job25-torch-step.yaml 110
 sweep_grid job25-no-accum benchmarks/h200/job25-no-accum.yaml 90
