@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 COLS = ["model", "precision", "compile", "batch_size", "seq_len", "world_size", "grad_accum", "grad_clip",
-        "fp8_lm_head", "status", "tflops_per_gpu", "mfu",
+        "fp8_lm_head", "reduce_dtype", "grad_sync", "status", "tflops_per_gpu", "mfu",
         "step_time_s", "step_time_p10_s", "step_time_p90_s", "tokens_per_s_per_gpu", "peak_mem_gib",
         "reserved_mem_gib", "alloc_retries", "loss_first", "loss_last", "init_time_s", "compile_time_s",
         "steps_time_s", "trial_wall_s", "n_params", "torch_version", "te_version", "torchao_version", "gpu_name",
-        "driver_version", "cuda_version", "run_id", "started_at", "error"]
+        "driver_version", "cuda_version", "git_sha", "run_id", "started_at", "error"]
 
 
 def rows(folder: Path) -> list[dict]:
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> None:
     data = rows(folder)
     for r in data:
         over = (r["trial_wall_s"] - r["steps_time_s"]) if r.get("trial_wall_s") and r.get("steps_time_s") else None
-        line = [f"{c}={fmt(r.get(c))}" for c in COLS[:22]] + [f"overhead_s={fmt(over)}"]
+        line = [f"{c}={fmt(r.get(c))}" for c in COLS[:24]] + [f"overhead_s={fmt(over)}"]
         if r.get("error"):
             line.append(f"error={str(r['error'])[:600]!r}")
         print(" ".join(line))
