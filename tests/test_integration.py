@@ -109,13 +109,17 @@ def test_gradient_accumulation_counts_every_micro_batch(ray_session, cli, write_
     """grad_accum micro-batches per optimizer step, FSDP2 over 2 gloo ranks, clipping off: a step's time covers
     all of them and the optimizer step, and the tokens count every micro-batch."""
     grid = write_grid("models: [llama-tiny]\nprecisions: [bf16]\nbatch_sizes: [2]\ncompile: none\nseq_len: 32\n"
-                      "gpus: 2\ngrad_accum: [1, 3]\ngrad_clip: 0\nsteps: {warmup: 1, measure: 3}\n")
+                      "gpus: 2\ngrad_accum: [1, 3]\ngrad_clip: 0\ngrad_sync: [micro_batch, step]\n"
+                      "steps: {warmup: 1, measure: 3}\n")
     out = tmp_path / "out"
     result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")
     assert result.exit_code == 0, result.output
-    rows = {r["grad_accum"]: r for r in store.read_table(out).to_pylist()}
-    assert set(rows) == {1, 3}
-    for accum, row in rows.items():
+    rows = {(r["grad_accum"], r["grad_sync"]): r for r in store.read_table(out).to_pylist()}
+    # one micro-batch has nothing to defer: grad_sync folds to its default there
+    assert set(rows) == {(1, "micro_batch"), (3, "micro_batch"), (3, "step")}
+    # the same micro-batches and updates, reduced per micro-batch or once per step: the same losses
+    assert rows[(3, "step")]["loss_last"] == pytest.approx(rows[(3, "micro_batch")]["loss_last"], rel=1e-3)
+    for (accum, _), row in rows.items():
         assert row["status"] == "ok", row["error"]
         assert row["grad_clip"] == 0.0 and row["fp8_lm_head"] is False
         assert row["tokens_per_s_per_gpu"] == pytest.approx(accum * 2 * 32 / row["step_time_s"], rel=1e-9)
@@ -125,6 +129,7 @@ def test_gradient_accumulation_counts_every_micro_batch(ray_session, cli, write_
     # the option that varies is a column; the constant one (clip 0, not the default) is in the caption
     shown = cli("results", "show", out)
     assert shown.exit_code == 0 and "accum" in shown.stdout and "grad_clip 0.0" in shown.stdout
+    assert "grad sync" in shown.stdout and "reduce_dtype" not in shown.stdout
     assert "fp8_lm_head" not in shown.stdout  # at its default everywhere: says nothing
 
 
