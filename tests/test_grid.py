@@ -157,7 +157,17 @@ def test_options_override_the_grid(cli, write_grid):
 def test_one_line_trial_from_options(cli):
     result = cli("plan", "--model", "llama3-8b", "--precision", "bf16", "--batch-size", "2", "--cluster", "h200")
     assert result.exit_code == 0, result.output
-    assert "1 trials on h200" in result.stdout
+    assert "1 trial on h200" in result.stdout
+
+
+def test_plan_shows_what_varies_and_says_the_rest_once(cli, write_grid):
+    grid = write_grid("models: [llama-tiny]\nbatch_sizes: [2]\ngpus: 2\ngrad_accum: 4\ncompile: none\n"
+                      "grad_sync: [micro_batch, step]\n")
+    result = cli("plan", grid, "--cluster", "local")
+    assert result.exit_code == 0, result.output
+    assert "2 trials on local" in result.stdout and "grad_sync=step" in result.stdout
+    shared = next(line for line in result.stdout.splitlines() if line.startswith("every trial:"))
+    assert "model llama-tiny" in shared and "gpus 2" in shared and "compile none" in shared
 
 
 def test_python_tags_never_execute(write_grid, tmp_path):

@@ -35,6 +35,14 @@ CapOpt = Annotated[Optional[str], typer.Option("--memory-cap", help="Per-rank me
                                                "allocations past it really fail (what fits on a smaller card?).")]
 
 
+def _count(n: int) -> str:
+    """8.03B, 124M, 198K: a parameter count at a glance."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
 def _grid_data(grid: Path | None, **axes) -> tuple[dict, str]:
     from sweep.grid import load_grid
 
@@ -124,20 +132,30 @@ def register(app: typer.Typer) -> None:
         profile, spec, trials = _prepare(grid, cluster, memory_cap, model=model, precision=precision,
                                          batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus,
                                          grad_accum=grad_accum)
-        table = Table(title=f"{len(trials)} trials on {profile.name} ({profile.accelerator}, "
-                            f"{profile.total_ranks} ranks)" + (" — max-batch search" if spec.search else ""))
-        for col in ("trial_id", "model", "params", "precision", "compile", "ac", "batch", "seq", "gpus", "options", "runs"):
-            table.add_column(col, overflow="fold")
         reasons: dict[str, int] = {}
+        rows = []
         for t in trials:
             reason = unsupported(t, profile)
             if reason is not None:
                 reasons.setdefault(reason, len(reasons) + 1)
-            table.add_row(t.trial_id[:8], t.model.label, f"{t.model.n_params() / 1e9:.3g}B", t.precision, t.compile,
-                          t.ac, str(t.batch_size), str(t.seq_len), str(t.gpus), t.options_text() or "-",
-                          "yes" if reason is None else f"[yellow]no ({reasons[reason]})[/yellow]")
+            rows.append({"trial_id": t.trial_id[:8], "model": t.model.label, "params": _count(t.model.n_params()),
+                         "precision": t.precision, "compile": t.compile, "ac": t.ac, "batch": str(t.batch_size),
+                         "seq": str(t.seq_len), "gpus": str(t.gpus), "options": t.options_text().replace(" ", "\n") or "-",
+                         "runs": "yes" if reason is None else f"[yellow]no ({reasons[reason]})[/yellow]"})
+        # Columns with one value in every trial are said once under the table, as `sweep results show`
+        # does: the table keeps what varies and stays readable in an 80-column terminal.
+        constant = [c for c in rows[0] if c not in ("trial_id", "runs") and len({r[c] for r in rows}) == 1]
+        table = Table(title=f"{len(trials)} trial{'s' * (len(trials) != 1)} on {profile.name} ({profile.accelerator}, "
+                            f"{profile.total_ranks} ranks)" + (" — max-batch search" if spec.search else ""))
+        for col in (c for c in rows[0] if c not in constant):
+            table.add_column(col, overflow="fold")
+        for row in rows:
+            table.add_row(*(v for c, v in row.items() if c not in constant))
         console = Console()
         console.print(table)
+        shared = " · ".join(f"{c} {rows[0][c]}".replace("\n", " ") for c in constant if rows[0][c] != "-")
+        if shared:
+            console.print(f"every trial: {escape(shared)}", soft_wrap=True)
         for reason, n in reasons.items():
             console.print(f"[yellow]({n}) unsupported:[/yellow] {escape(reason)}")
 
