@@ -33,6 +33,8 @@ class Accelerator(BaseModel):
     name: str
     """Catalog key: h100, mi300x, cpu, ..."""
     vendor: Literal["nvidia", "amd", "cpu"]
+    compute_capability: Optional[Annotated[float, Field(gt=0)]] = None
+    """NVIDIA only: CUDA compute capability (9.0 for sm_90), what decides which precision recipes run."""
     memory_gib: Optional[Annotated[float, Field(gt=0)]] = None
     """Device memory from the datasheet; null for CPU ranks (they share host RAM)."""
     fp8_flavour: Optional[Literal["e4m3fn", "e4m3fnuz"]] = None
@@ -55,6 +57,8 @@ class Accelerator(BaseModel):
                 raise ValueError("peak_tflops: must be null for a cpu accelerator (MFU is not defined on CPU ranks)")
         elif self.peak_tflops["bf16"] is None or self.memory_gib is None:
             raise ValueError(f"a {self.vendor} accelerator needs peak_tflops.bf16 and memory_gib")
+        if (self.vendor == "nvidia") != (self.compute_capability is not None):
+            raise ValueError("compute_capability: give it for an nvidia accelerator (e.g. 9.0), and only there")
         if (self.fp8_flavour is None) != (self.peak_tflops["fp8"] is None):
             raise ValueError("fp8_flavour: set it exactly when peak_tflops.fp8 is set")
         return self

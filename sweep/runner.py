@@ -26,7 +26,8 @@ def new_run_id() -> str:
 
 def unsupported(trial: Trial, profile) -> str | None:
     info = profile.accelerator_info
-    return unsupported_reason(RECIPES[trial.precision], accelerator=profile.accelerator, vendor=info.vendor)
+    return unsupported_reason(RECIPES[trial.precision], accelerator=profile.accelerator, vendor=info.vendor,
+                              compute_capability=info.compute_capability, has_fp8=info.peak_tflops["fp8"] is not None)
 
 
 @dataclass

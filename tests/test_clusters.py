@@ -132,11 +132,13 @@ def test_fp8_flavour_follows_the_hardware():
         ({"fp8_flavour": None}, "fp8_flavour: set it exactly when peak_tflops.fp8 is set"),
         ({"vendor": "cpu"}, "must be null for a cpu accelerator"),
         ({"fp8_flavour": "e5m2"}, "fp8_flavour"),
+        ({"compute_capability": None}, "compute_capability: give it for an nvidia accelerator"),
+        ({"vendor": "amd", "fp8_flavour": "e4m3fnuz"}, "compute_capability: give it for an nvidia accelerator"),
     ],
 )
 def test_catalog_entries_are_checked(change, expected):
     entry = {
-        "name": "x", "vendor": "nvidia", "memory_gib": 80, "fp8_flavour": "e4m3fn",
+        "name": "x", "vendor": "nvidia", "compute_capability": 9.0, "memory_gib": 80, "fp8_flavour": "e4m3fn",
         "peak_tflops": {"fp32": 1.0, "bf16": 2.0, "fp8": 4.0}, "sources": {"fp32": "a", "bf16": "b", "fp8": "c"},
     }  # fmt: skip
     Accelerator.model_validate(entry)

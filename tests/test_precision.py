@@ -17,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn as nn
 
+from clusters.catalog import load_catalog
 from trainer.job import RankJob
 from trainer.models import ModelSpec, build_model
 from trainer.precision import fp8_module_filter, precision_plan
@@ -24,7 +25,11 @@ from trainer.recipes import RECIPES, unsupported_reason
 
 TORCHAO_FP8 = ["fp8-torchao-tensorwise", "fp8-torchao-rowwise", "fp8-torchao-rowwise-gw-hp"]
 TE = ["bf16-te", "fp8-te-delayed", "fp8-te-current", "fp8-te-block", "fp8-te-mxfp8"]
-VENDOR = {"cpu": "cpu", "a100": "nvidia", "h100": "nvidia", "h200": "nvidia", "b200": "nvidia", "mi300x": "amd"}
+# What the capability check is told of each part: the catalog's entries, plus an A100 (sm_80, no FP8) as a
+# profile for a part the catalog lacks would describe it.
+HARDWARE = {name: {"vendor": a.vendor, "compute_capability": a.compute_capability,
+                   "has_fp8": a.peak_tflops["fp8"] is not None} for name, a in load_catalog().items()}
+HARDWARE["a100"] = {"vendor": "nvidia", "compute_capability": 8.0, "has_fp8": False}
 
 # Every dim a multiple of 16 (FP8 GEMMs need it; trainer.precision.fp8_module_filter checks it).
 FP8_SPEC = ModelSpec(arch="llama", name="llama-fp8-tiny", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=2,
@@ -35,7 +40,7 @@ FP8_SPEC = ModelSpec(arch="llama", name="llama-fp8-tiny", n_layers=2, d_embd=64,
 
 def _runs(accelerator: str, *, have_te: bool = True, have_torchao: bool = True) -> set[str]:
     return {name for name, recipe in RECIPES.items()
-            if unsupported_reason(recipe, accelerator=accelerator, vendor=VENDOR[accelerator],
+            if unsupported_reason(recipe, accelerator=accelerator, **HARDWARE[accelerator],
                                   have_te=have_te, have_torchao=have_torchao) is None}
 
 
@@ -46,21 +51,24 @@ def test_capability_matrix():
     assert _runs("a100") == torch_only | {"bf16-te"}  # sm_80: no FP8
     assert _runs("h100") == _runs("h200") == everything - {"fp8-te-mxfp8"}  # MXFP8 is Blackwell-only
     assert _runs("b200") == everything
-    assert _runs("mi300x") == everything - {"fp8-te-block", "fp8-te-mxfp8"}
+    assert _runs("mi300x") == _runs("mi355x") == everything - {"fp8-te-block", "fp8-te-mxfp8"}
+    # an AMD part without FP8 (a hypothetical one: every catalog AMD part has it) runs no FP8 recipe
+    no_fp8 = unsupported_reason(RECIPES["fp8-te-delayed"], accelerator="mi250x", vendor="amd", has_fp8=False)
+    assert "MI300-class" in no_fp8
 
 
 def test_missing_packages_are_named_with_the_fix():
     assert _runs("h200", have_te=False) == {"bf16", "fp32"} | set(TORCHAO_FP8)
     assert _runs("h200", have_torchao=False) == {"bf16", "fp32"} | set(TE) - {"fp8-te-mxfp8"}
-    reason = unsupported_reason(RECIPES["fp8-te-delayed"], accelerator="h200", vendor="nvidia", have_te=False)
+    reason = unsupported_reason(RECIPES["fp8-te-delayed"], accelerator="h200", **HARDWARE["h200"], have_te=False)
     assert "Transformer Engine" in reason and "pip install" in reason
-    reason = unsupported_reason(RECIPES["fp8-torchao-rowwise"], accelerator="h200", vendor="nvidia",
+    reason = unsupported_reason(RECIPES["fp8-torchao-rowwise"], accelerator="h200", **HARDWARE["h200"],
                                 have_torchao=False)
     assert "pip install torchao" in reason
     # TE present but a CPU rank: the reason is the hardware, not the package
     assert "needs a GPU" in unsupported_reason(RECIPES["bf16-te"], accelerator="cpu", vendor="cpu", have_te=True)
     assert "compute capability >= 8.9" in unsupported_reason(RECIPES["fp8-torchao-tensorwise"],
-                                                              accelerator="a100", vendor="nvidia")
+                                                              accelerator="a100", **HARDWARE["a100"])
     assert "Blackwell" in RECIPES["fp8-te-mxfp8"].summary
 
 
@@ -221,8 +229,9 @@ def test_te_recipes_train_on_a_gpu(run_one_rank, name, arch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     pytest.importorskip("transformer_engine.pytorch")
-    reason = unsupported_reason(RECIPES[name], accelerator="h200" if torch.cuda.get_device_capability() < (10, 0)
-                                else "b200", vendor="nvidia")
+    major, minor = torch.cuda.get_device_capability()
+    reason = unsupported_reason(RECIPES[name], accelerator=torch.cuda.get_device_name(), vendor="nvidia",
+                                compute_capability=major + minor / 10)
     if reason:
         pytest.skip(reason)
     # every GEMM dim a multiple of 128 (Float8BlockScaling's block), head dim 32

@@ -13,11 +13,10 @@ from typing import Literal
 Family = Literal["fp32", "bf16", "fp8"]
 Backend = Literal["torch", "torchao", "te"]
 
-# NVIDIA compute capability / AMD class per accelerator catalog name. FP8 needs sm_89+ (Ada, Hopper) or
-# an MI300-class GPU (gfx942: e4m3fnuz; gfx950: OCP e4m3fn); MXFP8 needs Blackwell (sm_100+).
-CUDA_CAPABILITY: dict[str, float] = {"a100": 8.0, "l40s": 8.9, "h100": 9.0, "h200": 9.0, "gh200": 9.0,
-                                     "b200": 10.0, "gb200": 10.0}
-AMD_FP8: frozenset[str] = frozenset({"mi300x", "mi325x", "mi355x"})
+# What a recipe needs of the hardware is stated here (min_cuda_capability, amd); what each accelerator has
+# is in the catalog (`clusters/accelerators.yaml`: NVIDIA compute capability, and whether a part has FP8
+# at all). FP8 needs sm_89+ (Ada, Hopper) or an MI300-class GPU (gfx942: e4m3fnuz; gfx950: OCP e4m3fn);
+# MXFP8 needs Blackwell (sm_100+).
 TE_INSTALL_HINT = "pip install 'sweep[te]' (transformer-engine[pytorch]>=2.10)"
 
 
@@ -63,14 +62,18 @@ def have_module(name: str) -> bool:
         return False
 
 
-def unsupported_reason(recipe: Recipe, *, accelerator: str, vendor: str,
-                       have_te: bool | None = None, have_torchao: bool | None = None) -> str | None:
+def unsupported_reason(recipe: Recipe, *, accelerator: str, vendor: str, compute_capability: float | None = None,
+                       has_fp8: bool = True, have_te: bool | None = None,
+                       have_torchao: bool | None = None) -> str | None:
     """Why `recipe` cannot run on this accelerator with what is installed, or None if it can.
 
-    `have_te` / `have_torchao` default to whether the package is importable here (the driver and the
-    rank processes share one environment on a Ray cluster built from one container image).
+    `compute_capability` (NVIDIA) and `has_fp8` (AMD: an MI300-class part) come from the accelerator
+    catalog; an NVIDIA part of unknown capability is given the benefit of the doubt. `have_te` /
+    `have_torchao` default to whether the package is importable here (the driver and the rank processes
+    share one environment on a Ray cluster built from one container image).
     """
-    hardware = _hardware_reason(recipe, accelerator=accelerator, vendor=vendor)
+    hardware = _hardware_reason(recipe, accelerator=accelerator, vendor=vendor,
+                                compute_capability=compute_capability, has_fp8=has_fp8)
     if hardware:  # the hardware answer first: installing a package would not help
         return hardware
     have_te = have_module("transformer_engine") if have_te is None else have_te
@@ -82,15 +85,15 @@ def unsupported_reason(recipe: Recipe, *, accelerator: str, vendor: str,
     return None
 
 
-def _hardware_reason(recipe: Recipe, *, accelerator: str, vendor: str) -> str | None:
+def _hardware_reason(recipe: Recipe, *, accelerator: str, vendor: str, compute_capability: float | None,
+                     has_fp8: bool) -> str | None:
     if vendor == "cpu":
         return None if recipe.cpu else f"{recipe.name} needs a GPU (Transformer Engine has no CPU kernels)"
     if vendor == "amd":
-        if recipe.family == "fp8" and accelerator not in AMD_FP8:
+        if recipe.family == "fp8" and not has_fp8:
             return f"{recipe.name} needs an MI300-class GPU for FP8, not {accelerator}"
         return None if recipe.amd else f"{recipe.name} is not available on AMD GPUs"
-    capability = CUDA_CAPABILITY.get(accelerator)
-    if capability is not None and capability < recipe.min_cuda_capability:
+    if compute_capability is not None and compute_capability < recipe.min_cuda_capability:
         return (f"{recipe.name} needs CUDA compute capability >= {recipe.min_cuda_capability}; "
-                f"{accelerator} has {capability}")
+                f"{accelerator} has {compute_capability}")
     return None
