@@ -167,13 +167,15 @@ class RankWorker:
 
             # Synthetic tokens. Labels are a fixed random permutation of the inputs: a mapping the model
             # can learn (loss falls, showing the step really trains) with no shortcut at init (the
-            # first loss is ~ln V). A few batches are made up front so no data work is timed.
+            # first loss is ~ln V). The batches are made up front so no data work is timed: 4, or one per
+            # micro-batch of a step so that a step's micro-batches are distinct (a token batch is KBs).
             # The permutation is the task, the same on every rank; each rank draws its own tokens.
             perm = torch.randperm(spec.vocab_size, generator=torch.Generator(device=device).manual_seed(job.seed),
                                   device=device)
             gen = torch.Generator(device=device).manual_seed(job.seed + 1 + job.rank)
+            n_batches = min(max(4, job.grad_accum), (job.warmup_steps + job.measure_steps) * job.grad_accum)
             batches = [torch.randint(spec.vocab_size, (job.batch_size, job.seq_len), generator=gen, device=device)
-                       for _ in range(min(4, (job.warmup_steps + job.measure_steps) * job.grad_accum))]
+                       for _ in range(n_batches)]
 
             def sync() -> None:
                 if device.type == "cuda":
