@@ -307,6 +307,30 @@ def test_export_md_and_csv_agree(dataset):
 
 # --- the other commands ----------------------------------------------------------------------------
 
+def test_compare_by_a_training_option(tmp_path):
+    """--by grad_sync: each config against its twin at the default (micro_batch), everything else equal."""
+    base = {"run_id": "r", "attempt": 1, "cluster": "h200", "accelerator": "h200", "world_size": 2,
+            "model": "llama3-8b", "precision": "fp8-te-delayed", "compile": "none", "ac": "none", "batch_size": 2,
+            "seq_len": 4096, **TRAINING_DEFAULTS, "grad_accum": 8, "status": "ok"}
+    rows = [("t1", "fp32", "micro_batch", 782.9), ("t2", "fp32", "step", 728.7),
+            ("t3", "bf16", "micro_batch", 792.2), ("t4", "bf16", "step", 871.9)]
+    for trial_id, reduce, sync, tflops in rows:
+        write_row(tmp_path, {**base, "trial_id": trial_id, "reduce_dtype": reduce, "grad_sync": sync,
+                             "tflops_per_gpu": tflops})
+    table = {r["reduce_dtype"]: r for r in aggregate.compare(tmp_path, "micro_batch", "grad_sync").to_pylist()}
+    assert table["fp32"]["ratio"] == pytest.approx(728.7 / 782.9)
+    assert table["bf16"]["ratio"] == pytest.approx(871.9 / 792.2)
+    res = invoke("compare", tmp_path, "--by", "grad_sync", "-f", "csv")  # the default baseline: micro_batch
+    assert res.exit_code == 0, res.output
+    import csv
+    import io
+
+    ratios = {r["reduce_dtype"]: float(r["ratio"]) for r in csv.DictReader(io.StringIO(res.stdout))}
+    assert ratios == {"fp32": pytest.approx(728.7 / 782.9), "bf16": pytest.approx(871.9 / 792.2)}
+    res = invoke("compare", tmp_path, "--by", "reduce_dtype")
+    assert res.exit_code == 0 and "vs fp32" in res.stdout
+
+
 def test_show_and_max_batch_and_compare_print(dataset):
     out, _ = dataset
     res = invoke("show", out, "--where", "status!=ok", "--limit", "500")

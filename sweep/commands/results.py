@@ -45,6 +45,10 @@ class QueryFormat(str, Enum):
 class By(str, Enum):
     precision = "precision"
     cluster = "cluster"
+    compile = "compile"
+    ac = "ac"
+    reduce_dtype = "reduce_dtype"
+    grad_sync = "grad_sync"
 
 
 Format = Annotated[TableFormat, typer.Option("--format", "-f", help="table: Rich table; md: GitHub markdown; csv: raw numbers.")]
@@ -106,13 +110,15 @@ def compare(
     directory: Directory,
     baseline: Annotated[Optional[str], typer.Option(
         "--baseline", "-b", show_default=False,
-        help="The value of --by to divide by: a precision (default bf16) or a cluster name.")] = None,
-    by: Annotated[By, typer.Option("--by", help="Compare precisions (same cluster) or clusters (same precision).")] = By.precision,
+        help="The value of --by to divide by. Default: bf16, compile none, ac none, reduce_dtype fp32, grad_sync "
+             "micro_batch; --by cluster needs one.")] = None,
+    by: Annotated[By, typer.Option("--by", help="The config key that varies: everything else stays the same "
+                                               "(precisions on one cluster, clusters for one precision, ...).")] = By.precision,
     where: Where = None,
     fmt: Format = TableFormat.table,
     limit: Limit = 200,
 ) -> None:
-    """TFLOP/s/GPU of each precision (or cluster) over the baseline's, for the same model and batch.
+    """TFLOP/s/GPU of each precision (or cluster, compile mode, ...) over the baseline's, the rest of the config equal.
 
     With --by cluster, also tokens/s/GPU per $/GPU-hour where the cluster profiles give a cost.
     """
@@ -123,7 +129,7 @@ def compare(
     if baseline is None:
         if by is By.cluster:
             raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
-        baseline = "bf16"
+        baseline = aggregate.COMPARE_BY[by.value]
     costs = aggregate.cluster_costs(present) if by is By.cluster else None
     table = aggregate.compare_table(configs, baseline, by.value, costs)
     if table.num_rows == 0:

@@ -28,7 +28,11 @@ FAILURES = tuple(s for s in STATUSES if s != "ok")
 LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS)
 # max-batch groups: a config without its batch size.
 BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
-COMPARE_BY = ("precision", "cluster")
+# What `compare --by` can divide by (text-valued config keys), with the default baseline: the fair
+# reference for precisions, no compile / no checkpointing, and the training options' defaults. Clusters
+# have no natural baseline: the user names one.
+COMPARE_BY: dict[str, str | None] = {"precision": "bf16", "cluster": None, "compile": "none", "ac": "none",
+                                     "reduce_dtype": "fp32", "grad_sync": "micro_batch"}
 
 
 def _run(sql: str, params: Mapping[str, object] | None = None, **tables: pa.Table) -> pa.Table:
