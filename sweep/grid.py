@@ -72,11 +72,12 @@ class GridSpec(BaseModel):
     seq_len: list[int] = Field(default=[1024], min_length=1)
     gpus: list[int] = Field(default=[1], min_length=1)
     ac: list[AcMode] = Field(default=["none"], min_length=1)
-    grad_accum: list[int] = Field(default=[1], min_length=1)
-    grad_clip: list[float] = Field(default=[1.0], min_length=1)
-    fp8_lm_head: list[bool] = Field(default=[False], min_length=1)
-    reduce_dtype: list[ReduceDtype] = Field(default=["fp32"], min_length=1)
-    grad_sync: list[GradSync] = Field(default=["micro_batch"], min_length=1)
+    # the training options: one axis each, defaulting to `sweep.schema.TRAINING_DEFAULTS`
+    grad_accum: list[int] = Field(default=[TRAINING_DEFAULTS["grad_accum"]], min_length=1)
+    grad_clip: list[float] = Field(default=[TRAINING_DEFAULTS["grad_clip"]], min_length=1)
+    fp8_lm_head: list[bool] = Field(default=[TRAINING_DEFAULTS["fp8_lm_head"]], min_length=1)
+    reduce_dtype: list[ReduceDtype] = Field(default=[TRAINING_DEFAULTS["reduce_dtype"]], min_length=1)
+    grad_sync: list[GradSync] = Field(default=[TRAINING_DEFAULTS["grad_sync"]], min_length=1)
     steps: Steps = Steps()
     on_oom: OomPolicy = OomPolicy()
     search: Literal["max_batch"] | None = None
@@ -161,11 +162,12 @@ class Trial:
     gpus: int
     warmup_steps: int
     measure_steps: int
-    grad_accum: int = 1  # micro-batches per optimizer step; a step trains grad_accum * batch_size rows per GPU
-    grad_clip: float = 1.0  # max gradient norm; 0 = no clipping
-    fp8_lm_head: bool = False
-    reduce_dtype: str = "fp32"  # FSDP2's gradient reduce-scatter dtype
-    grad_sync: str = "micro_batch"  # "step": gradients reduced once per optimizer step, not per micro-batch
+    # the training options (TRAINING_DEFAULTS names them and their defaults)
+    grad_accum: int = TRAINING_DEFAULTS["grad_accum"]  # a step trains grad_accum * batch_size rows per GPU
+    grad_clip: float = TRAINING_DEFAULTS["grad_clip"]  # max gradient norm; 0 = no clipping
+    fp8_lm_head: bool = TRAINING_DEFAULTS["fp8_lm_head"]
+    reduce_dtype: str = TRAINING_DEFAULTS["reduce_dtype"]  # FSDP2's gradient reduce-scatter dtype
+    grad_sync: str = TRAINING_DEFAULTS["grad_sync"]  # "step": gradients reduced once per optimizer step
     memory_cap_bytes: int | None = None
     timeout_s: float | None = None
     # lineage: not part of the measurement
@@ -192,8 +194,7 @@ class Trial:
 
     @property
     def training_options(self) -> dict:
-        return {"grad_accum": self.grad_accum, "grad_clip": self.grad_clip, "fp8_lm_head": self.fp8_lm_head,
-                "reduce_dtype": self.reduce_dtype, "grad_sync": self.grad_sync}
+        return {k: getattr(self, k) for k in TRAINING_DEFAULTS}
 
     @property
     def changed_options(self) -> dict:
@@ -278,8 +279,8 @@ def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | N
         # Gradients are only reduced across ranks, and only in a dtype other than the parameters' when
         # those are bf16 (fp32 trains and reduces in fp32); they can only wait for the step's last
         # micro-batch when there is more than one. Elsewhere these options do nothing and fold away.
-        reduce = reduce if gpus > 1 and RECIPES[precision].family != "fp32" else "fp32"
-        sync = sync if gpus > 1 and accum > 1 else "micro_batch"
+        reduce = reduce if gpus > 1 and RECIPES[precision].family != "fp32" else TRAINING_DEFAULTS["reduce_dtype"]
+        sync = sync if gpus > 1 and accum > 1 else TRAINING_DEFAULTS["grad_sync"]
         trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
                             batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,
                             measure_steps=grid.steps.measure, grad_accum=accum, grad_clip=clip,
