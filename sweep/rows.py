@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 
 from sweep.grid import Trial
-from trainer.flops import flops_per_token, spec_flops_per_token
+from trainer.flops import spec_flops_per_token
 from trainer.recipes import RECIPES
 
 GiB = 1024**3
@@ -101,8 +101,7 @@ def outcome_row(outcome, **base) -> dict:
     step_times = [max(times) for times in zip(*(r["step_times"] for r in ranks))]
     median = statistics.median(step_times)
     tokens_per_s = trial.grad_accum * trial.batch_size * trial.seq_len / median
-    fpt = flops_per_token(n_params=rank0["n_params"], n_layers=trial.model.n_layers, n_heads=trial.model.n_heads,
-                          head_dim=trial.model.head_dim, seq_len=trial.seq_len)
+    fpt = spec_flops_per_token(trial.model, trial.seq_len, n_params=rank0["n_params"])
     tflops = fpt * tokens_per_s / 1e12
     peak = row["peak_tflops"]
     max_of = lambda key: max((r[key] for r in ranks if r.get(key) is not None), default=None)  # noqa: E731

@@ -13,7 +13,8 @@ once. Embedding lookups, norms and biases do no matmul, so this slightly over-co
 sees (6 × those parameters); tests/test_flops.py measures the gap against FlopCounterMode.
 
 Seed 002 counted `6 * N * 16 * 1024` per step while training 12 rows: a +33 % error. Here FLOPs are
-always per token and multiplied by the tokens actually trained (batch_size * seq_len per rank).
+always per token and multiplied by the tokens actually trained (grad_accum * batch_size * seq_len per rank
+and optimizer step).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ def flops_per_token(*, n_params: int, n_layers: int, n_heads: int, head_dim: int
     return 6.0 * n_params + 12.0 * n_layers * n_heads * head_dim * seq_len
 
 
-def spec_flops_per_token(spec, seq_len: int) -> float:
-    """`flops_per_token` for a `trainer.models.specs.ModelSpec`."""
-    return flops_per_token(n_params=spec.n_params(), n_layers=spec.n_layers, n_heads=spec.n_heads,
-                           head_dim=spec.head_dim, seq_len=seq_len)
+def spec_flops_per_token(spec, seq_len: int, n_params: int | None = None) -> float:
+    """`flops_per_token` for a `trainer.models.specs.ModelSpec`; `n_params` (the count the built model
+    reported) overrides the spec's own count."""
+    return flops_per_token(n_params=spec.n_params() if n_params is None else n_params, n_layers=spec.n_layers,
+                           n_heads=spec.n_heads, head_dim=spec.head_dim, seq_len=seq_len)
 

@@ -3,7 +3,8 @@
 A `PrecisionPlan` says how a recipe touches training:
   - `model_backend`: build plain torch modules, or Transformer Engine modules;
   - `convert(model)`: module swaps before compile and sharding (torchao float8 Linear);
-  - `mp_policy()`: FSDP2 mixed precision (bf16 params, fp32 gradient reduction for bf16 and FP8);
+  - `mp_policy(reduce_dtype)`: FSDP2 mixed precision (bf16 params; gradient reduction in fp32 unless the
+    grid's `reduce_dtype` says bf16);
   - `training_context()`: what wraps the forward pass (TE's autocast; bf16 autocast on one rank);
   - `after_optimizer_step(model)`: per-step bookkeeping (torchao's float8 all-gather scale precompute).
 """

@@ -6,7 +6,8 @@
     (TE >= 2.8 name; `fp8_autocast(enabled=..., fp8_recipe=...)` before that, deprecated since);
     `bf16-te` runs the same TE layers with no FP8 at all: the fair baseline for TE FP8;
   - `mp_policy()`: the torch recipes' own: FSDP2 gathers bf16 copies of the fp32 master weights,
-    reduce-scatters gradients in fp32 and does not cast forward inputs (the fp32 RoPE angles stay fp32).
+    reduce-scatters gradients in the grid's `reduce_dtype` (fp32 by default) and does not cast forward
+    inputs (the fp32 RoPE angles stay fp32).
 
 The amax reduction group is left as None: TE then reduces DelayedScaling amaxes over the default
 (world) group, which is FSDP's data-parallel group here (seed 000 passed that group explicitly).

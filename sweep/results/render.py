@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from sweep.results.aggregate import FAILURES
+from sweep.results.aggregate import BATCH_GROUP, FAILURES
 from sweep.results.query import CONFIG_KEYS
 from sweep.schema import TRAINING_DEFAULTS
 
@@ -199,7 +199,7 @@ def _max_ok(row: dict) -> str:
 
 
 MAX_BATCH_COLS = [
-    *config_cols(tuple(k for k in CONFIG_KEYS if k != "batch_size")),
+    *config_cols(BATCH_GROUP),
     Col("status", "status", lambda r: r.get("status") or DASH, numeric=False),
     Col("max_ok_batch", "max ok batch", _max_ok),
     Col("oom_batch", "OOM at", lambda r: DASH if r.get("oom_batch") is None else str(r["oom_batch"])),
