@@ -105,14 +105,19 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
 
     started_ray = False
     scheduler = None
+
+    def start() -> None:
+        nonlocal started_ray, scheduler
+        started_ray = connect(profile)
+        scheduler = Scheduler(profile, max_concurrent=max_concurrent, timeout_s=timeout_s)
+
     with _Progress(progress) as bar:
         bar.add(len(queue))
         try:
             # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
             # (exit 2, no rows), not a run with only its unsupported rows written.
             if any(t.trial_id not in recorded and unsupported(t, profile) is None for t in queue):
-                started_ray = connect(profile)
-                scheduler = Scheduler(profile, max_concurrent=max_concurrent, timeout_s=timeout_s)
+                start()
             while queue or (scheduler and scheduler.busy):
                 while queue:
                     trial = queue.popleft()
@@ -129,9 +134,8 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
                     if reason:  # no actors, no GPU time
                         record(trial, unsupported_row(trial, reason, **base))
                         continue
-                    if scheduler is None:
-                        started_ray = connect(profile)
-                        scheduler = Scheduler(profile, max_concurrent=max_concurrent, timeout_s=timeout_s)
+                    if scheduler is None:  # a follow-up of resumed rows is the first trial to run
+                        start()
                     scheduler.submit(trial)
                 if scheduler and scheduler.busy:
                     for outcome in scheduler.poll(timeout=0.5):

@@ -6,6 +6,7 @@ imports no torch so `sweep plan` can say which trials cannot run, and why, on an
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from typing import Literal
@@ -55,6 +56,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
 ]}
 
 
+@functools.cache  # what is installed does not change while sweep runs; asked once per trial otherwise
 def have_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
