@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import socket
 from pathlib import Path
@@ -57,26 +58,63 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def free_ports():
     """free_ports(n): n TCP ports free on 127.0.0.1 now (for process-group rendezvous)."""
     return _free_ports
+
+
+def _rank_jobs(spec, precision: str, *, world_size: int = 1, **fields) -> list:
+    """One RankJob per rank of a trial on this machine (CPU, gloo), all on one fresh rendezvous port:
+    tiny steps, no compile, unless `fields` (any RankJob field) say otherwise."""
+    from trainer.job import RankJob
+
+    base = dict(world_size=world_size, master_addr="127.0.0.1", master_port=_free_ports(1)[0],
+                model_spec_json=spec.to_json(), precision=precision, compile="none", ac="none", batch_size=2,
+                seq_len=32, warmup_steps=1, measure_steps=4, device_type="cpu")
+    return [RankJob(**{**base, "rank": rank, "local_rank": rank, **fields}) for rank in range(world_size)]
+
+
+@pytest.fixture(scope="session")
+def rank_jobs():
+    """rank_jobs(spec, precision, world_size=1, **RankJob fields): a trial's RankJobs, one per rank."""
+    return _rank_jobs
+
+
+def _run_in_processes(target, jobs_per_process: list[list], timeout: float = 300) -> list:
+    """One spawned process per entry of `jobs_per_process`, each calling `target(jobs, queue)` (a module-level
+    function that puts one item per job); returns the items in the order they arrived."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(jobs, queue)) for jobs in jobs_per_process]
+    for p in procs:
+        p.start()
+    try:
+        return [queue.get(timeout=timeout) for _ in range(sum(map(len, jobs_per_process)))]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+@pytest.fixture(scope="session")
+def run_ranks():
+    """run_ranks(target, jobs_per_process, timeout): the ranks of real multi-process trials (gloo, no Ray)."""
+    return _run_in_processes
 
 
 @pytest.fixture
 def run_one_rank():
     """run_one_rank(spec, precision, **RankJob fields): the real RankWorker.run for one rank, in this process
     (no Ray), as a Ray actor would run it; the environment it sets (MASTER_ADDR, RANK, ...) is put back."""
-    from trainer.job import RankJob
     from trainer.worker import RankWorker
 
     def run(spec, precision: str, **fields) -> dict:
-        job = dict(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=_free_ports(1)[0],
-                   model_spec_json=spec.to_json(), precision=precision, compile="none", ac="none", batch_size=2,
-                   seq_len=32, warmup_steps=1, measure_steps=4, device_type="cpu")
+        (job,) = _rank_jobs(spec, precision, **fields)
         saved = dict(os.environ)
         try:
-            return RankWorker().run(RankJob(**{**job, **fields}))
+            return RankWorker().run(job)
         finally:
             os.environ.clear()
             os.environ.update(saved)

@@ -5,9 +5,6 @@ torch.distributed function it calls (the call still goes through) - what a profi
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import socket
-
 import pytest
 
 from trainer.models.specs import REGISTRY
@@ -15,10 +12,9 @@ from trainer.models.specs import REGISTRY
 ACCUM, WARMUP, MEASURE = 3, 1, 2
 
 
-def _rank(rank: int, port: int, options: dict, results) -> None:
+def _rank(jobs: list, queue) -> None:
     import torch.distributed as dist
 
-    from trainer.job import RankJob
     from trainer.worker import RankWorker
 
     # torch 2.13's FSDP2 calls reduce_scatter_single; older releases reduce_scatter_tensor
@@ -30,40 +26,23 @@ def _rank(rank: int, port: int, options: dict, results) -> None:
         return real(*args, **kwargs)
 
     setattr(dist, name, counted)
-    job = RankJob(rank=rank, world_size=2, local_rank=rank, master_addr="127.0.0.1", master_port=port,
-                  model_spec_json=REGISTRY["llama-tiny"].to_json(), precision="bf16", compile="none", ac="none",
-                  batch_size=2, seq_len=32, warmup_steps=WARMUP, measure_steps=MEASURE, device_type="cpu",
-                  grad_accum=ACCUM, grad_clip=0.0, **options)
-    result = RankWorker().run(job)
-    results.put((rank, result.get("status"), result.get("error"), result.get("loss_last"), dtypes))
-
-
-def _train(port: int, **options) -> dict:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, options, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    out = {}
-    for _ in procs:
-        rank, status, error, loss, dtypes = results.get(timeout=300)
-        assert status == "ok", error
-        out[rank] = {"loss_last": loss, "dtypes": dtypes}
-    for p in procs:
-        p.join(timeout=60)
-    return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for job in jobs:
+        dtypes.clear()
+        result = RankWorker().run(job)
+        queue.put(((job.reduce_dtype, job.grad_sync), job.rank, result, list(dtypes)))
 
 
 @pytest.fixture(scope="module")
-def runs():
-    return {(reduce, sync): _train(_free_port(), reduce_dtype=reduce, grad_sync=sync)
-            for reduce, sync in [("fp32", "micro_batch"), ("fp32", "step"), ("bf16", "step")]}
+def runs(rank_jobs, run_ranks):
+    """(reduce_dtype, grad_sync) -> rank -> {'loss_last', 'dtypes'}: three 2-rank trials, one after another."""
+    trials = [rank_jobs(REGISTRY["llama-tiny"], "bf16", world_size=2, warmup_steps=WARMUP, measure_steps=MEASURE,
+                        grad_accum=ACCUM, grad_clip=0.0, reduce_dtype=reduce, grad_sync=sync)
+              for reduce, sync in [("fp32", "micro_batch"), ("fp32", "step"), ("bf16", "step")]]
+    out: dict = {}
+    for options, rank, result, dtypes in run_ranks(_rank, [[t[r] for t in trials] for r in range(2)]):
+        assert result["status"] == "ok", result.get("traceback")
+        out.setdefault(options, {})[rank] = {"loss_last": result["loss_last"], "dtypes": dtypes}
+    return out
 
 
 def test_grad_sync_step_reduces_once_per_step(runs):

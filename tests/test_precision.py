@@ -14,11 +14,9 @@ import types
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn as nn
 
 from clusters.catalog import load_catalog
-from trainer.job import RankJob
 from trainer.models import ModelSpec, build_model
 from trainer.precision import fp8_module_filter, precision_plan
 from trainer.recipes import RECIPES, unsupported_reason
@@ -100,35 +98,19 @@ def test_fp8_lm_head_converts_the_head_too():
     assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 7 * FP8_SPEC.n_layers + 1
 
 
-def _rank_main(rank: int, ports: list[int], recipes: list[str], queue) -> None:
+def _rank_main(jobs: list, queue) -> None:
     from trainer.worker import RankWorker
 
     torch.set_num_threads(1)
-    for port, name in zip(ports, recipes):
-        job = RankJob(rank=rank, world_size=2, local_rank=rank, master_addr="127.0.0.1", master_port=port,
-                      model_spec_json=FP8_SPEC.to_json(), precision=name, compile="none", ac="none", batch_size=2,
-                      seq_len=32, warmup_steps=1, measure_steps=4, device_type="cpu")
-        queue.put((name, rank, RankWorker().run(job)))
+    for job in jobs:
+        queue.put((job.precision, job.rank, RankWorker().run(job)))
 
 
-def test_torchao_fp8_trains_under_fsdp2_on_two_cpu_ranks(free_ports):
+def test_torchao_fp8_trains_under_fsdp2_on_two_cpu_ranks(rank_jobs, run_ranks):
     """Each torchao FP8 recipe, emulated, FSDP2 over gloo: 2 processes run the three recipes in turn."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    ports = free_ports(len(TORCHAO_FP8))
-    procs = [ctx.Process(target=_rank_main, args=(rank, ports, TORCHAO_FP8, queue)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = {}
-        for _ in range(2 * len(TORCHAO_FP8)):
-            name, rank, result = queue.get(timeout=240)
-            results[name, rank] = result
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    trials = [rank_jobs(FP8_SPEC, name, world_size=2) for name in TORCHAO_FP8]
+    results = {(name, rank): r for name, rank, r in run_ranks(_rank_main, [[t[r] for t in trials] for r in range(2)],
+                                                                timeout=240)}
     n = FP8_SPEC.n_params()
     for (name, rank), r in sorted(results.items()):
         assert r["status"] == "ok", f"{name} rank {rank}: {r.get('error')}\n{r.get('traceback')}"
