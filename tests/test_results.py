@@ -21,10 +21,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from sweep.commands import results as results_cmd
+from sweep.cli import app
 from sweep.results import aggregate, query
 from sweep.schema import TRAINING_DEFAULTS
 from sweep.store import write_row
@@ -119,18 +118,9 @@ def expected_configs(rows: list[dict]) -> dict[tuple, dict]:
     return out
 
 
-def _app() -> typer.Typer:
-    try:
-        from sweep.cli import app
-        return app
-    except Exception:  # another command module mid-edit: test ours on a throwaway root
-        root = typer.Typer()
-        root.add_typer(results_cmd.app, name="results")
-        return root
-
-
 def invoke(*args: str):
-    return CliRunner().invoke(_app(), ["results", *map(str, args)])
+    """``sweep results ARGS`` through the real CLI: an import failure of sweep.cli fails the test."""
+    return CliRunner().invoke(app, ["results", *map(str, args)])
 
 
 # --- aggregation -----------------------------------------------------------------------------------
