@@ -403,10 +403,18 @@ def test_a_memory_cap_is_its_own_config(tmp_path):
 
 
 def test_perf_per_dollar_uses_the_cost_stored_in_the_rows(tmp_path):
-    """Profiles passed by path (no registry name) still compare on cost: the rows carry it."""
+    """`compare --by cluster` on profiles given by path (in no registry): the rows carry their cost."""
     (row,) = [r for r in make_rows() if r["status"] == "ok"][:1]
-    write_row(tmp_path, {**row, "trial_id": "a", "cluster": "my-a", "cost_per_gpu_hour": 2.0, "tokens_per_s_per_gpu": 100.0})
-    write_row(tmp_path, {**row, "trial_id": "b", "cluster": "my-b", "cost_per_gpu_hour": 4.0, "tokens_per_s_per_gpu": 300.0})
-    (r,) = aggregate.compare(tmp_path, "my-a", by="cluster").to_pylist()
-    assert r["cluster"] == "my-b" and r["cost_per_gpu_hour"] == 4.0 and r["base_cost_per_gpu_hour"] == 2.0
-    assert r["cost_ratio"] == pytest.approx((300.0 / 4.0) / (100.0 / 2.0))
+    for trial_id, cluster, cost, tokens in (("a", "my-a", 2.0, 100.0), ("b", "my-b", 4.0, 300.0), ("c", "old", None, 50.0)):
+        write_row(tmp_path, {**row, "trial_id": trial_id, "cluster": cluster, "cost_per_gpu_hour": cost,
+                             "tokens_per_s_per_gpu": tokens})
+    res = invoke("compare", tmp_path, "--by", "cluster", "--baseline", "my-a", "-f", "csv")
+    assert res.exit_code == 0, res.output
+    got = {r["cluster"]: r for r in csv.DictReader(io.StringIO(res.stdout))}
+    assert (got["my-b"]["cost_per_gpu_hour"], got["my-b"]["base_cost_per_gpu_hour"]) == ("4.0", "2.0")
+    assert float(got["my-b"]["cost_ratio"]) == pytest.approx((300.0 / 4.0) / (100.0 / 2.0))
+    assert got["old"]["cost_ratio"] == ""  # rows written before sweep stored costs: unknown, not zero
+    res = invoke("compare", tmp_path, "--by", "cluster", "--baseline", "my-a", "-f", "md")
+    assert res.exit_code == 0, res.output
+    assert "perf/$ vs my-a" in res.stdout and "1.50× (+50.0 %)" in res.stdout
+    assert "no cost per GPU-hour for: old" in res.stdout

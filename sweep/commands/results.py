@@ -120,17 +120,17 @@ def compare(
 ) -> None:
     """TFLOP/s/GPU of each precision (or cluster, compile mode, ...) over the baseline's, the rest of the config equal.
 
-    With --by cluster, also tokens/s/GPU per $/GPU-hour where the cluster profiles give a cost.
+    With --by cluster, also tokens/s/GPU per $/GPU-hour where the rows carry a cost (the profile's
+    cost_per_gpu_hour when they were written).
     """
     from sweep.results import aggregate, render
 
-    configs = aggregate.configs(directory, where or ())
+    configs, costs = aggregate.compare_inputs(directory, by.value, where or ())
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
     if baseline is None:
         if by is By.cluster:
             raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
         baseline = aggregate.COMPARE_BY[by.value]
-    costs = aggregate.cluster_costs(present) if by is By.cluster else None
     table = aggregate.compare_table(configs, baseline, by.value, costs)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")

@@ -155,17 +155,26 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     return _run(sql, {"baseline": baseline}, configs=configs, costs=cost_table)
 
 
-def compare(directory: Path, baseline: str, by: str = "precision", where: Iterable[str] = ()) -> pa.Table:
+def compare_inputs(directory: Path, by: str, where: Iterable[str] = ()) -> tuple[pa.Table, dict[str, float | None] | None]:
+    """The configs of ``directory`` and, for ``by == "cluster"``, each cluster's $ per GPU-hour.
+
+    The cost is the one the rows were written with (a profile given by path is in no registry, and a
+    renamed or edited profile does not rewrite history); the registry profile's only for clusters whose
+    rows predate the cost column (schema < 1.2). None where neither knows it.
+    """
     rows = load(directory, where, (*LOAD_COLUMNS, "cost_per_gpu_hour"))  # one read for configs and costs
     table = config_table(rows)
-    costs = None
-    if by == "cluster":
-        # The cost the rows were written with (a renamed or edited profile does not rewrite history);
-        # the profile's current cost only for rows written before sweep recorded it.
-        stored = rows.select(["cluster", "cost_per_gpu_hour"]).to_pylist()
-        recorded = {r["cluster"]: r["cost_per_gpu_hour"] for r in stored if r["cost_per_gpu_hour"]}
-        names = sorted(set(table.column("cluster").to_pylist()))
-        costs = {**cluster_costs([n for n in names if n not in recorded]), **recorded}
+    if by != "cluster":
+        return table, None
+    latest = _run("""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)
+                       FILTER (WHERE cost_per_gpu_hour > 0) AS cost FROM rows GROUP BY cluster""", rows=rows)
+    recorded = {c: v for c, v in zip(latest.column("cluster").to_pylist(), latest.column("cost").to_pylist()) if v}
+    names = sorted(set(table.column("cluster").to_pylist()) - set(recorded))
+    return table, {**cluster_costs(names), **recorded}
+
+
+def compare(directory: Path, baseline: str, by: str = "precision", where: Iterable[str] = ()) -> pa.Table:
+    table, costs = compare_inputs(directory, by, where)
     return compare_table(table, baseline, by, costs)
 
 
