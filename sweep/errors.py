@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class UserError(Exception):
     """A mistake in the user's input: a file, a field, a value. The message names it and what is allowed."""
@@ -9,3 +11,8 @@ class UserError(Exception):
 
 def one_line(message: str) -> str:
     return " ".join(str(message).split())
+
+
+def debug_enabled() -> bool:
+    """SWEEP_DEBUG=1 (or true/yes) brings tracebacks and Ray's logs back; unset, empty, 0 or false do not."""
+    return os.environ.get("SWEEP_DEBUG", "").strip().lower() in ("1", "true", "yes")

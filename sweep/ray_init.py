@@ -27,9 +27,11 @@ def connect(profile) -> bool:
     """
     import ray
 
+    from sweep.errors import debug_enabled
+
     if ray.is_initialized():  # a library user or a test session already connected
         return False
-    quiet = not os.environ.get("SWEEP_DEBUG")
+    quiet = not debug_enabled()
     common = dict(logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet, configure_logging=True)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     with _sigint_held() as interrupted:

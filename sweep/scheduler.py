@@ -135,13 +135,31 @@ class Scheduler:
             if any(a.state == "placing" for a in self.active):
                 return  # FIFO: wait until the earlier request is placed (no starvation of big trials)
             trial = self.queue.pop(0)
-            per_node = self.profile.ranks_per_node
-            # One node if it fits (STRICT_PACK keeps NVLink/xGMI traffic on the node); else as few nodes
-            # as possible (PACK), i.e. ceil(ranks / gpus_per_node).
-            strategy = "STRICT_PACK" if trial.gpus <= per_node else "PACK"
-            pg = placement_group([self._bundle() for _ in range(trial.gpus)], strategy=strategy,
-                                 name=f"sweep-{trial.trial_id}")
+            bundles, strategy = self._placement(trial.gpus)
+            pg = placement_group(bundles, strategy=strategy, name=f"sweep-{trial.trial_id}")
             self.active.append(_Attempt(trial=trial, pg=pg, ready_ref=pg.ready()))
+
+    def _placement(self, ranks: int) -> tuple[list[dict], str]:
+        """The placement group's bundles and strategy for a trial of `ranks` ranks.
+
+        One node if it fits (STRICT_PACK keeps NVLink/xGMI traffic on the node). Else on GPU nodes one
+        bundle per rank, PACKed onto as few nodes as possible (ceil(ranks / gpus_per_node)): a node's GPU
+        count bounds its ranks. A CPU node has no such count (PACK would put every rank on one big node),
+        so there each node's share of ranks is one bundle and the bundles go to distinct nodes
+        (STRICT_SPREAD): at most gpus_per_node ranks of the trial on a node, as on GPUs.
+        """
+        per_node = self.profile.ranks_per_node
+        if ranks <= per_node:
+            return [self._bundle() for _ in range(ranks)], "STRICT_PACK"
+        if self.profile.is_gpu:
+            return [self._bundle() for _ in range(ranks)], "PACK"
+        shares = [min(per_node, ranks - start) for start in range(0, ranks, per_node)]
+        return [{"CPU": self.profile.cpus_per_rank * n} for n in shares], "STRICT_SPREAD"
+
+    def _bundle_index(self, rank: int, ranks: int) -> int:
+        """The bundle a rank's actor goes into (see `_placement`)."""
+        spread = not self.profile.is_gpu and ranks > self.profile.ranks_per_node
+        return rank // self.profile.ranks_per_node if spread else rank
 
     def _waitable(self) -> list:
         refs = []
@@ -242,7 +260,7 @@ class Scheduler:
             actor = self._remote_worker.options(
                 num_cpus=self.profile.cpus_per_rank, num_gpus=1 if self.profile.is_gpu else 0, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=a.pg,
-                                                                     placement_group_bundle_index=i),
+                                                                     placement_group_bundle_index=self._bundle_index(i, a.trial.gpus)),
                 runtime_env={"env_vars": env} if env else None,
             ).remote()
             a.actors.append(actor)

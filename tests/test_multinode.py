@@ -1,10 +1,11 @@
 """Multi-node scheduling on a real Ray cluster of two nodes, both on this machine.
 
-`ray.cluster_utils.Cluster` starts a head and a second node (one CPU each, i.e. one rank per node); a
-profile written here points at it, and `sweep run` joins it as a driver of its own, in a subprocess (this
+`ray.cluster_utils.Cluster` starts a head and a second node of two CPUs each; a profile written here
+(`gpus_per_node: 1`, one CPU per rank) points at it, and `sweep run` joins it as a driver of its own, in a subprocess (this
 test process may already be connected to the session's Ray, and a process joins one Ray only). A 2-rank
-trial is then spread over both nodes, with FSDP2 over gloo between them; 1-rank trials take a node each and
-run at the same time.
+trial is then spread over both nodes although either could hold both ranks (on CPU nodes `gpus_per_node`
+bounds a trial's ranks per node, as a GPU count does), with FSDP2 over gloo between them; 1-rank trials run
+at the same time.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ def two_node_run(tmp_path_factory):
     from ray.cluster_utils import Cluster
 
     folder = tmp_path_factory.mktemp("two-nodes")
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 2, "include_dashboard": False})
     try:
-        cluster.add_node(num_cpus=1)
+        cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
         (folder / "grid.yaml").write_text(GRID)
         (folder / "profile.yaml").write_text(f"""
@@ -72,7 +73,7 @@ def test_a_two_rank_trial_spans_both_nodes_and_trains(two_node_run):
     for r in two_rank:
         assert r["status"] == "ok", r["error"]
         assert r["cluster"] == "two-nodes"
-        # one rank per node (PACK over ceil(2 / 1) nodes), each rank knows its node
+        # one rank per node (ceil(2 / gpus_per_node 1) nodes), each rank knows its node
         assert len(r["node_ids"]) == 2 and set(r["node_ids"]) == node_ids
         assert r["nodes"] == 2 and len(r["hosts"]) == 2
         assert r["loss_last"] < r["loss_first"]  # FSDP2 over gloo across the two nodes trained
@@ -87,6 +88,6 @@ def test_one_rank_trials_run_at_once_on_different_nodes(two_node_run):
     a, b = one_rank
     assert a["status"] == b["status"] == "ok", (a["error"], b["error"])
     assert a["nodes"] == b["nodes"] == 1
-    assert {a["node_ids"][0], b["node_ids"][0]} == node_ids  # a node each
+    assert {a["node_ids"][0], b["node_ids"][0]} <= node_ids
     # their [started_at, finished_at] intervals intersect: neither waited for the other
     assert a["started_at"] < b["finished_at"] and b["started_at"] < a["finished_at"]

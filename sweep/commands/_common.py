@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from typing import Callable, TypeVar
 
 import typer
 
-from sweep.errors import UserError, one_line
+from sweep.errors import UserError, debug_enabled, one_line
 
 F = TypeVar("F", bound=Callable)
 
@@ -25,7 +24,7 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except UserError as e:
-            if os.environ.get("SWEEP_DEBUG"):
+            if debug_enabled():
                 raise
             print(f"error: {one_line(str(e))}", file=sys.stderr)
             raise typer.Exit(code=2) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
@@ -11,6 +12,9 @@ from typing import Annotated, Optional
 import typer
 
 from sweep.commands._common import user_errors
+
+
+NOTHING_MEASURED = 3  # exit status of a sweep whose every attempt was oom, error, timeout or unsupported
 
 
 class Compile(str, Enum):
@@ -108,6 +112,7 @@ def register(app: typer.Typer) -> None:
         profile, spec, trials = _prepare(grid, cluster, memory_cap, model=model, precision=precision,
                                          batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus,
                                          grad_accum=grad_accum)
+        check_output(output)
         run_id = new_run_id()
         if spec.search == "max_batch":
             plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials))
@@ -179,10 +184,31 @@ def register(app: typer.Typer) -> None:
                                          batch_size=[start], compile=compile, seq_len=seq_len, gpus=gpus,
                                          grad_accum=grad_accum)
         trials = [replace(t, warmup_steps=warmup, measure_steps=measure) for t in trials]
+        check_output(output)
         run_id = new_run_id()
         plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
         report = execute(plan, profile=profile, output=output, run_id=run_id, progress=progress)
         _finish(report, output, plan)
+
+
+def check_output(output: Path) -> None:
+    """Refuse an --output that cannot take rows before any Ray or GPU time is spent (a measurement that
+    cannot be written is lost). Writes nothing: the folder itself is made when the first row lands."""
+    import os
+    import tempfile
+
+    from sweep.errors import UserError
+
+    path = Path(output).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"is under {existing}, which is a file"
+        raise UserError(f"--output {output}: {what}; give a folder")
+    try:  # os.access says yes to root on a read-only mount: try it
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise UserError(f"--output {output}: cannot write in {existing} ({os.strerror(e.errno) if e.errno else e})") from None
 
 
 def _capacity(profile, trials) -> float | None:
@@ -209,6 +235,12 @@ def _finish(report, output: Path, plan) -> None:
         console.print(f"interrupted: {len(rows)} attempts written to {output}; rerun with --resume to finish")
         raise typer.Exit(130)
     console.print(f"results: {output} (run {report.run_id})")
+    attempts = rows + report.reused_rows
+    if attempts and not any(r["status"] == "ok" for r in attempts):
+        # a sweep that measured nothing is a failure to a script or CI job, whatever it wrote
+        counts = Counter(r["status"] for r in attempts)
+        console.print("no trial measured anything: " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
+        raise typer.Exit(NOTHING_MEASURED)
 
 
 def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[dict]) -> None:

@@ -1,0 +1,83 @@
+"""What a script or CI job running `sweep` relies on: the exit status, an --output checked before any work,
+and SWEEP_DEBUG switching tracebacks on only when it says so. Through the real CLI."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweep import store
+
+TINY = """
+models: [gpt-tiny]
+compile: none
+seq_len: 32
+gpus: 2
+batch_sizes: [2]
+steps: {warmup: 1, measure: 2}
+"""
+
+
+# -- exit status: non-zero when nothing was measured ---------------------------------------------------------
+def test_a_sweep_whose_every_trial_is_unsupported_exits_3_and_says_so(cli, write_grid, tmp_path):
+    # TE recipes need a GPU: both trials are recorded `unsupported`, no Ray is started
+    grid = write_grid(TINY + "precisions: [fp8-te-delayed, bf16-te]\n")
+    out = tmp_path / "out"
+    result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")
+    assert result.exit_code == 3, result.output
+    assert "no trial measured anything: 2 unsupported" in result.stderr
+    rows = store.read_table(out).to_pylist()
+    assert sorted(r["status"] for r in rows) == ["unsupported", "unsupported"], "the rows are still written"
+
+
+@pytest.mark.integration
+def test_a_sweep_that_measured_something_exits_0(ray_session, cli, write_grid, tmp_path):
+    grid = write_grid(TINY + "precisions: [fp32, fp8-te-delayed]\n")
+    out = tmp_path / "out"
+    result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "no trial measured anything" not in result.output
+    assert sorted(r["status"] for r in store.read_table(out).to_pylist()) == ["ok", "unsupported"]
+
+
+def test_resume_of_a_sweep_with_nothing_measured_still_exits_3(cli, write_grid, tmp_path):
+    grid = write_grid(TINY + "precisions: [fp8-te-current]\n")
+    out = tmp_path / "out"
+    assert cli("run", grid, "--cluster", "local", "--output", out, "--no-progress").exit_code == 3
+    result = cli("run", grid, "--cluster", "local", "--output", out, "--resume", "--no-progress")
+    assert result.exit_code == 3, result.output
+    assert "no trial measured anything: 1 unsupported" in result.stderr
+
+
+# -- an unusable --output: refused before anything runs -----------------------------------------------------
+@pytest.mark.parametrize("command", ["run", "max-batch"])
+@pytest.mark.parametrize("where", ["file", "under-a-file", "read-only"])
+def test_an_unusable_output_is_one_line_exit_2_before_anything_runs(cli, write_grid, tmp_path, command, where):
+    target = tmp_path / "taken.txt"
+    target.write_text("not a folder")
+    output = {"file": target, "under-a-file": target / "results",
+              "read-only": "/proc/sweep-results"}[where]  # /proc refuses new files even to root
+    args = (["run", write_grid(TINY + "precisions: [fp32]\n")] if command == "run"
+            else ["max-batch", "--model", "gpt-tiny", "--precision", "fp32", "--seq-len", 32, "--gpus", 2])
+    result = cli(*args, "--cluster", "local", "--output", output, "--no-progress")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: --output {output}: "), line
+    assert "Traceback" not in result.output
+    assert target.read_text() == "not a folder"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "grid.yaml") == ["taken.txt"], "nothing written"
+
+
+# -- SWEEP_DEBUG ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value, traceback", [("0", False), ("", False), ("false", False), ("no", False),
+                                              ("1", True), ("true", True), ("YES", True)])
+def test_sweep_debug_turns_tracebacks_on_only_when_it_says_so(cli, write_grid, tmp_path, monkeypatch, value, traceback):
+    monkeypatch.setenv("SWEEP_DEBUG", value)
+    grid = write_grid(TINY + "precisions: [no-such-precision]\n")
+    result = cli("plan", grid, "--cluster", "local")
+    if traceback:  # the UserError propagates with its traceback (exit 1), as a bug would
+        assert result.exit_code == 1 and result.exception is not None
+        assert "no-such-precision" in str(result.exception)
+    else:
+        assert result.exit_code == 2, result.output
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("error: ") and "no-such-precision" in line
