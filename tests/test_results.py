@@ -351,6 +351,14 @@ def test_query_count(dataset):
 
 # --- bad input: exit 2, one line, no traceback -----------------------------------------------------
 
+def _one_error_line(res) -> str:
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
 def _foreign(path: Path) -> None:
     (path / "cluster=x" / "run=y").mkdir(parents=True)
     pq.write_table(pa.table({"a": [1]}), path / "cluster=x" / "run=y" / "t.parquet")
@@ -377,11 +385,36 @@ def test_bad_input_is_one_line_exit_2(dataset, tmp_path, args, setup, message):
     if setup:
         setup(tmp_path)
     args = [a.format(empty=tmp_path, data=dataset[0]) for a in args]
-    res = invoke(*args)
-    assert res.exit_code == 2, res.output
-    assert "Traceback" not in res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.stderr
+    assert message in _one_error_line(invoke(*args))
+
+
+@pytest.mark.parametrize("statement", [
+    "COPY results TO '{out}/out.csv'",
+    "COPY (SELECT * FROM results) TO '{out}/cluster=x/run=y/t.parquet' (FORMAT parquet)",
+    "EXPORT DATABASE '{out}/export'",
+    "ATTACH '{out}/other.duckdb'",
+])
+def test_query_cannot_write_files(dataset, tmp_path, statement):
+    out, _ = dataset
+    line = _one_error_line(invoke("query", out, statement.format(out=tmp_path)))
+    assert "SQL: Permission Error" in line and "reads the table `results` only" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT * FROM read_csv('/etc/passwd', sep = ':')",
+    "SELECT * FROM read_text('/etc/hostname')",
+    "SELECT * FROM glob('/etc/*')",
+    "SELECT * FROM read_parquet('{first}')",  # a result file, but not through the dataset
+    "SET lock_configuration = false",  # the sandbox cannot be undone from inside
+    "SELECT count(*) FROM dataset",  # no Python variables by name (DuckDB's replacement scan)
+])
+def test_query_reads_the_dataset_only(dataset, statement):
+    out, _ = dataset
+    first = sorted(out.rglob("*.parquet"))[0]
+    line = _one_error_line(invoke("query", out, statement.format(first=first)))
+    assert line.startswith("error: SQL: ")
+    assert "root:" not in line
 
 
 def test_results_command_imports_nothing_heavy():

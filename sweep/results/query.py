@@ -118,17 +118,26 @@ def _nothing_matches(dataset: ds.Dataset, wheres: Sequence[Where], directory: Pa
 def sql(directory: Path, statement: str) -> pa.Table:
     """Run ``statement`` in DuckDB with the dataset registered as the table ``results``.
 
-    SQL errors become a UserError with DuckDB's message (the caret diagram dropped).
+    The connection reads the dataset and nothing else: external access is off (no COPY TO, no
+    read_csv('/etc/passwd'), no ATTACH, no extension installs, no Python variables by name) and the
+    configuration is locked so the statement cannot turn it back on. A file written into the results
+    tree would break every later `sweep results` command. SQL errors become a UserError with DuckDB's
+    message (the caret diagram dropped).
     """
     import duckdb
 
     dataset = open_dataset(Path(directory))
     con = duckdb.connect()
     try:
-        con.register("results", dataset)
+        con.register("results", dataset)  # before the lock: registering is external access
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
         try:
             relation = con.sql(statement)  # None for a statement without a result (SET, CREATE ...)
             return relation.to_arrow_table() if relation is not None else pa.table({})
+        except duckdb.PermissionException as e:
+            raise UserError(f"SQL: {duckdb_message(e)} (`sweep results query` reads the table `results` only; "
+                            "to save its output: --format csv > FILE)") from None
         except duckdb.Error as e:
             raise UserError(f"SQL: {duckdb_message(e)}") from None
     finally:
