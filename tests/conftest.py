@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import random
 import socket
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# The environment before any test ran: `ray.init` writes RAY_AUTH_MODE, RAY_USAGE_STATS_ENABLED,
+# PYTHONBREAKPOINT (and more) into os.environ, and a `sweep` subprocess must not start with them.
+_ENV_AT_START = dict(os.environ)
+
+
+def _sweep_env() -> dict[str, str]:
+    """The environment a user's shell gives a `sweep` process: this machine's, minus what the session Ray
+    wrote into this process; SWEEP_DEBUG unset; the checkout importable; wide lines."""
+    env = {k: v for k, v in _ENV_AT_START.items() if k != "SWEEP_DEBUG"}
+    return {**env, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+
+
+@pytest.fixture(scope="session")
+def sweep_env():
+    """sweep_env(): the environment for a `sweep` subprocess (no variables the session Ray wrote)."""
+    return _sweep_env
 
 
 @pytest.fixture(scope="session")
@@ -49,13 +66,21 @@ def write_grid(tmp_path):
 
 
 def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    """n ports free now, from outside the kernel's ephemeral range: a port released here and bound by a
+    rank later cannot meanwhile be handed to another process's bind(0) or outgoing connection."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    candidates = [p for p in range(20000, 32000) if not low <= p <= high] or list(range(1024, low))
+    ports: list[int] = []
+    for port in random.sample(candidates, len(candidates)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise RuntimeError(f"fewer than {n} free ports outside the ephemeral range {low}-{high}")
 
 
 @pytest.fixture(scope="session")

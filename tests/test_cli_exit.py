@@ -81,3 +81,33 @@ def test_sweep_debug_turns_tracebacks_on_only_when_it_says_so(cli, write_grid, t
         assert result.exit_code == 2, result.output
         (line,) = result.stderr.splitlines()
         assert line.startswith("error: ") and "no-such-precision" in line
+
+
+# -- MASTER_PORT: held from the moment it is chosen -----------------------------------------------------------
+def test_rank_zero_holds_its_master_port_from_choice_to_rendezvous(rank_jobs):
+    """The port node_info reports stays bound until the store serves on it (no pick-release-bind race)."""
+    import socket
+
+    from trainer.models.specs import resolve
+    from trainer.worker import RankWorker
+
+    worker = RankWorker()
+    info = worker.node_info()
+    with socket.socket() as other, pytest.raises(OSError):  # a trial starting beside it cannot take the port
+        other.bind((info["ip"], info["port"]))
+    (job,) = rank_jobs(resolve("gpt-tiny"), "fp32", master_addr=info["ip"], master_port=info["port"],
+                       measure_steps=2)
+    result = worker.run(job)  # the store serves on the held socket
+    assert result["status"] == "ok", result.get("error")
+
+
+@pytest.mark.integration
+def test_many_two_rank_trials_starting_together_on_one_node_all_rendezvous(ray_session, cli, write_grid, tmp_path):
+    # 6 trials, two at a time on the session's 4 CPUs: each pair's ranks pick their ports at the same moment
+    grid = write_grid(TINY.replace("batch_sizes: [2]", "batch_sizes: [1, 2, 3]") + "precisions: [fp32]\n"
+                      "grad_clip: [0.0, 1.0]\n")
+    out = tmp_path / "out"
+    result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    rows = store.read_table(out).to_pylist()
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]

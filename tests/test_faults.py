@@ -140,12 +140,17 @@ def _not_master(workers: list[int]) -> int:
     return min(workers, key=lambda pid: listening[pid])
 
 
-def _sweep(*args, **popen) -> subprocess.Popen:
-    """`sweep run ...` as its own process (and process group), as a user starts it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    env.pop("SWEEP_DEBUG", None)
-    return subprocess.Popen([sys.executable, "-m", "sweep", "run", *map(str, args), "--no-progress"], cwd=ROOT, env=env,
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+@pytest.fixture
+def sweep(sweep_env):
+    """sweep(*args): `sweep run ...` as its own process (and process group), as a user starts it from a shell
+    (none of the variables the session's Ray wrote into this process)."""
+
+    def start(*args) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "sweep", "run", *map(str, args), "--no-progress"], cwd=ROOT,
+                                env=sweep_env(), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    return start
 
 
 def _kill_leftovers(pids) -> None:
@@ -188,9 +193,9 @@ timeout_s: {TIMEOUT_S}
     result = cli("run", grid, "--cluster", "local", "--output", out, "--max-concurrent", 1, "--no-progress")
     assert result.exit_code == 0, result.output
 
-    rows = {r["model"]: r for r in store.read_table(out).to_pylist()}
-    assert sorted(rows) == ["gpt-slow", "gpt-tiny"], "a timeout is not retried"
-    slow, tiny = rows["gpt-slow"], rows["gpt-tiny"]
+    rows = store.read_table(out).to_pylist()
+    assert sorted(r["model"] for r in rows) == ["gpt-slow", "gpt-tiny"], "one row each: a timeout is not retried"
+    slow, tiny = sorted(rows, key=lambda r: r["model"])
     assert slow["status"] == "timeout", slow["error"]
     assert f"past the {TIMEOUT_S} s limit" in slow["error"]
     assert TIMEOUT_S <= slow["trial_wall_s"] < TIMEOUT_S + 20  # killed on time, not when the steps end
@@ -229,7 +234,6 @@ def test_a_rank_killed_mid_trial_is_an_error_naming_it_and_is_retried_once(ray_s
     sweep.start()
 
     workers = _wait_for(lambda: _training_ranks(os.getpid(), 2), 90, "both ranks to join the process group")
-    time.sleep(0.5)  # into the steps
     victim = _not_master(workers)  # rank 1 if it can be told: its peer then fails in the same instant
     os.kill(victim, signal.SIGKILL)
 
@@ -258,11 +262,11 @@ def test_a_rank_killed_mid_trial_is_an_error_naming_it_and_is_retried_once(ray_s
 
 # -- the driver killed, then --resume -----------------------------------------------------------------------
 @pytest.mark.timeout(200)
-def test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid(write_grid, tmp_path):
+def test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid(sweep, write_grid, tmp_path):
     grid = write_grid(TINY + "batch_sizes: [1, 2, 3]\ngpus: 1\nsteps: {warmup: 1, measure: 5}\n")
     out = tmp_path / "out"
     # one trial at a time: when the first row lands, the next trial is running and is lost with the driver
-    driver = _sweep(grid, "--cluster", "local", "--output", out, "--max-concurrent", 1)
+    driver = sweep(grid, "--cluster", "local", "--output", out, "--max-concurrent", 1)
     seen: set[int] = set()
     try:
         def first_row():
@@ -278,7 +282,7 @@ def test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid(
         # nothing of the killed sweep lives on: the rank actors exit once their raylet is gone
         _wait_for(lambda: not [p for p in seen if _alive(p)], 30, "the killed driver's Ray processes to exit")
 
-        resumed = _sweep(grid, "--cluster", "local", "--output", out, "--resume")
+        resumed = sweep(grid, "--cluster", "local", "--output", out, "--resume")
         stdout, stderr = resumed.communicate(timeout=150)
         assert resumed.returncode == 0, stdout + stderr
     finally:
@@ -295,64 +299,43 @@ def test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid(
 
 
 # -- an embedded sweep, mid-trial: what it listens on, then Ctrl-C ------------------------------------------
-@pytest.fixture(scope="module")
-def sweep_mid_trial(tmp_path_factory):
-    """A `sweep run` subprocess on the embedded `local` cluster, its two ranks inside a trial that would
-    take minutes. Yields (process, output folder, pids of its process tree)."""
-    folder = tmp_path_factory.mktemp("mid-trial")
-    grid = folder / "grid.yaml"
-    grid.write_text(TINY + "batch_sizes: [2]\ngpus: 2\nsteps: {warmup: 1, measure: 100000}\n")
-    driver = _sweep(grid, "--cluster", "local", "--output", folder / "out")
-    tree = [driver.pid]
+@pytest.mark.timeout(200)
+def test_an_embedded_sweep_listens_on_loopback_only_and_ctrl_c_stops_it_cleanly(sweep, write_grid, tmp_path):
+    """One `sweep run` on the embedded `local` cluster, its two ranks inside a trial that would take minutes:
+    every socket it listens on is loopback; then Ctrl-C ends it, writes nothing and says how to resume."""
+    grid = write_grid(TINY + "batch_sizes: [2]\ngpus: 2\nsteps: {warmup: 1, measure: 100000}\n")
+    out = tmp_path / "out"
+    driver = sweep(grid, "--cluster", "local", "--output", out)
+    pids = {driver.pid}
     try:
         _wait_for(lambda: _training_ranks(driver.pid, 2), 120, "the ranks to start training")
-        tree += _descendants(driver.pid)
-        yield driver, folder / "out", tree
+        pids |= set(_descendants(driver.pid))
+        ranks = [p for p in pids if _cmdline(p).startswith("ray::RankWorker")]
+        for who, group in (("Ray", [p for p in pids if p not in ranks]), ("the ranks", ranks)):  # GCS, raylet, ...
+            listening = [(p, ip, port) for p, ip, port, *_, state in _sockets(group) if state == "LISTEN"]
+            assert len(listening) >= (3 if who == "Ray" else 1), (who, listening)  # the check sees them
+            exposed = [(_cmdline(p)[:60], ip, port) for p, ip, port in listening if not _is_loopback(ip)]
+            assert not exposed, f"{who} listening beyond this machine: {exposed}"
+
+        os.killpg(driver.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the driver and Ray's daemons get it
+        stdout, stderr = driver.communicate(timeout=30)  # ~2 s when nothing hangs
+        assert driver.returncode == 130, stdout + stderr
+        assert "--resume" in stderr
+        assert store.result_files(out) == [], "the interrupted trial must not be recorded"
+        # its embedded Ray is shut down: the actors, raylet, GCS and agents are gone
+        _wait_for(lambda: not [p for p in pids if _alive(p)], 30, "every process of the sweep to exit")
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
-        _kill_leftovers(tree)
-
-
-def test_embedded_ray_listens_on_loopback_only(sweep_mid_trial):
-    driver, _, pids = sweep_mid_trial
-    ray_pids = [p for p in pids if not _cmdline(p).startswith("ray::RankWorker")]  # GCS, raylet, agents, driver
-    listening = [(p, ip, port) for p, ip, port, *_, state in _sockets(ray_pids) if state == "LISTEN"]
-    assert len(listening) >= 3, listening  # GCS, raylet, driver at least: the check sees them
-    exposed = [(_cmdline(p)[:60], ip, port) for p, ip, port in listening if not _is_loopback(ip)]
-    assert not exposed, f"listening beyond this machine: {exposed}"
-
-
-def test_rank_processes_listen_on_loopback_only(sweep_mid_trial):
-    driver, _, pids = sweep_mid_trial
-    ranks = [p for p in pids if _cmdline(p).startswith("ray::RankWorker")]
-    listening = [(p, ip, port) for p, ip, port, *_, state in _sockets(ranks) if state == "LISTEN"]
-    assert listening, "no sockets seen for the rank processes"
-    exposed = [(p, ip, port) for p, ip, port in listening if not _is_loopback(ip)]
-    assert not exposed, f"listening beyond this machine: {exposed}"
-
-
-@pytest.mark.timeout(60)
-def test_ctrl_c_stops_cleanly_writes_nothing_and_says_how_to_resume(sweep_mid_trial):
-    driver, out, pids = sweep_mid_trial
-    pids = set(pids) | set(_descendants(driver.pid))
-    started = time.monotonic()
-    os.killpg(driver.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the driver and Ray's daemons get it
-    stdout, stderr = driver.communicate(timeout=30)
-    assert time.monotonic() - started < 30
-    assert driver.returncode == 130, stdout + stderr
-    assert "--resume" in stderr
-    assert store.result_files(out) == [], "the interrupted trial must not be recorded"
-    # its embedded Ray is shut down: the actors, raylet, GCS and agents are gone
-    _wait_for(lambda: not [p for p in pids if _alive(p)], 15, "every process of the sweep to exit")
+        _kill_leftovers(pids)
 
 
 @pytest.mark.timeout(90)
-def test_ctrl_c_while_ray_starts_leaves_no_process_behind(write_grid, tmp_path):
+def test_ctrl_c_while_ray_starts_leaves_no_process_behind(sweep, write_grid, tmp_path):
     # Interrupting ray.init halfway used to leave its dashboard and runtime-env agents running for good.
     grid = write_grid(TINY + "batch_sizes: [2]\ngpus: 1\nsteps: {warmup: 1, measure: 100000}\n")
-    driver = _sweep(grid, "--cluster", "local", "--output", tmp_path / "out")
+    driver = sweep(grid, "--cluster", "local", "--output", tmp_path / "out")
     seen: set[int] = set()
 
     def ray_starting():

@@ -10,7 +10,6 @@ at the same time.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ steps: {warmup: 1, measure: 5}
 
 
 @pytest.fixture(scope="module")
-def two_node_run(tmp_path_factory):
+def two_node_run(tmp_path_factory, sweep_env):
     from ray.cluster_utils import Cluster
 
     folder = tmp_path_factory.mktemp("two-nodes")
@@ -53,11 +52,9 @@ nodes: 2
 gpus_per_node: 1
 cpus_per_rank: 1
 """)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-        env.pop("SWEEP_DEBUG", None)
         run = subprocess.run([sys.executable, "-m", "sweep", "run", folder / "grid.yaml", "--cluster",
                               folder / "profile.yaml", "--output", folder / "out", "--no-progress"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+                             cwd=ROOT, env=sweep_env(), capture_output=True, text=True, timeout=240)
         assert run.returncode == 0, run.stdout + run.stderr
         node_ids = {n.node_id for n in cluster.list_all_nodes()}
     finally:

@@ -54,34 +54,40 @@ def _device_info(device) -> dict:
     return {"gpu_name": torch.cuda.get_device_name(device), "driver_version": driver, "cuda_version": runtime}
 
 
-def _rendezvous_store(job: RankJob, timeout: timedelta):
+def _rendezvous_store(job: RankJob, timeout: timedelta, listener: socket.socket | None = None):
     """The process group's TCPStore, served by rank 0 on MASTER_ADDR only.
 
     torch's default store listens on every interface; bound to rank 0's node address it is reachable by
-    the other ranks and, for the embedded cluster (127.0.0.1), by nothing beyond this machine.
+    the other ranks and, for the embedded cluster (127.0.0.1), by nothing beyond this machine. Rank 0
+    serves on `listener`, the socket `node_info` bound when it chose the port and kept listening since: a
+    port picked, released and bound again later could be taken in between by a trial starting beside it.
     """
     import torch.distributed as dist
 
     if job.rank != 0:
         return dist.TCPStore(job.master_addr, job.master_port, job.world_size, False, timeout=timeout)
-    family = socket.AF_INET6 if ":" in job.master_addr else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((job.master_addr, job.master_port))
-    listener.listen()
+    if listener is None or listener.getsockname()[1] != job.master_port:  # a job not placed by node_info
+        listener = _listen(job.master_addr, job.master_port)
     return dist.TCPStore(job.master_addr, job.master_port, job.world_size, True, timeout=timeout,
                          master_listen_fd=listener.detach())
+
+
+def _listen(address: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((address, port))
+    listener.listen()
+    return listener
 
 
 class RankWorker:
     def __init__(self) -> None:
         self.created_at = time.perf_counter()
+        self.listener: socket.socket | None = None  # rank 0's store socket, from node_info to the rendezvous
 
     def node_info(self) -> dict:
-        """Where this rank runs, and a free port (rank 0's becomes MASTER_PORT)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+        """Where this rank runs, and a port it holds listening on its address (rank 0's becomes MASTER_PORT)."""
         node_id = None
         try:
             import ray
@@ -90,6 +96,8 @@ class RankWorker:
             ip = ray.util.get_node_ip_address()
         except Exception:
             ip = "127.0.0.1"
+        self.listener = _listen(ip, 0)
+        port = self.listener.getsockname()[1]
         return {"ip": ip, "port": port, "hostname": socket.gethostname(), "node_id": node_id, "pid": os.getpid()}
 
     def run(self, job: RankJob) -> dict:
@@ -105,6 +113,14 @@ class RankWorker:
                     "traceback": traceback.format_exc()[-4000:]}
         self._teardown()
         return result
+
+    def _take_listener(self, job: RankJob) -> socket.socket | None:
+        """Rank 0 keeps the socket node_info bound for the store; the other ranks close theirs."""
+        listener, self.listener = self.listener, None
+        if listener is not None and job.rank != 0:
+            listener.close()
+            listener = None
+        return listener
 
     def _teardown(self) -> None:
         import torch.distributed as dist
@@ -137,7 +153,7 @@ class RankWorker:
         os.environ.update(MASTER_ADDR=job.master_addr, MASTER_PORT=str(job.master_port), RANK=str(job.rank),
                           WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(job.local_rank))
         timeout = timedelta(seconds=job.pg_timeout_s)
-        dist.init_process_group(backend, store=_rendezvous_store(job, timeout), rank=job.rank,
+        dist.init_process_group(backend, store=_rendezvous_store(job, timeout, self._take_listener(job)), rank=job.rank,
                                 world_size=job.world_size, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
         mesh = init_device_mesh(device.type, (job.world_size,))
