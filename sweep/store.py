@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from sweep.errors import UserError
+from sweep.errors import UserError, one_line
 from sweep.schema import RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, to_table
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -52,31 +53,69 @@ def result_files(output: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts))
 
 
-def _check_version(path: Path) -> None:
+def _problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a sweep result file (from its footer), or None."""
     try:
         meta = pq.read_schema(path).metadata or {}
     except Exception as e:  # not Parquet, truncated, unreadable
-        raise UserError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+        return f"not a readable Parquet file ({type(e).__name__}: {one_line(str(e))})"
     version = meta.get(VERSION_KEY)
     if version is None:
-        raise UserError(f"{path}: not a sweep result file (no {VERSION_KEY.decode()} in its metadata)")
+        return f"not a sweep result file (no {VERSION_KEY.decode()} in its metadata)"
     major = version.decode().split(".")[0]
     if major != SCHEMA_VERSION.split(".")[0]:
-        raise UserError(f"{path}: schema version {version.decode()} cannot be read by this sweep (reads {SCHEMA_VERSION.split('.')[0]}.x)")
+        return f"schema version {version.decode()} cannot be read by this sweep (reads {SCHEMA_VERSION.split('.')[0]}.x)"
+    return None
 
 
-def open_dataset(output: Path) -> ds.Dataset:
-    """All result files under ``output`` as one dataset with RESULT_SCHEMA (versions checked)."""
+def _read(files: list[Path]) -> pa.Table:
+    return ds.dataset([str(f) for f in files], schema=RESULT_SCHEMA, format="parquet").to_table()
+
+
+def _read_all(files: list[Path], bad: dict[Path, str]) -> pa.Table:
+    """The rows of ``files``; a file whose footer reads but whose data does not joins ``bad``."""
+    try:
+        return _read(files)
+    except (OSError, pa.ArrowException):  # one file's pages are damaged: find which, one read each
+        for f in files:
+            try:
+                _read([f])
+            except (OSError, pa.ArrowException) as e:
+                bad[f] = f"not a readable Parquet file ({type(e).__name__}: {one_line(str(e))})"
+        return _read([f for f in files if f not in bad])
+
+
+def _refuse(output: Path, bad: dict[Path, str]) -> None:
+    if bad:
+        path, why = next(iter(bad.items()))
+        more = f"; {len(bad) - 1} more such file(s)" if len(bad) > 1 else ""
+        # `sweep run --resume` reads here too: the hint must hold for both
+        raise UserError(f"{path}: {why}{more} (move it out of {output}, or pass --skip-bad to `sweep results` to read the rest)")
+
+
+def open_dataset(output: Path, skip_bad: bool = False) -> ds.Dataset:
+    """All result files under ``output`` as one dataset with RESULT_SCHEMA (versions checked).
+
+    A file that is no readable sweep result (truncated, foreign, a newer major schema) is a UserError
+    naming it; with ``skip_bad`` it is left out with a warning on stderr naming it, and the rest is read.
+    """
     files = result_files(output)
     if not files:
         raise UserError(f"{output}: no sweep results found (expected *.parquet files written by `sweep run`)")
-    for f in files:
-        _check_version(f)
+    bad = {f: why for f in files if (why := _problem(f)) is not None}
+    if not skip_bad:
+        _refuse(output, bad)
+    table = _read_all([f for f in files if f not in bad], bad)  # may find a file with damaged pages
+    if not skip_bad:
+        _refuse(output, bad)
+    for path, why in sorted(bad.items()):
+        print(f"warning: skipped {path}: {why}", file=sys.stderr)
+    if len(bad) == len(files):
+        raise UserError(f"{output}: no readable sweep results ({len(bad)} file(s) skipped)")
     # Older minor versions lack newer columns: the unified schema reads them as nulls. A training option a
     # row predates is what that row ran with by default, so it reads as the default: old and new rows at
     # the defaults then aggregate together, and `--where grad_accum=1` matches both. A dataset holds one
     # row per attempt (thousands at most), so it is read into memory once here.
-    table = ds.dataset([str(f) for f in files], schema=RESULT_SCHEMA, format="parquet").to_table()
     for name, default in TRAINING_DEFAULTS.items():
         field = RESULT_SCHEMA.field(name)
         filled = pc.fill_null(table.column(name), pa.scalar(default, type=field.type))

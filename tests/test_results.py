@@ -417,6 +417,83 @@ def test_query_reads_the_dataset_only(dataset, statement):
     assert "root:" not in line
 
 
+def _damaged_pages(path: Path) -> None:
+    """A result file whose footer reads but whose first column's pages are overwritten."""
+    dst = path / "cluster=h200" / "run=damaged" / "t.parquet"
+    dst.parent.mkdir(parents=True)
+    write_row(path, {**make_rows()[0], "run_id": "damaged", "trial_id": "t"})
+    chunk = pq.ParquetFile(dst).metadata.row_group(0).column(0)
+    data = bytearray(dst.read_bytes())
+    data[chunk.data_page_offset:chunk.data_page_offset + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
+    dst.write_bytes(bytes(data))
+
+
+def _truncated(path: Path) -> None:
+    src = next(path.rglob("*.parquet"))
+    (path / "truncated.parquet").write_bytes(src.read_bytes()[:-100])
+
+
+BAD_FILES = {"cluster=x/run=y/t.parquet": _foreign, "t.parquet": _garbage,
+             "cluster=h200/run=damaged/t.parquet": _damaged_pages, "truncated.parquet": _truncated}
+COMMANDS = [["show", "--limit", "500"], ["max-batch", "-f", "csv"], ["compare", "-f", "csv"], ["export", "-f", "csv"],
+            ["plot", "--out", "{tmp}/fig.png"], ["query", "SELECT count(*) AS n FROM results", "-f", "csv"]]
+
+
+@pytest.fixture(scope="module")
+def tree_with_bad_files(dataset, tmp_path_factory) -> Path:
+    """The synthetic dataset plus a foreign, a garbage, a damaged and a truncated .parquet file."""
+    import shutil
+
+    tree = tmp_path_factory.mktemp("bad") / "results"
+    shutil.copytree(dataset[0], tree)
+    for make in BAD_FILES.values():
+        make(tree)
+    return tree
+
+
+@pytest.mark.parametrize("name, make", BAD_FILES.items(), ids=list(BAD_FILES))
+def test_a_bad_file_is_named_in_one_line(dataset, tmp_path, name, make):
+    import shutil
+
+    tree = tmp_path / "results"
+    shutil.copytree(dataset[0], tree)
+    make(tree)
+    line = _one_error_line(invoke("export", tree))
+    assert line.startswith(f"error: {tree / name}: ") and line.endswith(f"(move it out of {tree}, or pass --skip-bad to `sweep results` to read the rest)")
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_skip_bad_reads_the_rest_and_names_what_it_skipped(dataset, tree_with_bad_files, tmp_path, args):
+    args = [a.format(tmp=tmp_path) for a in args]
+    without = invoke(args[0], tree_with_bad_files, *args[1:])
+    assert "more such file(s)" in _one_error_line(without)
+    clean = invoke(args[0], dataset[0], *args[1:])
+    res = invoke(args[0], tree_with_bad_files, *args[1:], "--skip-bad")
+    assert res.exit_code == 0, res.output
+    warnings = res.stderr.splitlines()
+    skipped = sorted(line.split(": ")[1].removeprefix("skipped ") for line in warnings if line.startswith("warning: "))
+    assert skipped == sorted(str(tree_with_bad_files / name) for name in BAD_FILES), res.stderr
+    if args[0] == "plot":
+        assert res.stderr.splitlines()[-1] == f"wrote {tmp_path / 'fig.png'}" and clean.exit_code == 0
+    else:
+        assert _cells(res.stdout) == _cells(clean.stdout) != []
+
+
+def _cells(text: str) -> list[list[str]]:
+    """The cells of a Rich table or the lines of a CSV, without titles and rules (their width varies)."""
+    return [[c.strip() for c in line.split("│")] for line in text.splitlines()
+            if line.strip() and not set(line.strip()) & set("━─┏┗┡└") and "/" not in line.split("│")[0]]
+
+
+def test_skip_bad_with_nothing_readable_is_an_error(tmp_path):
+    _garbage(tmp_path)
+    res = invoke("show", tmp_path, "--skip-bad")
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    warning, error = res.stderr.splitlines()
+    assert warning.startswith(f"warning: skipped {tmp_path / 't.parquet'}: not a readable Parquet file (")
+    assert error == f"error: {tmp_path}: no readable sweep results (1 file(s) skipped)"
+
+
 def test_results_command_imports_nothing_heavy():
     import subprocess
 

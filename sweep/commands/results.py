@@ -24,6 +24,9 @@ Where = Annotated[Optional[list[str]], typer.Option(
     "--where", "-w", metavar="EXPR", show_default=False,
     help="Filter COLUMN OP VALUE with OP one of = != > >= < <= (precision=bf16, batch_size>=4, status!=ok, "
          "precision=bf16,fp8-te). Repeatable; all apply.")]
+SkipBad = Annotated[bool, typer.Option(
+    "--skip-bad", help="Read the other files when a .parquet file is unreadable or not a sweep result (a warning "
+                       "names each one skipped). Without it, such a file is an error.")]
 
 
 class TableFormat(str, Enum):
@@ -76,12 +79,13 @@ def show(
     directory: Directory,
     where: Where = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to print.")] = 50,
+    skip_bad: SkipBad = False,
 ) -> None:
     """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time, memory, error."""
     from sweep.results import query, render
 
     columns = [c.key for c in render.SHOW_COLS]
-    table = query.load(directory, where or (), columns + ["started_at"])
+    table = query.load(directory, where or (), columns + ["started_at"], skip_bad)
     table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
     total = table.num_rows
     rows = table.slice(0, limit).to_pylist()
@@ -91,7 +95,8 @@ def show(
 
 @app.command("max-batch")
 @user_errors
-def max_batch(directory: Directory, where: Where = None, fmt: Format = TableFormat.table, limit: Limit = 200) -> None:
+def max_batch(directory: Directory, where: Where = None, fmt: Format = TableFormat.table, limit: Limit = 200,
+              skip_bad: SkipBad = False) -> None:
     """Largest batch that fits per model × precision × compile × ac × seq_len × GPUs × cluster.
 
     Also the smallest batch above it that ran out of memory, and the fastest batch (highest median
@@ -99,7 +104,7 @@ def max_batch(directory: Directory, where: Where = None, fmt: Format = TableForm
     """
     from sweep.results import aggregate, render
 
-    table = aggregate.max_batch(directory, where or ())
+    table = aggregate.max_batch(directory, where or (), skip_bad)
     _emit(table.to_pylist(), render.MAX_BATCH_COLS, fmt, f"{directory}: largest batch per GPU that fits",
           csv_columns=table.column_names, limit=limit)
 
@@ -117,6 +122,7 @@ def compare(
     where: Where = None,
     fmt: Format = TableFormat.table,
     limit: Limit = 200,
+    skip_bad: SkipBad = False,
 ) -> None:
     """TFLOP/s/GPU of each precision (or cluster, compile mode, ...) over the baseline's, the rest of the config equal.
 
@@ -125,7 +131,7 @@ def compare(
     """
     from sweep.results import aggregate, render
 
-    configs, costs = aggregate.compare_inputs(directory, by.value, where or ())
+    configs, costs = aggregate.compare_inputs(directory, by.value, where or (), skip_bad)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
     if baseline is None:
         if by is By.cluster:
@@ -149,11 +155,12 @@ def export(
     fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="md: table to paste in a GitHub issue; csv: the same numbers, unrounded.")] = ExportFormat.md,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write here instead of stdout.", show_default=False)] = None,
     where: Where = None,
+    skip_bad: SkipBad = False,
 ) -> None:
     """One line per config: median TFLOP/s/GPU, spread, MFU, step time, tokens/s/GPU, peak memory, n."""
     from sweep.results import aggregate, render
 
-    table = aggregate.configs(directory, where or ())
+    table = aggregate.configs(directory, where or (), skip_bad)
     rows = table.to_pylist()
     text = render.markdown(rows, render.EXPORT_COLS) if fmt is ExportFormat.md else render.csv_text(rows, table.column_names)
     if out is None:
@@ -173,6 +180,7 @@ def plot(
     directory: Directory,
     out: Annotated[Path, typer.Option("--out", "-o", help="Image file (.png, .svg, .pdf).", show_default=False)],
     where: Where = None,
+    skip_bad: SkipBad = False,
 ) -> None:
     """Plot TFLOP/s/GPU vs batch size per precision and, below it, the largest batch that fits.
 
@@ -181,7 +189,7 @@ def plot(
     """
     from sweep.results import plot as plotting
 
-    path = plotting.plot(directory, out, where or ())
+    path = plotting.plot(directory, out, where or (), skip_bad)
     typer.echo(f"wrote {path}", err=True)
 
 
@@ -192,11 +200,12 @@ def query(
     statement: Annotated[str, typer.Argument(metavar="SQL", help="DuckDB SQL over the table `results` (one row per attempt).", show_default=False)],
     fmt: Annotated[QueryFormat, typer.Option("--format", "-f", help="table: Rich table; csv: every row.")] = QueryFormat.table,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to print as a table.")] = 100,
+    skip_bad: SkipBad = False,
 ) -> None:
     """Run SQL in DuckDB, e.g. "SELECT precision, median(tflops_per_gpu) FROM results GROUP BY ALL"."""
     from sweep.results import query as q, render
 
-    table = q.sql(directory, statement)
+    table = q.sql(directory, statement, skip_bad)
     names = _unique(table.column_names)
     table = table.rename_columns(names)
     if fmt is QueryFormat.csv:

@@ -78,9 +78,9 @@ def config_table(rows: pa.Table) -> pa.Table:
     return _run(sql, rows=rows)
 
 
-def configs(directory: Path, where: Iterable[str] = ()) -> pa.Table:
+def configs(directory: Path, where: Iterable[str] = (), skip_bad: bool = False) -> pa.Table:
     """One row per config of the results under ``directory`` (see ``config_table``)."""
-    return config_table(load(directory, where, LOAD_COLUMNS))
+    return config_table(load(directory, where, LOAD_COLUMNS, skip_bad))
 
 
 def max_batch_table(configs: pa.Table) -> pa.Table:
@@ -111,8 +111,8 @@ def max_batch_table(configs: pa.Table) -> pa.Table:
     return _run(sql, configs=configs)
 
 
-def max_batch(directory: Path, where: Iterable[str] = ()) -> pa.Table:
-    return max_batch_table(configs(directory, where))
+def max_batch(directory: Path, where: Iterable[str] = (), skip_bad: bool = False) -> pa.Table:
+    return max_batch_table(configs(directory, where, skip_bad))
 
 
 def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
@@ -155,14 +155,15 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     return _run(sql, {"baseline": baseline}, configs=configs, costs=cost_table)
 
 
-def compare_inputs(directory: Path, by: str, where: Iterable[str] = ()) -> tuple[pa.Table, dict[str, float | None] | None]:
+def compare_inputs(directory: Path, by: str, where: Iterable[str] = (),
+                   skip_bad: bool = False) -> tuple[pa.Table, dict[str, float | None] | None]:
     """The configs of ``directory`` and, for ``by == "cluster"``, each cluster's $ per GPU-hour.
 
     The cost is the one the rows were written with (a profile given by path is in no registry, and a
     renamed or edited profile does not rewrite history); the registry profile's only for clusters whose
     rows predate the cost column (schema < 1.2). None where neither knows it.
     """
-    rows = load(directory, where, (*LOAD_COLUMNS, "cost_per_gpu_hour"))  # one read for configs and costs
+    rows = load(directory, where, (*LOAD_COLUMNS, "cost_per_gpu_hour"), skip_bad)  # one read for configs and costs
     table = config_table(rows)
     if by != "cluster":
         return table, None

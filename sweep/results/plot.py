@@ -31,9 +31,9 @@ def _text(key: str, value) -> str:
     return str(value)
 
 
-def plot(directory: Path, out: Path, where: Iterable[str] = ()) -> Path:
+def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool = False) -> Path:
     """Aggregate ``directory`` and write the figure to ``out`` (format from its suffix, e.g. .png)."""
-    configs = aggregate.configs(directory, where)
+    configs = aggregate.configs(directory, where, skip_bad)
     return plot_tables(configs, aggregate.max_batch_table(configs), Path(out))
 
 

@@ -91,14 +91,16 @@ def _filter(wheres: Sequence[Where]) -> pc.Expression | None:
     return expr
 
 
-def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | None = None) -> pa.Table:
+def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | None = None,
+         skip_bad: bool = False) -> pa.Table:
     """The rows under ``directory`` that pass every ``where`` filter, with ``columns`` (default all).
 
     Raises UserError when the directory holds no results, a file is foreign or unreadable, a filter
     is malformed, or no row passes the filters (the message lists the values that do exist).
+    ``skip_bad``: leave unreadable or foreign files out, with a warning (``store.open_dataset``).
     """
     wheres = [parse_where(w) for w in where]
-    dataset = open_dataset(Path(directory))
+    dataset = open_dataset(Path(directory), skip_bad)
     table = dataset.to_table(columns=list(columns) if columns else None, filter=_filter(wheres))
     if table.num_rows == 0:
         raise UserError(_nothing_matches(dataset, wheres, directory))
@@ -115,7 +117,7 @@ def _nothing_matches(dataset: ds.Dataset, wheres: Sequence[Where], directory: Pa
     return f"{directory}: no results match {given}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
-def sql(directory: Path, statement: str) -> pa.Table:
+def sql(directory: Path, statement: str, skip_bad: bool = False) -> pa.Table:
     """Run ``statement`` in DuckDB with the dataset registered as the table ``results``.
 
     The connection reads the dataset and nothing else: external access is off (no COPY TO, no
@@ -126,7 +128,7 @@ def sql(directory: Path, statement: str) -> pa.Table:
     """
     import duckdb
 
-    dataset = open_dataset(Path(directory))
+    dataset = open_dataset(Path(directory), skip_bad)
     con = duckdb.connect()
     try:
         con.register("results", dataset)  # before the lock: registering is external access
