@@ -5,6 +5,9 @@ Shared by the accelerator catalog and the cluster profiles, so both fail the sam
 
 from __future__ import annotations
 
+import difflib
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +59,9 @@ def read_mapping(path: Path, kind: str) -> dict[str, Any]:
         raise UserError(f"{kind} file not found: {where}")
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError:
+        raise UserError(f"Invalid {kind} {where}: not a text (UTF-8 YAML) file") from None
+    except OSError as e:
         raise UserError(f"cannot read {kind} {where}: {e}") from None
     try:
         data = yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
@@ -73,25 +78,74 @@ def read_mapping(path: Path, kind: str) -> dict[str, Any]:
     return data
 
 
+def unknown_name(what: str, name: Any, valid: list[str], hint: str = "") -> str:
+    """"unknown model 'gpt-tny' — did you mean 'gpt-tiny'?", or the valid names when none is close.
+
+    `hint` follows the list of valid names (e.g. "(or a path to a profile .yaml)").
+    """
+    close = difflib.get_close_matches(str(name), valid, n=1)
+    if close:
+        return f"unknown {what} {name!r} — did you mean {close[0]!r}?"
+    return f"unknown {what} {name!r}; valid: {', '.join(valid)}{' ' + hint if hint else ''}"
+
+
 def _show(value: Any, limit: int = 80) -> str:
     text = repr(value) if isinstance(value, str) else str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside `list[...]`, `X | None`, `Annotated[X, ...]`, if there is one."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (list, typing.Union, types.UnionType, typing.Annotated):
+        return next((m for m in map(_model_in, typing.get_args(annotation)) if m is not None), None)
+    return None
+
+
+def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys allowed in the mapping that holds `loc`'s last part (nested models, lists of them)."""
+    for part in loc[:-1]:
+        if isinstance(part, str):  # list indices and pydantic's union tags leave the model as it is
+            field = model.model_fields.get(part)
+            inner = field and _model_in(field.annotation)
+            if inner is None:
+                return []
+            model = inner
+    return sorted(model.model_fields)
+
+
 def validation_message(err: ValidationError, model: type[BaseModel]) -> str:
-    """All of pydantic's errors as `field: message (got value)`, joined into one line."""
-    parts = []
+    """Every one of pydantic's errors as `field: message (got value)`, joined into one line.
+
+    Unknown keys come first, with the closest valid key: a misspelt key also makes the key it meant
+    "missing", and that consequence is left out rather than shown as a second mistake.
+    """
+    unknown, other, missing, meant = [], [], set(), set()
     for e in err.errors():
         # pydantic marks a dict key's own error with a trailing "[key]"; the key already names it.
-        field = ".".join(str(p) for p in e["loc"] if p != "[key]")
+        loc = tuple(p for p in e["loc"] if p != "[key]")
+        field = ".".join(str(p) for p in loc)
         # A ValueError from our validators arrives as "Value error, <ours>": keep only ours.
         message = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
-        if not field:  # a check across fields: its message names them, the input is the whole file
-            parts.append(message)
-        elif e["type"] == "extra_forbidden":
-            parts.append(f"{field}: unknown key; valid keys: {', '.join(sorted(model.model_fields))}")
+        if e["type"] == "extra_forbidden":
+            parent = ".".join(str(p) for p in loc[:-1])
+            valid = _keys_at(model, loc)
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            meant.update((*loc[:-1], c) for c in close)
+            text = unknown_name("key", loc[-1], valid).replace("; valid:", "; valid keys:")
+            unknown.append(f"{parent}: {text}" if parent else text)
         elif e["type"] == "missing":
-            parts.append(f"{field}: required key is missing")
+            other.append((loc, f"{field}: required key is missing"))
+            missing.add(loc)
+        elif not field:  # a check across fields: its message names them, the input is the whole file
+            other.append((loc, message))
         else:
-            parts.append(f"{field}: {message} (got {_show(e['input'])})")
-    return "; ".join(parts)
+            shown = _show(e["input"])
+            # a mapping is too long to repeat; a name our own message already quotes needs no repeat
+            named = isinstance(e["input"], str) and shown in message
+            got = "" if isinstance(e["input"], dict) or named else f" (got {shown})"
+            if isinstance(e["input"], bool) and e["type"] in ("literal_error", "string_type"):
+                got = f" (got {shown}: YAML reads an unquoted on/off/yes/no as a boolean; quote it)"
+            other.append((loc, f"{field}: {message}{got}"))
+    return "; ".join(unknown + [text for loc, text in other if loc not in missing & meant])

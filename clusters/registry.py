@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from clusters._load import display_path, read_mapping, validation_message
+from clusters._load import display_path, read_mapping, unknown_name, validation_message
 from clusters.catalog import CATALOG_PATH
 from clusters.schema import ClusterProfile
 from sweep.errors import UserError
@@ -45,8 +45,7 @@ def load_profile(name_or_path: str) -> ClusterProfile:
     else:
         paths = _profile_paths()
         if name_or_path not in paths:
-            valid = ", ".join(sorted(paths))
-            raise UserError(f"unknown cluster {name_or_path!r}; valid: {valid} (or a path to a profile .yaml)")
+            raise UserError(unknown_name("cluster", name_or_path, sorted(paths), "(or a path to a profile .yaml)"))
         path = paths[name_or_path]
     data = read_mapping(path, "cluster profile")
     try:

@@ -29,11 +29,12 @@ import itertools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, \
+    model_validator
 
+from clusters._load import display_path, read_mapping, unknown_name, validation_message
 from clusters.schema import parse_memory_size
 from sweep.errors import UserError
 from sweep.schema import TRAINING_DEFAULTS
@@ -49,32 +50,61 @@ def _listify(value: Any) -> list:
     return value if isinstance(value, list) else [value]
 
 
+def _registry_model(value: Any) -> Any:
+    """A registry name to its spec; a mapping goes on to ModelSpec's own validation."""
+    if not isinstance(value, str):
+        return value
+    if value not in REGISTRY:
+        raise ValueError(unknown_name("model", value, sorted(REGISTRY), "(or an inline mapping: arch, n_layers, ...)"))
+    return REGISTRY[value]
+
+
+def _known_precision(value: str) -> str:
+    if value not in RECIPES:
+        raise ValueError(unknown_name("precision", value, list(RECIPES)))
+    return value
+
+
+def _clip(value: float) -> float:
+    if not value >= 0:  # also refuses nan
+        raise ValueError("must be >= 0 (0 turns clipping off)")
+    return value
+
+
+_Positive = Annotated[int, Field(gt=0)]
+
+# Strict, as cluster profiles are: "4" where a number goes, or "yes" where a boolean goes, is refused
+# rather than read as 4 or True; a typo must not change the benchmark silently.
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class Steps(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     warmup: int = Field(default=3, ge=0, description="untimed steps first (compile, allocator warm-up)")
     measure: int = Field(default=10, gt=0, description="timed steps")
 
 
 class OomPolicy(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     policy: Literal["halve", "next", "bisect", "none"] = "halve"
     min_batch: int = Field(default=1, gt=0)
 
 
 class GridSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     name: str | None = None
-    models: list[str | ModelSpec] = Field(min_length=1)
-    precisions: list[str] = Field(default=["bf16"], min_length=1)
-    batch_sizes: list[int] = Field(min_length=1)
+    models: list[Annotated[ModelSpec, BeforeValidator(_registry_model)]] = Field(min_length=1)
+    precisions: list[Annotated[str, AfterValidator(_known_precision)]] = Field(default=["bf16"], min_length=1)
+    batch_sizes: list[_Positive] = Field(min_length=1)
     compile: list[CompileMode] = Field(default=["regional"], min_length=1)
-    seq_len: list[int] = Field(default=[1024], min_length=1)
-    gpus: list[int] = Field(default=[1], min_length=1)
+    seq_len: list[_Positive] = Field(default=[1024], min_length=1)
+    gpus: list[_Positive] = Field(default=[1], min_length=1)
     ac: list[AcMode] = Field(default=["none"], min_length=1)
     # the training options: one axis each, defaulting to `sweep.schema.TRAINING_DEFAULTS`
-    grad_accum: list[int] = Field(default=[TRAINING_DEFAULTS["grad_accum"]], min_length=1)
-    grad_clip: list[float] = Field(default=[TRAINING_DEFAULTS["grad_clip"]], min_length=1)
+    grad_accum: list[_Positive] = Field(default=[TRAINING_DEFAULTS["grad_accum"]], min_length=1)
+    grad_clip: list[Annotated[float, AfterValidator(_clip)]] = Field(default=[TRAINING_DEFAULTS["grad_clip"]],
+                                                                     min_length=1)
     fp8_lm_head: list[bool] = Field(default=[TRAINING_DEFAULTS["fp8_lm_head"]], min_length=1)
     reduce_dtype: list[ReduceDtype] = Field(default=[TRAINING_DEFAULTS["reduce_dtype"]], min_length=1)
     grad_sync: list[GradSync] = Field(default=[TRAINING_DEFAULTS["grad_sync"]], min_length=1)
@@ -82,60 +112,15 @@ class GridSpec(BaseModel):
     on_oom: OomPolicy = OomPolicy()
     search: Literal["max_batch"] | None = None
     timeout_s: float | None = Field(default=None, gt=0)
-    memory_cap: str | int | None = None
+    memory_cap: int | None = None  # bytes, from a size with a unit
 
-    _as_list = field_validator("precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac", "grad_accum",
+    _as_list = field_validator("models", "precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac", "grad_accum",
                                "grad_clip", "fp8_lm_head", "reduce_dtype", "grad_sync", mode="before")(_listify)
 
-    @field_validator("models", mode="before")
+    @field_validator("memory_cap", mode="before")
     @classmethod
-    def _known_models(cls, models: Any) -> list:
-        out = []
-        for i, m in enumerate(_listify(models)):
-            if isinstance(m, str):
-                if m not in REGISTRY:
-                    raise ValueError(f"unknown model '{m}'; valid: {', '.join(sorted(REGISTRY))} (or an inline mapping)")
-                out.append(m)
-            elif isinstance(m, dict):
-                try:
-                    out.append(ModelSpec(**m))
-                except ValidationError as e:
-                    first = e.errors()[0]
-                    where = ".".join(str(p) for p in first["loc"])
-                    msg = first["msg"].removeprefix("Value error, ")
-                    raise ValueError(f"inline model {i}: {where + ': ' if where else ''}{msg}") from None
-            else:
-                raise ValueError(f"entry {i} must be a model name or a mapping (arch, n_layers, ...), got {m!r}")
-        return out
-
-    @field_validator("precisions", mode="after")
-    @classmethod
-    def _known_precisions(cls, precisions: list[str]) -> list[str]:
-        for p in precisions:
-            if p not in RECIPES:
-                raise ValueError(f"unknown precision '{p}'; valid: {', '.join(RECIPES)}")
-        return precisions
-
-    @field_validator("batch_sizes", "seq_len", "gpus", "grad_accum", mode="after")
-    @classmethod
-    def _positive(cls, values: list[int]) -> list[int]:
-        for v in values:
-            if v <= 0:
-                raise ValueError(f"must be positive, got {v}")
-        return values
-
-    @field_validator("grad_clip", mode="after")
-    @classmethod
-    def _clip(cls, values: list[float]) -> list[float]:
-        for v in values:
-            if not v >= 0:  # also refuses nan
-                raise ValueError(f"must be >= 0 (0 turns clipping off), got {v}")
-        return values
-
-    @field_validator("memory_cap", mode="after")
-    @classmethod
-    def _size(cls, value):
-        return None if value is None else parse_memory_size(str(value))  # "80GiB"; a bare number is refused
+    def _size(cls, value: Any) -> int | None:
+        return None if value is None else parse_memory_size(str(value))  # "80GiB"; a bare 80 (bytes) is refused
 
     @model_validator(mode="after")
     def _one_start_for_a_search(self) -> "GridSpec":
@@ -145,7 +130,7 @@ class GridSpec(BaseModel):
         return self
 
     def model_specs(self) -> list[ModelSpec]:
-        return [REGISTRY[m] if isinstance(m, str) else m for m in self.models]
+        return list(self.models)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,45 +200,27 @@ class Trial:
                 f"gpus={self.gpus} compile={self.compile}{' ' + extra if extra else ''}")
 
 
-def _format_validation(source: str, err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"] if p not in ("str", "ModelSpec"))
-    msg = first["msg"].removeprefix("Value error, ")
-    got = first.get("input")
-    shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-    extra = f"; {len(err.errors()) - 1} more error(s)" if len(err.errors()) > 1 else ""
-    where = f"{loc}: " if loc else ""  # a check across fields has no single location
-    return f"Invalid grid {source}: {where}{msg}{shown}{extra}"
-
-
 def parse_grid(data: Any, source: str = "<grid>") -> GridSpec:
+    """Validate a grid mapping once; every mistake in it goes into the one line of the UserError."""
     if not isinstance(data, dict):
         raise UserError(f"Invalid grid {source}: the top level must be a mapping of keys (models, precisions, ...), "
                         f"got {type(data).__name__}")
     try:
         return GridSpec.model_validate(data)
     except ValidationError as e:
-        raise UserError(_format_validation(source, e)) from None
+        raise UserError(f"Invalid grid {source}: {validation_message(e, GridSpec)}") from None
+
+
+def read_grid(path: str | Path) -> dict[str, Any]:
+    """The grid file's mapping, unvalidated (the CLI's options go into it before `parse_grid`).
+
+    Read as cluster profiles are: safe YAML (no tags that build objects), a key given twice refused.
+    """
+    return read_mapping(Path(path), "grid")
 
 
 def load_grid(path: str | Path) -> GridSpec:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"grid file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"Invalid grid {path}: not a text (UTF-8 YAML) file") from None
-    if not text.strip():
-        raise UserError(f"Invalid grid {path}: the file is empty")
-    try:
-        data = yaml.safe_load(text)  # safe: tags that would construct objects are rejected
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"Invalid grid {path}:{where}: YAML error: {problem}") from None
-    return parse_grid(data, str(path))
+    return parse_grid(read_grid(path), display_path(Path(path)))
 
 
 def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | None = None,

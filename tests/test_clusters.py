@@ -157,7 +157,8 @@ def test_peak_tflops_rejects_an_unknown_family():
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        ({"nodez": 2}, r"nodez: unknown key; valid keys: accelerator, .*timeout_s"),
+        ({"nodez": 2}, r"unknown key 'nodez' — did you mean 'nodes'\?"),
+        ({"zzz": 2}, r"unknown key 'zzz'; valid keys: accelerator, .*timeout_s"),
         ({"nodes": "two"}, r"nodes: Input should be a valid integer \(got 'two'\)"),
         ({"nodes": "2"}, r"nodes: Input should be a valid integer"),  # strict: a quoted number is a mistake
         ({"nodes": -1}, r"nodes: Input should be greater than or equal to 1 \(got -1\)"),

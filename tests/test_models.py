@@ -130,7 +130,7 @@ def test_bad_inline_spec_raises(data, message):
 def test_unknown_registry_name_raises():
     with pytest.raises(KeyError):
         resolve("llama3-9b")
-    with pytest.raises(UserError, match="unknown model 'llama3-9b'; valid: .*llama3-8b"):
+    with pytest.raises(UserError, match="unknown model 'llama3-9b' — did you mean 'llama3-8b'"):
         parse_grid({"models": ["llama3-9b"], "batch_sizes": [1]})
 
 

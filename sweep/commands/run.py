@@ -48,11 +48,12 @@ def _count(n: int) -> str:
 
 
 def _grid_data(grid: Path | None, **axes) -> tuple[dict, str]:
-    from sweep.grid import load_grid
+    """The grid file's mapping as written, the options on top: validated once, by `_prepare`."""
+    from clusters._load import display_path
+    from sweep.grid import read_grid
 
     if grid is not None:
-        data = load_grid(grid).model_dump(exclude_unset=True)
-        source = str(grid)
+        data, source = read_grid(grid), display_path(grid)
     else:
         data, source = {}, "<options>"
     names = {"model": "models", "precision": "precisions", "batch_size": "batch_sizes", "compile": "compile",
@@ -73,9 +74,9 @@ def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, **axes):
 
     profile = load_profile(cluster)
     data, source = _grid_data(grid, **axes)
-    if "models" not in data:
+    if grid is None and "models" not in data:  # a grid file's own omissions: parse_grid says what is missing
         raise UserError("no models: give a grid file or --model")
-    if "batch_sizes" not in data:
+    if grid is None and "batch_sizes" not in data:
         raise UserError("no batch sizes: give a grid file with batch_sizes or --batch-size")
     spec = parse_grid(data, source)
     try:

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class ModelSpec(BaseModel):
     """A decoder-only transformer. `arch` picks the block: GPT-2 style or Llama style."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a quoted "64" in a grid is a mistake, as in a cluster profile
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     arch: Literal["gpt", "llama"]
     name: str | None = None
