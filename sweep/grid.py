@@ -123,6 +123,19 @@ class GridSpec(BaseModel):
         return None if value is None else parse_memory_size(str(value))  # "80GiB"; a bare 80 (bytes) is refused
 
     @model_validator(mode="after")
+    def _one_spec_per_name(self) -> "GridSpec":
+        """A label is a model's identity in the results: one label, one spec."""
+        seen: dict[str, ModelSpec] = {}
+        for i, spec in enumerate(self.models):
+            known = REGISTRY.get(spec.label)
+            if known is not None and known != spec:
+                raise ValueError(f"models.{i}: name {spec.label!r} is a registry model with other dims; "
+                                 f"give this spec a name of its own")
+            if seen.setdefault(spec.label, spec) != spec:
+                raise ValueError(f"models.{i}: two different specs are named {spec.label!r}; give each its own name")
+        return self
+
+    @model_validator(mode="after")
     def _one_start_for_a_search(self) -> "GridSpec":
         if self.search and len(self.batch_sizes) > 1:
             raise ValueError(f"search: max_batch starts from one batch and finds the rest; give one batch_sizes "

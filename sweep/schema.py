@@ -43,7 +43,7 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("hosts", pa.list_(pa.string()), "hostname per rank"),
     ("hostname", pa.string(), "host of rank 0"),
     # what
-    ("model", pa.string(), "registry name or inline spec name"),
+    ("model", pa.string(), "registry name, inline spec's name, or arch-L<n>-d<n>-<hash of the spec> when unnamed"),
     ("model_spec", pa.string(), "the model's full spec as JSON"),
     ("precision", pa.string(), "precision recipe name"),
     ("compile", pa.string(), "none | regional | full"),

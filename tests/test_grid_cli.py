@@ -1,7 +1,8 @@
 """Grid files through the CLI, as a user writes them: `sweep plan` / `sweep run` on a YAML file.
 
-The README's own grid block, `memory_cap:` read from a file, and grid mistakes reported in one line that
-names every one of them.
+The README's own grid block, `memory_cap:` read from a file, inline models that must stay apart in the
+results, inline specs that cannot train refused before anything runs, and grid mistakes reported in one
+line that names every one of them.
 """
 
 from __future__ import annotations
@@ -80,6 +81,72 @@ def test_a_grid_files_memory_cap_really_caps_the_ranks(ray_session, cli, write_g
     assert rows[1]["status"] == "ok", rows[1]["error"]
     assert rows[32]["status"] == "oom" and "allocat" in rows[32]["error"]
     assert {r["memory_cap_gib"] for r in rows.values()} == {0.125}
+
+
+# -- a model's identity: its whole spec -------------------------------------------------------------------
+
+TWO_VOCABS = """
+models:
+  - {arch: gpt, n_layers: 1, d_embd: 64, n_heads: 4, vocab_size: 256, max_seq_len: 64}
+  - {arch: gpt, n_layers: 1, d_embd: 64, n_heads: 4, vocab_size: 512, max_seq_len: 64}
+batch_sizes: [2]
+compile: none
+seq_len: 32
+steps: {warmup: 1, measure: 1}
+"""
+
+
+def test_unnamed_inline_models_that_differ_get_different_labels(cli, write_grid):
+    result = cli("plan", write_grid(TWO_VOCABS), "--cluster", "local")
+    assert result.exit_code == 0, result.output
+    assert "2 trials" in result.stdout
+    assert len(set(re.findall(r"gpt-L1-d64-[0-9a-f]{6}", result.stdout))) == 2, result.stdout
+
+
+def test_unnamed_inline_models_that_differ_stay_apart_in_the_results(ray_session, cli, write_grid, tmp_path):
+    out = tmp_path / "out"
+    rows = run_rows(cli, write_grid(TWO_VOCABS), out)
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
+    assert len({r["model"] for r in rows}) == 2
+    export = cli("results", "export", out, "--format", "csv")
+    assert export.exit_code == 0, export.output
+    lines = [line for line in export.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 + 2, export.stdout  # header and one line per model, not one merged line of n 2
+
+
+def test_a_name_stands_for_one_spec(cli, write_grid):
+    spec = "{{arch: gpt, name: {name}, n_layers: 1, d_embd: 64, n_heads: 4, vocab_size: {vocab}}}"
+    same = write_grid(f"models: [{spec.format(name='mine', vocab=256)}, {spec.format(name='mine', vocab=256)}]\n"
+                      "batch_sizes: [1]\n")
+    result = cli("plan", same, "--cluster", "local")
+    assert result.exit_code == 0 and "1 trial on local" in result.stdout, result.output  # one spec, given twice
+    two = write_grid(f"models: [{spec.format(name='mine', vocab=256)}, {spec.format(name='mine', vocab=512)}]\n"
+                     "batch_sizes: [1]\n")
+    assert "models.1: two different specs are named 'mine'" in error_line(cli("plan", two, "--cluster", "local"))
+    registry = write_grid(f"models: [{spec.format(name='gpt-tiny', vocab=256)}]\nbatch_sizes: [1]\n")
+    line = error_line(cli("plan", registry, "--cluster", "local"))
+    assert "models.0: name 'gpt-tiny' is a registry model with other dims" in line
+
+
+# -- inline specs that cannot train are refused at plan time ----------------------------------------------
+
+LLAMA = "{arch: llama, n_layers: 1, d_embd: 64, n_heads: 4, n_kv_heads: 2, ffn_hidden: 128, vocab_size: 128}"
+
+
+@pytest.mark.parametrize("change, needle", [
+    ("d_embd: 36", "models.0: head dim d_embd / n_heads = 36 / 4 = 9 is odd; llama's RoPE needs an even head dim"),
+    ("d_embd: 30", "models.0: d_embd (30) must be divisible by n_heads (4)"),
+    ("n_kv_heads: 3", "models.0: n_heads (4) must be divisible by n_kv_heads (3)"),
+    ("n_layers: 0", "models.0.n_layers: Input should be greater than 0 (got 0)"),
+    ("ffn_hidden: -1", "models.0.ffn_hidden: Input should be greater than 0 (got -1)"),
+    ("vocab_size: '128'", "models.0.vocab_size: Input should be a valid integer (got '128')"),
+    ("name: ''", "models.0.name: String should have at least 1 character"),
+])
+def test_inline_specs_that_cannot_train_are_refused_at_plan_time(cli, write_grid, change, needle):
+    key = change.split(":")[0]
+    spec = re.sub(rf"{key}: [^,}}]+", change, LLAMA) if key in LLAMA else LLAMA.replace("}", f", {change}}}")
+    line = error_line(cli("plan", write_grid(f"models: [{spec}]\nbatch_sizes: [1]\n"), "--cluster", "local"))
+    assert needle in line, line
 
 
 # -- grid mistakes: every one named, the likely fix suggested ---------------------------------------------

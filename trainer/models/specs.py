@@ -6,6 +6,7 @@ seed 002 for GPT-1.5B.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Literal
 
@@ -19,7 +20,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     arch: Literal["gpt", "llama"]
-    name: str | None = None
+    name: str | None = Field(default=None, min_length=1, description="label in tables; else arch, dims and a hash")
     n_layers: int = Field(gt=0, description="transformer blocks (L)")
     d_embd: int = Field(gt=0, description="model width (E)")
     n_heads: int = Field(gt=0, description="attention heads (H)")
@@ -39,13 +40,21 @@ class ModelSpec(BaseModel):
                 raise ValueError("llama models need n_kv_heads and ffn_hidden")
             if self.n_heads % self.n_kv_heads:
                 raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
+            if self.head_dim % 2:  # RoPE rotates the head's dims in pairs
+                raise ValueError(f"head dim d_embd / n_heads = {self.d_embd} / {self.n_heads} = {self.head_dim} "
+                                 f"is odd; llama's RoPE needs an even head dim")
         elif self.n_kv_heads is not None or self.ffn_hidden is not None:
             raise ValueError("n_kv_heads and ffn_hidden apply to llama models only (gpt uses MHA and a 4x GELU MLP)")
         return self
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.arch}-L{self.n_layers}-d{self.d_embd}"
+        """The model's identity in tables and aggregates: its name, else its shape and a hash of the whole
+        spec, so that unnamed specs differing in any field (vocab_size, rope_theta, ...) stay apart."""
+        if self.name:
+            return self.name
+        digest = hashlib.sha256(self.to_json().encode()).hexdigest()[:6]
+        return f"{self.arch}-L{self.n_layers}-d{self.d_embd}-{digest}"
 
     @property
     def head_dim(self) -> int:
