@@ -183,8 +183,20 @@ SHIPPED_GRIDS = sorted(p for folder in ("benchmarks", "examples") for p in (ROOT
                        if not p.name.startswith("profile"))
 
 
+PROFILE = ROOT / "benchmarks" / "h200" / "profile-h200x2.yaml"  # the one benchmarks/h200/*.sh run them on
+AXES = {"models": "model", "precisions": "precision", "batch_sizes": "batch_size", "compile": "compile",
+        "seq_len": "seq_len", "gpus": "gpus", "ac": "ac", "grad_accum": "grad_accum", "grad_clip": "grad_clip"}
+
+
 @pytest.mark.parametrize("path", SHIPPED_GRIDS, ids=lambda p: p.name)
-def test_shipped_grids_stay_valid(path):
-    """The example grids and those that reproduce benchmarks/RESULTS.md still parse and expand as written."""
-    trials = expand(load_grid(path), cluster="h200x2", max_ranks=2)
-    assert trials and all(t.gpus <= 2 for t in trials)
+def test_shipped_grids_plan_as_written(path, cli):
+    """The example grids and those that reproduce benchmarks/RESULTS.md plan through the CLI on the profile
+    the benchmark jobs use, and every value they list reaches a trial: none lost to a fold or a merge."""
+    result = cli("plan", path, "--cluster", PROFILE)
+    assert result.exit_code == 0, result.output
+    grid = load_grid(path)
+    trials = expand(grid, cluster="h200x2")
+    assert f"{len(trials)} trial{'s' * (len(trials) != 1)} on h200x2" in result.stdout
+    for axis, field in AXES.items():
+        assert {getattr(t, field) for t in trials} == set(getattr(grid, axis)), axis
+    assert len({t.model.label for t in trials}) == len(set(grid.models))  # one label per distinct spec
