@@ -264,12 +264,20 @@ def test_export_markdown_carries_row_numbers(dataset):
             continue
         failed = [f"{e[f'n_{s}']} {s}" for s in aggregate.FAILURES if e[f"n_{s}"]]
         assert row["status"] == (f"ok ({', '.join(failed)})" if failed else "ok")
-        assert row["TFLOP/s/GPU"] == f"{e['tflops_per_gpu']:.2f}"
-        assert row["MFU"] == f"{e['mfu'] * 100:.1f} %"
-        assert row["tok/s/GPU"] == f"{e['tokens_per_s_per_gpu']:,.0f}"
-        assert row["step (s)"] == f"{e['step_time_s']:.3f}"
-        assert row["peak mem (GiB)"] == f"{e['peak_mem_gib']:.2f}"
-        assert row["spread"] == f"±{e['spread_pct']:.1f} %"
+        assert _shows(row["TFLOP/s/GPU"], e["tflops_per_gpu"])
+        assert _shows(row["MFU"], e["mfu"] * 100, " %")
+        assert _shows(row["tok/s/GPU"], e["tokens_per_s_per_gpu"])
+        assert _shows(row["step (s)"], e["step_time_s"])
+        assert _shows(row["peak mem (GiB)"], e["peak_mem_gib"])
+        assert row["spread"] == "—" if e["n_ok"] < 2 else _shows(row["spread"].removeprefix("±"), e["spread_pct"], " %")
+
+
+def _shows(cell: str, value: float, suffix: str = "") -> bool:
+    """``cell`` is ``value`` to 3 significant figures or more (no digit left of the point dropped)."""
+    assert cell.endswith(suffix), cell
+    text = cell.removesuffix(suffix).replace(",", "")
+    figures = text.lstrip("+-").lstrip("0.").replace(".", "")
+    return len(figures) >= 3 and float(text) == pytest.approx(value, rel=5e-3, abs=0)
 
 
 def test_export_csv_carries_row_numbers(dataset, tmp_path):
@@ -292,7 +300,7 @@ def test_export_md_and_csv_agree(dataset):
     md = {_key(r): r for r in _parse_markdown(invoke("export", out).stdout)}
     for row in csv.DictReader(io.StringIO(invoke("export", out, "-f", "csv").stdout)):
         cell = md[_key(row)]["TFLOP/s/GPU"]
-        assert cell == (f"{float(row['tflops_per_gpu']):.2f}" if row["tflops_per_gpu"] else row["status"])
+        assert _shows(cell, float(row["tflops_per_gpu"])) if row["tflops_per_gpu"] else cell == row["status"]
 
 
 # --- the other commands ----------------------------------------------------------------------------
@@ -492,6 +500,25 @@ def test_skip_bad_with_nothing_readable_is_an_error(tmp_path):
     warning, error = res.stderr.splitlines()
     assert warning.startswith(f"warning: skipped {tmp_path / 't.parquet'}: not a readable Parquet file (")
     assert error == f"error: {tmp_path}: no readable sweep results (1 file(s) skipped)"
+
+
+def test_small_numbers_keep_three_significant_figures(tmp_path):
+    """CPU-rank TFLOP/s (0.0105 vs 0.0144) must not both print 0.01, nor a 0.00664 baseline 0.01."""
+    (row,) = [r for r in make_rows() if r["status"] == "ok"][:1]
+    for trial_id, precision, tflops in (("a", "bf16", 0.00664), ("b", "fp8-te", 0.0105), ("c", "fp8-torchao", 0.0144)):
+        write_row(tmp_path, {**row, "trial_id": trial_id, "precision": precision, "tflops_per_gpu": tflops,
+                             "mfu": tflops / 989.0, "peak_mem_gib": 0.0913, "step_time_s": 1.2345})
+    res = invoke("export", tmp_path)
+    assert res.exit_code == 0, res.output
+    cells = {r["precision"]: r for r in _parse_markdown(res.stdout)}
+    assert [cells[p]["TFLOP/s/GPU"] for p in ("bf16", "fp8-te", "fp8-torchao")] == ["0.00664", "0.0105", "0.0144"]
+    assert (cells["fp8-te"]["MFU"], cells["fp8-te"]["peak mem (GiB)"], cells["fp8-te"]["step (s)"]) == (
+        "0.00106 %", "0.0913", "1.23")
+    res = invoke("compare", tmp_path, "-f", "md")
+    assert res.exit_code == 0, res.output
+    cells = {r["precision"]: r for r in _parse_markdown(res.stdout)}
+    assert cells["fp8-te"]["bf16 TFLOP/s/GPU"] == "0.00664"
+    assert cells["fp8-te"]["vs bf16"] == "1.58× (+58.1 %)" and cells["fp8-torchao"]["vs bf16"] == "2.17× (+117 %)"
 
 
 def test_results_command_imports_nothing_heavy():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
-import re
+import math
 import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -38,18 +38,32 @@ class Col:
     numeric: bool = True
 
 
-def num(key: str, spec: str, scale: float = 1.0, suffix: str = "", failed: bool = False) -> Callable[[dict], str]:
-    """Format ``row[key]``; null becomes the row's status when ``failed`` (else "—")."""
+SIGNIFICANT = 3
+
+
+def sig(value: float, digits: int = SIGNIFICANT, sign: bool = False) -> str:
+    """``value`` to ``digits`` significant figures, never fewer: 0.0105, 0.00664, 42.2, 783, 12,345.
+
+    Digits left of the point are all kept (no 1.23e+04), with thousands separators. Fixed decimals per
+    column would print CPU-rank TFLOP/s (0.0105, 0.0144) alike as 0.01.
+    """
+    if not value or not math.isfinite(value):
+        return format(value, "+g" if sign else "g")
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    text = format(value, f"{'+' if sign else ''},.{decimals}f")
+    if decimals and abs(float(text.replace(",", ""))) >= 10 ** (digits - decimals):
+        text = format(value, f"{'+' if sign else ''},.{decimals - 1}f")  # 0.09996 rounds up to 0.100, not 0.1000
+    return text
+
+
+def num(key: str, scale: float = 1.0, suffix: str = "", failed: bool = False) -> Callable[[dict], str]:
+    """Format ``row[key]`` (times ``scale``) with ``sig``; null becomes the row's status when ``failed`` (else "—")."""
 
     def text(row: dict) -> str:
         value = row.get(key)
         if value is None:
             return status_text(row, short=True) if failed and row.get("status") not in (None, "ok") else DASH
-        value = value * scale
-        decimals = re.search(r"\.(\d+)f$", spec)
-        if decimals and value and abs(value) < 10 ** -int(decimals.group(1)):
-            return format(value, ".2g") + suffix  # CPU-rank TFLOP/s would all print as 0.00
-        return format(value, spec) + suffix
+        return sig(value * scale) + suffix
 
     return text
 
@@ -67,7 +81,7 @@ def ratio_text(key: str, base_status_key: str = "base_status") -> Callable[[dict
     def text(row: dict) -> str:
         value = row.get(key)
         if value is not None:
-            return f"{value:.2f}× ({(value - 1) * 100:+.1f} %)"
+            return f"{sig(value)}× ({sig((value - 1) * 100, sign=True)} %)"
         if row.get("status") != "ok":
             return row.get("status") or DASH
         if row.get(base_status_key) != "ok":
@@ -156,28 +170,26 @@ def _csv_value(value: object) -> object:
 
 # --- column sets of each command -----------------------------------------------------------------
 
-TFLOPS = num("tflops_per_gpu", ".2f", failed=True)
-
-
-def _step(row: dict) -> str:
-    """Seconds with 3 decimals (GPU steps); 3 significant digits below 10 ms (tiny CPU models)."""
-    value = row.get("step_time_s")
-    return DASH if value is None else f"{value:.3f}" if value >= 0.01 else f"{value:.3g}"
+TFLOPS = num("tflops_per_gpu", failed=True)
+MFU = num("mfu", 100, " %")
+PEAK_MEM = num("peak_mem_gib")
+STEP = num("step_time_s")
+TOKENS = num("tokens_per_s_per_gpu")
 
 
 def _spread(row: dict) -> str:
     if row.get("spread_pct") is None or (row.get("n_ok") or 0) < 2:
         return DASH  # one measurement has no spread
-    return f"±{row['spread_pct']:.1f} %"
+    return f"±{sig(row['spread_pct'])} %"
 
 
 SHOW_COLS = [
     *config_cols(CONFIG_KEYS),
     Col("status", "status", lambda r: r.get("status") or DASH, numeric=False),
     Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
-    Col("mfu", "MFU", num("mfu", ".1f", 100, " %")),
-    Col("step_time_s", "step (s)", _step),
-    Col("peak_mem_gib", "peak mem (GiB)", num("peak_mem_gib", ".2f")),
+    Col("mfu", "MFU", MFU),
+    Col("step_time_s", "step (s)", STEP),
+    Col("peak_mem_gib", "peak mem (GiB)", PEAK_MEM),
     Col("error", "error", lambda r: short_error(r.get("error")), numeric=False),
 ]
 
@@ -186,10 +198,10 @@ EXPORT_COLS = [
     Col("status", "status", status_text, numeric=False),
     Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
     Col("spread_pct", "spread", _spread),
-    Col("mfu", "MFU", num("mfu", ".1f", 100, " %")),
-    Col("step_time_s", "step (s)", _step),
-    Col("tokens_per_s_per_gpu", "tok/s/GPU", num("tokens_per_s_per_gpu", ",.0f")),
-    Col("peak_mem_gib", "peak mem (GiB)", num("peak_mem_gib", ".2f")),
+    Col("mfu", "MFU", MFU),
+    Col("step_time_s", "step (s)", STEP),
+    Col("tokens_per_s_per_gpu", "tok/s/GPU", TOKENS),
+    Col("peak_mem_gib", "peak mem (GiB)", PEAK_MEM),
     Col("n_attempts", "n", lambda r: str(r["n_attempts"])),
 ]
 
@@ -205,14 +217,14 @@ MAX_BATCH_COLS = [
     Col("oom_batch", "OOM at", lambda r: DASH if r.get("oom_batch") is None else str(r["oom_batch"])),
     Col("fastest_batch", "fastest batch", lambda r: DASH if r.get("fastest_batch") is None else str(r["fastest_batch"])),
     Col("tflops_per_gpu", "TFLOP/s/GPU @fastest", TFLOPS),
-    Col("mfu", "MFU @fastest", num("mfu", ".1f", 100, " %")),
-    Col("peak_mem_gib", "peak mem @max (GiB)", num("peak_mem_gib", ".2f")),
+    Col("mfu", "MFU @fastest", MFU),
+    Col("peak_mem_gib", "peak mem @max (GiB)", PEAK_MEM),
 ]
 
 
 def _base_tflops(row: dict) -> str:
     if row.get("base_tflops_per_gpu") is not None:
-        return f"{row['base_tflops_per_gpu']:.2f}"
+        return sig(row["base_tflops_per_gpu"])
     return row.get("base_status") or "not run"
 
 
@@ -226,10 +238,10 @@ def compare_cols(by: str, baseline: str, with_cost: bool) -> list[Col]:
     ]
     if with_cost:
         cols += [
-            Col("tokens_per_s_per_gpu", "tok/s/GPU", num("tokens_per_s_per_gpu", ",.0f")),
-            Col("cost_per_gpu_hour", "$/GPU-h", num("cost_per_gpu_hour", ".2f")),
-            Col("tok_s_per_usd_h", "tok/s per $/GPU-h", num("tok_s_per_usd_h", ",.0f")),
-            Col("base_tok_s_per_usd_h", f"{baseline} tok/s per $/GPU-h", num("base_tok_s_per_usd_h", ",.0f")),
+            Col("tokens_per_s_per_gpu", "tok/s/GPU", TOKENS),
+            Col("cost_per_gpu_hour", "$/GPU-h", num("cost_per_gpu_hour")),
+            Col("tok_s_per_usd_h", "tok/s per $/GPU-h", num("tok_s_per_usd_h")),
+            Col("base_tok_s_per_usd_h", f"{baseline} tok/s per $/GPU-h", num("base_tok_s_per_usd_h")),
             Col("cost_ratio", f"perf/$ vs {baseline}", ratio_text("cost_ratio")),
         ]
     return cols
