@@ -103,16 +103,21 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _fields_by_key(model: type[BaseModel]) -> dict[str, Any]:
+    """A model's fields by the key a YAML file gives them: the alias where there is one."""
+    return {field.alias or name: field for name, field in model.model_fields.items()}
+
+
 def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
     """The keys allowed in the mapping that holds `loc`'s last part (nested models, lists of them)."""
     for part in loc[:-1]:
         if isinstance(part, str):  # list indices and pydantic's union tags leave the model as it is
-            field = model.model_fields.get(part)
+            field = _fields_by_key(model).get(part)
             inner = field and _model_in(field.annotation)
             if inner is None:
                 return []
             model = inner
-    return sorted(model.model_fields)
+    return sorted(_fields_by_key(model))
 
 
 def validation_message(err: ValidationError, model: type[BaseModel]) -> str:

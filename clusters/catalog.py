@@ -26,12 +26,13 @@ PositiveTflops = Annotated[float, Field(gt=0)]
 
 
 class Accelerator(BaseModel):
-    """One device type in the catalog. The name is its key in accelerators.yaml."""
+    """One device type: a catalog entry (the name is its key in accelerators.yaml), or a part a cluster
+    profile declares under `accelerator:` (validated the same way)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
 
-    name: str
-    """Catalog key: h100, mi300x, cpu, ..."""
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Catalog key (h100, mi300x, cpu, ...) or a declared part's name; recorded in every result row."""
     vendor: Literal["nvidia", "amd", "cpu"]
     compute_capability: Optional[Annotated[float, Field(gt=0)]] = None
     """NVIDIA only: CUDA compute capability (9.0 for sm_90), what decides which precision recipes run."""

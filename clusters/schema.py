@@ -10,8 +10,10 @@ import os
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, \
+    model_validator
 
+from clusters._load import unknown_name
 from clusters.catalog import PRECISION_FAMILIES, Accelerator, load_catalog
 
 _MEMORY_UNITS = {
@@ -55,6 +57,25 @@ EnvName = Annotated[str, PlainValidator(_env_name)]
 EnvValue = Annotated[str, PlainValidator(_env_value)]
 
 
+def _catalog_or_declared(value: Any) -> Any:
+    """A catalog name to its entry; a mapping declares a part the catalog lacks and goes on to be validated
+    as a catalog entry is (so its errors name `accelerator.<key>`)."""
+    catalog = load_catalog()
+    if isinstance(value, str):
+        if value not in catalog:
+            hint = "(or a mapping that declares the part: name, vendor, memory_gib, peak_tflops, sources, ...)"
+            raise ValueError(unknown_name("accelerator", value, sorted(catalog), hint))
+        return catalog[value]
+    if isinstance(value, dict):
+        name = value.get("name")
+        if isinstance(name, str) and name in catalog:
+            # one name, one set of peaks: results would otherwise hold two different `h100`s
+            raise ValueError(f"name {name!r} is a catalog accelerator; write `accelerator: {name}`, or give the "
+                             f"part you declare a name of its own")
+        return value
+    raise ValueError("expected a name from clusters/accelerators.yaml, or a mapping that declares the part")
+
+
 def parse_memory_size(text: str) -> int:
     """Bytes in a size like `80GiB`, `192GB`, `512MiB`, `0.5 TiB` (units case-insensitive).
 
@@ -86,8 +107,9 @@ class ClusterProfile(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Profile name; recorded in every result row's `cluster` column."""
-    accelerator: str
-    """Key in clusters/accelerators.yaml: the device every rank gets, and its peaks for MFU."""
+    accelerator_info: Annotated[Accelerator, BeforeValidator(_catalog_or_declared)] = Field(alias="accelerator")
+    """`accelerator:` in the YAML: a key of clusters/accelerators.yaml, or a mapping that declares a part the
+    catalog lacks (its name and the keys of a catalog entry). The device every rank gets, and its peaks for MFU."""
     ray_address: str
     """`local` (embedded Ray started in-process), `auto` (a running cluster), `ray://host:port`, or `host:port`."""
     nodes: int = Field(ge=1)
@@ -111,19 +133,14 @@ class ClusterProfile(BaseModel):
     def _default_cpus_per_rank(cls, data: Any) -> Any:
         # The default depends on another field, so it is filled in before field validation.
         if isinstance(data, dict) and data.get("cpus_per_rank") is None:
-            name = data.get("accelerator")
-            accelerator = load_catalog().get(name) if isinstance(name, str) else None
-            kind = "cpu" if accelerator is not None and not accelerator.is_gpu else "gpu"
-            data = {**data, "cpus_per_rank": DEFAULT_CPUS_PER_RANK[kind]}
+            given = data.get("accelerator")
+            if isinstance(given, dict):  # a declared part
+                vendor = given.get("vendor")
+            else:
+                known = load_catalog().get(given) if isinstance(given, str) else None
+                vendor = known and known.vendor
+            data = {**data, "cpus_per_rank": DEFAULT_CPUS_PER_RANK["cpu" if vendor == "cpu" else "gpu"]}
         return data
-
-    @field_validator("accelerator")
-    @classmethod
-    def _known_accelerator(cls, value: str) -> str:
-        catalog = load_catalog()
-        if value not in catalog:
-            raise ValueError(f"unknown accelerator; valid: {', '.join(sorted(catalog))}")
-        return value
 
     @field_validator("ray_address")
     @classmethod
@@ -146,7 +163,7 @@ class ClusterProfile(BaseModel):
     @classmethod
     def _whole_or_auto(cls, value: Any, info: ValidationInfo) -> Union[int, str]:
         if value == "auto":
-            accelerator = load_catalog().get(info.data.get("accelerator", ""))
+            accelerator = info.data.get("accelerator_info")  # absent when it failed its own validation
             if accelerator is not None and accelerator.is_gpu:
                 raise ValueError("'auto' is only for CPU profiles (accelerator: cpu); give the GPUs per node")
             if info.data.get("ray_address", "local") != "local":
@@ -166,9 +183,14 @@ class ClusterProfile(BaseModel):
         return value
 
     @property
-    def accelerator_info(self) -> Accelerator:
-        """The catalog entry for `accelerator`: vendor, memory, FP8 flavour, peaks and their sources."""
-        return load_catalog()[self.accelerator]
+    def accelerator(self) -> str:
+        """The accelerator's name, as result rows record it."""
+        return self.accelerator_info.name
+
+    @property
+    def declares_accelerator(self) -> bool:
+        """True when the profile declares its own part rather than naming a catalog entry."""
+        return self.accelerator not in load_catalog()
 
     @property
     def is_gpu(self) -> bool:

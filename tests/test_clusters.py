@@ -102,25 +102,31 @@ def test_missing_file(tmp_path):
 
 def test_catalog_figures_are_dense_and_sourced():
     catalog = load_catalog()
-    assert set(catalog) == {"h100", "h200", "b200", "mi300x", "mi325x", "mi355x", "cpu"}
+    assert set(catalog) == {"a100", "h100", "h100-pcie", "h100-nvl", "h200", "b200", "mi300x", "mi325x", "mi355x", "cpu"}
     assert catalog["h100"].peak_tflops == {"fp32": 494.7, "bf16": 989.4, "fp8": 1978.9}
     assert catalog["h200"].peak_tflops == catalog["h100"].peak_tflops
     assert catalog["mi325x"].peak_tflops == catalog["mi300x"].peak_tflops == {"fp32": 163.4, "bf16": 1307.4, "fp8": 2614.9}
     assert (catalog["b200"].peak_tflops["bf16"], catalog["b200"].peak_tflops["fp8"]) == (2250, 4500)
     assert (catalog["mi355x"].peak_tflops["bf16"], catalog["mi355x"].peak_tflops["fp8"]) == (2516.6, 5033.2)
+    assert catalog["a100"].peak_tflops == {"fp32": 156, "bf16": 312, "fp8": None}  # Ampere: no FP8
+    assert catalog["h100-pcie"].peak_tflops == {"fp32": 378, "bf16": 756.5, "fp8": 1513}
+    assert catalog["h100-nvl"].peak_tflops == {"fp32": 417.5, "bf16": 835.5, "fp8": 1670.5}
     memory = {name: acc.memory_gib for name, acc in catalog.items()}
-    assert memory == {"h100": 80, "h200": 141, "b200": 180, "mi300x": 192, "mi325x": 256, "mi355x": 288, "cpu": None}
+    assert memory == {"a100": 80, "h100": 80, "h100-pcie": 80, "h100-nvl": 94, "h200": 141, "b200": 180,
+                      "mi300x": 192, "mi325x": 256, "mi355x": 288, "cpu": None}
     for acc in catalog.values():
         if acc.is_gpu:
-            assert acc.peak_tflops["fp8"] == pytest.approx(2 * acc.peak_tflops["bf16"], rel=1e-3)
-            assert all(acc.sources[f] for f in ("fp32", "bf16", "fp8"))
+            assert all(acc.sources[f] for f in acc.peak_tflops if acc.peak_tflops[f] is not None)
+            assert "https://" in acc.sources["bf16"] and acc.sources["memory_gib"]
+            if acc.peak_tflops["fp8"] is not None:
+                assert acc.peak_tflops["fp8"] == pytest.approx(2 * acc.peak_tflops["bf16"], rel=1e-3)
 
 
 def test_fp8_flavour_follows_the_hardware():
     flavours = {name: acc.fp8_flavour for name, acc in load_catalog().items()}
     assert flavours == {
-        "h100": "e4m3fn", "h200": "e4m3fn", "b200": "e4m3fn", "mi355x": "e4m3fn",
-        "mi300x": "e4m3fnuz", "mi325x": "e4m3fnuz", "cpu": None,
+        "h100": "e4m3fn", "h100-pcie": "e4m3fn", "h100-nvl": "e4m3fn", "h200": "e4m3fn", "b200": "e4m3fn",
+        "mi355x": "e4m3fn", "mi300x": "e4m3fnuz", "mi325x": "e4m3fnuz", "a100": None, "cpu": None,
     }  # fmt: skip
 
 
@@ -165,8 +171,10 @@ def test_peak_tflops_rejects_an_unknown_family():
         ({"nodes": True}, r"nodes: Input should be a valid integer"),
         ({"gpus_per_node": 0}, r"gpus_per_node: expected a whole number >= 1, or 'auto'"),
         ({"gpus_per_node": "auto"}, r"gpus_per_node: 'auto' is only for CPU profiles"),
-        ({"accelerator": "a100"}, r"accelerator: unknown accelerator; valid: b200, cpu, h100, h200, mi300x, mi325x, mi355x \(got 'a100'\)"),
-        ({"accelerator": ["h100"]}, r"accelerator: Input should be a valid string"),
+        ({"accelerator": "a1000"}, r"accelerator: unknown accelerator 'a1000' — did you mean 'a100'\?$"),
+        ({"accelerator": "gaudi3"}, r"accelerator: unknown accelerator 'gaudi3'; valid: a100, b200, cpu, h100, h100-nvl, "
+                                 r"h100-pcie, h200, mi300x, mi325x, mi355x \(or a mapping that declares the part"),
+        ({"accelerator": ["h100"]}, r"accelerator: expected a name from clusters/accelerators.yaml, or a mapping"),
         ({"ray_address": "http://head"}, r"ray_address: expected 'local', 'auto', 'ray://host:port' or 'host:port'"),
         ({"ray_address": "head:99999"}, r"ray_address: expected"),
         ({"ray_address": "local"}, r"nodes: ray_address 'local' starts Ray on this machine only; nodes must be 1"),
@@ -313,3 +321,87 @@ def test_cli_show_invalid_file_is_one_line_exit_2(cli_app, tmp_path):
     assert result.exit_code == 2
     (line,) = result.stderr.splitlines()
     assert line.startswith("error: Invalid cluster profile ") and "nodes: Input should be greater than or equal to 1 (got -1)" in line
+
+
+# --- a part the catalog lacks, declared in the profile ---------------------------------------------
+
+A100_40GB = {
+    "name": "a100-40gb", "vendor": "nvidia", "compute_capability": 8.0, "memory_gib": 40,
+    "peak_tflops": {"fp32": 156, "bf16": 312, "fp8": None},
+    "sources": {"fp32": "NVIDIA A100 datasheet, A100 40GB SXM: TF32 156 TFLOPS dense",
+                "bf16": "NVIDIA A100 datasheet, A100 40GB SXM: BF16 312 TFLOPS dense"},
+}  # fmt: skip
+
+
+def declared(tmp_path: Path, **part) -> Path:
+    """`my.yaml`: one node of eight parts declared in the profile (an A100 40GB unless `part` changes it)."""
+    accelerator = {k: v for k, v in {**A100_40GB, **part}.items() if v != "drop"}
+    return write_profile(tmp_path, {**VALID, "name": "my-a100", "nodes": 1, "accelerator": accelerator}, "my.yaml")
+
+
+def _plan_verdicts(result) -> dict[str, str]:
+    """precision -> the `runs` cell of each row of `sweep plan`'s table."""
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in result.stdout.splitlines() if line.startswith("│")]
+    return {row[1]: row[-1] for row in cells}
+
+
+def test_cli_show_a_declared_part(tmp_path, monkeypatch):
+    from sweep.cli import app
+
+    declared(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["clusters", "show", "my.yaml"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for text in ("a100-40gb (nvidia, declared in this profile)", "40 GiB", "compute capability  8.0", "312",
+                 "BF16 312 TFLOPS dense", "no FP8: those recipes are unsupported on a100-40gb"):
+        assert text in result.stdout, text
+    profile = load_profile("my.yaml")
+    assert profile.accelerator == "a100-40gb" and profile.declares_accelerator and profile.is_gpu
+    assert (profile.peak_tflops("bf16"), profile.peak_tflops("fp8"), profile.cpus_per_rank) == (312, None, 4)
+    assert not load_profile("h100").declares_accelerator
+
+
+def test_plan_on_a_declared_part_without_fp8(tmp_path):
+    from sweep.cli import app
+
+    path = declared(tmp_path)
+    args = ["plan", "--cluster", str(path), "--model", "llama3-8b", "--batch-size", "2", "--gpus", "8",
+            "-p", "bf16", "-p", "fp8-torchao-tensorwise", "-p", "fp8-torchao-rowwise"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "on my-a100 (a100-40gb, 8 ranks)" in result.stdout
+    assert _plan_verdicts(result) == {"bf16": "yes", "fp8-torchao-tensorwise": "no (1)", "fp8-torchao-rowwise": "no (2)"}
+    assert "fp8-torchao-tensorwise needs CUDA compute capability >= 8.9; a100-40gb has 8.0" in result.stdout
+
+    # a part whose capability would allow FP8 but which declares no FP8 peak: the declaration decides
+    path = declared(tmp_path, name="no-fp8-hopper", compute_capability=9.0)
+    result = CliRunner().invoke(app, [*args[:2], str(path), *args[3:]], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert _plan_verdicts(result)["fp8-torchao-tensorwise"] == "no (1)"
+    assert "fp8-torchao-tensorwise needs FP8 tensor cores; no-fp8-hopper has none" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("part", "expected"),
+    [
+        ({"peak_tflops": {"fp32": 156, "bf16": 0, "fp8": None}}, "accelerator.peak_tflops.bf16: Input should be greater than 0 (got 0)"),
+        ({"vendor": "intel"}, "accelerator.vendor: Input should be 'nvidia', 'amd' or 'cpu' (got 'intel')"),
+        ({"vendr": "nvidia", "vendor": "drop"}, "accelerator: unknown key 'vendr' — did you mean 'vendor'?"),
+        ({"name": "drop"}, "accelerator.name: required key is missing"),
+        ({"name": "h100"}, "accelerator: name 'h100' is a catalog accelerator; write `accelerator: h100`"),
+        ({"compute_capability": "drop"}, "accelerator: compute_capability: give it for an nvidia accelerator"),
+        ({"fp8_flavour": "e4m3fn"}, "accelerator: fp8_flavour: set it exactly when peak_tflops.fp8 is set"),
+        ({"sources": {"fp32": "x"}}, "accelerator: sources: every peak needs a source; missing for ['bf16']"),
+        ({"peak_tflops": {"fp32": 156, "bf16": 312}}, "accelerator: peak_tflops: give every family"),
+        ({"memory_gib": "40GB"}, "accelerator.memory_gib: Input should be a valid number (got '40GB')"),
+    ],
+)
+def test_a_bad_declared_part_is_one_line_exit_2(tmp_path, part, expected):
+    from sweep.cli import app
+
+    path = declared(tmp_path, **part)
+    for args in (["clusters", "show", str(path)], ["plan", "--cluster", str(path), "-m", "gpt-tiny", "-b", "1"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and result.stdout == ""
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(f"error: Invalid cluster profile {path}: ") and expected in line, line

@@ -98,4 +98,6 @@ def _hardware_reason(recipe: Recipe, *, accelerator: str, vendor: str, compute_c
     if compute_capability is not None and compute_capability < recipe.min_cuda_capability:
         return (f"{recipe.name} needs CUDA compute capability >= {recipe.min_cuda_capability}; "
                 f"{accelerator} has {compute_capability}")
+    if recipe.family == "fp8" and not has_fp8:  # a declared part may say so without a capability to go by
+        return f"{recipe.name} needs FP8 tensor cores; {accelerator} has none (its peak_tflops.fp8 is null)"
     return None

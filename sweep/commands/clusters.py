@@ -26,7 +26,7 @@ def _ranks(profile: ClusterProfile) -> str:
 
 
 def _memory(profile: ClusterProfile) -> Text:
-    """The profile's own memory_per_device, else the catalog's figure, dimmed."""
+    """The profile's own memory_per_device, else the accelerator's figure (catalog or declared), dimmed."""
     if profile.memory_per_device is not None:
         return Text(profile.memory_per_device)
     memory_gib = profile.accelerator_info.memory_gib
@@ -43,7 +43,7 @@ def list_clusters() -> None:
     """List the shipped cluster profiles."""
     from clusters import load_profile, profile_names
 
-    table = Table(caption="dim memory: the accelerator catalog's figure")
+    table = Table(caption="dim memory: the accelerator's datasheet figure")
     for header in ("name", "accelerator", "nodes × gpus", "memory", "ray address", "$/GPU-h"):
         table.add_column(header, no_wrap=True)
     for name in profile_names():
@@ -66,14 +66,16 @@ def show_cluster(
     memory = _memory(profile)
     if profile.memory_per_device_bytes is not None:
         memory.append(f" = {profile.memory_per_device_bytes:,} bytes")
+    declared = ", declared in this profile" if profile.declares_accelerator else ""
     rows = {
         "description": profile.description or _NONE,
-        "accelerator": f"{accelerator.name} ({accelerator.vendor})",
+        "accelerator": f"{accelerator.name} ({accelerator.vendor}{declared})",
         "ray address": profile.ray_address + (" (embedded Ray, started in-process)" if profile.is_embedded else ""),
         "ranks": f"{_ranks(profile)} = {profile.total_ranks}",
         "cpus per rank": str(profile.cpus_per_rank),
         "memory/device": memory,
         "fp8 flavour": accelerator.fp8_flavour or _NONE,
+        "compute capability": _NONE if accelerator.compute_capability is None else f"{accelerator.compute_capability:.1f}",
         "cost": _cost(profile) + (" per GPU-hour" if profile.cost_per_gpu_hour is not None else ""),
         "trial timeout": _NONE if profile.timeout_s is None else f"{profile.timeout_s:g} s",
         "env": "\n".join(f"{key}={value}" for key, value in profile.env.items()) or _NONE,
@@ -95,7 +97,9 @@ def show_cluster(
     peaks.add_column("source")
     for family in PRECISION_FAMILIES:
         peak = profile.peak_tflops(family)
-        peaks.add_row(family, _NONE if peak is None else f"{peak:g}", Text(accelerator.sources.get(family, _NONE)))
+        source = accelerator.sources.get(family) or (f"no {family.upper()}: those recipes are unsupported on "
+                                                     f"{accelerator.name}" if peak is None else _NONE)
+        peaks.add_row(family, _NONE if peak is None else f"{peak:g}", Text(source))
     if "memory_gib" in accelerator.sources:
         peaks.caption = Text(f"memory: {accelerator.sources['memory_gib']}")
         peaks.caption_justify = "left"
