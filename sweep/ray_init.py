@@ -34,7 +34,7 @@ def connect(profile) -> bool:
     quiet = not debug_enabled()
     common = dict(logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet, configure_logging=True)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    with _sigint_held() as interrupted:
+    with sigint_held() as interrupted:
         if profile.is_embedded:
             num_cpus = None if profile.is_gpu else profile.ranks_per_node * profile.cpus_per_rank
             with loopback_only():
@@ -60,7 +60,7 @@ def disconnect(started: bool) -> None:
     import ray
 
     if started and ray.is_initialized():
-        with _sigint_held():  # a second Ctrl-C must not cut the shutdown short and orphan Ray's processes
+        with sigint_held():  # a second Ctrl-C must not cut the shutdown short and orphan Ray's processes
             ray.shutdown()
 
 
@@ -85,8 +85,14 @@ def loopback_only():
 
 
 @contextmanager
-def _sigint_held():
-    """Defer SIGINT for the block; yields a list that is non-empty if one arrived."""
+def sigint_held():
+    """Defer SIGINT for the block; yields a list that is non-empty if one arrived.
+
+    A Ctrl-C is recorded, never raised where it lands: a KeyboardInterrupt raised inside one of Ray's
+    Cython callbacks (its signal check in `ray.wait`, an object-ref destructor) is printed as "Exception
+    ignored" and lost, and the sweep would go on as if nothing had been pressed. The caller looks at the
+    list where stopping is safe.
+    """
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
         yield received

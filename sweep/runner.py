@@ -82,7 +82,7 @@ class _Progress:
 def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name: str | None = None,
             resume: bool = False, max_concurrent: int | None = None, timeout_s: float | None = None,
             progress: bool = True) -> RunReport:
-    from sweep.ray_init import connect, disconnect
+    from sweep.ray_init import connect, disconnect, sigint_held
     from sweep.scheduler import Scheduler
 
     report = RunReport(run_id=run_id or new_run_id())
@@ -111,7 +111,9 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
         started_ray = connect(profile)
         scheduler = Scheduler(profile, max_concurrent=max_concurrent, timeout_s=timeout_s)
 
-    with _Progress(progress) as bar:
+    # Ctrl-C is recorded and acted on at the top of each round (within one poll, ~0.5 s), not raised
+    # wherever it lands (see sigint_held); the teardown below runs with it still held.
+    with _Progress(progress) as bar, sigint_held() as ctrl_c:
         bar.add(len(queue))
         try:
             # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
@@ -119,6 +121,8 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
             if any(t.trial_id not in recorded and unsupported(t, profile) is None for t in queue):
                 start()
             while queue or (scheduler and scheduler.busy):
+                if ctrl_c:
+                    raise KeyboardInterrupt
                 while queue:
                     trial = queue.popleft()
                     if trial.trial_id in seen:  # the same config reached twice (e.g. a retry the grid has)
