@@ -105,15 +105,23 @@ def register(app: typer.Typer) -> None:
             output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
             resume: Annotated[bool, typer.Option(help="Skip attempts already recorded in --output.")] = False,
             max_concurrent: Annotated[Optional[int], typer.Option(min=1, help="At most this many trials at once.")] = None,
-            progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True) -> None:
+            progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+            yes: Annotated[bool, typer.Option("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False
+            ) -> None:
         """Run a grid of trials and write one Parquet row per attempt."""
+        from sweep.advice import LARGE_GRID, needs_confirmation
+        from sweep.errors import UserError
         from sweep.policy import GridPlan, MaxBatchPlan
         from sweep.runner import execute, new_run_id
 
         profile, spec, trials = _prepare(grid, cluster, memory_cap, model=model, precision=precision,
                                          batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus,
                                          grad_accum=grad_accum)
+        if needs_confirmation(trials) and not yes:
+            raise UserError(f"{len(trials)} trials (more than {LARGE_GRID}): check the grid with `sweep plan`, "
+                            f"then run it with --yes")
         check_output(output)
+        _print_warnings(trials, profile)
         run_id = new_run_id()
         if spec.search == "max_batch":
             plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials))
@@ -164,6 +172,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"every trial: {escape(shared)}", soft_wrap=True)
         for reason, n in reasons.items():
             console.print(f"[yellow]({n}) unsupported:[/yellow] {escape(reason)}")
+        _print_warnings(trials, profile, console)
 
     @app.command("max-batch")
     @user_errors
@@ -186,10 +195,23 @@ def register(app: typer.Typer) -> None:
                                          grad_accum=grad_accum)
         trials = [replace(t, warmup_steps=warmup, measure_steps=measure) for t in trials]
         check_output(output)
+        _print_warnings(trials, profile)
         run_id = new_run_id()
         plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
         report = execute(plan, profile=profile, output=output, run_id=run_id, progress=progress)
         _finish(report, output, plan)
+
+
+def _print_warnings(trials, profile, console=None) -> None:
+    """Combinations that run but mislead (sweep.advice), in yellow: under the plan, on stderr before a run."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from sweep.advice import plan_warnings
+
+    console = console or Console(stderr=True)
+    for line in plan_warnings(trials, is_gpu=profile.is_gpu):
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True)
 
 
 def check_output(output: Path) -> None:
