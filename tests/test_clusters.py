@@ -255,28 +255,11 @@ def test_profile_module_imports_neither_torch_nor_ray():
 # --- the CLI --------------------------------------------------------------------------------------
 
 
-def _standalone_root() -> typer.Typer:
-    """Only the clusters sub-app, mounted as the real CLI mounts it."""
-    from sweep.commands import clusters as clusters_commands
+@pytest.fixture
+def cli_app() -> typer.Typer:
+    """The `sweep` command itself: a CLI that does not import is a failure, never a skip or a stand-in."""
+    from sweep.cli import app
 
-    root = typer.Typer(pretty_exceptions_enable=False)
-
-    @root.callback()
-    def _root() -> None:
-        pass
-
-    root.add_typer(clusters_commands.app, name="clusters")
-    return root
-
-
-@pytest.fixture(params=["sweep.cli", "standalone"])
-def cli_app(request) -> typer.Typer:
-    if request.param == "standalone":
-        return _standalone_root()
-    try:
-        from sweep.cli import app
-    except ImportError as e:  # another command module may not exist yet while the tree is being built
-        pytest.skip(f"sweep.cli does not import yet: {e}")
     return app
 
 

@@ -3,7 +3,8 @@
 CPU: the capability check over every accelerator class; the TE plan's logic with a stand-in for
 Transformer Engine (TE cannot be imported without CUDA); torchao FP8 (tensorwise, rowwise,
 rowwise-gw-hp) trained for real by `trainer.worker.RankWorker` on two gloo ranks with emulated FP8
-matmuls. GPU tests (marked `gpu`) skip cleanly without CUDA / TE and run on the H200s.
+matmuls. GPU tests (marked `gpu`) run on the H200s and skip only without a GPU: on one, a TE recipe the
+part can run must be supported and train (a missing Transformer Engine fails them).
 """
 
 from __future__ import annotations
@@ -204,18 +205,43 @@ def test_te_plan_rejects_other_backends_and_missing_te(monkeypatch):
 
 # -- GPU: the real thing (H200s) -----------------------------------------------------------------
 
+# What each TE recipe needs, from NVIDIA's Transformer Engine documentation and written here apart from
+# trainer/recipes.py and the catalog: the GPU test below checks those against the GPU it runs on, so a wrong
+# entry in either fails on a GPU that runs the recipe instead of skipping it (an H200 is sm_90: all four).
+TE_MIN_CAPABILITY = {"bf16-te": (8, 0), "fp8-te-delayed": (8, 9), "fp8-te-current": (8, 9), "fp8-te-block": (9, 0)}
+
+
+def _catalog_entry(device_name: str):
+    """The catalog's entry for a CUDA device name ('NVIDIA H200' -> h200, 'NVIDIA H100 PCIe' -> h100-pcie)."""
+    squeezed = device_name.lower().replace(" ", "").replace("-", "")
+    names = sorted(load_catalog(), key=len, reverse=True)  # the most specific name first: h100-pcie before h100
+    name = next((n for n in names if n.replace("-", "") in squeezed), None)
+    return name and load_catalog()[name]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["bf16-te", "fp8-te-delayed", "fp8-te-current", "fp8-te-block"])
+@pytest.mark.parametrize("name", list(TE_MIN_CAPABILITY))
 @pytest.mark.parametrize("arch", ["llama", "gpt"])
 def test_te_recipes_train_on_a_gpu(run_one_rank, name, arch):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    pytest.importorskip("transformer_engine.pytorch")
-    major, minor = torch.cuda.get_device_capability()
-    reason = unsupported_reason(RECIPES[name], accelerator=torch.cuda.get_device_name(), vendor="nvidia",
-                                compute_capability=major + minor / 10)
-    if reason:
-        pytest.skip(reason)
+    if not torch.cuda.is_available() or torch.version.hip:
+        pytest.skip("needs an NVIDIA GPU")
+    capability = torch.cuda.get_device_capability()
+    device = torch.cuda.get_device_name()
+    # what `sweep plan/run` decides: from the catalog's entry for this part (a profile names it), else the device
+    entry = _catalog_entry(device)
+    if entry is not None:
+        assert entry.compute_capability == capability[0] + capability[1] / 10, f"catalog {entry.name} vs {device}"
+    known = entry.compute_capability if entry is not None else capability[0] + capability[1] / 10
+    reason = unsupported_reason(RECIPES[name], accelerator=device, vendor="nvidia", compute_capability=known,
+                                have_te=True)
+    if capability < TE_MIN_CAPABILITY[name]:  # a part that cannot run it: the check must say so
+        assert reason is not None and "compute capability" in reason, reason
+        return
+    assert reason is None, f"{name} runs on {device} (sm_{capability[0]}{capability[1]}); sweep refuses it: {reason}"
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except ImportError as e:
+        pytest.fail(f"the GPU tests train the TE recipes: pip install -e '.[te]' ({e})")
     # every GEMM dim a multiple of 128 (Float8BlockScaling's block), head dim 32
     spec = ModelSpec(arch="llama", n_layers=2, d_embd=128, n_heads=4, n_kv_heads=2, ffn_hidden=384,
                      vocab_size=512) if arch == "llama" else \
