@@ -1,11 +1,15 @@
-"""``sweep results plot``: one PNG, two rows of panels, one panel per model in each row.
+"""``sweep results plot``: one image, two rows of panels, one panel per model in each row.
 
 - Top row(s): median TFLOP/s/GPU vs per-GPU batch size, one line per series (precision, plus
-  whichever of cluster, compile, ac, seq_len, world_size vary in the data), error bars min–max over
-  repeats. A batch where every attempt hit OOM is an ``x`` on the zero line; one that failed
-  otherwise (error, timeout, unsupported) is a hollow triangle.
+  whichever of cluster, compile, ac, seq_len, world_size, the training options and the memory cap
+  vary within a model), error bars min–max over repeats. A batch where every attempt hit OOM is an
+  ``x`` on the zero line; one that failed otherwise (error, timeout, unsupported) is a hollow triangle.
 - Bottom row(s): the largest batch that fits per series (bar, number on top, "OOM at n" where a
-  larger batch ran out of memory, "fastest n" when a smaller batch was faster).
+  larger batch ran out of memory, "≥ n" where none did, "fastest n" when a smaller batch was faster).
+
+Series are labelled by the values that vary, each with its name ("bf16 · accum 8 · reduce bf16");
+what differs only between models goes in the panel titles ("gpt2-1.5b · seq 1024"), what is the same
+everywhere in the figure title, once.
 
 matplotlib is imported here only, through ``Figure`` and the Agg canvas: no pyplot global state.
 """
@@ -20,28 +24,60 @@ import pyarrow as pa
 
 from sweep.errors import UserError
 from sweep.results import aggregate
+from sweep.results.render import CONFIG_HEADERS
 from sweep.schema import TRAINING_DEFAULTS
 
 SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", *TRAINING_DEFAULTS, "memory_cap_gib")
+DPI = 110  # the tick thinning measures text at this resolution: the saved image must use the same
+MAX_WIDTH = 22.0  # inches: wider panels wrap onto more rows
 
 
 def _text(key: str, value) -> str:
+    """One value named by its table header: 'accum 8', 'fp8 head on', 'cap 80 GiB'; a precision is its own name."""
+    if key == "precision":
+        return str(value)
     if key == "memory_cap_gib":  # a capped search is its own series, never joined to the uncapped one
         return "no cap" if value is None else f"cap {value:g} GiB"
-    return str(value)
+    if isinstance(value, bool):
+        return f"{CONFIG_HEADERS[key]} {'on' if value else 'off'}"
+    return f"{CONFIG_HEADERS[key]} {value}"
+
+
+def _says_nothing(key: str, value) -> bool:
+    """A constant at its default (training options, no memory cap) stays out of titles, as in tables."""
+    return (key == "memory_cap_gib" and value is None) or (key in TRAINING_DEFAULTS and value == TRAINING_DEFAULTS[key])
 
 
 def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool = False) -> Path:
-    """Aggregate ``directory`` and write the figure to ``out`` (format from its suffix, e.g. .png)."""
+    """Aggregate ``directory`` and write the figure; returns the path written (``out`` + .png without a suffix)."""
     configs = aggregate.configs(directory, where, skip_bad)
     return plot_tables(configs, aggregate.max_batch_table(configs), Path(out))
 
 
-def _labels(rows: list[dict]) -> tuple[list[str], str]:
-    """Series label keys (precision and every varying key) and a caption of the constant ones."""
-    varying = [k for k in SERIES_KEYS if k == "precision" or len({r[k] for r in rows}) > 1]
-    constant = [f"{k} {_text(k, rows[0][k])}" for k in SERIES_KEYS if k not in varying and rows]
-    return varying, " · ".join(constant)
+def _split_keys(rows: list[dict]) -> tuple[list[str], list[str], list[str]]:
+    """SERIES_KEYS as (series, per model, constant).
+
+    Series keys vary within a model's panel (precision always: it is the colour); per-model keys differ
+    between models only (gpt2's seq_len 1024 beside llama's 4096) and go in the panel titles; constant
+    keys go once in the figure title.
+    """
+    models: dict[str, list[dict]] = {}
+    for r in rows:
+        models.setdefault(r["model"], []).append(r)
+    series = [k for k in SERIES_KEYS if k == "precision" or any(len({r[k] for r in rs}) > 1 for rs in models.values())]
+    per_model = [k for k in SERIES_KEYS if k not in series and len({r[k] for r in rows}) > 1]
+    constant = [k for k in SERIES_KEYS if k not in series and k not in per_model]
+    return series, per_model, constant
+
+
+def _wrap(parts: list[str], width: int) -> str:
+    """Join ``parts`` with ' · ', breaking lines between parts at ``width`` characters (a title never gets cut)."""
+    lines = [""]
+    for part in parts:
+        if lines[-1] and len(lines[-1]) + 3 + len(part) > width:
+            lines.append("")
+        lines[-1] += (" · " if lines[-1] else "") + part
+    return "\n".join(lines)
 
 
 def _styles(rows: list[dict], varying: list[str], label) -> dict[str, dict]:
@@ -58,33 +94,48 @@ def _styles(rows: list[dict], varying: list[str], label) -> dict[str, dict]:
 
 
 def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path) -> Path:
+    """Write ``figure`` to ``out`` (format from the suffix; none: .png, added to the name that is returned)."""
+    if not out.suffix:  # matplotlib would write out + ".png" and the caller would name the wrong file
+        out = out.with_name(out.name + ".png")
+    fig = figure(configs, max_batch)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(out, dpi=DPI)
+    except (ValueError, OSError) as e:
+        raise UserError(f"--out {out}: cannot write the plot ({e})") from None
+    return out
+
+
+def figure(configs: pa.Table, max_batch: pa.Table):
+    """The matplotlib Figure of ``configs`` (from ``aggregate.configs``) and their ``max_batch_table``."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
     rows, groups = configs.to_pylist(), max_batch.to_pylist()
-    varying, caption = _labels(rows)
+    varying, per_model, constant = _split_keys(rows)
     label = lambda r: " · ".join(_text(k, r[k]) for k in varying)  # noqa: E731
     style = _styles(rows, varying, label)
     series = list(style)
     models = sorted({r["model"] for r in rows})
-    ncols = min(len(models), 3)
+    # a max-batch panel is as wide as its bars need: each holds "OOM at 121" and its longest label line
+    most_bars = max(sum(g["model"] == m for g in groups) for m in models)
+    longest = max(len(part) for s in series for part in s.split(" · "))
+    panel = max(5.4, most_bars * max(0.8, 0.065 * longest + 0.25) + 1.0)
+    ncols = max(1, min(len(models), 3, int(MAX_WIDTH // panel)))
     nrows = math.ceil(len(models) / ncols)
 
-    fig = Figure(figsize=(5.4 * ncols, 4.0 * 2 * nrows + 0.6), layout="constrained")
+    fig = Figure(figsize=(panel * ncols, 4.0 * 2 * nrows + 0.6), dpi=DPI, layout="constrained")
     axes = fig.subplots(2 * nrows, ncols, squeeze=False)
+    perf_axes = []
     for i, model in enumerate(models):
         top, bottom = axes[i // ncols][i % ncols], axes[nrows + i // ncols][i % ncols]
-        _perf_panel(top, [r for r in rows if r["model"] == model], label, style)
+        mine = [r for r in rows if r["model"] == model]
+        _perf_panel(top, mine, label, style)
         _bar_panel(bottom, [g for g in groups if g["model"] == model], label, style)
-        top.set_title(model)
-        bottom.set_title(f"{model}: largest batch that fits")
-        batches = sorted({r["batch_size"] for r in rows if r["model"] == model})
-        if batches[-1] >= 4 * batches[0]:
-            top.set_xscale("log", base=2)
-        top.xaxis.set_major_locator(FixedLocator(batches))
-        top.xaxis.set_minor_locator(NullLocator())
-        top.xaxis.set_major_formatter(ScalarFormatter())
+        name = " · ".join([model, *(_text(k, mine[0][k]) for k in per_model)])
+        top.set_title(name)
+        bottom.set_title(f"{name}: largest batch that fits")
+        perf_axes.append((top, sorted({r["batch_size"] for r in mine})))
     for ax in [*axes[:nrows].flat[len(models):], *axes[nrows:].flat[len(models):]]:
         ax.set_visible(False)
 
@@ -96,14 +147,37 @@ def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path) -> Path:
     longest = max(len(h.get_label()) for h in handles) * 7 + 40
     fig.legend(handles=handles, loc="outside lower center", ncols=max(1, min(len(handles), int(width_px // longest))),
                frameon=False)
-    if caption:
-        fig.suptitle(caption, fontsize="medium")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(out, dpi=110)
-    except (ValueError, OSError) as e:
-        raise UserError(f"--out {out}: cannot write the plot ({e})") from None
-    return out
+    title = [_text(k, rows[0][k]) for k in constant if not _says_nothing(k, rows[0][k])]
+    if title:
+        fig.suptitle(_wrap(title, int(width_px // 8)), fontsize="medium")
+    for ax, batches in perf_axes:
+        _batch_ticks(fig, ax, batches)
+    return fig
+
+
+def _batch_ticks(fig, ax, batches: list[int]) -> None:
+    """Every batch tried gets a tick; a number only where it does not run into its neighbour's.
+
+    The first and last batch are always numbered. Overlap is measured on the laid-out figure: batches a
+    search probed close together (113, 117, 118, 119) would otherwise print as one smudge.
+    """
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+
+    if batches[-1] >= 4 * batches[0]:
+        ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(batches))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    fig.draw_without_rendering()
+    boxes = [t.get_window_extent() for t in ax.get_xticklabels()]
+    gap, last = 4, len(batches) - 1  # px between two numbers
+    keep = [0]
+    for i in range(1, last + 1):
+        clear = boxes[i].x0 >= boxes[keep[-1]].x1 + gap
+        if clear and (i == last or boxes[i].x1 + gap <= boxes[last].x0):  # leave room for the last one
+            keep.append(i)
+    ax.xaxis.set_major_locator(FixedLocator([batches[i] for i in keep]))
+    ax.xaxis.set_minor_locator(FixedLocator([b for i, b in enumerate(batches) if i not in keep]))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _perf_panel(ax, rows: list[dict], label, style: dict) -> None:
@@ -135,9 +209,12 @@ def _bar_panel(ax, groups: list[dict], label, style: dict) -> None:
     for x, g in enumerate(groups):
         height = g["max_ok_batch"] or 0
         ax.bar(x, height, width=0.7, color=style[label(g)]["color"], hatch=style[label(g)]["hatch"], edgecolor="white")
-        text = str(height) if g["max_ok_batch"] is not None else g["status"]
-        if g["oom_batch"] is not None:
-            text += f"\nOOM at {g['oom_batch']}"
+        if g["max_ok_batch"] is None:
+            text = g["status"]
+        elif g["oom_batch"] is None:
+            text = f"≥ {height}"  # nothing larger ran out of memory: the limit was not found
+        else:
+            text = f"{height}\nOOM at {g['oom_batch']}"
         if g["fastest_batch"] is not None and g["fastest_batch"] != g["max_ok_batch"]:
             text += f"\nfastest {g['fastest_batch']}"
         ax.annotate(text, (x, height), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize="small")
