@@ -25,9 +25,16 @@ def new_run_id() -> str:
 
 
 def unsupported(trial: Trial, profile) -> str | None:
+    """Why `trial` cannot run on `profile`, or None: the recipe on this hardware and install first, then
+    whether the training state alone fits each rank's memory."""
+    from sweep.capacity import per_rank_memory, state_reason
+
     info = profile.accelerator_info
-    return unsupported_reason(RECIPES[trial.precision], accelerator=profile.accelerator, vendor=info.vendor,
-                              compute_capability=info.compute_capability, has_fp8=info.peak_tflops["fp8"] is not None)
+    memory = per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=profile.memory_per_device_bytes,
+                             accelerator=profile.accelerator, memory_gib=info.memory_gib)
+    return (unsupported_reason(RECIPES[trial.precision], accelerator=profile.accelerator, vendor=info.vendor,
+                               compute_capability=info.compute_capability, has_fp8=info.peak_tflops["fp8"] is not None)
+            or state_reason(n_params=trial.model.n_params(), ranks=trial.gpus, memory=memory))
 
 
 @dataclass

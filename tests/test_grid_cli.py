@@ -190,7 +190,7 @@ def test_grid_mistakes_are_named_with_the_likely_fix(case, cli, write_grid):
 def test_every_mistake_is_reported_unknown_keys_first(cli, write_grid):
     grid = write_grid("models: [gpt-tiny, falcon-40b]\nbatch_size: [1]\nprecisions: [bf61]\nseq_len: [0]\n")
     line = error_line(cli("plan", grid, "--cluster", "local"))
-    valid = "gpt-tiny, gpt2-1.5b, llama-tiny, llama3-70b-proxy, llama3-8b, mistral-7b"
+    valid = "gpt-tiny, gpt2-1.5b, llama-tiny, llama3-70b, llama3-70b-proxy, llama3-8b, mistral-7b"
     assert line == (f"error: Invalid grid {grid}: unknown key 'batch_size' — did you mean 'batch_sizes'?; "
                     f"models.1: unknown model 'falcon-40b'; valid: {valid} "
                     "(or an inline mapping: arch, n_layers, ...); "

@@ -46,7 +46,9 @@ def scaled_down(spec: ModelSpec, *, n_layers: int = 2, head_dim: int = 16) -> Mo
 
 
 TINY = ["gpt-tiny", "llama-tiny"]
-SMALL = {f"{name}-small": scaled_down(spec) for name, spec in REGISTRY.items() if name not in TINY}
+# Scaled down, Llama3-70B is its 4-layer proxy's copy (same dims, vocabulary and ratios): checked once.
+SAME_AS_PROXY = ["llama3-70b"]
+SMALL = {f"{name}-small": scaled_down(spec) for name, spec in REGISTRY.items() if name not in TINY + SAME_AS_PROXY}
 
 
 def _meta_numel(spec: ModelSpec, backend: str = "torch") -> int:
@@ -63,6 +65,9 @@ def test_seed_model_sizes():
     assert REGISTRY["gpt2-1.5b"].n_params() == 1_557_686_400
     assert _meta_numel(REGISTRY["llama3-8b"]) == 8_030_261_248
     assert _meta_numel(REGISTRY["gpt2-1.5b"]) == 1_557_686_400
+    # Llama3-70B (Meta's model card: 70.6B); its proxy keeps the dims with 4 of the 80 layers
+    assert REGISTRY["llama3-70b"].n_params() == _meta_numel(REGISTRY["llama3-70b"]) == 70_553_706_496
+    assert REGISTRY["llama3-70b"] == REGISTRY["llama3-70b-proxy"].model_copy(update=dict(name="llama3-70b", n_layers=80))
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
