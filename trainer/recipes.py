@@ -19,6 +19,15 @@ Backend = Literal["torch", "torchao", "te"]
 # at all). FP8 needs sm_89+ (Ada, Hopper) or an MI300-class GPU (gfx942: e4m3fnuz; gfx950: OCP e4m3fn);
 # MXFP8 needs Blackwell (sm_100+).
 TE_INSTALL_HINT = "pip install 'sweep[te]' (transformer-engine[pytorch]>=2.10)"
+# `sweep[te]` is NVIDIA's build, which cannot drive AMD GPUs: there TE is ROCm's fork (README, Precisions).
+TE_ROCM_HINT = ("use ROCm's Transformer Engine (github.com/ROCm/TransformerEngine: the one in AMD's ROCm containers, "
+                "its transformer_engine_rocm wheels, or a source build), not pip install 'sweep[te]'")
+
+# Which vendor's TE is installed, told by the distribution its core library came in: NVIDIA's wheels
+# (`pip install 'sweep[te]'`) are transformer-engine-cu12 / -cu13, ROCm's are transformer-engine-rocm. A
+# source build is plain transformer-engine for either vendor and says nothing, so it is let through.
+TE_BUILDS = {"transformer-engine-cu12": "nvidia", "transformer-engine-cu13": "nvidia",
+             "transformer-engine-rocm": "amd"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,24 +73,57 @@ def have_module(name: str) -> bool:
         return False
 
 
+@functools.cache  # as have_module: asked once per process
+def te_distributions() -> frozenset[str]:
+    """The vendor-specific TE distributions installed here (the keys of TE_BUILDS that pip knows of)."""
+    from importlib import metadata
+
+    found = set()
+    for name in TE_BUILDS:
+        try:
+            metadata.distribution(name)  # matches transformer_engine_cu12 as well: names are normalised
+        except metadata.PackageNotFoundError:
+            continue
+        found.add(name)
+    return frozenset(found)
+
+
+def te_build_reason(recipe: Recipe, *, accelerator: str, vendor: str, distributions: frozenset[str]) -> str | None:
+    """Why the installed TE is the other vendor's build for this accelerator, or None (pure: `distributions`
+    as `te_distributions` finds them)."""
+    wrong = sorted(d for d in distributions if TE_BUILDS.get(d, vendor) != vendor)
+    if recipe.backend != "te" or vendor not in ("nvidia", "amd") or not wrong:
+        return None
+    needs, found, then = ("ROCm's", "NVIDIA's", TE_ROCM_HINT) if vendor == "amd" else ("NVIDIA's", "ROCm's", TE_INSTALL_HINT)
+    uninstall = " ".join(["transformer-engine", "transformer-engine-torch", *wrong])  # the metapackage, the torch extension
+    return (f"{recipe.name} on {accelerator} needs {needs} Transformer Engine, but {found} is installed "
+            f"({', '.join(wrong)}): pip uninstall -y {uninstall}, then {then}")
+
+
 def unsupported_reason(recipe: Recipe, *, accelerator: str, vendor: str, compute_capability: float | None = None,
-                       has_fp8: bool = True, have_te: bool | None = None,
-                       have_torchao: bool | None = None) -> str | None:
+                       has_fp8: bool = True, have_te: bool | None = None, have_torchao: bool | None = None,
+                       te_builds: frozenset[str] | None = None) -> str | None:
     """Why `recipe` cannot run on this accelerator with what is installed, or None if it can.
 
     `compute_capability` (NVIDIA) and `has_fp8` (AMD: an MI300-class part) come from the accelerator
     catalog; an NVIDIA part of unknown capability is given the benefit of the doubt. `have_te` /
-    `have_torchao` default to whether the package is importable here (the driver and the rank processes
-    share one environment on a Ray cluster built from one container image).
+    `have_torchao` default to whether the package is importable here, and `te_builds` to the vendor TE
+    distributions installed here (the driver and the rank processes share one environment on a Ray
+    cluster built from one container image).
     """
     hardware = _hardware_reason(recipe, accelerator=accelerator, vendor=vendor,
                                 compute_capability=compute_capability, has_fp8=has_fp8)
     if hardware:  # the hardware answer first: installing a package would not help
         return hardware
+    if recipe.backend == "te":  # before "is it there": find_spec finds the wrong build too; it fails in a rank
+        builds = te_distributions() if te_builds is None else te_builds
+        wrong_build = te_build_reason(recipe, accelerator=accelerator, vendor=vendor, distributions=builds)
+        if wrong_build:
+            return wrong_build
     have_te = have_module("transformer_engine") if have_te is None else have_te
     have_torchao = have_module("torchao") if have_torchao is None else have_torchao
     if recipe.backend == "te" and not have_te:
-        return f"{recipe.name} needs Transformer Engine: {TE_INSTALL_HINT}"
+        return f"{recipe.name} needs Transformer Engine: {TE_ROCM_HINT if vendor == 'amd' else TE_INSTALL_HINT}"
     if recipe.backend == "torchao" and not have_torchao:
         return f"{recipe.name} needs torchao: pip install torchao"
     return None
