@@ -10,6 +10,7 @@ at the same time.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,10 @@ def two_node_run(tmp_path_factory, sweep_env):
     from ray.cluster_utils import Cluster
 
     folder = tmp_path_factory.mktemp("two-nodes")
+    # The cluster's processes start with this process's environment, including its RAY_AUTH_MODE (the session
+    # Ray's ray.init writes "token" there, if it ran first); a driver joins only in the same mode, as the shell
+    # of an operator who ran `ray start` has it. Nothing else of this process's Ray variables goes along.
+    auth_mode = os.environ.get("RAY_AUTH_MODE", "disabled")
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 2, "include_dashboard": False})
     try:
         cluster.add_node(num_cpus=2)
@@ -54,7 +59,8 @@ cpus_per_rank: 1
 """)
         run = subprocess.run([sys.executable, "-m", "sweep", "run", folder / "grid.yaml", "--cluster",
                               folder / "profile.yaml", "--output", folder / "out", "--no-progress"],
-                             cwd=ROOT, env=sweep_env(), capture_output=True, text=True, timeout=240)
+                             cwd=ROOT, env={**sweep_env(), "RAY_AUTH_MODE": auth_mode}, capture_output=True, text=True,
+                             timeout=240)
         assert run.returncode == 0, run.stdout + run.stderr
         node_ids = {n.node_id for n in cluster.list_all_nodes()}
     finally:
