@@ -502,7 +502,7 @@ def test_skip_bad_with_nothing_readable_is_an_error(tmp_path):
     assert error == f"error: {tmp_path}: no readable sweep results (1 file(s) skipped)"
 
 
-def test_small_numbers_keep_three_significant_figures(tmp_path):
+def test_small_numbers_keep_their_significant_figures(tmp_path):
     """CPU-rank TFLOP/s (0.0105 vs 0.0144) must not both print 0.01, nor a 0.00664 baseline 0.01."""
     (row,) = [r for r in make_rows() if r["status"] == "ok"][:1]
     for trial_id, precision, tflops in (("a", "bf16", 0.00664), ("b", "fp8-te", 0.0105), ("c", "fp8-torchao", 0.0144)):
@@ -511,13 +511,13 @@ def test_small_numbers_keep_three_significant_figures(tmp_path):
     res = invoke("export", tmp_path)
     assert res.exit_code == 0, res.output
     cells = {r["precision"]: r for r in _parse_markdown(res.stdout)}
-    assert [cells[p]["TFLOP/s/GPU"] for p in ("bf16", "fp8-te", "fp8-torchao")] == ["0.00664", "0.0105", "0.0144"]
+    assert [cells[p]["TFLOP/s/GPU"] for p in ("bf16", "fp8-te", "fp8-torchao")] == ["0.006640", "0.01050", "0.01440"]
     assert (cells["fp8-te"]["MFU"], cells["fp8-te"]["peak mem (GiB)"], cells["fp8-te"]["step (s)"]) == (
-        "0.00106 %", "0.0913", "1.23")
+        "0.001062 %", "0.09130", "1.234")
     res = invoke("compare", tmp_path, "-f", "md")
     assert res.exit_code == 0, res.output
     cells = {r["precision"]: r for r in _parse_markdown(res.stdout)}
-    assert cells["fp8-te"]["bf16 TFLOP/s/GPU"] == "0.00664"
+    assert cells["fp8-te"]["bf16 TFLOP/s/GPU"] == "0.006640"
     assert cells["fp8-te"]["vs bf16"] == "1.58× (+58.1 %)" and cells["fp8-torchao"]["vs bf16"] == "2.17× (+117 %)"
 
 

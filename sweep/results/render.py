@@ -38,11 +38,12 @@ class Col:
     numeric: bool = True
 
 
-SIGNIFICANT = 3
+SIGNIFICANT = 4  # measurements: 871.9 vs 867.0 TFLOP/s stay apart, 0.01050 and 0.01440 too
+RATIO_SIGNIFICANT = 3  # ratios and percentages: 1.58× (+58.1 %), ±10.6 %
 
 
 def sig(value: float, digits: int = SIGNIFICANT, sign: bool = False) -> str:
-    """``value`` to ``digits`` significant figures, never fewer: 0.0105, 0.00664, 42.2, 783, 12,345.
+    """``value`` to ``digits`` significant figures, never fewer (digits 4: 0.01050, 0.006640, 42.19, 782.9, 12,345).
 
     Digits left of the point are all kept (no 1.23e+04), with thousands separators. Fixed decimals per
     column would print CPU-rank TFLOP/s (0.0105, 0.0144) alike as 0.01.
@@ -81,7 +82,7 @@ def ratio_text(key: str, base_status_key: str = "base_status") -> Callable[[dict
     def text(row: dict) -> str:
         value = row.get(key)
         if value is not None:
-            return f"{sig(value)}× ({sig((value - 1) * 100, sign=True)} %)"
+            return f"{sig(value, RATIO_SIGNIFICANT)}× ({sig((value - 1) * 100, RATIO_SIGNIFICANT, sign=True)} %)"
         if row.get("status") != "ok":
             return row.get("status") or DASH
         if row.get(base_status_key) != "ok":
@@ -180,7 +181,7 @@ TOKENS = num("tokens_per_s_per_gpu")
 def _spread(row: dict) -> str:
     if row.get("spread_pct") is None or (row.get("n_ok") or 0) < 2:
         return DASH  # one measurement has no spread
-    return f"±{sig(row['spread_pct'])} %"
+    return f"±{sig(row['spread_pct'], RATIO_SIGNIFICANT)} %"
 
 
 SHOW_COLS = [
