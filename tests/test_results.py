@@ -239,7 +239,9 @@ def _parse_markdown(text: str) -> list[dict]:
         lines = lines[1:]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert set(lines[1].replace("|", "").replace("-", "").replace(":", "")) <= {""}
-    return [{**constant, **dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))} for line in lines[2:]]
+    table = [line for line in lines[2:] if line.startswith("|")]
+    assert lines[2:2 + len(table)] == table  # the table, then its provenance (tests/test_results_provenance.py)
+    return [{**constant, **dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))} for line in table]
 
 
 def _key(row: dict) -> tuple:

@@ -59,7 +59,9 @@ Format = Annotated[TableFormat, typer.Option("--format", "-f", help="table: Rich
 Limit = Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows of a terminal table (0: all). md and csv print every row.")]
 
 
-def _emit(rows: list[dict], cols, fmt: TableFormat, title: str, note: str = "", always=(), csv_columns=None, limit: int = 0) -> None:
+def _emit(rows: list[dict], cols, fmt: TableFormat, title: str, note: str = "", always=(), csv_columns=None, limit: int = 0,
+          footer=None) -> None:
+    """Print ``rows`` as ``fmt``; ``footer()`` (the provenance) goes under a markdown table."""
     from sweep.results import render
 
     if fmt is TableFormat.table:
@@ -68,7 +70,7 @@ def _emit(rows: list[dict], cols, fmt: TableFormat, title: str, note: str = "", 
             rows, note = rows[:limit], " · ".join(p for p in (note, more) if p)
         render.rich_table(rows, cols, title, note, always)
     elif fmt is TableFormat.md:
-        sys.stdout.write(render.markdown(rows, cols, always, note))
+        sys.stdout.write(render.markdown(rows, cols, always, note) + ("\n" + footer() if footer else ""))
     else:
         sys.stdout.write(render.csv_text(rows, csv_columns or [c.key for c in cols]))
 
@@ -102,11 +104,12 @@ def max_batch(directory: Directory, where: Where = None, fmt: Format = TableForm
     Also the smallest batch above it that ran out of memory, and the fastest batch (highest median
     TFLOP/s/GPU) with its TFLOP/s/GPU and MFU.
     """
-    from sweep.results import aggregate, render
+    from sweep.results import aggregate, provenance, render
 
-    table = aggregate.max_batch(directory, where or (), skip_bad)
+    rows = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS)
+    table = aggregate.max_batch_table(aggregate.config_table(rows))
     _emit(table.to_pylist(), render.MAX_BATCH_COLS, fmt, f"{directory}: largest batch per GPU that fits",
-          csv_columns=table.column_names, limit=limit)
+          csv_columns=table.column_names, limit=limit, footer=lambda: provenance.markdown(rows))
 
 
 @app.command()
@@ -129,9 +132,10 @@ def compare(
     With --by cluster, also tokens/s/GPU per $/GPU-hour where the rows carry a cost (the profile's
     cost_per_gpu_hour when they were written).
     """
-    from sweep.results import aggregate, render
+    from sweep.results import aggregate, provenance, render
 
-    configs, costs = aggregate.compare_inputs(directory, by.value, where or (), skip_bad)
+    rows = aggregate.load_rows(directory, where or (), skip_bad, ("cost_per_gpu_hour", *provenance.COLUMNS))
+    configs, costs = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
     if baseline is None:
         if by is By.cluster:
@@ -145,7 +149,8 @@ def compare(
     note = f"no cost per GPU-hour for: {', '.join(unknown)}" if by is By.cluster and unknown else ""
     cols = render.compare_cols(by.value, baseline, with_cost)
     title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
-    _emit(table.to_pylist(), cols, fmt, title, note, always=(by.value,), csv_columns=table.column_names, limit=limit)
+    _emit(table.to_pylist(), cols, fmt, title, note, always=(by.value,), csv_columns=table.column_names, limit=limit,
+          footer=lambda: provenance.markdown(rows))
 
 
 @app.command()
@@ -157,12 +162,20 @@ def export(
     where: Where = None,
     skip_bad: SkipBad = False,
 ) -> None:
-    """One line per config: median TFLOP/s/GPU, spread, MFU, step time, tokens/s/GPU, peak memory, n."""
-    from sweep.results import aggregate, render
+    """One line per config: median TFLOP/s/GPU, spread, MFU, step time, tokens/s/GPU, peak memory, n.
 
-    table = aggregate.configs(directory, where or (), skip_bad)
+    The markdown ends with what the rows were measured with (GPU, driver, CUDA/ROCm, torch, torchao,
+    Transformer Engine, Ray, sweep commit, start times), each value with its row count where rows differ.
+    """
+    from sweep.results import aggregate, provenance, render
+
+    attempts = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS)
+    table = aggregate.config_table(attempts)
     rows = table.to_pylist()
-    text = render.markdown(rows, render.EXPORT_COLS) if fmt is ExportFormat.md else render.csv_text(rows, table.column_names)
+    if fmt is ExportFormat.md:
+        text = render.markdown(rows, render.EXPORT_COLS) + "\n" + provenance.markdown(attempts)
+    else:
+        text = render.csv_text(rows, table.column_names)
     if out is None:
         sys.stdout.write(text)
         return

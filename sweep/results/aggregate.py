@@ -35,7 +35,7 @@ COMPARE_BY: dict[str, str | None] = {"precision": "bf16", "cluster": None, "comp
                                      "reduce_dtype": "fp32", "grad_sync": "micro_batch"}
 
 
-def _run(sql: str, params: Mapping[str, object] | None = None, **tables: pa.Table) -> pa.Table:
+def run_sql(sql: str, params: Mapping[str, object] | None = None, **tables: pa.Table) -> pa.Table:
     import duckdb
 
     con = duckdb.connect()
@@ -75,12 +75,17 @@ def config_table(rows: pa.Table) -> pa.Table:
           FILTER (WHERE status <> 'ok' AND error IS NOT NULL) AS error
     FROM rows GROUP BY {keys} ORDER BY {keys}
     """
-    return _run(sql, rows=rows)
+    return run_sql(sql, rows=rows)
+
+
+def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False, extra: Iterable[str] = ()) -> pa.Table:
+    """The rows under ``directory`` passing ``where``, with LOAD_COLUMNS and ``extra`` (read once per command)."""
+    return load(directory, where, list(dict.fromkeys((*LOAD_COLUMNS, *extra))), skip_bad)
 
 
 def configs(directory: Path, where: Iterable[str] = (), skip_bad: bool = False) -> pa.Table:
     """One row per config of the results under ``directory`` (see ``config_table``)."""
-    return config_table(load(directory, where, LOAD_COLUMNS, skip_bad))
+    return config_table(load_rows(directory, where, skip_bad))
 
 
 def max_batch_table(configs: pa.Table) -> pa.Table:
@@ -108,7 +113,7 @@ def max_batch_table(configs: pa.Table) -> pa.Table:
       sum(n_attempts)::BIGINT AS n_attempts
     FROM c GROUP BY {group} ORDER BY {group}
     """
-    return _run(sql, configs=configs)
+    return run_sql(sql, configs=configs)
 
 
 def max_batch(directory: Path, where: Iterable[str] = (), skip_bad: bool = False) -> pa.Table:
@@ -152,22 +157,21 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     WHERE c.{by} <> $baseline
     ORDER BY {", ".join(f"c.{k}" for k in keys)}, c.{by}
     """
-    return _run(sql, {"baseline": baseline}, configs=configs, costs=cost_table)
+    return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table)
 
 
-def compare_inputs(directory: Path, by: str, where: Iterable[str] = (),
-                   skip_bad: bool = False) -> tuple[pa.Table, dict[str, float | None] | None]:
-    """The configs of ``directory`` and, for ``by == "cluster"``, each cluster's $ per GPU-hour.
+def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float | None] | None]:
+    """The configs of ``rows`` (from ``load_rows`` with ``cost_per_gpu_hour``) and, for ``by == "cluster"``,
+    each cluster's $ per GPU-hour.
 
     The cost is the one the rows were written with (a profile given by path is in no registry, and a
     renamed or edited profile does not rewrite history); the registry profile's only for clusters whose
     rows predate the cost column (schema < 1.2). None where neither knows it.
     """
-    rows = load(directory, where, (*LOAD_COLUMNS, "cost_per_gpu_hour"), skip_bad)  # one read for configs and costs
     table = config_table(rows)
     if by != "cluster":
         return table, None
-    latest = _run("""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)
+    latest = run_sql("""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)
                        FILTER (WHERE cost_per_gpu_hour > 0) AS cost FROM rows GROUP BY cluster""", rows=rows)
     recorded = {c: v for c, v in zip(latest.column("cluster").to_pylist(), latest.column("cost").to_pylist()) if v}
     names = sorted(set(table.column("cluster").to_pylist()) - set(recorded))
@@ -175,7 +179,7 @@ def compare_inputs(directory: Path, by: str, where: Iterable[str] = (),
 
 
 def compare(directory: Path, baseline: str, by: str = "precision", where: Iterable[str] = ()) -> pa.Table:
-    table, costs = compare_inputs(directory, by, where)
+    table, costs = compare_inputs(load_rows(directory, where, extra=("cost_per_gpu_hour",)), by)
     return compare_table(table, baseline, by, costs)
 
 

@@ -1,0 +1,67 @@
+"""What the rows of a table were measured with: the footer of every markdown export.
+
+A table pasted in a GitHub issue without its stack cannot be reproduced or compared: the footer names the
+GPU, driver, CUDA/ROCm runtime, torch, torchao, Transformer Engine, Ray, the sweep commit and when the
+attempts started, and where the rows differ it lists each value with its row count
+("torch 2.11.0+cu130 (3 rows), 2.10.0 (1 row)"), so a mixed table never passes for a uniform one.
+
+The rank-reported fields (GPU to Transformer Engine) exist only in rows whose trial ran to the end
+(status ok); the driver-side ones (Ray, commit, start time) in every row. Counts are over those rows.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from sweep.results.aggregate import run_sql
+
+# (column, label, counted over ok rows only, what a null means there)
+FIELDS = (
+    ("gpu_name", "GPU", True, "none (CPU ranks)"),
+    ("driver_version", "driver", True, "none"),
+    ("cuda_version", "CUDA/ROCm", True, "none"),
+    ("torch_version", "torch", True, "unknown"),
+    ("torchao_version", "torchao", True, "not installed"),
+    ("te_version", "Transformer Engine", True, "not installed"),
+    ("ray_version", "ray", False, "unknown"),
+    ("git_sha", "sweep commit", False, "unknown (not a git checkout)"),
+)
+COLUMNS = ("status", "started_at", *(f[0] for f in FIELDS))
+
+
+def _counts(rows: pa.Table, column: str, ok_only: bool) -> list[tuple[str | None, int]]:
+    where = "WHERE status = 'ok'" if ok_only else ""
+    table = run_sql(f"SELECT {column} AS v, count(*) AS n FROM rows {where} GROUP BY 1 ORDER BY n DESC, v NULLS LAST",
+                    rows=rows)
+    return list(zip(table.column("v").to_pylist(), table.column("n").to_pylist()))
+
+
+def field_text(counts: list[tuple[str | None, int]], null: str) -> str:
+    """'2.13.0+cpu' when every row agrees, else '2.11.0+cu130 (3 rows), 2.10.0 (1 row)'."""
+    if not counts:
+        return "not recorded (no attempt ran to the end)"
+    names = [(null if value is None else str(value), n) for value, n in counts]
+    if len(names) == 1:
+        return names[0][0]
+    return ", ".join(f"{name} ({n} row{'s' if n != 1 else ''})" for name, n in names)
+
+
+def _when(rows: pa.Table) -> str:
+    span = run_sql("SELECT min(started_at) AS a, max(started_at) AS b FROM rows", rows=rows).to_pylist()[0]
+    a, b = span["a"], span["b"]
+    if a is None:
+        return "start time not recorded"
+    if a.date() == b.date():
+        return f"started {a:%Y-%m-%d %H:%M}" + ("" if b.strftime("%H:%M") == a.strftime("%H:%M") else f"–{b:%H:%M}") + " UTC"
+    return f"started {a:%Y-%m-%d %H:%M} – {b:%Y-%m-%d %H:%M} UTC"
+
+
+def markdown(rows: pa.Table, flops: tuple[str, str] | None = None) -> str:
+    """The footer for ``rows`` (at least COLUMNS): one bullet per field; ``flops`` = (convention, formula)."""
+    n = rows.num_rows
+    lines = [f"Measured with ({n} attempt{'s' if n != 1 else ''}, {_when(rows)}):", ""]
+    for column, label, ok_only, null in FIELDS:
+        lines.append(f"- {label}: {field_text(_counts(rows, column, ok_only), null)}")
+    if flops:
+        lines.append(f"- FLOPs per token: {flops[0]} ({flops[1]})")
+    return "\n".join(lines) + "\n"
