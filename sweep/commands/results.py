@@ -83,11 +83,11 @@ def show(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to print.")] = 50,
     skip_bad: SkipBad = False,
 ) -> None:
-    """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time, memory, error."""
+    """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time, memory, loss, error."""
     from sweep.results import query, render
 
     columns = [c.key for c in render.SHOW_COLS]
-    table = query.load(directory, where or (), columns + ["started_at"], skip_bad)
+    table = query.load(directory, where or (), columns + ["loss_first", "started_at"], skip_bad)
     table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
     total = table.num_rows
     rows = table.slice(0, limit).to_pylist()
@@ -129,6 +129,8 @@ def compare(
 ) -> None:
     """TFLOP/s/GPU of each precision (or cluster, compile mode, ...) over the baseline's, the rest of the config equal.
 
+    Each side's last loss stands beside it: a faster recipe that does not train as the baseline does is no win.
+
     With --by cluster, also tokens/s/GPU per $/GPU-hour where the rows carry a cost (the profile's
     cost_per_gpu_hour when they were written).
     """
@@ -162,7 +164,7 @@ def export(
     where: Where = None,
     skip_bad: SkipBad = False,
 ) -> None:
-    """One line per config: median TFLOP/s/GPU, spread, MFU, step time, tokens/s/GPU, peak memory, n.
+    """One line per config: median TFLOP/s/GPU, spread, MFU, step time, tokens/s/GPU, peak memory, loss, n.
 
     The markdown ends with what the rows were measured with (GPU, driver, CUDA/ROCm, torch, torchao,
     Transformer Engine, Ray, sweep commit, start times), each value with its row count where rows differ.

@@ -24,8 +24,10 @@ from sweep.results.query import CONFIG_KEYS, load
 from sweep.schema import STATUSES
 
 METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak_mem_gib")
+# Beside the speed: a recipe that runs fast and does not train is no result (median over ok attempts too)
+LOSSES = ("loss_first", "loss_last")
 FAILURES = tuple(s for s in STATUSES if s != "ok")
-LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS)
+LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS, *LOSSES)
 # max-batch groups: a config without its batch size.
 BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
 # What `compare --by` can divide by (text-valued config keys), with the default baseline: the fair
@@ -56,7 +58,7 @@ def config_table(rows: pa.Table) -> pa.Table:
     """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config."""
     keys = ", ".join(CONFIG_KEYS)
     ok = "FILTER (WHERE status = 'ok')"
-    medians = ",\n  ".join(f"median({m}) {ok} AS {m}" for m in METRICS)
+    medians = ",\n  ".join(f"median({m}) {ok} AS {m}" for m in (*METRICS, *LOSSES))
     counts = ",\n  ".join(f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in FAILURES)
     sql = f"""
     SELECT {keys},
@@ -125,7 +127,7 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     """Each config against the config that differs only in ``by``, where ``by`` is ``baseline``.
 
     ``ratio`` is tflops_per_gpu / the baseline's (null when either side has no ok attempt; the
-    statuses say why). With ``costs`` (cluster -> $ per GPU-hour, None when unknown) the table adds
+    statuses say why); ``loss_last`` and ``base_loss_last`` show whether both sides trained alike. With ``costs`` (cluster -> $ per GPU-hour, None when unknown) the table adds
     ``tok_s_per_usd_h`` = tokens/s/GPU per $/GPU-hour, the baseline's, and their ratio.
     Raises UserError when ``baseline`` is not a value of ``by`` in the results.
     """
@@ -152,6 +154,7 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
       c.status, c.tflops_per_gpu, c.tokens_per_s_per_gpu, c.n_ok, c.n_attempts,
       b.status AS base_status, b.tflops_per_gpu AS base_tflops_per_gpu,
       b.tokens_per_s_per_gpu AS base_tokens_per_s_per_gpu,
+      c.loss_last, b.loss_last AS base_loss_last,
       c.tflops_per_gpu / b.tflops_per_gpu AS ratio{cost_cols}
     FROM configs c LEFT JOIN configs b ON b.{by} = $baseline AND {on} {cost_join}
     WHERE c.{by} <> $baseline

@@ -184,6 +184,16 @@ def _spread(row: dict) -> str:
     return f"±{sig(row['spread_pct'], RATIO_SIGNIFICANT)} %"
 
 
+def _loss(row: dict) -> str:
+    """'10.83 → 7.214': the loss fell, so the step trains (FP8 speed means nothing if it does not)."""
+    first, last = row.get("loss_first"), row.get("loss_last")
+    if first is None and last is None:
+        return DASH
+    return f"{DASH if first is None else sig(first)} → {DASH if last is None else sig(last)}"
+
+
+LOSS = Col("loss_last", "loss first → last", _loss)  # reads loss_first too
+
 SHOW_COLS = [
     *config_cols(CONFIG_KEYS),
     Col("status", "status", lambda r: r.get("status") or DASH, numeric=False),
@@ -191,6 +201,7 @@ SHOW_COLS = [
     Col("mfu", "MFU", MFU),
     Col("step_time_s", "step (s)", STEP),
     Col("peak_mem_gib", "peak mem (GiB)", PEAK_MEM),
+    LOSS,
     Col("error", "error", lambda r: short_error(r.get("error")), numeric=False),
 ]
 
@@ -203,6 +214,7 @@ EXPORT_COLS = [
     Col("step_time_s", "step (s)", STEP),
     Col("tokens_per_s_per_gpu", "tok/s/GPU", TOKENS),
     Col("peak_mem_gib", "peak mem (GiB)", PEAK_MEM),
+    LOSS,
     Col("n_attempts", "n", lambda r: str(r["n_attempts"])),
 ]
 
@@ -236,6 +248,8 @@ def compare_cols(by: str, baseline: str, with_cost: bool) -> list[Col]:
         Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
         Col("base_tflops_per_gpu", f"{baseline} TFLOP/s/GPU", _base_tflops),
         Col("ratio", f"vs {baseline}", ratio_text("ratio")),
+        Col("loss_last", "last loss", num("loss_last")),
+        Col("base_loss_last", f"{baseline} last loss", num("base_loss_last")),
     ]
     if with_cost:
         cols += [
