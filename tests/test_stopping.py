@@ -1,0 +1,122 @@
+"""The warm-up and measurement stopping rules (trainer/stopping.py): pure, no torch."""
+
+import random
+
+import pytest
+
+from trainer.stopping import Fixed, Measure, Schedule, WarmUp, ci_half_width_pct, median_ci
+
+
+def feed(rule, times):
+    """Add times until the rule says stop; how many it took."""
+    for n, t in enumerate(times, 1):
+        if rule.add(t):
+            return n
+    raise AssertionError(f"never stopped after {len(times)} steps")
+
+
+# -- the median's confidence interval ------------------------------------------------------------
+
+@pytest.mark.parametrize("n, ranks", [(6, (1, 6)), (8, (1, 8)), (9, (2, 8)), (10, (2, 9)), (20, (6, 15)),
+                                      (50, (18, 33)), (100, (40, 61))])
+def test_median_ci_ranks_match_the_published_table(n, ranks):
+    # Campbell & Gardner (BMJ 1988), table 1: the order statistics bounding the 95 % CI of a median
+    data = [10.0 * i for i in range(1, n + 1)]
+    random.Random(n).shuffle(data)  # the order of arrival must not matter
+    assert median_ci(data) == (10.0 * ranks[0], 10.0 * ranks[1])
+
+
+def test_no_interval_below_six_samples_at_95_percent():
+    # with 5 samples even min..max covers the median with probability 1 - 2/32 = 93.75 % < 95 %
+    assert median_ci([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    assert ci_half_width_pct([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    assert median_ci([1.0, 2.0, 3.0, 4.0, 5.0], confidence=0.9) == (1.0, 5.0)
+
+
+def test_half_width_is_the_farther_end_in_percent_of_the_median():
+    # n = 10: CI = x(2)..x(9) = 99..104; median = (100 + 100) / 2 = 100; farther end 104 -> 4 %
+    times = [90.0, 99.0, 100.0, 100.0, 100.0, 100.0, 101.0, 102.0, 104.0, 200.0]
+    assert ci_half_width_pct(times) == pytest.approx(4.0)
+
+
+# -- warm-up -------------------------------------------------------------------------------------
+
+def test_warmup_stops_once_three_successive_steps_agree():
+    # compile step, a slow second one, then steady: steps 3, 4, 5 are within 2 % of each other
+    assert feed(WarmUp(), [30.0, 1.5, 1.00, 1.01, 1.005, 1.0, 1.0]) == 5
+    assert feed(WarmUp(), [1.0, 1.0, 1.0, 1.0]) == 3  # no compile: as soon as three steps exist
+
+
+def test_warmup_a_spread_over_two_percent_continues():
+    # every window of three spans 2.5 % until 1.01, 1.005 arrive (1.0, 1.01, 1.005: 1 %)
+    times = [5.0, 1.0, 1.025, 1.0, 1.025, 1.0, 1.025, 1.0, 1.01, 1.005]
+    assert feed(WarmUp(), times) == 10
+
+
+def test_warmup_min_and_max():
+    assert feed(WarmUp(min_steps=6), [1.0] * 10) == 6
+    assert feed(WarmUp(), [1.0, 1.1] * 40) == 50  # never three in agreement: the cap
+    assert feed(WarmUp(max_steps=7), [1.0, 1.1] * 40) == 7
+
+
+# -- measurement ---------------------------------------------------------------------------------
+
+def test_stable_steps_stop_at_the_first_interval():
+    m = Measure()
+    assert feed(m, [2.0] * 100) == 6  # n = 6 is the first with a 95 % interval, and it is 0 wide
+    assert m.ci_pct == 0.0
+    jitter = random.Random(1)
+    m = Measure()
+    n = feed(m, [1.0 + jitter.gauss(0, 0.002) for _ in range(100)])  # 0.2 % noise
+    assert n < 20 and m.ci_pct <= 1.0
+
+
+def test_noisy_steps_run_to_the_cap():
+    noise = random.Random(2)
+    m = Measure()
+    assert feed(m, [noise.uniform(0.5, 1.5) for _ in range(200)]) == 100
+    assert m.ci_pct > 1.0
+    assert feed(Measure(max_steps=30), [noise.uniform(0.5, 1.5) for _ in range(200)]) == 30
+
+
+def test_measure_minimum_is_kept():
+    assert feed(Measure(min_steps=12), [2.0] * 100) == 12
+
+
+def test_time_cap_stops_measurement_after_the_minimum():
+    noise = random.Random(3)
+    times = [noise.uniform(0.5, 1.5) for _ in range(200)]
+    n = feed(Measure(time_cap_s=20.0), times)
+    assert sum(times[:n]) >= 20.0 > sum(times[:n - 1])
+    assert feed(Measure(time_cap_s=20.0), [60.0] * 10) == 5  # the cap never cuts below min_steps
+
+
+# -- fixed counts and the schedule ---------------------------------------------------------------
+
+def test_fixed_counts():
+    assert feed(Fixed(3), [1.0, 9.0, 0.1, 5.0]) == 3
+    assert Fixed(0).done
+
+
+def test_schedule_fixed_counts_are_exact_and_need_no_agreement():
+    s = Schedule(1, 3)
+    assert not s.adaptive
+    phases = [s.add(t) for t in (9.0, 1.0, 5.0, 0.1)]
+    assert phases == ["measure", "measure", "measure", "done"]
+    assert s.warmup.times == [9.0] and s.measure.times == [1.0, 5.0, 0.1]
+    with pytest.raises(RuntimeError):
+        s.add(1.0)
+    assert Schedule(0, 2).phase == "measure"
+
+
+def test_schedule_auto_and_a_follower_end_on_the_same_step():
+    leader, follower = Schedule("auto", "auto"), Schedule("auto", "auto")
+    assert leader.adaptive
+    steps = iter([20.0, 1.2, 1.0, 1.0, 1.0] + [1.0] * 200)
+    follower_times = iter([25.0, 3.0, 1.3, 2.0, 1.1] + [0.5, 1.5] * 100)  # never stable on its own
+    while leader.phase != "done":
+        follower.follow(next(follower_times), leader.add(next(steps)))
+    assert follower.phase == "done"
+    assert (len(leader.warmup.times), len(leader.measure.times)) == (5, 6)
+    assert (len(follower.warmup.times), len(follower.measure.times)) == (5, 6)
+    assert leader.times == [20.0, 1.2, 1.0, 1.0, 1.0] + [1.0] * 6
