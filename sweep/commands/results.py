@@ -102,13 +102,15 @@ def max_batch(directory: Directory, where: Where = None, fmt: Format = TableForm
     """Largest batch that fits per model × precision × compile × ac × seq_len × GPUs × cluster.
 
     Also the smallest batch above it that ran out of memory, and the fastest batch (highest median
-    TFLOP/s/GPU) with its TFLOP/s/GPU and MFU.
+    TFLOP/s/GPU) with its TFLOP/s/GPU and MFU; the allocator's retries at both, and "fits, but the
+    allocator thrashes (N retries)" where it retried (the batch fits only by stalling).
     """
     from sweep.results import aggregate, provenance, render
 
     rows = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS)
     table = aggregate.max_batch_table(aggregate.config_table(rows))
-    _emit(table.to_pylist(), render.MAX_BATCH_COLS, fmt, f"{directory}: largest batch per GPU that fits",
+    groups = table.to_pylist()
+    _emit(groups, render.max_batch_cols(groups), fmt, f"{directory}: largest batch per GPU that fits",
           csv_columns=table.column_names, limit=limit, footer=lambda: provenance.markdown(rows))
 
 

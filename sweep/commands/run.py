@@ -274,10 +274,19 @@ def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[
     from rich.console import Console
     from rich.table import Table
 
+    from sweep.results.render import thrash_note
+
     by_batch = {(r.get("search_id"), r["batch_size"]): r for r in rows if r["status"] == "ok"}
+    for v in verdicts:  # a batch that fits only because the caching allocator freed and retried runs slower
+        for at, batch in (("max", v["max_batch"]), ("fastest", v["fastest_batch"])):
+            v[f"alloc_retries_at_{at}"] = by_batch.get((v["search_id"], batch), {}).get("alloc_retries")
+        v["allocator"] = thrash_note(v["max_batch"], v["alloc_retries_at_max"], v["fastest_batch"],
+                                     v["alloc_retries_at_fastest"])
     table = Table(title="max-batch verdicts", title_justify="left")
-    for col in ("model", "precision", "compile", "seq", "gpus", "max batch", "first OOM", "fastest batch",
-                "TFLOP/s/GPU @fastest", "probes", "search s", "cost (x one trial)"):
+    cols = ["model", "precision", "compile", "seq", "gpus", "max batch", "first OOM", "fastest batch",
+            "TFLOP/s/GPU @fastest", "alloc retries @max", "alloc retries @fastest", "probes", "search s",
+            "cost (x one trial)"] + (["allocator"] if any(v["allocator"] for v in verdicts) else [])
+    for col in cols:
         table.add_column(col)
     for v in verdicts:
         fast = by_batch.get((v["search_id"], v["fastest_batch"]), {})
@@ -288,10 +297,13 @@ def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[
         precision = v["precision"] + (f" ({v['options']})" if v["options"] else "")  # e.g. grad_accum=8
         table.add_row(v["model"], precision, v["compile"], str(v["seq_len"]), str(v["gpus"]), str(v["max_batch"]),
                       str(v["first_failing_batch"]), str(v["fastest_batch"]),
-                      "–" if v["tflops_at_fastest"] is None else f"{v['tflops_at_fastest']:.4g}", str(v["probes"]),
+                      "–" if v["tflops_at_fastest"] is None else f"{v['tflops_at_fastest']:.4g}",
+                      *("–" if v[k] is None else str(v[k]) for k in ("alloc_retries_at_max", "alloc_retries_at_fastest")),
+                      str(v["probes"]),
                       f"{v['search_wall_s']:.1f}" + (f" [red]aborted: {v['aborted']}[/red]" if v["aborted"] else ""),
-                      "–" if v["cost_vs_one_trial"] is None else f"{v['cost_vs_one_trial']:.1f}x")
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+                      "–" if v["cost_vs_one_trial"] is None else f"{v['cost_vs_one_trial']:.1f}x",
+                      *([f"[yellow]{v['allocator']}[/yellow]"] if "allocator" in cols else []))
+    Console(width=None if sys.stdout.isatty() else 400).print(table)  # a pipe or log gets every cell whole
     folder = Path(output) / "_search"
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{run_id}.json.tmp"

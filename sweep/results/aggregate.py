@@ -27,7 +27,7 @@ METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak
 # Beside the speed: a recipe that runs fast and does not train is no result (median over ok attempts too)
 LOSSES = ("loss_first", "loss_last")
 FAILURES = tuple(s for s in STATUSES if s != "ok")
-LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS, *LOSSES)
+LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS, *LOSSES, "alloc_retries")
 # max-batch groups: a config without its batch size.
 BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
 # What `compare --by` can divide by (text-valued config keys), with the default baseline: the fair
@@ -55,7 +55,10 @@ def _failure_text(count: str) -> str:
 
 
 def config_table(rows: pa.Table) -> pa.Table:
-    """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config."""
+    """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config.
+
+    ``alloc_retries`` is the most of any ok attempt: one thrashing repeat is enough to warn of.
+    """
     keys = ", ".join(CONFIG_KEYS)
     ok = "FILTER (WHERE status = 'ok')"
     medians = ",\n  ".join(f"median({m}) {ok} AS {m}" for m in (*METRICS, *LOSSES))
@@ -69,6 +72,7 @@ def config_table(rows: pa.Table) -> pa.Table:
       count(DISTINCT run_id) AS n_runs,
       {counts},
       {medians},
+      max(alloc_retries) {ok} AS alloc_retries,
       min(tflops_per_gpu) {ok} AS tflops_min,
       max(tflops_per_gpu) {ok} AS tflops_max,
       100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
@@ -94,26 +98,34 @@ def max_batch_table(configs: pa.Table) -> pa.Table:
     """Per BATCH_GROUP: the largest ok batch, the smallest OOM batch above it, the fastest batch.
 
     ``fastest_batch`` has the highest median TFLOP/s/GPU; ``tflops_per_gpu`` and ``mfu`` are its.
-    ``peak_mem_gib`` is the median peak memory at ``max_ok_batch``. A group without an ok batch has
-    status 'oom' (or whatever failed) and ``oom_batch`` its smallest OOM batch.
+    ``peak_mem_gib`` is the median peak memory at ``max_ok_batch``. ``alloc_retries_at_max`` and
+    ``alloc_retries_at_fastest``: the caching allocator's retries there (a batch that fits only by freeing
+    and retrying runs slower than it would on a card with room). A group without an ok batch has status
+    'oom' (or whatever failed) and ``oom_batch`` its smallest OOM batch.
     """
     group = ", ".join(BATCH_GROUP)
+    # arg_max skips rows whose value is null: pick a struct of the wanted values, so that one row gives all
+    # (a null MFU on CPU ranks must not take another batch's)
     sql = f"""
     WITH c AS (
       SELECT *, max(CASE WHEN n_ok > 0 THEN batch_size END) OVER (PARTITION BY {group}) AS max_ok
-      FROM configs)
-    SELECT {group},
-      CASE WHEN any_value(max_ok) IS NOT NULL THEN 'ok'
-           ELSE {_failure_text("sum(n_{})")} END AS status,
-      any_value(max_ok) AS max_ok_batch,
-      min(batch_size) FILTER (WHERE n_oom > 0 AND batch_size > coalesce(max_ok, 0)) AS oom_batch,
-      arg_max(batch_size, tflops_per_gpu) FILTER (WHERE n_ok > 0) AS fastest_batch,
-      max(tflops_per_gpu) FILTER (WHERE n_ok > 0) AS tflops_per_gpu,
-      arg_max(mfu, tflops_per_gpu) FILTER (WHERE n_ok > 0) AS mfu,
-      arg_max(peak_mem_gib, batch_size) FILTER (WHERE n_ok > 0) AS peak_mem_gib,
-      count(*) AS n_batches,
-      sum(n_attempts)::BIGINT AS n_attempts
-    FROM c GROUP BY {group} ORDER BY {group}
+      FROM configs),
+    g AS (
+      SELECT {group},
+        CASE WHEN any_value(max_ok) IS NOT NULL THEN 'ok'
+             ELSE {_failure_text("sum(n_{})")} END AS status,
+        any_value(max_ok) AS max_ok_batch,
+        min(batch_size) FILTER (WHERE n_oom > 0 AND batch_size > coalesce(max_ok, 0)) AS oom_batch,
+        arg_max({{'batch': batch_size, 'tflops': tflops_per_gpu, 'mfu': mfu, 'retries': alloc_retries}},
+                tflops_per_gpu) FILTER (WHERE n_ok > 0) AS fast,
+        arg_max({{'mem': peak_mem_gib, 'retries': alloc_retries}}, batch_size) FILTER (WHERE n_ok > 0) AS at_max,
+        count(*) AS n_batches,
+        sum(n_attempts)::BIGINT AS n_attempts
+      FROM c GROUP BY {group})
+    SELECT {group}, status, max_ok_batch, oom_batch, fast.batch AS fastest_batch, fast.tflops AS tflops_per_gpu,
+      fast.mfu AS mfu, at_max.mem AS peak_mem_gib, n_batches, n_attempts,
+      at_max.retries AS alloc_retries_at_max, fast.retries AS alloc_retries_at_fastest
+    FROM g ORDER BY {group}
     """
     return run_sql(sql, configs=configs)
 

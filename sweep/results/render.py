@@ -223,6 +223,32 @@ def _max_ok(row: dict) -> str:
     return DASH if row.get("max_ok_batch") is None else str(row["max_ok_batch"])
 
 
+def thrashes(batch: int, retries: int | None) -> str:
+    """'batch 2 fits, but the allocator thrashes (40 retries)' when the allocator retried there, else ''.
+
+    A retry is a cudaMalloc that failed until the caching allocator freed its cache and tried again: the
+    batch fits, but only by stalling, so its speed is not what the card does with room to spare.
+    """
+    if not retries:
+        return ""
+    return f"batch {batch} fits, but the allocator thrashes ({retries} {'retry' if retries == 1 else 'retries'})"
+
+
+def thrash_note(max_batch: int | None, retries_at_max: int | None, fastest: int | None, retries_at_fastest: int | None) -> str:
+    """`thrashes` for the largest batch and, when another, the fastest one; '' when neither retried."""
+    notes = [thrashes(max_batch, retries_at_max)] + ([thrashes(fastest, retries_at_fastest)] if fastest != max_batch else [])
+    return "; ".join(n for n in notes if n)
+
+
+def _thrash_note(row: dict) -> str:
+    return thrash_note(row.get("max_ok_batch"), row.get("alloc_retries_at_max"), row.get("fastest_batch"),
+                       row.get("alloc_retries_at_fastest"))
+
+
+def _count(key: str) -> Callable[[dict], str]:
+    return lambda r: DASH if r.get(key) is None else f"{r[key]:,}"
+
+
 MAX_BATCH_COLS = [
     *config_cols(BATCH_GROUP),
     Col("status", "status", lambda r: r.get("status") or DASH, numeric=False),
@@ -232,7 +258,15 @@ MAX_BATCH_COLS = [
     Col("tflops_per_gpu", "TFLOP/s/GPU @fastest", TFLOPS),
     Col("mfu", "MFU @fastest", MFU),
     Col("peak_mem_gib", "peak mem @max (GiB)", PEAK_MEM),
+    Col("alloc_retries_at_max", "alloc retries @max", _count("alloc_retries_at_max")),
+    Col("alloc_retries_at_fastest", "alloc retries @fastest", _count("alloc_retries_at_fastest")),
 ]
+THRASH_COL = Col("thrash", "allocator", _thrash_note, numeric=False)
+
+
+def max_batch_cols(rows: list[dict]) -> list[Col]:
+    """MAX_BATCH_COLS, and the 'fits, but the allocator thrashes' column when a batch in ``rows`` thrashes."""
+    return MAX_BATCH_COLS + ([THRASH_COL] if any(_thrash_note(r) for r in rows) else [])
 
 
 def _base_tflops(row: dict) -> str:
