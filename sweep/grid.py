@@ -31,20 +31,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, \
-    model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, \
+    field_validator, model_validator
 
 from clusters._load import display_path, read_mapping, unknown_name, validation_message
 from clusters.schema import parse_memory_size
 from sweep.errors import UserError
-from sweep.schema import TRAINING_DEFAULTS
 from trainer.models.specs import REGISTRY, ModelSpec
+from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, TrainingOptions, option_types
 from trainer.recipes import RECIPES
 
 CompileMode = Literal["none", "regional", "full"]
 AcMode = Literal["none", "selective", "full"]
-ReduceDtype = Literal["fp32", "bf16"]
-GradSync = Literal["micro_batch", "step"]
+DEFAULT_TIMEOUT_S = 1800.0  # a trial's limit when neither grid nor profile sets one: a cold 8B compile plus
+#                             measurement fits; a hung collective does not
 
 def _listify(value: Any) -> list:
     return value if isinstance(value, list) else [value]
@@ -62,12 +62,6 @@ def _registry_model(value: Any) -> Any:
 def _known_precision(value: str) -> str:
     if value not in RECIPES:
         raise ValueError(unknown_name("precision", value, list(RECIPES)))
-    return value
-
-
-def _clip(value: float) -> float:
-    if not value >= 0:  # also refuses nan
-        raise ValueError("must be >= 0 (0 turns clipping off)")
     return value
 
 
@@ -90,8 +84,14 @@ class OomPolicy(BaseModel):
     min_batch: int = Field(default=1, gt=0)
 
 
-class GridSpec(BaseModel):
-    model_config = _STRICT
+# The training options as grid axes: a list of each option's type (its constraint included), defaulting to
+# the option's default alone (`trainer.options.TrainingOptions` declares them).
+_TrainingAxes = create_model("_TrainingAxes", __config__=_STRICT, **{
+    name: (list[typ], Field(default=[OPTION_DEFAULTS[name]], min_length=1, description=OPTION_DOCS[name]))
+    for name, typ in option_types().items()})
+
+
+class GridSpec(_TrainingAxes):
 
     name: str | None = None
     models: list[Annotated[ModelSpec, BeforeValidator(_registry_model)]] = Field(min_length=1)
@@ -101,21 +101,15 @@ class GridSpec(BaseModel):
     seq_len: list[_Positive] = Field(default=[1024], min_length=1)
     gpus: list[_Positive] = Field(default=[1], min_length=1)
     ac: list[AcMode] = Field(default=["none"], min_length=1)
-    # the training options: one axis each, defaulting to `sweep.schema.TRAINING_DEFAULTS`
-    grad_accum: list[_Positive] = Field(default=[TRAINING_DEFAULTS["grad_accum"]], min_length=1)
-    grad_clip: list[Annotated[float, AfterValidator(_clip)]] = Field(default=[TRAINING_DEFAULTS["grad_clip"]],
-                                                                     min_length=1)
-    fp8_lm_head: list[bool] = Field(default=[TRAINING_DEFAULTS["fp8_lm_head"]], min_length=1)
-    reduce_dtype: list[ReduceDtype] = Field(default=[TRAINING_DEFAULTS["reduce_dtype"]], min_length=1)
-    grad_sync: list[GradSync] = Field(default=[TRAINING_DEFAULTS["grad_sync"]], min_length=1)
+    # + one axis per training option (from _TrainingAxes): grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync
     steps: Steps = Steps()
     on_oom: OomPolicy = OomPolicy()
     search: Literal["max_batch"] | None = None
     timeout_s: float | None = Field(default=None, gt=0)
     memory_cap: int | None = None  # bytes, from a size with a unit
 
-    _as_list = field_validator("models", "precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac", "grad_accum",
-                               "grad_clip", "fp8_lm_head", "reduce_dtype", "grad_sync", mode="before")(_listify)
+    _as_list = field_validator("models", "precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac",
+                               *OPTION_DEFAULTS, mode="before")(_listify)
 
     @field_validator("memory_cap", mode="before")
     @classmethod
@@ -147,8 +141,10 @@ class GridSpec(BaseModel):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Trial:
-    """One configuration to run once. `trial_id` hashes everything that defines the measurement."""
+class Trial(TrainingOptions):
+    """One configuration to run once. `trial_id` hashes everything that defines the measurement.
+
+    The training options (grad_accum, grad_clip, ...) are its fields too, from `TrainingOptions`."""
 
     cluster: str
     model: ModelSpec
@@ -160,14 +156,8 @@ class Trial:
     gpus: int
     warmup_steps: int
     measure_steps: int
-    # the training options (TRAINING_DEFAULTS names them and their defaults)
-    grad_accum: int = TRAINING_DEFAULTS["grad_accum"]  # a step trains grad_accum * batch_size rows per GPU
-    grad_clip: float = TRAINING_DEFAULTS["grad_clip"]  # max gradient norm; 0 = no clipping
-    fp8_lm_head: bool = TRAINING_DEFAULTS["fp8_lm_head"]
-    reduce_dtype: str = TRAINING_DEFAULTS["reduce_dtype"]  # FSDP2's gradient reduce-scatter dtype
-    grad_sync: str = TRAINING_DEFAULTS["grad_sync"]  # "step": gradients reduced once per optimizer step
     memory_cap_bytes: int | None = None
-    timeout_s: float | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S  # `expand` resolves it: the grid's, else the profile's, else this
     # lineage: not part of the measurement
     attempt: int = 1
     parent_trial_id: str | None = None
@@ -192,12 +182,12 @@ class Trial:
 
     @property
     def training_options(self) -> dict:
-        return {k: getattr(self, k) for k in TRAINING_DEFAULTS}
+        return self.as_dict()
 
     @property
     def changed_options(self) -> dict:
         """The training options not at their default (what trial_id, config_key and the tables show)."""
-        return {k: v for k, v in self.training_options.items() if v != TRAINING_DEFAULTS[k]}
+        return self.changed()
 
     def child(self, **changes) -> "Trial":
         """A follow-up attempt (lower batch after an OOM, or an infrastructure retry)."""
@@ -236,35 +226,44 @@ def load_grid(path: str | Path) -> GridSpec:
     return parse_grid(read_grid(path), display_path(Path(path)))
 
 
+def _fold(options: dict, *, model: ModelSpec, precision: str, gpus: int) -> dict:
+    """The options a trial really runs with: one that can do nothing in this trial is back at its default."""
+    family = RECIPES[precision].family
+    # An FP8 head needs an FP8 recipe and an untied head (GPT's head is the embedding): elsewhere the
+    # option does nothing, so `fp8_lm_head: [false, true]` crossed with bf16 gives one bf16 trial.
+    fp8_head = options["fp8_lm_head"] and family == "fp8" and model.arch == "llama"
+    # Gradients are only reduced across ranks, and only in a dtype other than the parameters' when
+    # those are bf16 (fp32 trains and reduces in fp32); they can only wait for the step's last
+    # micro-batch when there is more than one. Elsewhere these options do nothing and fold away.
+    reduce = options["reduce_dtype"] if gpus > 1 and family != "fp32" else OPTION_DEFAULTS["reduce_dtype"]
+    sync = options["grad_sync"] if gpus > 1 and options["grad_accum"] > 1 else OPTION_DEFAULTS["grad_sync"]
+    return {**options, "fp8_lm_head": fp8_head, "reduce_dtype": reduce, "grad_sync": sync}
+
+
 def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | None = None,
            timeout_s: float | None = None, memory_cap_bytes: int | None = None,
            default_memory_cap: int | None = None) -> list[Trial]:
-    """The cartesian product of the grid's axes, in a stable order."""
+    """The cartesian product of the grid's axes, in a stable order. `timeout_s` is the profile's: a trial's
+    limit is the grid's timeout_s, else that, else DEFAULT_TIMEOUT_S (decided here, once)."""
     if max_ranks is not None:
         too_many = [g for g in grid.gpus if g > max_ranks]
         if too_many:
             raise UserError(f"Invalid grid {source}: gpus: {too_many[0]} ranks per trial, but cluster '{cluster}' "
                             f"has {max_ranks}")
     cap = next((c for c in (memory_cap_bytes, grid.memory_cap, default_memory_cap) if c is not None), None)
+    limit = grid.timeout_s or timeout_s or DEFAULT_TIMEOUT_S
+    option_sets = [dict(zip(OPTION_DEFAULTS, values))
+                   for values in itertools.product(*(getattr(grid, name) for name in OPTION_DEFAULTS))]
     trials = []
-    for model, precision, comp, ac, seq_len, gpus, accum, clip, fp8_head, reduce, sync, batch in itertools.product(
-            grid.model_specs(), grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, grid.grad_accum,
-            grid.grad_clip, grid.fp8_lm_head, grid.reduce_dtype, grid.grad_sync, grid.batch_sizes):
+    for model, precision, comp, ac, seq_len, gpus, options, batch in itertools.product(
+            grid.model_specs(), grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, option_sets,
+            grid.batch_sizes):
         if seq_len > model.max_seq_len:  # gpt: learned positions; llama: the RoPE table
             raise UserError(f"Invalid grid {source}: seq_len: {seq_len} exceeds {model.label}'s max_seq_len "
                             f"({model.max_seq_len})")
-        # An FP8 head needs an FP8 recipe and an untied head (GPT's head is the embedding): elsewhere the
-        # option does nothing, so `fp8_lm_head: [false, true]` crossed with bf16 gives one bf16 trial.
-        fp8_head = fp8_head and RECIPES[precision].family == "fp8" and model.arch == "llama"
-        # Gradients are only reduced across ranks, and only in a dtype other than the parameters' when
-        # those are bf16 (fp32 trains and reduces in fp32); they can only wait for the step's last
-        # micro-batch when there is more than one. Elsewhere these options do nothing and fold away.
-        reduce = reduce if gpus > 1 and RECIPES[precision].family != "fp32" else TRAINING_DEFAULTS["reduce_dtype"]
-        sync = sync if gpus > 1 and accum > 1 else TRAINING_DEFAULTS["grad_sync"]
         trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
                             batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,
-                            measure_steps=grid.steps.measure, grad_accum=accum, grad_clip=clip,
-                            fp8_lm_head=fp8_head, reduce_dtype=reduce, grad_sync=sync, memory_cap_bytes=cap,
-                            timeout_s=grid.timeout_s or timeout_s))
+                            measure_steps=grid.steps.measure, memory_cap_bytes=cap, timeout_s=limit,
+                            **_fold(options, model=model, precision=precision, gpus=gpus)))
     unique = {t.trial_id: t for t in trials}
     return list(unique.values())

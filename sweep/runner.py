@@ -87,8 +87,7 @@ class _Progress:
 
 
 def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name: str | None = None,
-            resume: bool = False, max_concurrent: int | None = None, timeout_s: float | None = None,
-            progress: bool = True) -> RunReport:
+            resume: bool = False, max_concurrent: int | None = None, progress: bool = True) -> RunReport:
     from sweep.ray_init import connect, disconnect, sigint_held
     from sweep.scheduler import Scheduler
 
@@ -116,7 +115,7 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
     def start() -> None:
         nonlocal started_ray, scheduler
         started_ray = connect(profile)
-        scheduler = Scheduler(profile, max_concurrent=max_concurrent, timeout_s=timeout_s)
+        scheduler = Scheduler(profile, max_concurrent=max_concurrent)
 
     # Ctrl-C is recorded and acted on at the top of each round (within one poll, ~0.5 s), not raised
     # wherever it lands (see sigint_held); the teardown below runs with it still held.

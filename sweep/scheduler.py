@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from sweep.grid import Trial
-from trainer.job import RankJob
+from trainer.job import RankJob, TrialConfig
 
-DEFAULT_TIMEOUT_S = 1800.0  # a cold 8B compile plus measurement fits; a hung collective does not
 START_TIMEOUT_S = 300.0  # rank processes must come up within this (imports torch, maybe CUDA init)
 INFEASIBLE_LIMIT_S = 120.0  # a placement no live node set can hold is given up after this (or the trial timeout)
 DEATH_GRACE_S = 3.0  # Ray reports a dead process within ~0.1 s of its peers' socket errors; 3 s is ample
@@ -72,8 +71,7 @@ class _Attempt:
 
 
 class Scheduler:
-    def __init__(self, profile, *, max_concurrent: int | None = None, timeout_s: float | None = None,
-                 pg_timeout_s: float = 120.0):
+    def __init__(self, profile, *, max_concurrent: int | None = None, pg_timeout_s: float = 120.0):
         import ray
         from ray.exceptions import ObjectLostError, RayActorError
 
@@ -81,7 +79,6 @@ class Scheduler:
         self._lost_errors = (RayActorError, ObjectLostError)  # a rank's process or its node is gone
         self.profile = profile
         self.max_concurrent = max_concurrent or 10**9
-        self.timeout_s = timeout_s or getattr(profile, "timeout_s", None) or DEFAULT_TIMEOUT_S
         self.pg_timeout_s = pg_timeout_s
         self.queue: list[Trial] = []
         self.active: list[_Attempt] = []
@@ -217,7 +214,7 @@ class Scheduler:
         if len(a.results) == len(a.run_refs):
             return self._finish(a, "ok", None)
         if now > a.deadline:  # checked after reading results: a trial that finished in time is not lost
-            limit = a.trial.timeout_s or self.timeout_s
+            limit = a.trial.timeout_s
             return self._finish(a, "timeout", f"trial ran past the {limit:.0f} s limit; all ranks killed")
         return None
 
@@ -237,7 +234,7 @@ class Scheduler:
         a.infeasible_since = a.infeasible_since or now
         # Short: FIFO placement means every trial behind this one waits too (an autoscaler adding nodes
         # has this long to make it feasible).
-        limit = min(INFEASIBLE_LIMIT_S, a.trial.timeout_s or self.timeout_s)
+        limit = min(INFEASIBLE_LIMIT_S, a.trial.timeout_s)
         if now - a.infeasible_since < limit:
             return None
         return self._finish(a, "timeout", f"could not be placed for {limit:.0f} s: the cluster's live nodes cannot "
@@ -256,6 +253,10 @@ class Scheduler:
         if self.profile.is_embedded and _LOOPBACK:  # one machine: rank-to-rank sockets stay on loopback
             env.setdefault("GLOO_SOCKET_IFNAME", _LOOPBACK)
             env.setdefault("NCCL_SOCKET_IFNAME", _LOOPBACK)
+        # One inductor cache per node, kept across trials and runs: a graph compiled once loads from disk
+        # after (FX graph + AOTAutograd caches; their env switches force them on whatever torch's default).
+        env.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+        env.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
         for i in range(a.trial.gpus):
             actor = self._remote_worker.options(
                 num_cpus=self.profile.cpus_per_rank, num_gpus=1 if self.profile.is_gpu else 0, max_restarts=0,
@@ -268,24 +269,11 @@ class Scheduler:
         a.state = "starting"
 
     def _launch(self, a: _Attempt) -> None:
-        t = a.trial
-        master = a.nodes[0]
-        node_order: dict[str, int] = {}
-        local_ranks = []
-        for info in a.nodes:  # local rank = index among the ranks on the same node
-            key = info["node_id"] or info["ip"]
-            local_ranks.append(node_order.get(key, 0))
-            node_order[key] = node_order.get(key, 0) + 1
-        for rank, actor in enumerate(a.actors):
-            job = RankJob(rank=rank, world_size=t.gpus, local_rank=local_ranks[rank], master_addr=master["ip"],
-                          master_port=master["port"], model_spec_json=t.model.to_json(), precision=t.precision,
-                          compile=t.compile, ac=t.ac, batch_size=t.batch_size, seq_len=t.seq_len,
-                          warmup_steps=t.warmup_steps, measure_steps=t.measure_steps, **t.training_options,
-                          device_type="cuda" if self.profile.is_gpu else "cpu",
-                          memory_cap_bytes=t.memory_cap_bytes, pg_timeout_s=self.pg_timeout_s)
-            a.run_refs.append(actor.run.remote(job))
+        jobs = rank_jobs(a.trial, a.nodes, device_type="cuda" if self.profile.is_gpu else "cpu",
+                         pg_timeout_s=self.pg_timeout_s)
+        a.run_refs = [actor.run.remote(job) for actor, job in zip(a.actors, jobs)]
         a.state = "running"
-        a.deadline = time.monotonic() + (t.timeout_s or self.timeout_s)
+        a.deadline = time.monotonic() + a.trial.timeout_s
 
     def _finish(self, a: _Attempt, status: str, error: str | None, infrastructure: bool = False,
                 traceback: str | None = None) -> Outcome:
@@ -312,6 +300,24 @@ class Scheduler:
         except Exception:
             pass
         a.state = "done"
+
+
+def rank_jobs(trial: Trial, nodes: list[dict], *, device_type: str, pg_timeout_s: float = 120.0) -> list[RankJob]:
+    """What each rank of `trial` is sent, given where its ranks run (`nodes`: node_info per rank, rank 0's
+    address and held port becoming the rendezvous). Pure: no Ray."""
+    config = TrialConfig(model_spec_json=trial.model.to_json(), precision=trial.precision, compile=trial.compile,
+                         ac=trial.ac, batch_size=trial.batch_size, seq_len=trial.seq_len,
+                         warmup_steps=trial.warmup_steps, measure_steps=trial.measure_steps,
+                         options=trial.options(), memory_cap_bytes=trial.memory_cap_bytes)
+    seen: dict[str, int] = {}
+    jobs = []
+    for rank, info in enumerate(nodes):  # local rank = index among the ranks on the same node
+        key = info["node_id"] or info["ip"]
+        jobs.append(RankJob(trial=config, rank=rank, world_size=trial.gpus, local_rank=seen.get(key, 0),
+                            master_addr=nodes[0]["ip"], master_port=nodes[0]["port"], device_type=device_type,
+                            pg_timeout_s=pg_timeout_s))
+        seen[key] = seen.get(key, 0) + 1
+    return jobs
 
 
 def is_infrastructure_error(error: str | None) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
+
 SCHEMA_VERSION = "1.4"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync
 VERSION_KEY = b"sweep.schema_version"
@@ -18,8 +20,25 @@ STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 
 # Training options (grid axes since 1.3) at their default: what rows written before they existed ran
 # with. `sweep.store` fills an older row's missing option with its default when it reads the dataset.
-TRAINING_DEFAULTS = {"grad_accum": 1, "grad_clip": 1.0, "fp8_lm_head": False, "reduce_dtype": "fp32",
-                     "grad_sync": "micro_batch"}
+TRAINING_DEFAULTS = dict(OPTION_DEFAULTS)
+# The schema version that added each option's column: a new option is a new column, so a version bump.
+_OPTION_SINCE = {"grad_accum": "1.3", "grad_clip": "1.3", "fp8_lm_head": "1.3", "reduce_dtype": "1.4", "grad_sync": "1.4"}
+_ARROW_TYPES = {int: pa.int32(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
+
+
+def _option_columns() -> list[tuple[str, pa.DataType, str]]:
+    """One column per training option (`trainer.options.TrainingOptions`): its type, and its meaning with the
+    value a row written before the column existed was read with."""
+    missing = set(OPTION_DEFAULTS) - set(_OPTION_SINCE)
+    if missing:
+        raise RuntimeError(f"training options without a schema version in _OPTION_SINCE: {sorted(missing)}")
+    columns = []
+    for name, default in OPTION_DEFAULTS.items():
+        shown = str(default).lower() if isinstance(default, bool) else default
+        columns.append((name, _ARROW_TYPES[type(default)],
+                        f"{OPTION_DOCS[name]} ({shown} in rows before schema {_OPTION_SINCE[name]})"))
+    return columns
+
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -52,11 +71,7 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("seq_len", pa.int32(), "tokens per sample"),
     ("warmup_steps", pa.int32(), "steps run before timing"),
     ("measure_steps", pa.int32(), "timed steps"),
-    ("grad_accum", pa.int32(), "micro-batches per optimizer step (1 in rows before schema 1.3)"),
-    ("grad_clip", pa.float64(), "max gradient norm, 0 = no clipping (1.0 before schema 1.3)"),
-    ("fp8_lm_head", pa.bool_(), "FP8 recipes: output head in FP8 too (false before schema 1.3)"),
-    ("reduce_dtype", pa.string(), "FSDP2 gradient reduce-scatter dtype: fp32 | bf16 (fp32 before schema 1.4)"),
-    ("grad_sync", pa.string(), "gradients reduced after every micro_batch or once per step (micro_batch before 1.4)"),
+    *_option_columns(),  # grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync
     ("memory_cap_gib", pa.float64(), "per-rank memory cap imposed by sweep, else null"),
     # outcome
     ("status", pa.string(), "ok | oom | error | timeout | unsupported"),

@@ -89,20 +89,24 @@ def free_ports():
     return _free_ports
 
 
-def _rank_jobs(spec, precision: str, *, world_size: int = 1, **fields) -> list:
-    """One RankJob per rank of a trial on this machine (CPU, gloo), all on one fresh rendezvous port:
-    tiny steps, no compile, unless `fields` (any RankJob field) say otherwise."""
-    from trainer.job import RankJob
+def _rank_jobs(spec, precision: str, *, world_size: int = 1, master_addr: str = "127.0.0.1",
+               master_port: int | None = None, device_type: str = "cpu", **fields) -> list:
+    """The RankJobs of a trial on this machine (CPU, gloo), one per rank, all on one fresh rendezvous port,
+    built as the scheduler builds them (`sweep.scheduler.rank_jobs`): tiny steps, no compile, unless
+    `fields` (any Trial field: batch_size, grad_accum, ...) say otherwise."""
+    from sweep.grid import Trial
+    from sweep.scheduler import rank_jobs
 
-    base = dict(world_size=world_size, master_addr="127.0.0.1", master_port=_free_ports(1)[0],
-                model_spec_json=spec.to_json(), precision=precision, compile="none", ac="none", batch_size=2,
-                seq_len=32, warmup_steps=1, measure_steps=4, device_type="cpu")
-    return [RankJob(**{**base, "rank": rank, "local_rank": rank, **fields}) for rank in range(world_size)]
+    base = dict(cluster="local", model=spec, precision=precision, compile="none", ac="none", batch_size=2,
+                seq_len=32, warmup_steps=1, measure_steps=4, gpus=world_size)
+    trial = Trial(**{**base, **fields})
+    node = {"ip": master_addr, "port": master_port or _free_ports(1)[0], "node_id": None}
+    return rank_jobs(trial, [node] * world_size, device_type=device_type)
 
 
 @pytest.fixture(scope="session")
 def rank_jobs():
-    """rank_jobs(spec, precision, world_size=1, **RankJob fields): a trial's RankJobs, one per rank."""
+    """rank_jobs(spec, precision, world_size=1, **Trial or RankJob fields): a trial's RankJobs, one per rank."""
     return _rank_jobs
 
 
@@ -131,7 +135,7 @@ def run_ranks():
 
 @pytest.fixture
 def run_one_rank():
-    """run_one_rank(spec, precision, **RankJob fields): the real RankWorker.run for one rank, in this process
+    """run_one_rank(spec, precision, **Trial or RankJob fields): the real RankWorker.run for one rank, in this process
     (no Ray), as a Ray actor would run it; the environment it sets (MASTER_ADDR, RANK, ...) is put back."""
     from trainer.worker import RankWorker
 

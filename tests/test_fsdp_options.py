@@ -29,7 +29,7 @@ def _rank(jobs: list, queue) -> None:
     for job in jobs:
         dtypes.clear()
         result = RankWorker().run(job)
-        queue.put(((job.reduce_dtype, job.grad_sync), job.rank, result, list(dtypes)))
+        queue.put(((job.trial.options.reduce_dtype, job.trial.options.grad_sync), job.rank, result, list(dtypes)))
 
 
 @pytest.fixture(scope="module")

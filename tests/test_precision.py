@@ -104,7 +104,7 @@ def _rank_main(jobs: list, queue) -> None:
 
     torch.set_num_threads(1)
     for job in jobs:
-        queue.put((job.precision, job.rank, RankWorker().run(job)))
+        queue.put((job.trial.precision, job.rank, RankWorker().run(job)))
 
 
 def test_torchao_fp8_trains_under_fsdp2_on_two_cpu_ranks(rank_jobs, run_ranks):

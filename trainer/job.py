@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainer.options import TrainingOptions
+
 
 @dataclass(frozen=True, kw_only=True)
-class RankJob:
-    """One rank's share of one trial attempt."""
+class TrialConfig:
+    """What every rank of one trial trains: the same on each rank (`trainer.train.run_trial` runs it)."""
 
-    rank: int
-    world_size: int
-    local_rank: int
-    master_addr: str
-    master_port: int
     model_spec_json: str
     precision: str
     compile: str
@@ -22,15 +19,23 @@ class RankJob:
     seq_len: int
     warmup_steps: int
     measure_steps: int
-    device_type: str  # "cpu" (gloo) or "cuda" (nccl; ROCm builds of torch also say cuda)
-    grad_accum: int = 1  # micro-batches (of batch_size rows) per optimizer step
-    grad_clip: float = 1.0  # max gradient norm before each optimizer step; 0 = no clipping
-    fp8_lm_head: bool = False  # FP8 recipes: the output head in FP8 too
-    reduce_dtype: str = "fp32"  # FSDP2 gradient reduce-scatter dtype: "fp32" or "bf16"
-    grad_sync: str = "micro_batch"  # "step": reduce gradients after the last micro-batch only
+    options: TrainingOptions = TrainingOptions()
     memory_cap_bytes: int | None = None
-    pg_timeout_s: float = 120.0  # bounded: a stuck collective fails instead of waiting NCCL's 10 min
     seed: int = 3985  # the seeds' torch.manual_seed
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankJob:
+    """One rank's share of one trial attempt: the trial, and where this rank sits in its process group."""
+
+    trial: TrialConfig
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    device_type: str  # "cpu" (gloo) or "cuda" (nccl; ROCm builds of torch also say cuda)
+    pg_timeout_s: float = 120.0  # bounded: a stuck collective fails instead of waiting NCCL's 10 min
 
 
 OOM_MARKERS = (  # allocator messages only: anything else stays 'error'

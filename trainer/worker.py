@@ -157,24 +157,24 @@ class RankWorker:
                                 world_size=job.world_size, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
         mesh = init_device_mesh(device.type, (job.world_size,))
-        spec = ModelSpec.model_validate_json(job.model_spec_json)
+        spec = ModelSpec.model_validate_json(job.trial.model_spec_json)
         if device.type == "cuda":
             # fp32 recipes use TF32 tensor cores: the catalog's NVIDIA fp32 peak (the MFU divisor) is TF32's
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        plan = precision_plan(job.precision, device_type=device.type, sharded=job.world_size > 1,
-                              fp8_lm_head=job.fp8_lm_head)
+        plan = precision_plan(job.trial.precision, device_type=device.type, sharded=job.world_size > 1,
+                              fp8_lm_head=job.trial.options.fp8_lm_head)
 
         # SWEEP_MEMORY_CAP_RANKS=1,3 caps only those ranks (to rehearse one rank failing alone).
         capped = os.environ.get("SWEEP_MEMORY_CAP_RANKS")
-        cap = job.memory_cap_bytes if capped is None or str(job.rank) in capped.split(",") else None
+        cap = job.trial.memory_cap_bytes if capped is None or str(job.rank) in capped.split(",") else None
         with memory_cap(cap, device):
             reset_peak(device)
-            torch.manual_seed(job.seed)
+            torch.manual_seed(job.trial.seed)
             with torch.device("meta"):  # build on meta, shard, then materialise only this rank's shard
-                model = build_model(spec, backend=plan.model_backend, fp8_lm_head=job.fp8_lm_head)
+                model = build_model(spec, backend=plan.model_backend, fp8_lm_head=job.trial.options.fp8_lm_head)
             n_params = sum(p.numel() for p in model.parameters())  # N of the FLOP formula: every parameter
-            model = parallelize(model, plan=plan, compile_mode=job.compile, ac=job.ac, mesh=mesh,
-                                reduce_dtype=job.reduce_dtype)
+            model = parallelize(model, plan=plan, compile_mode=job.trial.compile, ac=job.trial.ac, mesh=mesh,
+                                reduce_dtype=job.trial.options.reduce_dtype)
             model.to_empty(device=device)
             with torch.no_grad():
                 model.init_weights()  # a fully compiled model forwards the call to the original
@@ -186,11 +186,11 @@ class RankWorker:
             # first loss is ~ln V). The batches are made up front so no data work is timed: 4, or one per
             # micro-batch of a step so that a step's micro-batches are distinct (a token batch is KBs).
             # The permutation is the task, the same on every rank; each rank draws its own tokens.
-            perm = torch.randperm(spec.vocab_size, generator=torch.Generator(device=device).manual_seed(job.seed),
+            perm = torch.randperm(spec.vocab_size, generator=torch.Generator(device=device).manual_seed(job.trial.seed),
                                   device=device)
-            gen = torch.Generator(device=device).manual_seed(job.seed + 1 + job.rank)
-            n_batches = min(max(4, job.grad_accum), (job.warmup_steps + job.measure_steps) * job.grad_accum)
-            batches = [torch.randint(spec.vocab_size, (job.batch_size, job.seq_len), generator=gen, device=device)
+            gen = torch.Generator(device=device).manual_seed(job.trial.seed + 1 + job.rank)
+            n_batches = min(max(4, job.trial.options.grad_accum), (job.trial.warmup_steps + job.trial.measure_steps) * job.trial.options.grad_accum)
+            batches = [torch.randint(spec.vocab_size, (job.trial.batch_size, job.trial.seq_len), generator=gen, device=device)
                        for _ in range(n_batches)]
 
             def sync() -> None:
@@ -202,36 +202,36 @@ class RankWorker:
 
             # Compiled with the model: inductor fuses the fp32 upcast into the log-softmax, so the
             # (tokens x vocab) logits are never materialised in fp32 (torchtitan compiles its loss too).
-            loss_fn = torch.compile(cross_entropy) if job.compile != "none" else cross_entropy
+            loss_fn = torch.compile(cross_entropy) if job.trial.compile != "none" else cross_entropy
             # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
             # rest (weights only change at the optimizer step), as seed 000 does.
-            weight_cache = plan.model_backend == "te" and job.grad_accum > 1
+            weight_cache = plan.model_backend == "te" and job.trial.options.grad_accum > 1
             fsdp_root = getattr(model, "_orig_mod", model)  # `full` compile wraps the sharded model
-            sync_once = job.grad_sync == "step" and job.grad_accum > 1 and isinstance(fsdp_root, FSDPModule)
+            sync_once = job.trial.options.grad_sync == "step" and job.trial.options.grad_accum > 1 and isinstance(fsdp_root, FSDPModule)
 
             def step(i: int) -> torch.Tensor:
                 """One optimizer step over grad_accum micro-batches. By default FSDP2 reduce-scatters the
                 gradients of each micro-batch as its backward runs (as seed 000's FSDP1 loop without no_sync
                 does); with grad_sync "step" only the last micro-batch's backward does."""
                 total = torch.zeros((), device=device)
-                for micro in range(job.grad_accum):
+                for micro in range(job.trial.options.grad_accum):
                     if sync_once:
                         # Before the last micro-batch: gradients accumulate unsharded on each rank (FSDP1's
                         # no_sync; + one unsharded gradient copy in memory) and parameters stay gathered
                         # after backward, so the next forward needs no all-gather (FSDP2's documented
                         # trade of memory for communication during accumulation).
-                        last = micro == job.grad_accum - 1
+                        last = micro == job.trial.options.grad_accum - 1
                         fsdp_root.set_requires_gradient_sync(last)
                         fsdp_root.set_reshard_after_backward(last)
-                    tokens = batches[(i * job.grad_accum + micro) % len(batches)]
+                    tokens = batches[(i * job.trial.options.grad_accum + micro) % len(batches)]
                     kwargs = {"is_first_microbatch": micro == 0} if weight_cache else {}
                     with plan.training_context():
                         logits = model(tokens, **kwargs)
-                    loss = loss_fn(logits, perm[tokens]) / job.grad_accum
+                    loss = loss_fn(logits, perm[tokens]) / job.trial.options.grad_accum
                     loss.backward()
                     total += loss.detach()
-                if job.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip)  # seed 000: 1.0
+                if job.trial.options.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), job.trial.options.grad_clip)  # seed 000: 1.0
                 optimizer.step()
                 plan.after_optimizer_step(model)
                 optimizer.zero_grad(set_to_none=True)
@@ -240,7 +240,7 @@ class RankWorker:
             dist.barrier()
             init_time_s = time.perf_counter() - self.created_at
             times, losses = [], []
-            for i in range(job.warmup_steps + job.measure_steps):
+            for i in range(job.trial.warmup_steps + job.trial.measure_steps):
                 sync()
                 t0 = time.perf_counter()
                 loss = step(i)
@@ -250,7 +250,7 @@ class RankWorker:
             dist.barrier()
             memory = peak_stats(device)
 
-        measured = times[job.warmup_steps:]
+        measured = times[job.trial.warmup_steps:]
         steady = statistics.median(measured)
         return {
             "step_times": measured,

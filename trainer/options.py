@@ -1,0 +1,85 @@
+"""The training options: how a trial trains, beyond what model at which batch. Declared once, here.
+
+Everything else is derived from `TrainingOptions`: the grid's axes and their defaults (`sweep.grid`),
+the result columns and the value an older row without one is read with (`sweep.schema`), and what each
+rank is sent (`trainer.job.TrialConfig.options`). Each field's type carries its constraint, so a value
+is checked the same way in a grid file (pydantic, one line naming the key) and here (`__post_init__`,
+a ValueError naming the field). Pure: pydantic only, no torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
+
+
+def _clip(value: float) -> float:
+    if not value >= 0:  # also refuses nan
+        raise ValueError("must be >= 0 (0 turns clipping off)")
+    return value
+
+
+def _option(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingOptions:
+    """The training options of one trial. Each field's default is what rows written before it existed ran with."""
+
+    grad_accum: Annotated[int, Field(gt=0)] = _option(1, "micro-batches per optimizer step")
+    """A step trains grad_accum micro-batches of batch_size rows per rank before the optimizer steps."""
+    grad_clip: Annotated[float, AfterValidator(_clip)] = _option(1.0, "max gradient norm, 0 = no clipping")
+    """The gradient norm is clipped to this before each optimizer step (1.0: torchtitan's default); 0: no clip."""
+    fp8_lm_head: bool = _option(False, "FP8 recipes: output head in FP8 too")
+    """FP8 recipes run the output head in FP8 too (off: it stays bf16 for accuracy, torchtitan's default)."""
+    reduce_dtype: Literal["fp32", "bf16"] = _option("fp32", "FSDP2 gradient reduce-scatter dtype: fp32 | bf16")
+    """The dtype FSDP2 reduce-scatters gradients in: fp32 (accuracy of the sum over ranks) or bf16 (half the bytes)."""
+    grad_sync: Literal["micro_batch", "step"] = _option(
+        "micro_batch", "gradients reduced after every micro_batch or once per step")
+    """With grad_accum > 1: reduce gradients after every micro-batch's backward, or only after the step's last."""
+
+    def __post_init__(self) -> None:
+        for f in fields(TrainingOptions):  # a subclass's own fields are its own business
+            try:
+                value = _adapter(f.name).validate_python(getattr(self, f.name), strict=True)
+            except ValidationError as e:
+                raise ValueError(f"{f.name}: {_first_error(e)} (got {getattr(self, f.name)!r})") from None
+            object.__setattr__(self, f.name, value)  # an int grad_clip becomes the float it means
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options only (a subclass's other fields left out), in declaration order."""
+        return {name: getattr(self, name) for name in OPTION_DEFAULTS}
+
+    def changed(self) -> dict[str, Any]:
+        """The options not at their default."""
+        return {k: v for k, v in self.as_dict().items() if v != OPTION_DEFAULTS[k]}
+
+    def options(self) -> "TrainingOptions":
+        """The options alone, as a TrainingOptions (from a subclass such as sweep's Trial)."""
+        return TrainingOptions(**self.as_dict())
+
+
+OPTION_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TrainingOptions)}
+OPTION_DOCS: dict[str, str] = {f.name: f.metadata["doc"] for f in fields(TrainingOptions)}
+
+
+@functools.cache
+def option_types() -> dict[str, Any]:
+    """Each option's type with its constraint (e.g. `Annotated[int, Field(gt=0)]`): a grid axis holds a list of it."""
+    return typing.get_type_hints(TrainingOptions, include_extras=True)
+
+
+@functools.cache
+def _adapter(name: str) -> TypeAdapter:
+    return TypeAdapter(option_types()[name])
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    return str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+
