@@ -36,6 +36,8 @@ RESERVED_ENV = frozenset({
 })  # fmt: skip
 
 DEFAULT_CPUS_PER_RANK = {"cpu": 1, "gpu": 4}
+# The XDG default cache directory: each node's own disk (~ is the home of the node a rank runs on).
+DEFAULT_COMPILE_CACHE = "~/.cache/sweep/inductor"
 
 
 def _env_name(name: Any) -> str:
@@ -126,6 +128,10 @@ class ClusterProfile(BaseModel):
     """Default per-trial timeout in seconds; null leaves it to the run's own default."""
     cpus_per_rank: int = Field(ge=1)
     """Ray CPUs reserved per rank actor. Default: 1 on CPU profiles, 4 on GPU profiles."""
+    compile_cache: str = DEFAULT_COMPILE_CACHE
+    """Inductor's persistent cache directory (FX graph and AOTAutograd caches) on each node, shared by every
+    trial and run there: a trial that compiles graphs an earlier one compiled loads them. `~` and `${VAR}` are
+    expanded on each node. The profile's `env` wins if it sets TORCHINDUCTOR_CACHE_DIR itself."""
     description: Optional[str] = None
 
     @model_validator(mode="before")
@@ -174,6 +180,14 @@ class ClusterProfile(BaseModel):
             raise ValueError("expected a whole number >= 1, or 'auto' on a CPU profile")
         return value
 
+    @field_validator("compile_cache")
+    @classmethod
+    def _absolute_cache(cls, value: str) -> str:
+        # Relative to what? A rank's working directory is a Ray session folder, gone after the run.
+        if not (value.startswith(("/", "$")) or value == "~" or value.startswith("~/")):
+            raise ValueError("expected an absolute path, or one starting with ~/ or ${VAR} (expanded on each node)")
+        return value
+
     @field_validator("memory_per_device", mode="before")
     @classmethod
     def _parsable_memory(cls, value: Any) -> Any:
@@ -207,6 +221,14 @@ class ClusterProfile(BaseModel):
         if self.gpus_per_node == "auto":
             return max(1, usable_cpus() // self.cpus_per_rank)
         return self.gpus_per_node  # type: ignore[return-value]
+
+    @property
+    def compile_cache_env(self) -> str:
+        """`compile_cache` as a rank's TORCHINDUCTOR_CACHE_DIR: a leading ~ becomes ${HOME}, which Ray expands
+        (with any other ${VAR}) in the rank's own process, so it names the home of the node the rank runs on."""
+        if self.compile_cache == "~" or self.compile_cache.startswith("~/"):
+            return "${HOME}" + self.compile_cache[1:]
+        return self.compile_cache
 
     @property
     def total_ranks(self) -> int:

@@ -255,6 +255,7 @@ class Scheduler:
             env.setdefault("NCCL_SOCKET_IFNAME", _LOOPBACK)
         # One inductor cache per node, kept across trials and runs: a graph compiled once loads from disk
         # after (FX graph + AOTAutograd caches; their env switches force them on whatever torch's default).
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", self.profile.compile_cache_env)
         env.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
         env.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
         for i in range(a.trial.gpus):

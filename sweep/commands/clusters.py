@@ -78,6 +78,7 @@ def show_cluster(
         "compute capability": _NONE if accelerator.compute_capability is None else f"{accelerator.compute_capability:.1f}",
         "cost": _cost(profile) + (" per GPU-hour" if profile.cost_per_gpu_hour is not None else ""),
         "trial timeout": _NONE if profile.timeout_s is None else f"{profile.timeout_s:g} s",
+        "compile cache": profile.compile_cache,
         "env": "\n".join(f"{key}={value}" for key, value in profile.env.items()) or _NONE,
     }
     fields = Table(show_header=False, box=None, title=f"cluster {profile.name}", title_justify="left")

@@ -1,0 +1,91 @@
+"""The persistent inductor cache a profile names (`compile_cache:`), through the real CLI and real ranks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sweep.cli import app
+
+GRID = {"models": ["llama-tiny"], "precisions": ["bf16"], "batch_sizes": [2], "seq_len": 32, "gpus": 1,
+        "compile": "regional", "steps": {"warmup": 1, "measure": 1}}
+
+
+def sweep(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def write_profile(folder: Path, **keys) -> Path:
+    path = folder / "profile.yaml"
+    path.write_text(yaml.safe_dump({"name": "cached", "accelerator": "cpu", "ray_address": "local", "nodes": 1,
+                                    "gpus_per_node": 1, "cpus_per_rank": 1, **keys}))
+    return path
+
+
+def run(folder: Path, profile: Path, name: str) -> list[dict]:
+    grid = folder / f"{name}.yaml"
+    grid.write_text(yaml.safe_dump(GRID))
+    out = folder / name
+    result = sweep("run", grid, "--cluster", profile, "--output", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    return ds.dataset(out, format="parquet").to_table().to_pylist()
+
+
+def entries(folder: Path) -> dict[str, int]:
+    """The cache entries under a cache sub-folder (fxgraph/, aotautograd/): relative path -> mtime (ns)."""
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+def test_ranks_compile_into_the_profile_cache_and_a_later_run_reuses_it(ray_session, tmp_path):
+    cache = tmp_path / "cache"
+    profile = write_profile(tmp_path, compile_cache=str(cache))
+    (first,) = run(tmp_path, profile, "first")
+    assert first["status"] == "ok" and first["compile"] == "regional"
+    graphs, autograd = entries(cache / "fxgraph"), entries(cache / "aotautograd")
+    assert graphs and autograd  # the compiled blocks and loss, forward and backward, on disk
+
+    # A second run, in fresh rank processes, compiles the same graphs: each is a hit, so no entry is written
+    # (a miss writes its entry, a new one or the same one again).
+    (second,) = run(tmp_path, profile, "second")
+    assert second["status"] == "ok"
+    assert entries(cache / "fxgraph") == graphs and entries(cache / "aotautograd") == autograd
+
+
+def test_a_profile_env_overrides_the_cache_dir(ray_session, tmp_path):
+    mine = tmp_path / "mine"
+    profile = write_profile(tmp_path, compile_cache=str(tmp_path / "unused"),
+                            env={"TORCHINDUCTOR_CACHE_DIR": str(mine)})
+    run(tmp_path, profile, "env")
+    assert entries(mine / "fxgraph")
+    assert not (tmp_path / "unused").exists()
+
+
+@pytest.mark.parametrize("value", ["cache", "./cache", "~user/cache"])
+def test_a_relative_cache_path_is_refused_in_one_line(tmp_path, value):
+    result = sweep("clusters", "show", write_profile(tmp_path, compile_cache=value))
+    assert result.exit_code == 2
+    assert "compile_cache" in result.output and "absolute path" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_default_is_under_the_users_cache_dir():
+    result = sweep("clusters", "show", "local")
+    assert result.exit_code == 0
+    assert "~/.cache/sweep/inductor" in result.output
+
+
+def test_the_readme_profile_sets_the_cache(tmp_path):
+    """The profile block under the README's "## Clusters", as a user would copy it, keeps its compile_cache."""
+    section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## Clusters", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    assert "compile_cache:" in block
+    path = tmp_path / "readme.yaml"
+    path.write_text(block)
+    result = sweep("clusters", "show", path)
+    assert result.exit_code == 0, result.output
+    assert "/scratch/inductor" in result.output
