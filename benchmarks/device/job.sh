@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One device job on the lent H200 machine (kind nvidia-h200-x2), from the project root:
+#
+#   bash benchmarks/device/job.sh CAMPAIGN [PROFILE]      (PROFILE: benchmarks/profiles/h200x2.yaml)
+#
+# installs what the job carries (benchmarks/device/install.sh), and once everything the campaign needs is
+# there, runs benchmarks/run.sh CAMPAIGN PROFILE into /tmp/sweep-results/CAMPAIGN and packs those rows into
+# $OUT/CAMPAIGN.tgz (Parquet partition folders are named cluster=.../run=..., which do not come back as
+# files). Until then it says which folder to carry next: call it again with that folder. The log is
+# $OUT/CAMPAIGN.log. The campaign `multinode` runs twice: on PROFILE (one Ray node holding both GPUs),
+# then on benchmarks/profiles/h200-2nodes.yaml over two Ray nodes of one GPU each, started here.
+set -uo pipefail
+[ $# -ge 1 ] && [ $# -le 2 ] || { echo "usage: bash benchmarks/device/job.sh CAMPAIGN [PROFILE]" >&2; exit 2; }
+campaign=$(basename "$1")
+profile=${2:-benchmarks/profiles/h200x2.yaml}
+[ -d "benchmarks/campaigns/$campaign" ] || { echo "error: no campaign '$campaign' under benchmarks/campaigns/" >&2; exit 2; }
+source benchmarks/device/env.sh
+OUT=${OUT:-/tmp/out}
+results=/tmp/sweep-results/$campaign
+mkdir -p "$OUT" "$results"
+exec > >(tee -a "$OUT/$campaign.log") 2>&1
+# the device command's limit is 600 s: stop sweep (SIGINT: it tears down and keeps its rows) in time to pack
+deadline=$((${JOB_LIMIT_S:-570} + SECONDS))
+
+bash benchmarks/device/install.sh || exit 1
+missing() {  # what to carry next, or nothing when the campaign can run
+  python3 -c 'import ray, torchao, pydantic' 2>/dev/null || { echo .whl; return; }
+  python3 -c 'import duckdb' 2>/dev/null || { echo .whl-results; return; }
+  if grep -qE '^precisions:.*-te\b' "benchmarks/campaigns/$campaign"/*.yaml && ! python3 -c 'import transformer_engine.pytorch' 2>/dev/null; then
+    for i in 0 1 2 3 4; do [ -f /tmp/stage/part$i ] || { echo ".te$((i + 1))"; return; }; done
+    echo .tefinal
+  fi
+}
+next=$(missing)
+if [ -n "$next" ]; then
+  echo "job: $campaign cannot run yet; call this again carrying $next (a fresh machine starts from .whl)"
+  exit 0
+fi
+
+date -u +%FT%TZ
+nvidia-smi --query-gpu=index,name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv
+python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+
+run() {  # run PROFILE: the campaign, stopped with SIGINT past the deadline
+  local left=$((deadline - SECONDS))
+  [ $left -gt 0 ] || { echo "job: no time left for $1"; return 124; }
+  timeout --signal=INT --kill-after=20 $left bash benchmarks/run.sh "$campaign" "$1" "$results"
+}
+
+if [ "$campaign" = multinode ]; then
+  run "$profile"
+  export RAY_AUTH_MODE=disabled  # the driver joins with the auth mode the nodes were started with
+  ray=(python3 -m ray.scripts.scripts)
+  CUDA_VISIBLE_DEVICES=0 "${ray[@]}" start --head --port 6380 --num-gpus 1 --num-cpus 8 --include-dashboard=false
+  CUDA_VISIBLE_DEVICES=1 "${ray[@]}" start --address 127.0.0.1:6380 --num-gpus 1 --num-cpus 8
+  "${ray[@]}" status
+  run benchmarks/profiles/h200-2nodes.yaml
+  status=$?
+  "${ray[@]}" stop --force
+  $SWEEP results compare "$results" --by cluster --baseline "$(awk '/^name:/ {print $2}' "$profile")" --format md
+else
+  run "$profile"
+  status=$?
+fi
+tar czf "$OUT/$campaign.tgz" -C "$(dirname "$results")" "$campaign"
+echo "job: rows in \$OUT/$campaign.tgz (sweep exit $status)"
+exit $status
