@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainer.flops import flops_per_token, spec_flops_per_token
+from trainer.flops import convention_flops_per_token, flops_per_token, spec_flops_per_token
 from trainer.models import REGISTRY, ModelSpec, build_model
 
 REL = 1e-9
@@ -92,6 +92,9 @@ def test_counter_matches_6n_matmul_plus_attention(name):
     surplus = spec_flops_per_token(spec, seq) - counted
     assert surplus == pytest.approx(6 * _non_matmul_params(model), rel=REL)
     assert surplus == pytest.approx(6 * (spec.n_params() - spec.n_matmul_params()), rel=REL)
+    # Megatron counts every GEMM the counter sees, but half the T×T square (the causal half)
+    half_square = 6 * spec.n_layers * spec.n_heads * spec.head_dim * seq
+    assert convention_flops_per_token("megatron", spec, seq) == pytest.approx(counted - half_square, rel=REL)
 
 
 def test_seed_000_formula_for_llama3_8b():
@@ -99,6 +102,23 @@ def test_seed_000_formula_for_llama3_8b():
     spec = REGISTRY["llama3-8b"]
     assert spec_flops_per_token(spec, 4096) == 6 * 8_030_261_248 + 12 * 32 * 4096 * 4096
     assert flops_per_token(n_params=1, n_layers=1, n_heads=1, head_dim=1, seq_len=1) == 18
+
+
+def test_other_tools_conventions_for_llama3_8b_at_8192():
+    """The issue's figures: NVIDIA/Megatron tables give 57.9 or 51.5 GFLOP per token against our 61.1."""
+    spec, T = REGISTRY["llama3-8b"], 8192
+    E, L, H, J, D, F, V = spec.d_embd, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.ffn_hidden, spec.vocab_size
+    gflop = {c: convention_flops_per_token(c, spec, T) / 1e9 for c in ("sweep", "megatron", "torchtitan")}
+    assert {c: round(g, 1) for c, g in gflop.items()} == {"sweep": 61.1, "megatron": 51.5, "torchtitan": 57.9}
+    # Megatron-LM's transformer_flops (megatron/training/training.py), written out: 3 passes x 2 FLOPs x
+    # (QKV + causal core attention + out projection + SwiGLU per layer, and the logits)
+    megatron = 3 * 2 * (L * (E * (H * D + 2 * J * D) + H * D * T / 2 * 2 + H * D * E + 3 * E * F) + E * V)
+    assert convention_flops_per_token("megatron", spec, T) == megatron
+    # Megatron before the causal halving (12·B·s·L·h²·(...) of Narayanan et al. 2021): full square, 57.9
+    legacy = 12 * L * E * E * ((1 + J / H + T / E) + F / E * 1.5 + V / (2 * L * E))
+    assert legacy / 1e9 == pytest.approx(gflop["torchtitan"], rel=5e-5)  # torchtitan also counts the norm weights
+    # torchtitan: 6 × (every parameter but the token embedding) + 12·L·H·D·T
+    assert convention_flops_per_token("torchtitan", spec, T) == 6 * (spec.n_params() - V * E) + 12 * L * H * D * T
 
 
 def test_flops_use_the_batch_actually_trained(monkeypatch, run_one_rank):

@@ -58,6 +58,7 @@ def test_export_md_ends_with_the_stack_and_counts_what_differs(tmp_path):
         "- Transformer Engine: 2.8.0 (3 rows), not installed (1 row)",
         "- ray: 2.50.0",
         "- sweep commit: 417e321abcde",
+        "- FLOPs per token: sweep — 6·N + 12·L·H·D·T, N = every parameter, full T×T attention (PaLM app. B)",
     ]
     # --where narrows the footer with the table: the one 2.10.0 row is fp8-te batch 1
     footer = _footer(_export(tmp_path, "export", "--where", "batch_size>=2"))
@@ -76,4 +77,4 @@ def test_rows_that_never_ran_say_so_and_days_are_named(tmp_path):
     footer = _footer(_export(tmp_path, "export"))
     assert footer[0] == "Measured with (2 attempts, started 2025-06-02 09:00 – 2025-06-03 09:05 UTC):"
     assert footer[1] == "- GPU: not recorded (no attempt ran to the end)"
-    assert footer[-1] == "- sweep commit: 417e321abcde"
+    assert footer[-2] == "- sweep commit: 417e321abcde"

@@ -16,6 +16,7 @@ import typer
 
 from sweep.commands._common import user_errors
 from sweep.errors import UserError
+from trainer.flops import CONVENTIONS
 
 app = typer.Typer(no_args_is_help=True, help="Aggregate, compare, export and plot result datasets.")
 
@@ -54,6 +55,12 @@ class By(str, Enum):
     grad_sync = "grad_sync"
 
 
+# The FLOP conventions of trainer.flops (pure, light to import): how a table's TFLOP/s and MFU are counted.
+FlopConvention = Enum("FlopConvention", {name: name for name in CONVENTIONS}, type=str)
+Flops = Annotated[FlopConvention, typer.Option(
+    "--flops", help="Count TFLOP/s and MFU as this tool does: "
+                    + "; ".join(f"{name}: {text}" for name, (_, text) in CONVENTIONS.items())
+                    + ". Recounted from each row's model spec; the table says which.")]
 Format = Annotated[TableFormat, typer.Option("--format", "-f", help="table: Rich table; md: GitHub markdown; csv: raw numbers.")]
 # Rich renders about 300 table rows a second: a terminal table stops here, md and csv never do.
 Limit = Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows of a terminal table (0: all). md and csv print every row.")]
@@ -81,37 +88,40 @@ def show(
     directory: Directory,
     where: Where = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to print.")] = 50,
+    flops: Flops = FlopConvention.sweep,
     skip_bad: SkipBad = False,
 ) -> None:
     """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time, memory, loss, error."""
-    from sweep.results import query, render
+    from sweep.results import aggregate, query, recount, render
 
-    columns = [c.key for c in render.SHOW_COLS]
-    table = query.load(directory, where or (), columns + ["loss_first", "started_at"], skip_bad)
+    columns = [c.key for c in render.SHOW_COLS] + ["loss_first", "started_at"]
+    table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value)
     table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
     total = table.num_rows
     rows = table.slice(0, limit).to_pylist()
+    more = "" if total <= limit else f"--limit {limit}; narrow with --where"
     render.rich_table(rows, render.SHOW_COLS, f"{directory}: {len(rows)} of {total} rows",
-                      note="" if total <= limit else f"--limit {limit}; narrow with --where")
+                      note=" · ".join(p for p in (recount.caption(flops.value), more) if p))
 
 
 @app.command("max-batch")
 @user_errors
 def max_batch(directory: Directory, where: Where = None, fmt: Format = TableFormat.table, limit: Limit = 200,
-              skip_bad: SkipBad = False) -> None:
+              flops: Flops = FlopConvention.sweep, skip_bad: SkipBad = False) -> None:
     """Largest batch that fits per model × precision × compile × ac × seq_len × GPUs × cluster.
 
     Also the smallest batch above it that ran out of memory, and the fastest batch (highest median
     TFLOP/s/GPU) with its TFLOP/s/GPU and MFU; the allocator's retries at both, and "fits, but the
     allocator thrashes (N retries)" where it retried (the batch fits only by stalling).
     """
-    from sweep.results import aggregate, provenance, render
+    from sweep.results import aggregate, provenance, recount, render
 
-    rows = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS)
+    rows = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
     table = aggregate.max_batch_table(aggregate.config_table(rows))
     groups = table.to_pylist()
     _emit(groups, render.max_batch_cols(groups), fmt, f"{directory}: largest batch per GPU that fits",
-          csv_columns=table.column_names, limit=limit, footer=lambda: provenance.markdown(rows))
+          recount.caption(flops.value), csv_columns=table.column_names, limit=limit,
+          footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
 
 
 @app.command()
@@ -127,6 +137,7 @@ def compare(
     where: Where = None,
     fmt: Format = TableFormat.table,
     limit: Limit = 200,
+    flops: Flops = FlopConvention.sweep,
     skip_bad: SkipBad = False,
 ) -> None:
     """TFLOP/s/GPU of each precision (or cluster, compile mode, ...) over the baseline's, the rest of the config equal.
@@ -136,9 +147,9 @@ def compare(
     With --by cluster, also tokens/s/GPU per $/GPU-hour where the rows carry a cost (the profile's
     cost_per_gpu_hour when they were written).
     """
-    from sweep.results import aggregate, provenance, render
+    from sweep.results import aggregate, provenance, recount, render
 
-    rows = aggregate.load_rows(directory, where or (), skip_bad, ("cost_per_gpu_hour", *provenance.COLUMNS))
+    rows = aggregate.load_rows(directory, where or (), skip_bad, ("cost_per_gpu_hour", *provenance.COLUMNS), flops.value)
     configs, costs = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
     if baseline is None:
@@ -150,11 +161,12 @@ def compare(
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
     unknown = sorted(c for c, v in (costs or {}).items() if v is None)
     with_cost = costs is not None and len(unknown) < len(costs)
-    note = f"no cost per GPU-hour for: {', '.join(unknown)}" if by is By.cluster and unknown else ""
+    note = " · ".join([recount.caption(flops.value)]
+                      + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else []))
     cols = render.compare_cols(by.value, baseline, with_cost)
     title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
     _emit(table.to_pylist(), cols, fmt, title, note, always=(by.value,), csv_columns=table.column_names, limit=limit,
-          footer=lambda: provenance.markdown(rows))
+          footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
 
 
 @app.command()
@@ -164,6 +176,7 @@ def export(
     fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="md: table to paste in a GitHub issue; csv: the same numbers, unrounded.")] = ExportFormat.md,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write here instead of stdout.", show_default=False)] = None,
     where: Where = None,
+    flops: Flops = FlopConvention.sweep,
     skip_bad: SkipBad = False,
 ) -> None:
     """One line per config: median TFLOP/s/GPU, spread, MFU, step time, tokens/s/GPU, peak memory, loss, n.
@@ -171,13 +184,14 @@ def export(
     The markdown ends with what the rows were measured with (GPU, driver, CUDA/ROCm, torch, torchao,
     Transformer Engine, Ray, sweep commit, start times), each value with its row count where rows differ.
     """
-    from sweep.results import aggregate, provenance, render
+    from sweep.results import aggregate, provenance, recount, render
 
-    attempts = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS)
+    attempts = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
     table = aggregate.config_table(attempts)
     rows = table.to_pylist()
     if fmt is ExportFormat.md:
-        text = render.markdown(rows, render.EXPORT_COLS) + "\n" + provenance.markdown(attempts)
+        text = (render.markdown(rows, render.EXPORT_COLS, note=recount.caption(flops.value)) + "\n"
+                + provenance.markdown(attempts, recount.formula(flops.value)))
     else:
         text = render.csv_text(rows, table.column_names)
     if out is None:

@@ -84,9 +84,14 @@ def config_table(rows: pa.Table) -> pa.Table:
     return run_sql(sql, rows=rows)
 
 
-def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False, extra: Iterable[str] = ()) -> pa.Table:
-    """The rows under ``directory`` passing ``where``, with LOAD_COLUMNS and ``extra`` (read once per command)."""
-    return load(directory, where, list(dict.fromkeys((*LOAD_COLUMNS, *extra))), skip_bad)
+def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False, extra: Iterable[str] = (),
+              flops: str = "sweep") -> pa.Table:
+    """The rows under ``directory`` passing ``where``, with LOAD_COLUMNS and ``extra`` (read once per command),
+    their TFLOP/s and MFU counted in the FLOP convention ``flops`` (``recount``)."""
+    from sweep.results.recount import COLUMNS, recount
+
+    extra = (*extra, *(COLUMNS if flops != "sweep" else ()))
+    return recount(load(directory, where, list(dict.fromkeys((*LOAD_COLUMNS, *extra))), skip_bad), flops)
 
 
 def configs(directory: Path, where: Iterable[str] = (), skip_bad: bool = False) -> pa.Table:

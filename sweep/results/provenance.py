@@ -63,5 +63,5 @@ def markdown(rows: pa.Table, flops: tuple[str, str] | None = None) -> str:
     for column, label, ok_only, null in FIELDS:
         lines.append(f"- {label}: {field_text(_counts(rows, column, ok_only), null)}")
     if flops:
-        lines.append(f"- FLOPs per token: {flops[0]} ({flops[1]})")
+        lines.append(f"- FLOPs per token: {flops[0]} — {flops[1]}")
     return "\n".join(lines) + "\n"
