@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from sweep.grid import Trial, parse_grid
 from sweep.scheduler import rank_jobs
-from trainer.models.specs import REGISTRY
+from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.options import OPTION_DEFAULTS, TrainingOptions
 
 
@@ -41,3 +43,53 @@ def test_rank_jobs_carry_the_trial_and_number_ranks_per_node():
     assert (config.precision, config.compile, config.ac, config.batch_size, config.seq_len, config.warmup_steps,
             config.measure_steps, config.memory_cap_bytes) == ("bf16", "regional", "full", 3, 64, 2, 5, 2**30)
     assert REGISTRY["llama-tiny"].model_validate_json(config.model_spec_json) == REGISTRY["llama-tiny"]
+
+
+# -- one trial as a unit: trainer.train.run_trial, several in one process ----------------------------
+
+@contextlib.contextmanager
+def _one_rank_group():
+    """A process group of this process alone (gloo, an in-memory store), as the worker's for world_size 1."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainer.train import Rank
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same arithmetic in this process and in a fresh one
+    try:
+        yield Rank(device=torch.device("cpu"), mesh=init_device_mesh("cpu", (1,)))
+    finally:
+        torch.set_num_threads(threads)
+        dist.destroy_process_group()
+
+
+def _fresh_process(configs: list, queue) -> None:
+    from trainer.train import run_trial
+
+    with _one_rank_group() as rank:
+        for config in configs:
+            queue.put(run_trial(config, rank))
+
+
+def test_two_trials_run_one_after_the_other_in_one_process(rank_jobs, run_ranks):
+    """The building block of a worker that runs many trials: a bf16 Llama trial with gradient accumulation
+    under a memory cap, then an fp32 GPT trial, through trainer.train in this process. Both measure, and
+    the second trains exactly as it does in a process where nothing ran before it."""
+    from trainer.train import run_trial
+
+    (first,) = rank_jobs(REGISTRY["llama-tiny"], "bf16", grad_accum=2, grad_clip=0.5, memory_cap_bytes=2 * 2**30,
+                         measure_steps=3)
+    (second,) = rank_jobs(REGISTRY["gpt-tiny"], "fp32", batch_size=3, measure_steps=5)
+    with _one_rank_group() as rank:
+        results = [run_trial(first.trial, rank), run_trial(second.trial, rank)]
+    for job, result in zip((first, second), results):
+        assert len(result.step_times) == job.trial.measure_steps and all(t > 0 for t in result.step_times)
+        assert len(result.losses) == job.trial.warmup_steps + job.trial.measure_steps
+        assert result.losses[-1] < result.losses[0], result.losses
+        assert result.n_params == result.params_local == ModelSpec.model_validate_json(job.trial.model_spec_json).n_params()
+    (fresh,) = run_ranks(_fresh_process, [[second.trial]], timeout=120)
+    assert results[1].losses == fresh.losses
+    assert (results[1].n_params, results[1].params_local) == (fresh.n_params, fresh.params_local)

@@ -1,0 +1,212 @@
+"""One trial on one rank: build the model, make the data, step, time, report what was measured.
+
+`run_trial(config, rank)` is the whole of it, and knows nothing of Ray: the caller (`trainer.worker`, or a
+test) has set up the process group and the device. A process may run several trials one after the other;
+each starts from the same state (`_fresh_start`), so a trial measures the same whatever ran before it.
+Timing follows nanoGPT's bench.py: warm up, then time each step between device syncs.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trainer import models
+from trainer.job import TrialConfig
+from trainer.memory import memory_cap, peak_stats, reset_peak
+from trainer.models.specs import ModelSpec
+from trainer.options import TrainingOptions
+from trainer.parallelize import parallelize
+from trainer.precision import PrecisionPlan, precision_plan
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where this rank trains: its device, and the mesh of every rank of the trial (the process group's)."""
+
+    device: torch.device
+    mesh: object  # torch.distributed.device_mesh.DeviceMesh
+    rank: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.mesh.size()
+
+
+@dataclass
+class Measurement:
+    """What one rank measured in one trial."""
+
+    step_times: list[float]  # the measured steps' times (warm-up left out)
+    losses: list[float]  # every step's loss, warm-up included
+    compile_time_s: float  # the first step's time beyond a steady step (compilation, autotuning)
+    init_time_s: float  # from `started_at` to the model built, sharded and ready
+    n_params: int  # every parameter: the N of the FLOP formula
+    params_local: int  # parameter elements this rank holds after sharding
+    memory: dict = field(default_factory=dict)  # `trainer.memory.peak_stats`
+
+    def report(self) -> dict:
+        """The fields the driver turns into a row (`sweep.rows.outcome_row`)."""
+        return {"step_times": self.step_times, "compile_time_s": self.compile_time_s,
+                "init_time_s": self.init_time_s, "loss_first": self.losses[0], "loss_last": self.losses[-1],
+                "n_params": self.n_params, "params_local": self.params_local, **self.memory}
+
+
+def learning_rate(d_embd: int) -> float:
+    """AdamW lr scaled as 1/width (muP-style, Yang et al. 2022): 1e-3 for the tiny models, ~7.5e-5 for d 4096.
+    A fixed 1e-3 made Llama3-8B's loss rise over its first 10 steps; this keeps every model's loss falling."""
+    return min(1e-3, 0.3 / d_embd)
+
+
+def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = None) -> Measurement:
+    """Train `config` on this rank (every rank of the trial calls it together) and measure it.
+    `started_at` (time.perf_counter) is where init_time_s starts: the call, unless given."""
+    started_at = time.perf_counter() if started_at is None else started_at
+    _fresh_start(rank.device)
+    spec = ModelSpec.model_validate_json(config.model_spec_json)
+    plan = precision_plan(config.precision, device_type=rank.device.type, sharded=rank.world_size > 1,
+                          fp8_lm_head=config.options.fp8_lm_head)
+    with memory_cap(config.memory_cap_bytes, rank.device):
+        reset_peak(rank.device)
+        torch.manual_seed(config.seed)
+        model, n_params = build_model(spec, plan, config, rank)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate(spec.d_embd),
+                                      fused=rank.device.type == "cuda")
+        step = TrainStep(model, optimizer, plan, SyntheticData(spec, config, rank), config.options,
+                         compiled=config.compile != "none")
+        dist.barrier()
+        init_time_s = time.perf_counter() - started_at
+        times, losses = time_steps(step, config.warmup_steps + config.measure_steps, rank.device)
+        dist.barrier()
+        memory = peak_stats(rank.device)
+    measured = times[config.warmup_steps:]
+    return Measurement(step_times=measured, losses=losses, init_time_s=init_time_s, n_params=n_params,
+                       compile_time_s=max(0.0, times[0] - statistics.median(measured)),
+                       params_local=_local_numel(model), memory=memory)
+
+
+def _fresh_start(device: torch.device) -> None:
+    """Leave nothing of an earlier trial in this process: its compiled graphs (which would count towards
+    dynamo's recompile limit for the same block classes) and its cached device memory (which would count
+    in this trial's peak reserved memory)."""
+    torch.compiler.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank: Rank) -> tuple[nn.Module, int]:
+    """The model to train, sharded over the rank's mesh and initialised; and its parameter count."""
+    with torch.device("meta"):  # build on meta, shard, then materialise only this rank's shard
+        model = models.build_model(spec, backend=plan.model_backend, fp8_lm_head=config.options.fp8_lm_head)
+    n_params = sum(p.numel() for p in model.parameters())  # N of the FLOP formula: every parameter
+    model = parallelize(model, plan=plan, compile_mode=config.compile, ac=config.ac, mesh=rank.mesh,
+                        reduce_dtype=config.options.reduce_dtype)
+    model.to_empty(device=rank.device)
+    with torch.no_grad():
+        model.init_weights()  # a fully compiled model forwards the call to the original
+    return model, n_params
+
+
+def _local_numel(model: nn.Module) -> int:
+    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+
+
+class SyntheticData:
+    """Synthetic tokens. Labels are a fixed random permutation of the inputs: a mapping the model can learn
+    (loss falls, showing the step really trains) with no shortcut at init (the first loss is ~ln V). The
+    batches are made up front so no data work is timed: 4, or one per micro-batch of a step so that a
+    step's micro-batches are distinct (a token batch is KBs). The permutation is the task, the same on
+    every rank; each rank draws its own tokens."""
+
+    def __init__(self, spec: ModelSpec, config: TrialConfig, rank: Rank):
+        device, accum = rank.device, config.options.grad_accum
+        self.perm = torch.randperm(spec.vocab_size, generator=torch.Generator(device=device).manual_seed(config.seed),
+                                   device=device)
+        gen = torch.Generator(device=device).manual_seed(config.seed + 1 + rank.rank)
+        n_batches = min(max(4, accum), (config.warmup_steps + config.measure_steps) * accum)
+        self.batches = [torch.randint(spec.vocab_size, (config.batch_size, config.seq_len), generator=gen,
+                                      device=device) for _ in range(n_batches)]
+
+    def micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `index`-th micro-batch of the run: (tokens, labels)."""
+        tokens = self.batches[index % len(self.batches)]
+        return tokens, self.perm[tokens]
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+class TrainStep:
+    """One optimizer step over grad_accum micro-batches: `step(i)` trains step i and returns its loss.
+
+    By default FSDP2 reduce-scatters the gradients of each micro-batch as its backward runs (as seed 000's
+    FSDP1 loop without no_sync does); with grad_sync "step" only the last micro-batch's backward does."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, plan: PrecisionPlan, data: SyntheticData,
+                 options: TrainingOptions, *, compiled: bool):
+        from torch.distributed.fsdp import FSDPModule
+
+        self.model, self.optimizer, self.plan, self.data, self.options = model, optimizer, plan, data, options
+        # Compiled with the model: inductor fuses the fp32 upcast into the log-softmax, so the
+        # (tokens x vocab) logits are never materialised in fp32 (torchtitan compiles its loss too).
+        self.loss_fn = torch.compile(cross_entropy) if compiled else cross_entropy
+        # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
+        # rest (weights only change at the optimizer step), as seed 000 does.
+        self.weight_cache = plan.model_backend == "te" and options.grad_accum > 1
+        self.fsdp_root = getattr(model, "_orig_mod", model)  # `full` compile wraps the sharded model
+        self.sync_once = (options.grad_sync == "step" and options.grad_accum > 1
+                          and isinstance(self.fsdp_root, FSDPModule))
+
+    def __call__(self, i: int) -> torch.Tensor:
+        accum = self.options.grad_accum
+        total = torch.zeros((), device=self.data.perm.device)
+        for micro in range(accum):
+            if self.sync_once:
+                self._hold_gradients(last=micro == accum - 1)
+            tokens, labels = self.data.micro_batch(i * accum + micro)
+            kwargs = {"is_first_microbatch": micro == 0} if self.weight_cache else {}
+            with self.plan.training_context():
+                logits = self.model(tokens, **kwargs)
+            loss = self.loss_fn(logits, labels) / accum
+            loss.backward()
+            total += loss.detach()
+        if self.options.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.grad_clip)  # seed 000: 1.0
+        self.optimizer.step()
+        self.plan.after_optimizer_step(self.model)
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def _hold_gradients(self, *, last: bool) -> None:
+        """Before the last micro-batch: gradients accumulate unsharded on each rank (FSDP1's no_sync; + one
+        unsharded gradient copy in memory) and parameters stay gathered after backward, so the next forward
+        needs no all-gather (FSDP2's documented trade of memory for communication during accumulation)."""
+        self.fsdp_root.set_requires_gradient_sync(last)
+        self.fsdp_root.set_reshard_after_backward(last)
+
+
+def time_steps(step, n_steps: int, device: torch.device) -> tuple[list[float], list[float]]:
+    """Run `n_steps` steps, each timed between device syncs: (seconds per step, loss per step)."""
+    times, losses = [], []
+    for i in range(n_steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        loss = step(i)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.detach())
+    return times, [float(loss) for loss in losses]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
