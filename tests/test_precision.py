@@ -19,7 +19,8 @@ import torch.nn as nn
 
 from clusters.catalog import load_catalog
 from trainer.models import ModelSpec, build_model
-from trainer.precision import fp8_module_filter, precision_plan
+from trainer.precision import precision_plan
+from trainer.precision.torchao_fp8 import fp8_module_filter
 from trainer.recipes import RECIPES, unsupported_reason
 
 TORCHAO_FP8 = ["fp8-torchao-tensorwise", "fp8-torchao-rowwise", "fp8-torchao-rowwise-gw-hp"]
@@ -30,7 +31,7 @@ HARDWARE = {name: {"vendor": a.vendor, "compute_capability": a.compute_capabilit
                    "has_fp8": a.peak_tflops["fp8"] is not None} for name, a in load_catalog().items()}
 HARDWARE["a100"] = {"vendor": "nvidia", "compute_capability": 8.0, "has_fp8": False}
 
-# Every dim a multiple of 16 (FP8 GEMMs need it; trainer.precision.fp8_module_filter checks it).
+# Every dim a multiple of 16 (FP8 GEMMs need it; trainer.precision.torchao_fp8.fp8_module_filter checks it).
 FP8_SPEC = ModelSpec(arch="llama", name="llama-fp8-tiny", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=2,
                      ffn_hidden=192, vocab_size=512)
 
@@ -74,6 +75,37 @@ def test_missing_packages_are_named_with_the_fix():
 def test_unknown_accelerators_are_not_refused_by_capability():
     # a GPU the table does not know (a new part) is given the benefit of the doubt
     assert unsupported_reason(RECIPES["fp8-te-mxfp8"], accelerator="x300", vendor="nvidia", have_te=True) is None
+
+
+# -- the recipe table drives the stacks -------------------------------------------------------------
+
+def test_each_recipe_states_its_stack_layers_and_scaling():
+    """What differs between the recipes of a stack is data in the table: FP8 recipes name their scaling, the
+    others have none; TE recipes build TE layers; only the stack that all-gathers FP8 weights says so."""
+    from trainer.precision import STACKS
+
+    for recipe in RECIPES.values():
+        assert recipe.backend in STACKS, recipe.name
+        assert (recipe.scaling is not None) == (recipe.family == "fp8"), recipe.name
+        assert recipe.layers == ("te" if recipe.backend == "te" else "torch"), recipe.name
+        assert not recipe.fp8_all_gather or recipe.backend == "torchao", recipe.name
+        assert not recipe.scaling_args or recipe.backend == "te", recipe.name
+
+
+@pytest.mark.parametrize("sharded", [True, False])
+def test_torchao_all_gathers_fp8_weights_only_where_the_recipe_says_and_ranks_shard(sharded):
+    from torchao.float8.float8_linear import Float8LinearConfig
+
+    def config(name: str) -> Float8LinearConfig:
+        """The config the converted layers train with."""
+        model = build_model(FP8_SPEC)
+        precision_plan(name, device_type="cpu", sharded=sharded).convert(model)
+        (config,) = {m.config for m in model.modules() if hasattr(m, "config") and isinstance(m, nn.Linear)}
+        return config
+
+    assert config("fp8-torchao-tensorwise").enable_fsdp_float8_all_gather is sharded
+    assert all(config(name).emulate for name in TORCHAO_FP8)  # CPU ranks: emulated matmuls
+    assert not any(config(name).enable_fsdp_float8_all_gather for name in TORCHAO_FP8[1:])
 
 
 # -- torchao plans --------------------------------------------------------------------------------
@@ -157,7 +189,7 @@ EXPECTED_TE = {
 
 @pytest.mark.parametrize("name", TE)
 def test_te_plan_recipe_and_autocast(name):
-    from trainer.te import te_plan
+    from trainer.precision.te import te_plan
 
     te_pytorch, recipe_mod, calls = _fake_te()
     plan = te_plan(RECIPES[name], te_pytorch=te_pytorch, recipe_module=recipe_mod)
@@ -174,7 +206,7 @@ def test_te_plan_recipe_and_autocast(name):
 
 
 def test_te_plan_falls_back_to_fp8_autocast_on_older_te():
-    from trainer.te import te_plan
+    from trainer.precision.te import te_plan
 
     te_pytorch, recipe_mod, calls = _fake_te(with_autocast=False)
     plan = te_plan(RECIPES["fp8-te-delayed"], te_pytorch=te_pytorch, recipe_module=recipe_mod)
@@ -184,7 +216,7 @@ def test_te_plan_falls_back_to_fp8_autocast_on_older_te():
 
 
 def test_te_mp_policy_keeps_rope_angles_fp32():
-    from trainer.te import te_plan
+    from trainer.precision.te import te_plan
 
     te_pytorch, recipe_mod, _ = _fake_te()
     policy = te_plan(RECIPES["fp8-te-delayed"], te_pytorch=te_pytorch, recipe_module=recipe_mod).mp_policy()
@@ -193,7 +225,7 @@ def test_te_mp_policy_keeps_rope_angles_fp32():
 
 
 def test_te_plan_rejects_other_backends_and_missing_te(monkeypatch):
-    from trainer.te import te_plan
+    from trainer.precision.te import te_plan
 
     with pytest.raises(ValueError, match="backend is torchao"):
         te_plan(RECIPES["fp8-torchao-tensorwise"], te_pytorch=types.SimpleNamespace())

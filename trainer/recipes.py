@@ -1,15 +1,18 @@
 """Precision recipes as pure data, and the capability check that runs before any GPU time.
 
-The torch side (module conversion, autocast, FSDP mixed precision) is `trainer.precision`. This file
-imports no torch so `sweep plan` can say which trials cannot run, and why, on any machine.
+A recipe's data is all here: its stack (`backend`), the layers the model is built from, its FP8 scaling in
+the stack's own terms and whether FSDP2 gathers FP8 weights. `trainer.precision` turns a recipe into what
+training does (module conversion, autocast, FSDP mixed precision), one module per stack, with no branch
+on recipe names. This file imports no torch so `sweep plan` can say which trials cannot run, and why,
+on any machine.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 Family = Literal["fp32", "bf16", "fp8"]
 Backend = Literal["torch", "torchao", "te"]
@@ -33,9 +36,18 @@ TE_BUILDS = {"transformer-engine-cu12": "nvidia", "transformer-engine-cu13": "nv
 @dataclass(frozen=True, kw_only=True)
 class Recipe:
     name: str
-    family: Family  # which peak TFLOP/s is the MFU divisor
-    backend: Backend
+    family: Family  # which peak TFLOP/s is the MFU divisor; fp32 trains fp32 parameters, the others bf16
+    backend: Backend  # the stack: a module of `trainer.precision`
     summary: str
+    layers: Literal["torch", "te"] = "torch"  # the model's layers: torch's (torchao swaps Linear) or TE's
+    # FP8 scaling in the stack's own terms, None for none: torchao's recipe name (Float8LinearConfig.
+    # from_recipe_name) or the class in transformer_engine.common.recipe, built with `scaling_args`
+    # (an fp8_format is the name of a member of TE's Format).
+    scaling: str | None = None
+    scaling_args: dict[str, Any] = field(default_factory=dict, hash=False)
+    # FSDP2 all-gathers FP8 weights (half the bytes of bf16; torchtitan's default for tensorwise) when
+    # sharded. On one rank there is nothing to gather and the extra casts cost ~0.1 s/step on GPT-1.5B.
+    fp8_all_gather: bool = False
     min_cuda_capability: float = 0.0
     amd: bool = True  # runs on MI300-class GPUs
     cpu: bool = True  # runs on CPU ranks (torchao FP8 only through emulation)
@@ -47,20 +59,27 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe(name="fp32", family="fp32", backend="torch",
            summary="fp32 params and compute (TF32 matmuls on NVIDIA)"),
     Recipe(name="fp8-torchao-tensorwise", family="fp8", backend="torchao", min_cuda_capability=8.9,
+           scaling="tensorwise", fp8_all_gather=True,
            summary="torchao float8, dynamic tensorwise scaling, float8 FSDP all-gather + scale precompute"),
-    Recipe(name="fp8-torchao-rowwise", family="fp8", backend="torchao", min_cuda_capability=9.0,
+    Recipe(name="fp8-torchao-rowwise", family="fp8", backend="torchao", min_cuda_capability=9.0, scaling="rowwise",
            summary="torchao float8, dynamic rowwise scaling (more accurate, slower casts)"),
     Recipe(name="fp8-torchao-rowwise-gw-hp", family="fp8", backend="torchao", min_cuda_capability=9.0,
-           summary="torchao float8 rowwise, weight gradient in high precision"),
-    Recipe(name="bf16-te", family="bf16", backend="te", min_cuda_capability=8.0, cpu=False,
+           scaling="rowwise_with_gw_hp", summary="torchao float8 rowwise, weight gradient in high precision"),
+    Recipe(name="bf16-te", family="bf16", backend="te", layers="te", min_cuda_capability=8.0, cpu=False,
            summary="Transformer Engine layers in bf16, no FP8: the fair baseline for TE FP8"),
-    Recipe(name="fp8-te-delayed", family="fp8", backend="te", min_cuda_capability=8.9, cpu=False,
+    # seed 000's: E4M3 forward / E5M2 backward, scale from the max of the last 16 amaxes
+    Recipe(name="fp8-te-delayed", family="fp8", backend="te", layers="te", min_cuda_capability=8.9, cpu=False,
+           scaling="DelayedScaling", scaling_args={"fp8_format": "HYBRID", "amax_history_len": 16,
+                                                   "amax_compute_algo": "max"},
            summary="TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 16, max"),
-    Recipe(name="fp8-te-current", family="fp8", backend="te", min_cuda_capability=8.9, cpu=False,
+    Recipe(name="fp8-te-current", family="fp8", backend="te", layers="te", min_cuda_capability=8.9, cpu=False,
+           scaling="Float8CurrentScaling", scaling_args={"fp8_format": "HYBRID"},
            summary="TE Float8CurrentScaling (per-tensor scale from the current amax)"),
-    Recipe(name="fp8-te-block", family="fp8", backend="te", min_cuda_capability=9.0, cpu=False, amd=False,
+    Recipe(name="fp8-te-block", family="fp8", backend="te", layers="te", min_cuda_capability=9.0, cpu=False,
+           amd=False, scaling="Float8BlockScaling",  # 1x128 activations/grads, 128x128 weights, E4M3
            summary="TE Float8BlockScaling (DeepSeek-V3 style 1x128 / 128x128 blocks), Hopper and newer"),
-    Recipe(name="fp8-te-mxfp8", family="fp8", backend="te", min_cuda_capability=10.0, cpu=False, amd=False,
+    Recipe(name="fp8-te-mxfp8", family="fp8", backend="te", layers="te", min_cuda_capability=10.0, cpu=False,
+           amd=False, scaling="MXFP8BlockScaling",  # 32-element blocks, E8M0 scales
            summary="TE MXFP8BlockScaling (32-element blocks, E8M0 scales), Blackwell only"),
 ]}
 

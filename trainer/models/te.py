@@ -71,7 +71,7 @@ def _init_params(model: nn.Module, n_layers: int, d_embd: int = 0) -> None:
 
 
 def _te():
-    from trainer.te import import_te
+    from trainer.precision.te import import_te
 
     return import_te("TE models (build_te_model)")
 

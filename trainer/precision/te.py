@@ -1,10 +1,11 @@
-"""The Transformer Engine side of the `*-te` precision recipes: TE's recipe objects and autocast.
+"""Transformer Engine's precision: TE's layers (`trainer.models.te`) and its FP8 autocast around the forward.
 
-`te_plan(recipe)` is what `trainer.precision.precision_plan` returns for a recipe whose backend is "te":
+`plan(recipe, ...)` for a recipe whose backend is "te":
   - `model_backend="te"`: the model is built from TE layers (`trainer.models.te.build_te_model`);
   - `forward_context`: `transformer_engine.pytorch.autocast(enabled=True, recipe=...)` around the forward
-    (TE >= 2.8 name; `fp8_autocast(enabled=..., fp8_recipe=...)` before that, deprecated since);
-    `bf16-te` runs the same TE layers with no FP8 at all: the fair baseline for TE FP8;
+    (TE >= 2.8 name; `fp8_autocast(enabled=..., fp8_recipe=...)` before that, deprecated since), the TE
+    recipe object built from the recipe's `scaling` and `scaling_args`; `bf16-te` (no scaling) runs the
+    same TE layers with no FP8 at all: the fair baseline for TE FP8;
   - `mp_policy()`: the torch recipes' own: FSDP2 gathers bf16 copies of the fp32 master weights,
     reduce-scatters gradients in the grid's `reduce_dtype` (fp32 by default) and does not cast forward
     inputs (the fp32 RoPE angles stay fp32).
@@ -20,22 +21,8 @@ import contextlib
 from types import ModuleType
 from typing import Callable
 
-import torch
-
-from trainer.precision import PrecisionPlan
+from trainer.precision.plan import PrecisionPlan, param_dtype
 from trainer.recipes import TE_INSTALL_HINT, Recipe
-
-# Recipe name -> TE recipe object, built from `transformer_engine.common.recipe` (passed in, so the
-# mapping is testable without TE). None: TE layers in bf16, no FP8.
-TE_RECIPES: dict[str, Callable[[ModuleType], object] | None] = {
-    "bf16-te": None,
-    # seed 000: E4M3 forward / E5M2 backward, scale from the max of the last 16 amaxes
-    "fp8-te-delayed": lambda r: r.DelayedScaling(fp8_format=r.Format.HYBRID, amax_history_len=16,
-                                                 amax_compute_algo="max"),
-    "fp8-te-current": lambda r: r.Float8CurrentScaling(fp8_format=r.Format.HYBRID),
-    "fp8-te-block": lambda r: r.Float8BlockScaling(),  # 1x128 activations/grads, 128x128 weights, E4M3
-    "fp8-te-mxfp8": lambda r: r.MXFP8BlockScaling(),  # 32-element blocks, E8M0 scales (Blackwell)
-}
 
 
 def import_te(what: str = "this") -> ModuleType:
@@ -48,12 +35,15 @@ def import_te(what: str = "this") -> ModuleType:
     return te_pytorch
 
 
-def te_recipe(name: str, recipe_module: ModuleType) -> object | None:
-    """The TE recipe object for sweep recipe `name` (None for bf16-te). Raises KeyError naming the valid ones."""
-    if name not in TE_RECIPES:
-        raise KeyError(f"no Transformer Engine recipe for '{name}'; valid: {', '.join(TE_RECIPES)}")
-    factory = TE_RECIPES[name]
-    return None if factory is None else factory(recipe_module)
+def te_recipe(recipe: Recipe, recipe_module: ModuleType) -> object | None:
+    """TE's recipe object for `recipe` (None without FP8 scaling), from `transformer_engine.common.recipe`
+    (passed in, so that this is testable without TE): the class `recipe.scaling`, with `scaling_args` (an
+    fp8_format named by its member of TE's Format)."""
+    if recipe.scaling is None:
+        return None
+    args = {key: getattr(recipe_module.Format, value) if key == "fp8_format" else value
+            for key, value in recipe.scaling_args.items()}
+    return getattr(recipe_module, recipe.scaling)(**args)
 
 
 def autocast_factory(te_pytorch: ModuleType,
@@ -67,7 +57,7 @@ def autocast_factory(te_pytorch: ModuleType,
     return lambda: te_pytorch.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)
 
 
-def te_plan(recipe: Recipe, *, te_pytorch: ModuleType | None = None,
+def te_plan(recipe: Recipe, *, device_type: str = "cuda", sharded: bool = True, te_pytorch: ModuleType | None = None,
             recipe_module: ModuleType | None = None) -> PrecisionPlan:
     """The plan for a TE recipe. `te_pytorch` / `recipe_module` default to the installed TE (for tests)."""
     if recipe.backend != "te":
@@ -76,6 +66,11 @@ def te_plan(recipe: Recipe, *, te_pytorch: ModuleType | None = None,
         te_pytorch = import_te(recipe.name)
     if recipe_module is None:
         from transformer_engine.common import recipe as recipe_module
-    fp8_recipe = te_recipe(recipe.name, recipe_module)
-    return PrecisionPlan(recipe=recipe, model_backend="te", param_dtype=torch.bfloat16,
-                         forward_context=autocast_factory(te_pytorch, fp8_recipe))
+    return PrecisionPlan(recipe=recipe, device_type=device_type, sharded=sharded, param_dtype=param_dtype(recipe),
+                         forward_context=autocast_factory(te_pytorch, te_recipe(recipe, recipe_module)))
+
+
+def plan(recipe: Recipe, *, device_type: str, sharded: bool, fp8_lm_head: bool = False) -> PrecisionPlan:
+    """`te_plan` with the installed TE. `fp8_lm_head` is the model's (`trainer.models.te` keeps the head out
+    of the FP8 region unless asked)."""
+    return te_plan(recipe, device_type=device_type, sharded=sharded)
