@@ -56,7 +56,7 @@ if [ "$campaign" = multinode ]; then
   "${ray[@]}" status
   run benchmarks/profiles/h200-2nodes.yaml
   status=$?
-  "${ray[@]}" stop --force
+  "${ray[@]}" stop --force 2>&1 | tail -n 1  # it lists every process it kills
   $SWEEP results compare "$results" --by cluster --baseline "$(awk '/^name:/ {print $2}' "$profile")" --format md
 else
   run "$profile"
