@@ -22,7 +22,8 @@ STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 # with. `sweep.store` fills an older row's missing option with its default when it reads the dataset.
 TRAINING_DEFAULTS = dict(OPTION_DEFAULTS)
 # The schema version that added each option's column: a new option is a new column, so a version bump.
-_OPTION_SINCE = {"grad_accum": "1.3", "grad_clip": "1.3", "fp8_lm_head": "1.3", "reduce_dtype": "1.4", "grad_sync": "1.4"}
+_OPTION_SINCE = {"grad_accum": "1.3", "grad_clip": "1.3", "fp8_lm_head": "1.3",
+                 "reduce_dtype": "1.4", "grad_sync": "1.4"}
 _ARROW_TYPES = {int: pa.int32(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
 
 
