@@ -7,7 +7,7 @@
     compile: regional                 # none | regional | full (or a list)
     seq_len: 4096                     # int or list
     gpus: 8                           # ranks per trial, int or list
-    steps: {warmup: 3, measure: 10}
+    steps: {warmup: 3, measure: 10}  # counts, or auto: until the step times are stable (trainer/stopping.py)
     ac: none                          # activation checkpointing: none | selective | full (or a list)
     grad_accum: 1                     # micro-batches per optimizer step (or a list)
     grad_clip: 1.0                    # clip the gradient norm to this before each optimizer step; 0: no clip
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, \
-    field_validator, model_validator
+    PlainValidator, field_validator, model_validator
 
 from clusters._load import display_path, read_mapping, unknown_name, validation_message
 from clusters.schema import parse_memory_size
@@ -40,6 +40,7 @@ from sweep.errors import UserError
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, TrainingOptions, option_types
 from trainer.recipes import RECIPES
+from trainer.stopping import StepsSpec
 
 CompileMode = Literal["none", "regional", "full"]
 AcMode = Literal["none", "selective", "full"]
@@ -72,10 +73,25 @@ _Positive = Annotated[int, Field(gt=0)]
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
+def _steps(minimum: int) -> PlainValidator:
+    def check(value: Any) -> StepsSpec:
+        if value == "auto":
+            return value
+        if type(value) is not int or value < minimum:  # bool is an int subclass: `true` is not a count
+            raise ValueError(f"expected a whole number >= {minimum}, or auto")
+        return value
+
+    return PlainValidator(check)
+
+
 class Steps(BaseModel):
+    """A count of steps, or `auto`: warm up until three successive steps agree within 2 % (2..50 steps),
+    measure until the median's 95 % confidence interval is within ±1 % (5..100 steps, or a time cap)."""
+
     model_config = _STRICT
-    warmup: int = Field(default=3, ge=0, description="untimed steps first (compile, allocator warm-up)")
-    measure: int = Field(default=10, gt=0, description="timed steps")
+    warmup: Annotated[StepsSpec, _steps(0)] = Field(
+        default=3, description="untimed steps first (compile, allocator warm-up), or auto")
+    measure: Annotated[StepsSpec, _steps(1)] = Field(default=10, description="timed steps, or auto")
 
 
 class OomPolicy(BaseModel):
@@ -154,8 +170,8 @@ class Trial(TrainingOptions):
     batch_size: int
     seq_len: int
     gpus: int
-    warmup_steps: int
-    measure_steps: int
+    warmup_steps: StepsSpec  # a count, or "auto" (the rows hold the count run)
+    measure_steps: StepsSpec
     memory_cap_bytes: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S  # `expand` resolves it: the grid's, else the profile's, else this
     # lineage: not part of the measurement

@@ -18,6 +18,7 @@ from functools import lru_cache
 from sweep.grid import Trial
 from trainer.flops import spec_flops_per_token
 from trainer.recipes import RECIPES
+from trainer.stopping import ci_half_width_pct
 
 GiB = 1024**3
 
@@ -71,12 +72,18 @@ def base_row(trial: Trial, *, run_id: str, profile, grid_name: str | None) -> di
         "cost_per_gpu_hour": profile.cost_per_gpu_hour,
         "model": trial.model.label, "model_spec": trial.model.to_json(), "precision": trial.precision,
         "compile": trial.compile, "ac": trial.ac, "batch_size": trial.batch_size, "seq_len": trial.seq_len,
-        "warmup_steps": trial.warmup_steps, "measure_steps": trial.measure_steps, **trial.training_options,
+        # `auto` steps: the counts are known once run (`outcome_row`)
+        "warmup_steps": _count(trial.warmup_steps), "measure_steps": _count(trial.measure_steps),
+        **trial.training_options,
         "memory_cap_gib": trial.memory_cap_bytes / GiB if trial.memory_cap_bytes else None,
         "peak_tflops": profile.peak_tflops(recipe.family),
         "flops_per_token": spec_flops_per_token(trial.model, trial.seq_len),
         "n_params": trial.model.n_params(), "ray_version": _ray_version(), "git_sha": git_sha(),
     }
+
+
+def _count(steps: int | str) -> int | None:
+    return None if steps == "auto" else steps
 
 
 def unsupported_row(trial: Trial, reason: str, **base) -> dict:
@@ -108,6 +115,8 @@ def outcome_row(outcome, **base) -> dict:
     peak_mem, reserved = max_of("peak_mem_bytes"), max_of("reserved_mem_bytes")
     row.update(
         step_time_s=median, step_time_p10_s=_quantile(step_times, 0.1), step_time_p90_s=_quantile(step_times, 0.9),
+        step_time_ci_pct=ci_half_width_pct(step_times), warmup_steps=rank0["warmup_steps"],
+        measure_steps=len(step_times),
         tokens_per_s_per_gpu=tokens_per_s, tflops_per_gpu=tflops, mfu=tflops / peak if peak else None,
         flops_per_token=fpt, n_params=rank0["n_params"], params_local=[r["params_local"] for r in ranks],
         peak_mem_gib=peak_mem / GiB if peak_mem is not None else None,

@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.4"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
-#                          1.4: + reduce_dtype, grad_sync
+SCHEMA_VERSION = "1.5"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+#                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -70,8 +70,8 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("ac", pa.string(), "activation checkpointing: none | selective | full"),
     ("batch_size", pa.int32(), "per-GPU micro-batch"),
     ("seq_len", pa.int32(), "tokens per sample"),
-    ("warmup_steps", pa.int32(), "steps run before timing"),
-    ("measure_steps", pa.int32(), "timed steps"),
+    ("warmup_steps", pa.int32(), "steps run before timing (steps: auto: as many as it took; null if none ran)"),
+    ("measure_steps", pa.int32(), "timed steps (steps: auto: as many as it took; null if none ran)"),
     *_option_columns(),  # grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync
     ("memory_cap_gib", pa.float64(), "per-rank memory cap imposed by sweep, else null"),
     # outcome
@@ -82,6 +82,8 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("step_time_s", pa.float64(), "median optimizer-step time (grad_accum micro-batches) over the measured steps"),
     ("step_time_p10_s", pa.float64(), "10th percentile step time"),
     ("step_time_p90_s", pa.float64(), "90th percentile step time"),
+    ("step_time_ci_pct", pa.float64(), "half-width of the median step time's 95 % confidence interval (order "
+                                       "statistics), % of the median; null under 6 steps and before schema 1.5"),
     ("tokens_per_s_per_gpu", pa.float64(), "grad_accum * batch_size * seq_len / step_time_s"),
     ("tflops_per_gpu", pa.float64(), "flops_per_token * tokens_per_s_per_gpu / 1e12"),
     ("mfu", pa.float64(), "tflops_per_gpu / peak_tflops"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer.options import TrainingOptions
+from trainer.stopping import StepsSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,8 +18,8 @@ class TrialConfig:
     ac: str
     batch_size: int
     seq_len: int
-    warmup_steps: int
-    measure_steps: int
+    warmup_steps: StepsSpec  # a count, or "auto" (`trainer.stopping`: until the step times are stable)
+    measure_steps: StepsSpec
     options: TrainingOptions = TrainingOptions()
     memory_cap_bytes: int | None = None
     seed: int = 3985  # the seeds' torch.manual_seed

@@ -25,6 +25,7 @@ from trainer.models.specs import ModelSpec
 from trainer.options import TrainingOptions
 from trainer.parallelize import parallelize
 from trainer.precision import PrecisionPlan, precision_plan
+from trainer.stopping import PHASES, Schedule
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Measurement:
     """What one rank measured in one trial."""
 
     step_times: list[float]  # the measured steps' times (warm-up left out)
+    warmup_steps: int  # warm-up steps run (a grid's count, or as many as `auto` took)
     losses: list[float]  # every step's loss, warm-up included
     compile_time_s: float  # the first step's time beyond a steady step (compilation, autotuning)
     init_time_s: float  # from `started_at` to the model built, sharded and ready
@@ -54,7 +56,7 @@ class Measurement:
 
     def report(self) -> dict:
         """The fields the driver turns into a row (`sweep.rows.outcome_row`)."""
-        return {"step_times": self.step_times, "compile_time_s": self.compile_time_s,
+        return {"step_times": self.step_times, "warmup_steps": self.warmup_steps, "compile_time_s": self.compile_time_s,
                 "init_time_s": self.init_time_s, "loss_first": self.losses[0], "loss_last": self.losses[-1],
                 "n_params": self.n_params, "params_local": self.params_local, **self.memory}
 
@@ -83,12 +85,14 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
                          compiled=config.compile != "none")
         dist.barrier()
         init_time_s = time.perf_counter() - started_at
-        times, losses = time_steps(step, config.warmup_steps + config.measure_steps, rank.device)
+        schedule = Schedule(config.warmup_steps, config.measure_steps)
+        losses = time_steps(step, schedule, rank)
         dist.barrier()
         memory = peak_stats(rank.device)
-    measured = times[config.warmup_steps:]
-    return Measurement(step_times=measured, losses=losses, init_time_s=init_time_s, n_params=n_params,
-                       compile_time_s=max(0.0, times[0] - statistics.median(measured)),
+    measured = schedule.measure.times
+    return Measurement(step_times=measured, warmup_steps=len(schedule.warmup.times), losses=losses,
+                       init_time_s=init_time_s, n_params=n_params,
+                       compile_time_s=max(0.0, schedule.times[0] - statistics.median(measured)),
                        params_local=_local_numel(model), memory=memory)
 
 
@@ -131,7 +135,9 @@ class SyntheticData:
         self.perm = torch.randperm(spec.vocab_size, generator=torch.Generator(device=device).manual_seed(config.seed),
                                    device=device)
         gen = torch.Generator(device=device).manual_seed(config.seed + 1 + rank.rank)
-        n_batches = min(max(4, accum), (config.warmup_steps + config.measure_steps) * accum)
+        n_batches = max(4, accum)
+        if "auto" not in (config.warmup_steps, config.measure_steps):  # else the step count is known only after
+            n_batches = min(n_batches, (config.warmup_steps + config.measure_steps) * accum)
         self.batches = [torch.randint(spec.vocab_size, (config.batch_size, config.seq_len), generator=gen,
                                       device=device) for _ in range(n_batches)]
 
@@ -194,17 +200,32 @@ class TrainStep:
         self.fsdp_root.set_reshard_after_backward(last)
 
 
-def time_steps(step, n_steps: int, device: torch.device) -> tuple[list[float], list[float]]:
-    """Run `n_steps` steps, each timed between device syncs: (seconds per step, loss per step)."""
-    times, losses = [], []
-    for i in range(n_steps):
-        _sync(device)
+def time_steps(step, schedule: Schedule, rank: Rank) -> list[float]:
+    """Step until `schedule` is done, each step timed between device syncs into it; the loss of each step.
+
+    With an `auto` phase rank 0 decides when each phase ends, from its own step times, and broadcasts the
+    phase after every step (outside the timed region), so every rank stops on the same step: a rank that
+    stopped alone would leave its peers waiting in the next step's collectives. Fixed counts need no word."""
+    shared = schedule.adaptive and rank.world_size > 1
+    phase = torch.zeros(1, dtype=torch.int64, device=rank.device)  # an index into PHASES
+    losses, i = [], 0
+    while schedule.phase != "done":
+        _sync(rank.device)
         t0 = time.perf_counter()
         loss = step(i)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
+        _sync(rank.device)
+        elapsed = time.perf_counter() - t0
         losses.append(loss.detach())
-    return times, [float(loss) for loss in losses]
+        if not shared:
+            schedule.add(elapsed)
+        elif rank.rank == 0:
+            phase.fill_(PHASES.index(schedule.add(elapsed)))
+            dist.broadcast(phase, src=0)
+        else:
+            dist.broadcast(phase, src=0)
+            schedule.follow(elapsed, PHASES[int(phase.item())])
+        i += 1
+    return [float(loss) for loss in losses]
 
 
 def _sync(device: torch.device) -> None:

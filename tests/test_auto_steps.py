@@ -1,0 +1,109 @@
+"""`steps: {warmup: auto, measure: auto}` through the real CLI: 2 CPU ranks (real FSDP2 over gloo) on the
+session's Ray stop on the same step, and the rows carry the counts run and the median's confidence interval."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sweep import store
+from sweep.cli import app
+from sweep.schema import TRAINING_DEFAULTS, VERSION_KEY, to_table
+
+# a bounded timeout: ranks that disagreed on the last step would wait in a collective until it
+GRID = {"models": ["llama-tiny"], "precisions": ["bf16"], "batch_sizes": [2], "seq_len": 32, "gpus": 2,
+        "compile": "none", "timeout_s": 120}
+
+
+def run(folder: Path, steps: dict) -> list[dict]:
+    grid = folder / "grid.yaml"
+    grid.write_text(yaml.safe_dump({**GRID, "steps": steps}))
+    out = folder / "out"
+    result = CliRunner().invoke(app, [str(a) for a in ("run", grid, "--cluster", "local", "--output", out,
+                                                       "--no-progress")])
+    assert result.exit_code == 0, result.output
+    return ds.dataset(out, format="parquet").to_table().to_pylist()
+
+
+def test_auto_steps_stop_together_and_rows_carry_the_counts_and_ci(ray_session, tmp_path):
+    (row,) = run(tmp_path, {"warmup": "auto", "measure": "auto"})
+    assert row["status"] == "ok", row["error"]  # no rank left waiting in a collective
+    assert 3 <= row["warmup_steps"] <= 50  # three steps in agreement at least
+    assert 6 <= row["measure_steps"] <= 100  # the first confidence interval needs 6
+    assert row["step_time_ci_pct"] is not None and row["step_time_ci_pct"] >= 0
+    assert row["steps_time_s"] > 0 and row["step_time_p10_s"] <= row["step_time_s"] <= row["step_time_p90_s"]
+
+
+def _uneven_rank(jobs: list, queue) -> None:
+    """One rank of a 2-rank gloo group timing a step that is uneven on rank 0 (1 or 4 matmuls, alternately:
+    never stable, so rank 0's rules run to both caps) and even on rank 1 (always 2: its own rules would stop
+    early)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainer.stopping import Schedule
+    from trainer.train import Rank, time_steps
+
+    ((rank, port),) = jobs
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        x = torch.randn(256, 256)
+
+        def step(i: int) -> torch.Tensor:
+            for _ in range((1 if i % 2 else 4) if rank == 0 else 2):
+                x @ x
+            return torch.zeros(())
+
+        schedule = Schedule("auto", "auto")
+        time_steps(step, schedule, Rank(device=torch.device("cpu"), mesh=init_device_mesh("cpu", (2,)), rank=rank))
+        queue.put((rank, len(schedule.warmup.times), len(schedule.measure.times)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_stops_where_rank_0_decides(run_ranks, free_ports):
+    (port,) = free_ports(1)
+    counts = dict((rank, (warmup, measure)) for rank, warmup, measure in run_ranks(_uneven_rank, [[(0, port)], [(1, port)]]))
+    assert counts == {0: (50, 100), 1: (50, 100)}
+
+
+def test_fixed_steps_run_exactly(ray_session, tmp_path):
+    (row,) = run(tmp_path, {"warmup": 1, "measure": 3})
+    assert row["status"] == "ok", row["error"]
+    assert (row["warmup_steps"], row["measure_steps"]) == (1, 3)
+    assert row["step_time_ci_pct"] is None  # 3 steps make no 95 % interval of the median
+
+
+def test_auto_is_not_the_default():
+    from sweep.grid import parse_grid
+
+    steps = parse_grid(GRID).steps
+    assert (steps.warmup, steps.measure) == (3, 10)
+
+
+@pytest.mark.parametrize("steps, message", [({"warmup": "autox"}, "steps.warmup: expected a whole number >= 0, or auto"),
+                                            ({"measure": 0}, "steps.measure: expected a whole number >= 1, or auto")])
+def test_a_bad_steps_value_is_one_line(tmp_path, steps, message):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({**GRID, "steps": steps}))
+    result = CliRunner().invoke(app, ["plan", str(grid), "--cluster", "local"])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_rows_before_schema_1_5_read_without_a_ci(tmp_path):
+    now = datetime(2026, 11, 29, tzinfo=timezone.utc)
+    row = {"run_id": "r", "trial_id": "t", "status": "ok", "step_time_s": 0.5, "started_at": now, "finished_at": now,
+           **TRAINING_DEFAULTS}
+    old = to_table([row]).drop_columns(["step_time_ci_pct"]).replace_schema_metadata({VERSION_KEY: b"1.4"})
+    pq.write_table(old, tmp_path / "old.parquet")
+    (back,) = store.read_table(tmp_path).to_pylist()
+    assert back["step_time_ci_pct"] is None and back["step_time_s"] == 0.5
+
