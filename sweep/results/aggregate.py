@@ -20,7 +20,7 @@ from typing import Iterable, Mapping
 import pyarrow as pa
 
 from sweep.errors import UserError
-from sweep.results.query import CONFIG_KEYS, load
+from sweep.results.query import CONFIG_KEYS, load, run_sql
 from sweep.schema import STATUSES
 
 METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak_mem_gib")
@@ -35,18 +35,6 @@ BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
 # have no natural baseline: the user names one.
 COMPARE_BY: dict[str, str | None] = {"precision": "bf16", "cluster": None, "compile": "none", "ac": "none",
                                      "reduce_dtype": "fp32", "grad_sync": "micro_batch"}
-
-
-def run_sql(sql: str, params: Mapping[str, object] | None = None, **tables: pa.Table) -> pa.Table:
-    import duckdb
-
-    con = duckdb.connect()
-    try:
-        for name, table in tables.items():
-            con.register(name, table)
-        return con.sql(sql, params=dict(params or {})).to_arrow_table()
-    finally:
-        con.close()
 
 
 def _failure_text(count: str) -> str:

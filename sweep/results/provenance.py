@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from sweep.results.aggregate import run_sql
+from sweep.results.query import run_sql
 
 # (column, label, counted over ok rows only, what a null means there)
 FIELDS = (

@@ -13,7 +13,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -150,3 +150,16 @@ def duckdb_message(error: Exception) -> str:
     """DuckDB's message without its ``LINE 1: ... ^^^`` diagram."""
     text = str(error).split("\nLINE ")[0]
     return " ".join(text.split())
+
+
+def run_sql(sql: str, params: Mapping[str, object] | None = None, **tables: pa.Table) -> pa.Table:
+    """``sql`` over in-memory Arrow ``tables`` (by name) in a throwaway DuckDB: aggregation, not user queries."""
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        for name, table in tables.items():
+            con.register(name, table)
+        return con.sql(sql, params=dict(params or {})).to_arrow_table()
+    finally:
+        con.close()

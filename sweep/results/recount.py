@@ -38,7 +38,7 @@ def recount(rows: pa.Table, convention: str) -> pa.Table:
     """``rows`` (with COLUMNS, tflops_per_gpu, mfu) with TFLOP/s and MFU counted in ``convention``."""
     if convention == "sweep":
         return rows
-    from sweep.results.aggregate import run_sql
+    from sweep.results.query import run_sql
 
     shapes = run_sql("SELECT DISTINCT model, model_spec, seq_len FROM rows", rows=rows).to_pylist()
     for s in shapes:
