@@ -11,8 +11,8 @@
     ac: none                          # activation checkpointing: none | selective | full (or a list)
     grad_accum: 1                     # micro-batches per optimizer step (or a list)
     grad_clip: 1.0                    # clip the gradient norm to this before each optimizer step; 0: no clip
-    fp8_lm_head: false                # FP8 recipes: also run the output head in FP8 (seed 000 does)
-    reduce_dtype: fp32                # FSDP2 gradient reduce-scatter dtype: fp32 | bf16 (seed 000: bf16)
+    fp8_lm_head: false                # FP8 recipes: also run the output head in FP8
+    reduce_dtype: fp32                # FSDP2 gradient reduce-scatter dtype: fp32 | bf16
     grad_sync: micro_batch            # with grad_accum > 1: reduce gradients every micro_batch | once per step
     on_oom: {policy: halve, min_batch: 1}
     search: max_batch                 # optional: find the largest / fastest batch per precision

@@ -88,7 +88,7 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("tflops_per_gpu", pa.float64(), "flops_per_token * tokens_per_s_per_gpu / 1e12"),
     ("mfu", pa.float64(), "tflops_per_gpu / peak_tflops"),
     ("peak_tflops", pa.float64(), "the MFU divisor: accelerator peak dense TFLOP/s for this precision"),
-    ("flops_per_token", pa.float64(), "6N + 12*L*H*D*T (seed 000), N = every parameter"),
+    ("flops_per_token", pa.float64(), "6N + 12*L*H*D*T (PaLM appendix B), N = every parameter"),
     ("n_params", pa.int64(), "parameters of the model (tied weights once)"),
     ("params_local", pa.list_(pa.int64()), "parameter elements held by each rank after sharding"),
     ("peak_mem_gib", pa.float64(), "peak memory, max over ranks (CUDA allocated, or CPU peak RSS)"),

@@ -8,10 +8,10 @@ What FlopCounterMode counts for one forward + backward of our models, per token:
   backward (input gradient + weight gradient).
 - 12 * L*H*D*T: attention's Q·Kᵀ and A·V, 2·T·D FLOPs per head per token each forward, doubled backward.
   The counter sees the full T×T square: SDPA's math path with is_causal=True still multiplies the whole
-  score matrix (it masks, it does not skip), exactly as seed 000's formula counts it. On the CPU, SDPA's
+  score matrix (it masks, it does not skip), exactly as the PaLM formula counts it. On the CPU, SDPA's
   fused kernel is not in FlopCounterMode's table, so the test pins the math backend (plain bmm).
 
-`trainer.flops.spec_flops_per_token` uses N = every parameter (seed 000: `sum(p.numel())`), so it
+`trainer.flops.spec_flops_per_token` uses N = every parameter (`sum(p.numel())`), so it
 exceeds the counter by exactly 6 × (embedding-lookup + norm + bias parameters): a lookup, a norm scale
 and a bias add do no matmul. Tolerance: 1e-9 relative (float rounding only). Both counts are exact
 integers; any difference would be an uncounted matmul, a wrong formula, or SDPA dispatched to a kernel
@@ -88,7 +88,7 @@ def test_counter_matches_6n_matmul_plus_attention(name):
     expected = 6 * spec.n_matmul_params() + 12 * spec.n_layers * spec.n_heads * spec.head_dim * seq
     assert counted == pytest.approx(expected, rel=REL)
 
-    # seed 000's N counts every parameter: the surplus is exactly the parameters that do no matmul
+    # our N counts every parameter: the surplus is exactly the parameters that do no matmul
     surplus = spec_flops_per_token(spec, seq) - counted
     assert surplus == pytest.approx(6 * _non_matmul_params(model), rel=REL)
     assert surplus == pytest.approx(6 * (spec.n_params() - spec.n_matmul_params()), rel=REL)
@@ -98,7 +98,7 @@ def test_counter_matches_6n_matmul_plus_attention(name):
 
 
 def test_seed_000_formula_for_llama3_8b():
-    # 6N + 12·L·H·D·T with N = 8.03 B, L = 32, H·D = 4096, T = 4096 (seed 000's estimate_flops_per_token)
+    # 6N + 12·L·H·D·T with N = 8.03 B, L = 32, H·D = 4096, T = 4096 (PaLM appendix B)
     spec = REGISTRY["llama3-8b"]
     assert spec_flops_per_token(spec, 4096) == 6 * 8_030_261_248 + 12 * 32 * 4096 * 4096
     assert flops_per_token(n_params=1, n_layers=1, n_heads=1, head_dim=1, seq_len=1) == 18
@@ -124,7 +124,7 @@ def test_other_tools_conventions_for_llama3_8b_at_8192():
 def test_flops_use_the_batch_actually_trained(monkeypatch, run_one_rank):
     """TFLOP/s = flops_per_token × the tokens each rank trained per second.
 
-    Seed 002 trained 12 rows per step but counted 16 (`6 * N * 16 * 1024`): +33 %. Here the worker is
+    Counting the nominal 16 rows (`6 * N * 16 * 1024`) while training 12 overstates by 33 %. Here the worker is
     run for real (one CPU rank), the model records the shape of every batch it is given, and the result
     row's TFLOP/s must equal flops_per_token × (rows seen × seq_len) / step time.
     """

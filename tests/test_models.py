@@ -60,7 +60,7 @@ def _meta_numel(spec: ModelSpec, backend: str = "torch") -> int:
 # -- parameter counts ----------------------------------------------------------------------------
 
 def test_seed_model_sizes():
-    # seed 000 prints "8.03B" for Llama3-8B; seed 002's GPT (48 x 1600, vocab 50304, tied) has 1.5577 B
+    # Llama3-8B is "8.03B" in Meta's release; GPT-2 XL dims (48 x 1600, vocab 50304, tied) give 1.5577 B
     assert REGISTRY["llama3-8b"].n_params() == 8_030_261_248
     assert REGISTRY["gpt2-1.5b"].n_params() == 1_557_686_400
     assert _meta_numel(REGISTRY["llama3-8b"]) == 8_030_261_248

@@ -2,17 +2,18 @@
 
     flops_per_token = 6 * N + 12 * L * H * D * T
 
-as in seed 000 (`LLaMAConfig.estimate_flops_per_token`), which is the PaLM paper's Appendix B
+the PaLM paper's Appendix B
 estimate (Chowdhery et al. 2022): 6N for the forward (2N) and backward (4N) matmuls of N parameters,
 plus 12·L·H·D·T for the attention scores and the weighted sum (Q·Kᵀ and A·V, forward 4·H·D·T per
-token per layer, backward twice that), counted over the full T×T square as the seed does (causal
-masking is not subtracted).
+token per layer, backward twice that), counted over the full T×T square (causal masking is not
+subtracted), as nanoGPT's `estimate_mfu` counts it.
 
 N is `sum(p.numel() for p in model.parameters())`: every parameter, embeddings included, tied weights
 once. Embedding lookups, norms and biases do no matmul, so this slightly over-counts what a FLOP counter
 sees (6 × those parameters); tests/test_flops.py measures the gap against FlopCounterMode.
 
-Seed 002 counted `6 * N * 16 * 1024` per step while training 12 rows: a +33 % error. Here FLOPs are
+A script that counts the nominal batch (`6 * N * 16 * 1024` per step) while training 12 rows overstates
+TFLOP/s by 33 %. Here FLOPs are
 always per token and multiplied by the tokens actually trained (grad_accum * batch_size * seq_len per rank
 and optimizer step).
 

@@ -7,8 +7,8 @@ The order is fixed and matters (torchtitan's `parallelize_llama` does the same):
      outside the compiled graphs (no graph breaks on collectives) and identical blocks reuse one graph;
   4. fully_shard each block, then the root (embeddings, final norm, head) — when there is more than one
      rank. On one rank FSDP2 has nothing to shard and would only add copies; the plain model trains under
-     bf16 autocast instead (`PrecisionPlan.training_context`), as the seeds' single-GPU scripts do.
-`full` compile wraps the whole sharded model instead (slow to compile on large models: the seed's
+     bf16 autocast instead (`PrecisionPlan.training_context`), as single-GPU training scripts do.
+`full` compile wraps the whole sharded model instead (slow to compile on large models: a
 GPT-1.5B with torchao rowwise did not finish compiling in 230 s on an H200).
 """
 

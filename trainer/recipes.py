@@ -67,7 +67,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
            scaling="rowwise_with_gw_hp", summary="torchao float8 rowwise, weight gradient in high precision"),
     Recipe(name="bf16-te", family="bf16", backend="te", layers="te", min_cuda_capability=8.0, cpu=False,
            summary="Transformer Engine layers in bf16, no FP8: the fair baseline for TE FP8"),
-    # seed 000's: E4M3 forward / E5M2 backward, scale from the max of the last 16 amaxes
+    # E4M3 forward / E5M2 backward (TE's HYBRID format), scale from the max of the last 16 amaxes
     Recipe(name="fp8-te-delayed", family="fp8", backend="te", layers="te", min_cuda_capability=8.9, cpu=False,
            scaling="DelayedScaling", scaling_args={"fp8_format": "HYBRID", "amax_history_len": 16,
                                                    "amax_compute_algo": "max"},

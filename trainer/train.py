@@ -154,7 +154,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 class TrainStep:
     """One optimizer step over grad_accum micro-batches: `step(i)` trains step i and returns its loss.
 
-    By default FSDP2 reduce-scatters the gradients of each micro-batch as its backward runs (as seed 000's
+    By default FSDP2 reduce-scatters the gradients of each micro-batch as its backward runs (as a plain FSDP1
     FSDP1 loop without no_sync does); with grad_sync "step" only the last micro-batch's backward does."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, plan: PrecisionPlan, data: SyntheticData,
@@ -166,7 +166,7 @@ class TrainStep:
         # (tokens x vocab) logits are never materialised in fp32 (torchtitan compiles its loss too).
         self.loss_fn = torch.compile(cross_entropy) if compiled else cross_entropy
         # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
-        # rest (weights only change at the optimizer step), as seed 000 does.
+        # rest (weights only change at the optimizer step), TE's `is_first_microbatch`.
         self.weight_cache = plan.model_backend == "te" and options.grad_accum > 1
         self.fsdp_root = getattr(model, "_orig_mod", model)  # `full` compile wraps the sharded model
         self.sync_once = (options.grad_sync == "step" and options.grad_accum > 1
@@ -186,7 +186,7 @@ class TrainStep:
             loss.backward()
             total += loss.detach()
         if self.options.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.grad_clip)  # seed 000: 1.0
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.grad_clip)  # default 1.0
         self.optimizer.step()
         self.plan.after_optimizer_step(self.model)
         self.optimizer.zero_grad(set_to_none=True)

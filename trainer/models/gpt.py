@@ -1,6 +1,6 @@
-"""GPT-2 style decoder (seed 002): LayerNorm, MHA with causal SDPA, GELU MLP x4, learned positions,
+"""GPT-2 style decoder (Radford et al. 2019): LayerNorm, MHA with causal SDPA, GELU MLP x4, learned positions,
 tied input/output embeddings. Initialised as GPT-2 / nanoGPT do, so the first loss is ~ln(vocab),
-not the 72 that seed 002's default init gives.
+not the ~72 an untuned default init gives at this size.
 """
 
 from __future__ import annotations
@@ -74,4 +74,4 @@ class GPT(nn.Module):
         for block in self.blocks:
             x_BTE = block(x_BTE)
         x_BTE = self.out_norm(x_BTE)
-        return F.linear(x_BTE, self.tok_embd.weight)  # weight tying (seed 002)
+        return F.linear(x_BTE, self.tok_embd.weight)  # weight tying (as GPT-2)

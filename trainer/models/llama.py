@@ -1,4 +1,4 @@
-"""Llama-3 style decoder (seed 000): RMSNorm, grouped-query attention with RoPE, SwiGLU, untied head.
+"""Llama-3 style decoder (Meta's Llama 3 architecture): RMSNorm, grouped-query attention with RoPE, SwiGLU, untied head.
 
 Init follows torchtitan's Llama (normal 0.02; output projections of each block scaled by depth) with a
 small output head, so the first loss is ~ln(vocab).

@@ -1,7 +1,7 @@
 """Model specs: pure data (no torch), validated on construction, and the registry of named models.
 
-Dims of the large models come from the user's seed reports (shared/seeds): seed 000 for Llama3-8B,
-seed 002 for GPT-1.5B.
+Dims of the large models are the published ones: Llama3-8B and Llama3-70B from Meta's Llama 3 release
+(params.json), GPT-1.5B from GPT-2 XL (Radford et al. 2019) with its vocabulary padded to 50304.
 """
 
 from __future__ import annotations
@@ -96,10 +96,10 @@ REGISTRY: dict[str, ModelSpec] = {
     "gpt-tiny": _spec(arch="gpt", name="gpt-tiny", n_layers=2, d_embd=64, n_heads=4, vocab_size=512, max_seq_len=1024),
     "llama-tiny": _spec(arch="llama", name="llama-tiny", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=2,
                         ffn_hidden=192, vocab_size=512),
-    # seed 002: 48 layers, 25 heads, d 1600, vocab 50304 (GPT-2 vocab padded to a multiple of 64), seq 1024
+    # GPT-2 XL: 48 layers, 25 heads, d 1600, vocab 50304 (GPT-2 vocab padded to a multiple of 64), seq 1024
     "gpt2-1.5b": _spec(arch="gpt", name="gpt2-1.5b", n_layers=48, d_embd=1600, n_heads=25, vocab_size=50304,
                        max_seq_len=1024),
-    # seed 000: Llama3-8B (32 layers, 32 heads, 8 kv heads, d 4096, ffn 14336, vocab 128256, RoPE 500000)
+    # Meta's Llama3-8B (32 layers, 32 heads, 8 kv heads, d 4096, ffn 14336, vocab 128256, RoPE 500000)
     "llama3-8b": _spec(arch="llama", name="llama3-8b", n_layers=32, d_embd=4096, n_heads=32, n_kv_heads=8,
                        ffn_hidden=14336, vocab_size=128256),
     # Llama3-70B (80 layers, d 8192, 64 heads, 8 kv heads, ffn 28672, vocab 128256, RoPE 500000): 70.55 B

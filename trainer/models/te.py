@@ -5,15 +5,15 @@ Same contract as trainer/models/gpt.py and llama.py, and the same parameters (na
 ~ln V) and `forward(tokens) -> logits`; `sum(p.numel())` equals `spec.n_params()` (tests/test_models.py,
 where TE is installed).
 
-Llama (seed 000's TE model): TransformerLayer with RMSNorm, SwiGLU, grouped-query attention, fused QKV,
+Llama: TransformerLayer with RMSNorm, SwiGLU, grouped-query attention, fused QKV,
 no biases, no dropout, causal self-attention on (batch, seq, hidden) input, RoPE applied inside TE's
 attention from `rotary_pos_emb` (TE's RotaryPositionEmbedding table, base `spec.rope_theta`); the head is
 a TE LayerNormLinear (final RMSNorm fused with the vocabulary projection), kept out of FP8 unless
-`fp8_lm_head` (seed 000 runs its head in FP8).
-Differences from seed 000, on purpose: `num_gqa_groups` is the number of KV heads (TE's meaning; the
-seed passed n_heads // n_kv_heads = 4 for Llama3-8B's 8 KV heads, a 7.90 B model instead of 8.03 B),
-RoPE uses base 500000 (the seed's default 10000 ignored its own rope_base) and fp32 angles sized to
-`spec.max_seq_len` (the seed cast a 131072-position table to bf16).
+`fp8_lm_head`.
+Pitfalls avoided on purpose (seen in a hand-written TE Llama script, benchmarks/RESULTS.md "The probes"):
+`num_gqa_groups` is the number of KV heads (TE's meaning; passing n_heads // n_kv_heads = 4 for Llama3-8B's
+8 KV heads builds a 7.90 B model instead of 8.03 B), RoPE uses base `spec.rope_theta` (500000, not TE's
+default 10000) and fp32 angles sized to `spec.max_seq_len` (not a 131072-position table cast to bf16).
 RoPE pairs channels as (i, i + D/2) (TE's default, as HF Llama) where llama.py pairs (2i, 2i+1): the
 same rotation up to a fixed permutation of each head's channels, so the same cost and the same model.
 
@@ -149,7 +149,7 @@ class TEGPT(nn.Module):
         x_BTE = self.tok_embd(idx_BT) + self.pos_embd(pos_T)
         for block in self.blocks:
             x_BTE = block(x_BTE, is_first_microbatch=is_first_microbatch)
-        return F.linear(self.out_norm(x_BTE), self.tok_embd.weight)  # tied head (seed 002), not FP8
+        return F.linear(self.out_norm(x_BTE), self.tok_embd.weight)  # tied head (as GPT-2), not FP8
 
 
 def build_te_model(spec: ModelSpec, *, fp8_lm_head: bool = False) -> nn.Module:

@@ -50,7 +50,7 @@ class PrecisionPlan:
         if self.param_dtype is None:
             return MixedPrecisionPolicy()
         # bf16 params for compute; gradients reduce-scattered in fp32 by default (accuracy of the sum over
-        # ranks), or in bf16 (the grid's `reduce_dtype`: half the bytes, as seed 000's FSDP1 does).
+        # ranks), or in bf16 (the grid's `reduce_dtype`: half the bytes, as FSDP1 setups commonly use).
         # Inputs are not cast: block inputs are bf16 already (the embedding is gathered in bf16), and the
         # fp32 RoPE tables passed to each block must stay fp32.
         return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=REDUCE_DTYPES[reduce_dtype],

@@ -11,7 +11,7 @@
     inputs (the fp32 RoPE angles stay fp32).
 
 The amax reduction group is left as None: TE then reduces DelayedScaling amaxes over the default
-(world) group, which is FSDP's data-parallel group here (seed 000 passed that group explicitly).
+(world) group, which is FSDP's data-parallel group here (a script may pass that group explicitly).
 Transformer Engine is imported lazily: this module imports on a CPU machine without it.
 """
 

@@ -22,7 +22,7 @@ HEAD_NAMES = ("output", "lm_head")
 
 def fp8_module_filter(module: nn.Module, fqn: str, *, include_head: bool = False) -> bool:
     """Which Linear layers get FP8: only dims divisible by 16, and not the output head (accuracy: torchtitan's
-    default) unless `include_head` (the grid's `fp8_lm_head`, as seed 000's TE head runs)."""
+    default) unless `include_head` (the grid's `fp8_lm_head`)."""
     if not isinstance(module, nn.Linear) or (fqn in HEAD_NAMES and not include_head):
         return False
     return module.in_features % FP8_DIM_MULTIPLE == 0 and module.out_features % FP8_DIM_MULTIPLE == 0
