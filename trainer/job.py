@@ -22,7 +22,7 @@ class TrialConfig:
     measure_steps: StepsSpec
     options: TrainingOptions = TrainingOptions()
     memory_cap_bytes: int | None = None
-    seed: int = 3985  # the seeds' torch.manual_seed
+    seed: int = 3985  # torch.manual_seed of every rank: synthetic data and init are reproducible
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -91,7 +91,7 @@ def _spec(**kw) -> ModelSpec:
     return ModelSpec(**kw)
 
 
-# Named models. Big ones carry the dims of the seeds; tiny ones keep the CPU demo and CI fast.
+# Named models. Big ones carry their published dims; tiny ones keep the CPU demo and CI fast.
 REGISTRY: dict[str, ModelSpec] = {
     "gpt-tiny": _spec(arch="gpt", name="gpt-tiny", n_layers=2, d_embd=64, n_heads=4, vocab_size=512, max_seq_len=1024),
     "llama-tiny": _spec(arch="llama", name="llama-tiny", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=2,

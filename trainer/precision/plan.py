@@ -58,7 +58,7 @@ class PrecisionPlan:
 
     def training_context(self) -> contextlib.AbstractContextManager:
         """What wraps each forward: the recipe's own context, and bf16 autocast when FSDP2 does not shard
-        (one rank: the plain model keeps fp32 master weights and computes in bf16, as the seeds'
+        (one rank: the plain model keeps fp32 master weights and computes in bf16, as single-GPU training scripts'
         single-GPU scripts do)."""
         stack = contextlib.ExitStack()
         if not self.sharded and self.param_dtype is not None:
