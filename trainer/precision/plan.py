@@ -58,8 +58,8 @@ class PrecisionPlan:
 
     def training_context(self) -> contextlib.AbstractContextManager:
         """What wraps each forward: the recipe's own context, and bf16 autocast when FSDP2 does not shard
-        (one rank: the plain model keeps fp32 master weights and computes in bf16, as single-GPU training scripts'
-        single-GPU scripts do)."""
+        (one rank: the plain model keeps fp32 master weights and computes in bf16, as single-GPU
+        training scripts do)."""
         stack = contextlib.ExitStack()
         if not self.sharded and self.param_dtype is not None:
             stack.enter_context(torch.autocast(self.device_type, dtype=self.param_dtype))
