@@ -13,7 +13,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-run.register(app)
+app.add_typer(run.app)  # no name: `sweep run`, `sweep plan`, `sweep max-batch` sit at the top level
 app.add_typer(results.app, name="results", help="Aggregate, compare, export and plot result datasets.")
 app.add_typer(clusters.app, name="clusters", help="List and show cluster profiles.")
 

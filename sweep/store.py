@@ -4,14 +4,18 @@ Layout: ``<output>/cluster=<name>/run=<run_id>/<trial_id>.parquet``, one file pe
 written to a dot-prefixed temp file and renamed into place, so a crash never leaves a half file and
 a reader never sees one (pyarrow.dataset ignores names starting with '.' or '_'). The whole folder
 reads as one ``pyarrow.dataset``; cluster and run_id are also real columns in every file.
+A max-batch search also leaves its verdicts in ``<output>/_search/<run_id>.json``, written the same way
+(the leading '_' keeps them out of the dataset).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,12 +42,25 @@ def write_row(output: Path, row: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         raise FileExistsError(f"result for trial {row['trial_id']} already exists: {path}")
+    _write_atomically(path, lambda tmp: pq.write_table(to_table([row]), tmp))
+    return path
+
+
+def write_verdicts(output: Path, run_id: str, verdicts: list[dict]) -> Path:
+    """Record a max-batch search's verdicts beside its rows, atomically (values JSON lacks as their text)."""
+    path = Path(output) / "_search" / f"{run_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(path, lambda tmp: tmp.write_text(json.dumps(verdicts, indent=2, default=str)))
+    return path
+
+
+def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """``write`` a dot-prefixed temp file beside ``path``, then rename it into place: no half file, ever."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(to_table([row]), tmp)
+    write(tmp)
     with open(tmp, "rb") as f:  # the rename is only atomic for data that reached the disk
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return path
 
 
 def result_files(output: Path) -> list[Path]:

@@ -1,10 +1,14 @@
-"""Shared CLI plumbing: user errors become one line on stderr and exit code 2."""
+"""Shared CLI plumbing: user errors become one line on stderr and exit code 2; options several commands
+share are declared once, as the fields of a dataclass."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import sys
-from typing import Callable, TypeVar
+import typing
+from typing import Callable, Collection, TypeVar
 
 import typer
 
@@ -30,3 +34,34 @@ def user_errors(fn: F) -> F:
             raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def dataclass_options(skip: Collection[str] = ()) -> Callable[[F], F]:
+    """Give a command the options a dataclass declares: its parameter annotated with that dataclass becomes,
+    in that place, one option per field (each field typed ``Annotated[..., typer.Option(...)]``, its default
+    the option's), but those in ``skip``; the command is called with the dataclass built from them.
+
+    Typer reads no dataclass parameter as options, so the signature it reads is rewritten: a field
+    added to the dataclass is an option on every command that takes it.
+    """
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn, eval_str=True)
+        name, group = next((p.name, p.annotation) for p in signature.parameters.values()
+                           if dataclasses.is_dataclass(p.annotation))
+        hints = typing.get_type_hints(group, include_extras=True)
+        fields = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default,
+                                    annotation=hints[f.name])
+                  for f in dataclasses.fields(group) if f.name not in skip]
+        params = [q for p in signature.parameters.values() for q in (fields if p.name == name else [p])]
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            values = {f.name: kwargs.pop(f.name) for f in fields}
+            return fn(*args, **kwargs, **{name: group(**values)})
+
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from sweep.commands._common import user_errors
+from sweep.commands._common import dataclass_options, user_errors
 
+# `sweep run`, `sweep plan`, `sweep max-batch`: sweep.cli adds these commands at the top level
+app = typer.Typer()
 
 NOTHING_MEASURED = 3  # exit status of a sweep whose every attempt was oom, error, timeout or unsupported
 
@@ -26,28 +27,40 @@ class Compile(str, Enum):
 GridArg = Annotated[Optional[Path], typer.Argument(help="Grid YAML. Options below add to or override its axes.",
                                                    show_default=False)]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster profile name or YAML path.")]
-ModelOpt = Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Model (repeatable).")]
-PrecisionOpt = Annotated[Optional[list[str]], typer.Option("--precision", "-p", help="Precision recipe (repeatable).")]
-BatchOpt = Annotated[Optional[list[int]], typer.Option("--batch-size", "-b", help="Per-GPU batch (repeatable).")]
-CompileOpt = Annotated[Optional[list[Compile]], typer.Option("--compile", help="Compile mode (repeatable).")]
-SeqOpt = Annotated[Optional[list[int]], typer.Option("--seq-len", help="Sequence length (repeatable).")]
-GpusOpt = Annotated[Optional[list[int]], typer.Option("--gpus", help="Ranks per trial (repeatable).")]
-AccumOpt = Annotated[Optional[list[int]], typer.Option("--grad-accum", help="Micro-batches per optimizer step "
-                                                      "(repeatable).")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Result dataset folder.")]
 CapOpt = Annotated[Optional[str], typer.Option("--memory-cap", help="Per-rank memory cap, e.g. 80GiB: "
                                                "allocations past it really fail (what fits on a smaller card?).")]
+ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
 
 
-def _count(n: int) -> str:
-    """8.03B, 124M, 198K: a parameter count at a glance."""
-    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return str(n)
+def _axis(key: str):
+    """A field of Axes: no value unless given; ``key`` is the grid file's name for the axis."""
+    return field(default=None, metadata={"grid": key})
 
 
-def _grid_data(grid: Path | None, **axes) -> tuple[dict, str]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Axes:
+    """The grid's axes as options of `sweep run`, `plan` and `max-batch` (a field here is an option on each):
+    one given replaces that axis of the grid file."""
+
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Model (repeatable).")] = _axis("models")
+    precision: Annotated[Optional[list[str]], typer.Option(
+        "--precision", "-p", help="Precision recipe (repeatable).")] = _axis("precisions")
+    batch_size: Annotated[Optional[list[int]], typer.Option(
+        "--batch-size", "-b", help="Per-GPU batch (repeatable).")] = _axis("batch_sizes")
+    compile: Annotated[Optional[list[Compile]], typer.Option("--compile", help="Compile mode (repeatable).")] = _axis("compile")
+    seq_len: Annotated[Optional[list[int]], typer.Option("--seq-len", help="Sequence length (repeatable).")] = _axis("seq_len")
+    gpus: Annotated[Optional[list[int]], typer.Option("--gpus", help="Ranks per trial (repeatable).")] = _axis("gpus")
+    grad_accum: Annotated[Optional[list[int]], typer.Option(
+        "--grad-accum", help="Micro-batches per optimizer step (repeatable).")] = _axis("grad_accum")
+
+    def grid_data(self) -> dict:
+        """The axes given, as a grid file writes them."""
+        return {f.metadata["grid"]: [v.value if isinstance(v, Enum) else v for v in values]
+                for f in fields(self) if (values := getattr(self, f.name))}
+
+
+def _grid_data(grid: Path | None, axes: Axes) -> tuple[dict, str]:
     """The grid file's mapping as written, the options on top: validated once, by `_prepare`."""
     from clusters._load import display_path
     from sweep.grid import read_grid
@@ -56,16 +69,10 @@ def _grid_data(grid: Path | None, **axes) -> tuple[dict, str]:
         data, source = read_grid(grid), display_path(grid)
     else:
         data, source = {}, "<options>"
-    names = {"model": "models", "precision": "precisions", "batch_size": "batch_sizes", "compile": "compile",
-             "seq_len": "seq_len", "gpus": "gpus", "grad_accum": "grad_accum"}
-    for option, key in names.items():
-        values = axes.get(option)
-        if values:
-            data[key] = [v.value if isinstance(v, Enum) else v for v in values]
-    return data, source
+    return data | axes.grid_data(), source
 
 
-def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, **axes):
+def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, axes: Axes = Axes()):
     """Load profile and grid, expand to trials: every user error surfaces here, before anything runs."""
     from clusters import load_profile
     from sweep.errors import UserError
@@ -73,7 +80,7 @@ def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, **axes):
     from sweep.grid import expand, parse_grid
 
     profile = load_profile(cluster)
-    data, source = _grid_data(grid, **axes)
+    data, source = _grid_data(grid, axes)
     if grid is None and "models" not in data:  # a grid file's own omissions: parse_grid says what is missing
         raise UserError("no models: give a grid file or --model")
     if grid is None and "batch_sizes" not in data:
@@ -89,117 +96,94 @@ def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, **axes):
     return profile, spec, trials
 
 
-def _print_table(rows: list[dict], title: str) -> None:
-    """The run's rows, as `sweep results show` prints them (constant columns folded into the caption)."""
+@app.command()
+@user_errors
+@dataclass_options()
+def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(),
+        output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
+        resume: Annotated[bool, typer.Option(help="Skip attempts already recorded in --output.")] = False,
+        max_concurrent: Annotated[Optional[int], typer.Option(min=1, help="At most this many trials at once.")] = None,
+        progress: ProgressOpt = True,
+        yes: Annotated[bool, typer.Option("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False) -> None:
+    """Run a grid of trials and write one Parquet row per attempt."""
+    from sweep.advice import LARGE_GRID, needs_confirmation
+    from sweep.errors import UserError
+    from sweep.policy import GridPlan, MaxBatchPlan
+    from sweep.runner import execute, new_run_id
+
+    profile, spec, trials = _prepare(grid, cluster, memory_cap, axes)
+    if needs_confirmation(trials) and not yes:
+        raise UserError(f"{len(trials)} trials (more than {LARGE_GRID}): check the grid with `sweep plan`, "
+                        f"then run it with --yes")
+    check_output(output)
+    _print_warnings(trials, profile)
+    run_id = new_run_id()
+    if spec.search == "max_batch":
+        plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials))
+    else:
+        plan = GridPlan(trials, spec.on_oom)
+    report = execute(plan, profile=profile, output=output, run_id=run_id, grid_name=spec.name, resume=resume,
+                     max_concurrent=max_concurrent, progress=progress)
+    _finish(report, output, plan)
+
+
+@app.command()
+@user_errors
+@dataclass_options()
+def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(), memory_cap: CapOpt = None) -> None:
+    """Show the trials a grid expands to, and which cannot run here and why. Nothing runs."""
+    from rich.console import Console
+
     from sweep.results import render
 
-    render.rich_table(rows, render.SHOW_COLS, title)
+    profile, spec, trials = _prepare(grid, cluster, memory_cap, axes)
+    rows, reasons = _plan_rows(trials, profile)
+    render.plan_table(rows, f"{len(trials)} trial{'s' * (len(trials) != 1)} on {profile.name} ({profile.accelerator}, "
+                            f"{profile.total_ranks} ranks)" + (" — max-batch search" if spec.search else ""), reasons)
+    _print_warnings(trials, profile, Console())
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    @user_errors
-    def run(grid: GridArg = None, cluster: ClusterOpt = "local", model: ModelOpt = None, precision: PrecisionOpt = None,
-            batch_size: BatchOpt = None, compile: CompileOpt = None, seq_len: SeqOpt = None, gpus: GpusOpt = None,
-            grad_accum: AccumOpt = None,
-            output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
-            resume: Annotated[bool, typer.Option(help="Skip attempts already recorded in --output.")] = False,
-            max_concurrent: Annotated[Optional[int], typer.Option(min=1, help="At most this many trials at once.")] = None,
-            progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
-            yes: Annotated[bool, typer.Option("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False
-            ) -> None:
-        """Run a grid of trials and write one Parquet row per attempt."""
-        from sweep.advice import LARGE_GRID, needs_confirmation
-        from sweep.errors import UserError
-        from sweep.policy import GridPlan, MaxBatchPlan
-        from sweep.runner import execute, new_run_id
+def _plan_rows(trials, profile) -> tuple[list[dict], dict[str, int]]:
+    """One row of text per trial, and each reason a trial cannot run here numbered in order of appearance."""
+    from sweep.results.render import param_count
+    from sweep.runner import unsupported
 
-        profile, spec, trials = _prepare(grid, cluster, memory_cap, model=model, precision=precision,
-                                         batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus,
-                                         grad_accum=grad_accum)
-        if needs_confirmation(trials) and not yes:
-            raise UserError(f"{len(trials)} trials (more than {LARGE_GRID}): check the grid with `sweep plan`, "
-                            f"then run it with --yes")
-        check_output(output)
-        _print_warnings(trials, profile)
-        run_id = new_run_id()
-        if spec.search == "max_batch":
-            plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials))
-        else:
-            plan = GridPlan(trials, spec.on_oom)
-        report = execute(plan, profile=profile, output=output, run_id=run_id, grid_name=spec.name, resume=resume,
-                         max_concurrent=max_concurrent, progress=progress)
-        _finish(report, output, plan)
+    reasons: dict[str, int] = {}
+    rows = []
+    for t in trials:
+        reason = unsupported(t, profile)
+        if reason is not None:
+            reasons.setdefault(reason, len(reasons) + 1)
+        rows.append({"trial_id": t.trial_id[:8], "model": t.model.label, "params": param_count(t.model.n_params()),
+                     "precision": t.precision, "compile": t.compile, "ac": t.ac, "batch": str(t.batch_size),
+                     "seq": str(t.seq_len), "gpus": str(t.gpus), "options": t.options_text().replace(" ", "\n") or "-",
+                     "runs": "yes" if reason is None else f"[yellow]no ({reasons[reason]})[/yellow]"})
+    return rows, reasons
 
-    @app.command()
-    @user_errors
-    def plan(grid: GridArg = None, cluster: ClusterOpt = "local", model: ModelOpt = None, precision: PrecisionOpt = None,
-             batch_size: BatchOpt = None, compile: CompileOpt = None, seq_len: SeqOpt = None, gpus: GpusOpt = None,
-             grad_accum: AccumOpt = None, memory_cap: CapOpt = None) -> None:
-        """Show the trials a grid expands to, and which cannot run here and why. Nothing runs."""
-        from rich.console import Console
-        from rich.markup import escape
-        from rich.table import Table
 
-        from sweep.runner import unsupported
+@app.command("max-batch")
+@user_errors
+@dataclass_options(skip=("batch_size",))  # the search picks the batches, from --start
+def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
+              start: Annotated[int, typer.Option(min=1, help="First batch to probe.")] = 1,
+              step: Annotated[int, typer.Option(min=1, help="Granularity: stop when B ok and B+step oom.")] = 1,
+              warmup: Annotated[int, typer.Option(min=0)] = 2, measure: Annotated[int, typer.Option(min=1)] = 5,
+              output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True) -> None:
+    """Find the largest batch that fits, and the fastest, per model and precision."""
+    from sweep.errors import UserError
+    from sweep.policy import MaxBatchPlan
+    from sweep.runner import execute, new_run_id
 
-        profile, spec, trials = _prepare(grid, cluster, memory_cap, model=model, precision=precision,
-                                         batch_size=batch_size, compile=compile, seq_len=seq_len, gpus=gpus,
-                                         grad_accum=grad_accum)
-        reasons: dict[str, int] = {}
-        rows = []
-        for t in trials:
-            reason = unsupported(t, profile)
-            if reason is not None:
-                reasons.setdefault(reason, len(reasons) + 1)
-            rows.append({"trial_id": t.trial_id[:8], "model": t.model.label, "params": _count(t.model.n_params()),
-                         "precision": t.precision, "compile": t.compile, "ac": t.ac, "batch": str(t.batch_size),
-                         "seq": str(t.seq_len), "gpus": str(t.gpus), "options": t.options_text().replace(" ", "\n") or "-",
-                         "runs": "yes" if reason is None else f"[yellow]no ({reasons[reason]})[/yellow]"})
-        # Columns with one value in every trial are said once under the table, as `sweep results show`
-        # does: the table keeps what varies and stays readable in an 80-column terminal.
-        constant = [c for c in rows[0] if c not in ("trial_id", "runs") and len({r[c] for r in rows}) == 1]
-        table = Table(title=f"{len(trials)} trial{'s' * (len(trials) != 1)} on {profile.name} ({profile.accelerator}, "
-                            f"{profile.total_ranks} ranks)" + (" — max-batch search" if spec.search else ""))
-        for col in (c for c in rows[0] if c not in constant):
-            table.add_column(col, overflow="fold")
-        for row in rows:
-            table.add_row(*(v for c, v in row.items() if c not in constant))
-        console = Console()
-        console.print(table)
-        shared = " · ".join(f"{c} {rows[0][c]}".replace("\n", " ") for c in constant if rows[0][c] != "-")
-        if shared:
-            console.print(f"every trial: {escape(shared)}", soft_wrap=True)
-        for reason, n in reasons.items():
-            console.print(f"[yellow]({n}) unsupported:[/yellow] {escape(reason)}")
-        _print_warnings(trials, profile, console)
-
-    @app.command("max-batch")
-    @user_errors
-    def max_batch(cluster: ClusterOpt = "local", model: ModelOpt = None, precision: PrecisionOpt = None,
-                  compile: CompileOpt = None, seq_len: SeqOpt = None, gpus: GpusOpt = None, grad_accum: AccumOpt = None,
-                  start: Annotated[int, typer.Option(min=1, help="First batch to probe.")] = 1,
-                  step: Annotated[int, typer.Option(min=1, help="Granularity: stop when B ok and B+step oom.")] = 1,
-                  warmup: Annotated[int, typer.Option(min=0)] = 2, measure: Annotated[int, typer.Option(min=1)] = 5,
-                  output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
-                  progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True) -> None:
-        """Find the largest batch that fits, and the fastest, per model and precision."""
-        from sweep.errors import UserError
-        from sweep.policy import MaxBatchPlan
-        from sweep.runner import execute, new_run_id
-
-        if not model:
-            raise UserError("max-batch needs --model")
-        profile, spec, trials = _prepare(None, cluster, memory_cap, model=model, precision=precision,
-                                         batch_size=[start], compile=compile, seq_len=seq_len, gpus=gpus,
-                                         grad_accum=grad_accum)
-        trials = [replace(t, warmup_steps=warmup, measure_steps=measure) for t in trials]
-        check_output(output)
-        _print_warnings(trials, profile)
-        run_id = new_run_id()
-        plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
-        report = execute(plan, profile=profile, output=output, run_id=run_id, progress=progress)
-        _finish(report, output, plan)
+    if not axes.model:
+        raise UserError("max-batch needs --model")
+    profile, spec, trials = _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]))
+    trials = [replace(t, warmup_steps=warmup, measure_steps=measure) for t in trials]
+    check_output(output)
+    _print_warnings(trials, profile)
+    run_id = new_run_id()
+    plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
+    report = execute(plan, profile=profile, output=output, run_id=run_id, progress=progress)
+    _finish(report, output, plan)
 
 
 def _print_warnings(trials, profile, console=None) -> None:
@@ -245,12 +229,15 @@ def _capacity(profile, trials) -> float | None:
 
 
 def _finish(report, output: Path, plan) -> None:
+    """The run's rows (as `sweep results show` prints them), the verdicts of a search, then the exit status."""
     from rich.console import Console
+
+    from sweep.results import render
 
     rows = report.rows
     if rows:
-        _print_table(rows, f"run {report.run_id}: {len(rows)} attempts" +
-                     (f" ({report.reused} reused from earlier runs)" if report.reused else ""))
+        render.rich_table(rows, render.SHOW_COLS, f"run {report.run_id}: {len(rows)} attempts" +
+                          (f" ({report.reused} reused from earlier runs)" if report.reused else ""))
     if hasattr(plan, "verdicts"):  # probes reused by --resume count too
         _write_verdicts(output, report.run_id, plan.verdicts(), rows + report.reused_rows)
     console = Console(stderr=True)
@@ -268,44 +255,26 @@ def _finish(report, output: Path, plan) -> None:
 
 def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[dict]) -> None:
     """Print the max-batch verdicts and record them beside the rows (`_search/`, ignored as data)."""
-    import os
-    import sys
+    from sweep import store
+    from sweep.results import render
 
-    from rich.console import Console
-    from rich.table import Table
+    for v in verdicts:
+        _complete_verdict(v, rows)
+    render.verdict_table(verdicts)
+    store.write_verdicts(output, run_id, verdicts)
 
+
+def _complete_verdict(v: dict, rows: list[dict]) -> None:
+    """Add to a search's verdict what its rows say: allocator retries, speed and what the search cost."""
     from sweep.results.render import thrash_note
 
-    by_batch = {(r.get("search_id"), r["batch_size"]): r for r in rows if r["status"] == "ok"}
-    for v in verdicts:  # a batch that fits only because the caching allocator freed and retried runs slower
-        for at, batch in (("max", v["max_batch"]), ("fastest", v["fastest_batch"])):
-            v[f"alloc_retries_at_{at}"] = by_batch.get((v["search_id"], batch), {}).get("alloc_retries")
-        v["allocator"] = thrash_note(v["max_batch"], v["alloc_retries_at_max"], v["fastest_batch"],
-                                     v["alloc_retries_at_fastest"])
-    table = Table(title="max-batch verdicts", title_justify="left")
-    cols = ["model", "precision", "compile", "seq", "gpus", "max batch", "first OOM", "fastest batch",
-            "TFLOP/s/GPU @fastest", "alloc retries @max", "alloc retries @fastest", "probes", "search s",
-            "cost (x one trial)"] + (["allocator"] if any(v["allocator"] for v in verdicts) else [])
-    for col in cols:
-        table.add_column(col)
-    for v in verdicts:
-        fast = by_batch.get((v["search_id"], v["fastest_batch"]), {})
-        v["tflops_at_fastest"] = fast.get("tflops_per_gpu")
-        v["search_wall_s"] = sum(r.get("trial_wall_s") or 0 for r in rows if r.get("search_id") == v["search_id"])
-        # what the search cost against measuring the answer once
-        v["cost_vs_one_trial"] = v["search_wall_s"] / fast["trial_wall_s"] if fast.get("trial_wall_s") else None
-        precision = v["precision"] + (f" ({v['options']})" if v["options"] else "")  # e.g. grad_accum=8
-        table.add_row(v["model"], precision, v["compile"], str(v["seq_len"]), str(v["gpus"]), str(v["max_batch"]),
-                      str(v["first_failing_batch"]), str(v["fastest_batch"]),
-                      "–" if v["tflops_at_fastest"] is None else f"{v['tflops_at_fastest']:.4g}",
-                      *("–" if v[k] is None else str(v[k]) for k in ("alloc_retries_at_max", "alloc_retries_at_fastest")),
-                      str(v["probes"]),
-                      f"{v['search_wall_s']:.1f}" + (f" [red]aborted: {v['aborted']}[/red]" if v["aborted"] else ""),
-                      "–" if v["cost_vs_one_trial"] is None else f"{v['cost_vs_one_trial']:.1f}x",
-                      *([f"[yellow]{v['allocator']}[/yellow]"] if "allocator" in cols else []))
-    Console(width=None if sys.stdout.isatty() else 400).print(table)  # a pipe or log gets every cell whole
-    folder = Path(output) / "_search"
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{run_id}.json.tmp"
-    tmp.write_text(json.dumps(verdicts, indent=2, default=str))
-    os.replace(tmp, folder / f"{run_id}.json")
+    by_batch = {r["batch_size"]: r for r in rows if r["status"] == "ok" and r.get("search_id") == v["search_id"]}
+    for at, batch in (("max", v["max_batch"]), ("fastest", v["fastest_batch"])):
+        v[f"alloc_retries_at_{at}"] = by_batch.get(batch, {}).get("alloc_retries")
+    # a batch that fits only because the caching allocator freed and retried runs slower
+    v["allocator"] = thrash_note(v["max_batch"], v["alloc_retries_at_max"], v["fastest_batch"], v["alloc_retries_at_fastest"])
+    fast = by_batch.get(v["fastest_batch"], {})
+    v["tflops_at_fastest"] = fast.get("tflops_per_gpu")
+    v["search_wall_s"] = sum(r.get("trial_wall_s") or 0 for r in rows if r.get("search_id") == v["search_id"])
+    # what the search cost against measuring the answer once
+    v["cost_vs_one_trial"] = v["search_wall_s"] / fast["trial_wall_s"] if fast.get("trial_wall_s") else None

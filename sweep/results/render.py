@@ -314,3 +314,63 @@ def generic_cols(schema) -> list[Col]:
     return [Col(f.name, f.name, lambda r, n=f.name: value_text(r.get(n)),
                 pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type))
             for f in schema]
+
+
+# --- tables `sweep plan` and `sweep max-batch` print before and after a run -----------------------------
+
+def param_count(n: int) -> str:
+    """8.03B, 124M, 198K: a parameter count at a glance."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def plan_table(rows: list[dict], title: str, reasons: dict[str, int]) -> None:
+    """`sweep plan`'s trials (cells may hold Rich markup), then the values every trial shares, then what each
+    numbered reason a trial cannot run here says."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    # Columns with one value in every trial are said once under the table, as `sweep results show`
+    # does: the table keeps what varies and stays readable in an 80-column terminal.
+    constant = [c for c in rows[0] if c not in ("trial_id", "runs") and len({r[c] for r in rows}) == 1]
+    table = Table(title=title)
+    for col in (c for c in rows[0] if c not in constant):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*(v for c, v in row.items() if c not in constant))
+    console = Console()
+    console.print(table)
+    shared = " · ".join(f"{c} {rows[0][c]}".replace("\n", " ") for c in constant if rows[0][c] != "-")
+    if shared:
+        console.print(f"every trial: {escape(shared)}", soft_wrap=True)
+    for reason, n in reasons.items():
+        console.print(f"[yellow]({n}) unsupported:[/yellow] {escape(reason)}")
+
+
+def verdict_table(verdicts: list[dict]) -> None:
+    """The max-batch verdicts `sweep max-batch` prints after its search (on stdout, every cell whole)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def opt(value, text: Callable[[object], str] = str) -> str:
+        return "–" if value is None else text(value)
+
+    table = Table(title="max-batch verdicts", title_justify="left")
+    thrash = any(v["allocator"] for v in verdicts)
+    for col in ["model", "precision", "compile", "seq", "gpus", "max batch", "first OOM", "fastest batch",
+                "TFLOP/s/GPU @fastest", "alloc retries @max", "alloc retries @fastest", "probes", "search s",
+                "cost (x one trial)"] + (["allocator"] if thrash else []):
+        table.add_column(col)
+    for v in verdicts:
+        precision = v["precision"] + (f" ({v['options']})" if v["options"] else "")  # e.g. grad_accum=8
+        table.add_row(v["model"], precision, v["compile"], str(v["seq_len"]), str(v["gpus"]), str(v["max_batch"]),
+                      str(v["first_failing_batch"]), str(v["fastest_batch"]),
+                      opt(v["tflops_at_fastest"], lambda x: f"{x:.4g}"),
+                      opt(v["alloc_retries_at_max"]), opt(v["alloc_retries_at_fastest"]), str(v["probes"]),
+                      f"{v['search_wall_s']:.1f}" + (f" [red]aborted: {v['aborted']}[/red]" if v["aborted"] else ""),
+                      opt(v["cost_vs_one_trial"], lambda x: f"{x:.1f}x"),
+                      *([f"[yellow]{v['allocator']}[/yellow]"] if thrash else []))
+    Console(width=None if sys.stdout.isatty() else 400).print(table)  # a pipe or log gets every cell whole
