@@ -170,7 +170,7 @@ MISTAKES = {
     "quoted number": ('models: [gpt-tiny]\nbatch_sizes: ["4"]\n',
                       "batch_sizes.0: Input should be a valid integer (got '4')"),
     "quoted number in steps": ('models: [gpt-tiny]\nbatch_sizes: [1]\nsteps: {measure: "5"}\n',
-                               "steps.measure: Input should be a valid integer (got '5')"),
+                               "steps.measure: expected a whole number >= 1, or auto (got '5')"),
     "yes for a boolean": ('models: [gpt-tiny]\nbatch_sizes: [1]\nfp8_lm_head: "yes"\n',
                           "fp8_lm_head.0: Input should be a valid boolean (got 'yes')"),
     "off for none": ("models: [gpt-tiny]\nbatch_sizes: [1]\nac: off\n",
