@@ -7,6 +7,7 @@ imports torch or Ray, so every decision is unit-tested on its own (tests/test_po
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field, replace
 
 from sweep.grid import OomPolicy, Trial
@@ -73,13 +74,31 @@ class GridPlan:
         return [] if batch is None else [trial.child(batch_size=batch, retry=0)]
 
 
+# The memory model picks at most this many probes: batch 1 after a failed start, a jump from one fitting
+# batch, the predicted limit L, L + step, and room for a correction each way.
+GUIDED_PROBES = 6
+GUIDED_MISSES = 2  # wrong this often (an OOM where it said fit, or the reverse), the model is set aside
+
+
 @dataclass
 class MaxBatchSearch:
     """Find the largest batch that fits (B ok, B+1 oom, or B+step with a coarser `step`) for one config.
 
-    Exponential growth from `start` until the first OOM brackets the limit, then bisection. Peak memory of
-    the successful probes is close to linear in batch; with two of them and a known `capacity_bytes` the
-    search predicts the limit and probes next to it first, which often ends the search in two probes.
+    An OOM probe costs most (its rank processes are retired and the next probe starts fresh ones; a
+    fitting probe leaves them warm), so with a known `capacity_bytes` the probes are ordered to fit:
+      1. `start`; if that fails, batch 1 (if 1 fails, nothing fits). Halving could fail several times.
+      2. From one fitting batch B with peak m: B·capacity/m, the largest batch that cannot pass the
+         capacity whatever part of m is fixed (for peak = a + b·batch with a, b >= 0, peak/batch does not
+         grow with batch).
+      3. From two fitting batches, the line peak ≈ a + b·batch through the two largest predicts the limit
+         L: probe L, then L + step. On a linear curve L fits and L + step does not, and that is the
+         verdict. If L itself fails (the usable memory is a little under the capacity), L - step next.
+    On a linear curve (a, b >= 0) under the stated capacity a search takes at most 5 probes, of which at
+    most 2 OOM: `start` if it is too large, and L + step. Off such a curve the model is set aside after
+    GUIDED_MISSES wrong calls or GUIDED_PROBES probes; from then on (and with no capacity, e.g. an
+    uncapped CPU) the batch grows by twice its last gain (doubling from one fit) until the first OOM, and
+    the bracket is bisected, jumping no further than that growth would. At most GUIDED_PROBES + 2 +
+    2·ceil(log2(max(start, limit) + 2)) probes in all (tests/test_policy.py checks both bounds).
     """
 
     start: int = 1
@@ -90,6 +109,8 @@ class MaxBatchSearch:
     failed: dict[int, str] = field(default_factory=dict)  # batch -> status
     probes: list[int] = field(default_factory=list)
     aborted: str | None = None
+    guided: int = 0  # probes the memory model picked
+    misses: int = 0  # of those, how many went the other way than it said
 
     @property
     def largest_ok(self) -> int | None:
@@ -101,6 +122,10 @@ class MaxBatchSearch:
 
     def record(self, batch: int, status: str, *, peak_mem_bytes: float | None = None,
                tokens_per_s: float | None = None) -> None:
+        choice = self._choice() if self.probes else None
+        if choice is not None and choice[0] == batch and choice[1]:
+            self.guided += 1
+            self.misses += choice[2] is not None and (status == "ok") != choice[2]
         self.probes.append(batch)
         if status == "ok":
             self.ok[batch] = {"peak_mem_bytes": peak_mem_bytes, "tokens_per_s": tokens_per_s}
@@ -109,43 +134,65 @@ class MaxBatchSearch:
         else:  # error / timeout / unsupported: the limit is not memory; stop and say why
             self.aborted = status
 
+    def next_probe(self) -> int | None:
+        choice = self._choice()
+        return None if choice is None else choice[0]
+
+    def _choice(self) -> tuple[int, bool, bool | None] | None:
+        """The next batch; whether the memory model picked it; whether it said the batch fits (None: no
+        claim). None when the search is over."""
+        if self.aborted:
+            return None
+        lo, hi = self.largest_ok, self.smallest_failed
+        if lo is None and hi is None:
+            return self.start, False, None
+        if lo is None:  # even the first probe failed: go down
+            return None if hi <= 1 else self._guided(lo, hi) or (hi // 2, False, None)
+        if (hi is not None and hi - lo <= self.step) or (hi is None and lo >= self.max_batch):
+            return None
+        guided = self._guided(lo, hi)
+        if guided is not None:
+            return guided
+        # Gallop: twice the last gain (from one fit: double it), so growth after the model's small steps
+        # starts small. Bisect a bracket, but never jump further than that: a wide bracket (left by a
+        # failed `start` or a wrong model) is crossed with probes that are likely to fit.
+        fits = sorted(self.ok)
+        jump = 2 * (lo - fits[-2]) if len(fits) > 1 else lo
+        if hi is None:
+            return min(lo + jump, self.max_batch), False, None
+        return lo + max(self.step, min(jump, (hi - lo) // 2) // self.step * self.step), False, None
+
+    def _guided(self, lo: int | None, hi: int | None) -> tuple[int, bool, bool | None] | None:
+        """The probe the memory model picks inside (lo, hi), as _choice; None when it has nothing to go on
+        (no capacity, no peak) or has had its turn."""
+        if self.capacity_bytes is None or self.guided >= GUIDED_PROBES or self.misses >= GUIDED_MISSES:
+            return None
+        if lo is None:
+            return 1, True, True
+        top = self.max_batch if hi is None else hi - self.step
+        limit = self._predicted_limit()
+        if limit is not None:  # the predicted limit; if that is lo, the next batch up (it should OOM)
+            batch = min(max(limit, lo + self.step), top)
+            return batch, True, batch <= limit
+        peak = self.ok[lo].get("peak_mem_bytes")
+        if not peak:
+            return None
+        # a bound, not an estimate: a batch past it may fit as well
+        safe = math.floor(lo * self.capacity_bytes / peak)
+        batch = min(max(safe, lo + self.step), top)
+        return batch, True, True if batch <= safe else None
+
     def _predicted_limit(self) -> int | None:
+        """The largest batch under the capacity on the line through the two largest fitting batches."""
         points = [(b, v["peak_mem_bytes"]) for b, v in sorted(self.ok.items()) if v.get("peak_mem_bytes")]
-        if self.capacity_bytes is None or len(points) < 2:
+        if len(points) < 2:
             return None
         (b0, m0), (b1, m1) = points[-2], points[-1]
         slope = (m1 - m0) / (b1 - b0)
         if slope <= 0:
             return None
-        return int(b1 + (self.capacity_bytes - m1) / slope)
-
-    def next_probe(self) -> int | None:
-        if self.aborted:
-            return None
-        lo, hi = self.largest_ok, self.smallest_failed
-        if lo is None and hi is None:
-            return self.start
-        if lo is None:  # even the first probe failed: go down
-            candidate = hi // 2
-            return candidate if candidate >= 1 and candidate not in self.failed else None
-        if hi is None:  # still growing
-            if lo >= self.max_batch:
-                return None
-            guess = self._predicted_limit()
-            grow = lo * 2
-            if guess is not None and guess > lo:
-                # probe just past the predicted limit: an OOM there brackets it tightly, an ok moves on
-                return min(max(guess + self.step, lo + self.step), self.max_batch)
-            return min(grow, self.max_batch)
-        if hi - lo <= self.step:
-            return None
-        guess = self._predicted_limit()
-        if guess is not None and lo < guess < hi:
-            # the limit is most likely guess: probe it, and guess+step next, unless already known
-            for candidate in (guess, guess + self.step):
-                if lo < candidate < hi:
-                    return candidate
-        return lo + max(self.step, ((hi - lo) // 2) // self.step * self.step)
+        # a peak exactly at the capacity fits; rounding must not turn that limit L into L - 1
+        return math.floor(b1 + (self.capacity_bytes - m1) / slope + 1e-9)
 
     def fastest(self) -> int | None:
         rated = {b: v["tokens_per_s"] for b, v in self.ok.items() if v.get("tokens_per_s")}
