@@ -18,6 +18,7 @@
     search: max_batch                 # optional: find the largest / fastest batch per precision
     timeout_s: 1800                   # per trial
     memory_cap: 80GiB                 # optional per-rank cap (a real allocation failure past it)
+    reuse_actors: true                # false: fresh rank processes for every trial (as --fresh-actors)
 
 The cartesian product of the list axes gives the trials; each has a stable `trial_id`.
 """
@@ -123,6 +124,8 @@ class GridSpec(_TrainingAxes):
     search: Literal["max_batch"] | None = None
     timeout_s: float | None = Field(default=None, gt=0)
     memory_cap: int | None = None  # bytes, from a size with a unit
+    reuse_actors: bool = Field(default=True, description="run trials of one kind one after the other on warm rank "
+                                                         "processes (sweep.scheduler); false: fresh ones for each")
 
     _as_list = field_validator("models", "precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac",
                                *OPTION_DEFAULTS, mode="before")(_listify)

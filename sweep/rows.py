@@ -95,7 +95,8 @@ def outcome_row(outcome, **base) -> dict:
     trial = outcome.trial
     row = base_row(trial, **base)
     row.update(status=outcome.status, error=outcome.error, traceback=outcome.traceback, started_at=outcome.started_at,
-               finished_at=outcome.finished_at, trial_wall_s=outcome.wall_s)
+               finished_at=outcome.finished_at, trial_wall_s=outcome.wall_s, actor_reused=outcome.actor_reused,
+               group_trial_index=outcome.group_trial_index)
     if outcome.nodes:
         row.update(node_ids=[n.get("node_id") for n in outcome.nodes], hosts=[n.get("hostname") for n in outcome.nodes],
                    hostname=outcome.nodes[0].get("hostname"),

@@ -87,7 +87,11 @@ class _Progress:
 
 
 def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name: str | None = None,
-            resume: bool = False, max_concurrent: int | None = None, progress: bool = True) -> RunReport:
+            resume: bool = False, max_concurrent: int | None = None, progress: bool = True,
+            reuse_actors: bool = True) -> RunReport:
+    """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
+    `reuse_actors` (the default) rank processes run one trial after another (`sweep.scheduler`); without
+    it (`--fresh-actors`) every trial starts processes of its own."""
     from sweep.ray_init import connect, disconnect, sigint_held
     from sweep.scheduler import Scheduler
 
@@ -115,7 +119,7 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
     def start() -> None:
         nonlocal started_ray, scheduler
         started_ray = connect(profile)
-        scheduler = Scheduler(profile, max_concurrent=max_concurrent)
+        scheduler = Scheduler(profile, max_concurrent=max_concurrent, reuse=reuse_actors)
 
     # Ctrl-C is recorded and acted on at the top of each round (within one poll, ~0.5 s), not raised
     # wherever it lands (see sigint_held); the teardown below runs with it still held.

@@ -1,19 +1,26 @@
-"""Ray scheduling: one placement group per trial attempt, one actor per rank, many trials at once.
+"""Ray scheduling: warm groups of rank actors, one trial at a time on each, many groups at once.
 
 The scheduler knows nothing of grids or policies: `submit(trial)` queues an attempt, `poll()` returns
-the attempts that finished as `Outcome`s. Each attempt moves through
+the attempts that finished as `Outcome`s. A group is one placement group and one actor per rank; it runs
+trials of one kind (`group_key`: ranks, memory cap, precision stack) one after the other without
+restarting its processes: imports, the CUDA context and the process group stay, and each trial builds its
+own model, optimizer, compiled graphs and precision state (`trainer.train`). A group moves through
 
     placing (placement group requested) → starting (rank actors up, rank 0 picks MASTER_ADDR/PORT)
-    → running (every rank trains) → done (actors killed, placement group removed)
+    → idle ⇄ running (every rank trains one trial) → retired (actors killed, placement group removed)
 
-Teardown runs on every path: success, a failed rank (the others are killed at once instead of waiting
-in a collective), a timeout, a dead actor, or Ctrl-C in the driver (`shutdown()`).
+A group is retired, never to measure on a process a trial may have polluted, after a trial that did not
+end `ok` (an OOM, an error, a timeout, a dead rank: the others are killed at once instead of waiting in a
+collective) and after an ok trial whose ranks hold more tensor memory than before the group's first trial
+(`returned_to_baseline`); with `reuse=False` (`--fresh-actors`) after every trial. An idle group is retired
+as soon as no queued trial can use it, or when the placement of the oldest waiting trial waits for the
+resources it holds. `shutdown()` (Ctrl-C in the driver) retires every group.
 A rank process that dies (SIGKILL, segfault, node lost) is an infrastructure failure: its error text
 starts with INFRA_PREFIX, which is how a resumed run knows, from the row alone, to retry it. When one
 rank dies its peers fail too ("Connection reset by peer" inside a collective), often in the same instant;
 the dead rank is the cause, so a rank's `error` waits up to DEATH_GRACE_S for a peer's death to show.
-Placement groups are requested in submission order and a new one is requested only when every earlier
-one is placed, so a big trial waiting for GPUs is not overtaken forever by small ones. One that no set of
+Trials start in submission order and one placement group is requested at a time, only for the oldest
+waiting trial, so a big trial waiting for GPUs is not overtaken forever by small ones. One that no set of
 live nodes can ever hold (a node lost) is given up as a `timeout` after INFEASIBLE_LIMIT_S (or the trial's
 timeout, if shorter).
 """
@@ -21,20 +28,20 @@ timeout, if shorter).
 from __future__ import annotations
 
 import math
-import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from sweep.grid import Trial
-from trainer.job import RankJob, TrialConfig
+from sweep.placement import bundle, bundle_index, placement, rank_env, rank_jobs
+from trainer.recipes import RECIPES
 
 START_TIMEOUT_S = 300.0  # rank processes must come up within this (imports torch, maybe CUDA init)
 INFEASIBLE_LIMIT_S = 120.0  # a placement no live node set can hold is given up after this (or the trial timeout)
 DEATH_GRACE_S = 3.0  # Ray reports a dead process within ~0.1 s of its peers' socket errors; 3 s is ample
 INFRA_PREFIX = "infrastructure: "  # starts the error of every attempt lost to a dead or unstartable process
-# The loopback interface ('lo' on Linux, 'lo0' on macOS): gloo and NCCL sockets of an embedded trial.
-_LOOPBACK = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
+# Placement states (Ray's placement group stats) that mean: not placed now, whatever an idle group does.
+_WAITING = ("NO_RESOURCES", "INFEASIBLE")
 
 
 @dataclass
@@ -49,29 +56,63 @@ class Outcome:
     wall_s: float | None = None
     infrastructure: bool = False  # a rank process died or never started: worth one retry
     traceback: str | None = None  # the failing rank's Python traceback
+    group_trial_index: int = 0  # trials its group ran before this one (0: a fresh group's processes)
+
+    @property
+    def actor_reused(self) -> bool:
+        return self.group_trial_index > 0
 
 
-@dataclass
-class _Attempt:
-    trial: Trial
+def group_key(trial: Trial) -> tuple:
+    """The trials one group can run one after the other: the same ranks (the process group and its placement
+    stay), the same memory cap (set per trial, but a CPU cap is measured from the process's size, which an
+    earlier trial grew), the same precision stack (torchao's float8 patches inductor's code generation for
+    the whole process; Transformer Engine keeps process-wide state: a fresh process of the same stack has them
+    too)."""
+    return trial.gpus, trial.memory_cap_bytes, RECIPES[trial.precision].backend
+
+
+def returned_to_baseline(ranks: list[dict]) -> bool:
+    """Whether every rank, after its trial, holds no more tensor memory than before its group's first trial
+    (`trainer.worker.RankWorker`: CUDA allocated bytes, or the CPU's live tensor storages)."""
+    return all(r.get("held_bytes") is not None and r["held_bytes"] <= r["baseline_bytes"] for r in ranks)
+
+
+@dataclass(eq=False)
+class _Group:
+    key: tuple
     pg: object
     ready_ref: object
+    first: Trial | None  # the trial it was requested for, run as soon as it is up (None once launched)
     state: str = "placing"
     actors: list = field(default_factory=list)
     info_refs: list = field(default_factory=list)
-    run_refs: list = field(default_factory=list)
-    results: dict = field(default_factory=dict)  # rank -> result
     nodes: list = field(default_factory=list)
-    deadline: float = math.inf
+    trials: int = 0  # trials launched on it: the next one's group_trial_index
+    deadline: float = math.inf  # starting: the rank processes must be up by then
     placed_at: float | None = None
     started_at: datetime | None = None
     ready: set = field(default_factory=set)  # refs already seen ready (not waited on again)
-    failure_final_at: float = math.inf  # a reported error decides then, unless a rank is found dead first
     infeasible_since: float | None = None  # when Ray first said no node set can hold the placement group
 
 
+@dataclass(eq=False)
+class _Attempt:
+    trial: Trial
+    group: _Group
+    index: int  # the group's trials before this one
+    run_refs: list
+    since: float  # monotonic: placement (a fresh group's first trial) or launch, for wall_s
+    started_at: datetime
+    deadline: float
+    results: dict = field(default_factory=dict)  # rank -> result
+    ready: set = field(default_factory=set)
+    failure_final_at: float = math.inf  # a reported error decides then, unless a rank is found dead first
+
+
 class Scheduler:
-    def __init__(self, profile, *, max_concurrent: int | None = None, pg_timeout_s: float = 120.0):
+    def __init__(self, profile, *, max_concurrent: int | None = None, pg_timeout_s: float = 120.0,
+                 reuse: bool = True):
         import ray
         from ray.exceptions import ObjectLostError, RayActorError
 
@@ -80,25 +121,27 @@ class Scheduler:
         self.profile = profile
         self.max_concurrent = max_concurrent or 10**9
         self.pg_timeout_s = pg_timeout_s
+        self.reuse = reuse
         self.queue: list[Trial] = []
-        self.active: list[_Attempt] = []
+        self.groups: list[_Group] = []
+        self.attempts: list[_Attempt] = []
         self._remote_worker = None
 
     # -- public --------------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return bool(self.queue or self.active)
+        """Trials queued, being placed or running (idle groups alone are not work)."""
+        return bool(self.queue or self.attempts or any(g.first for g in self.groups))
 
     def running(self) -> list[Trial]:
-        return [a.trial for a in self.active if a.state != "placing"]
+        return [a.trial for a in self.attempts] + [g.first for g in self.groups if g.state == "starting"]
 
     def submit(self, trial: Trial) -> None:
         self.queue.append(trial)
 
     def poll(self, timeout: float = 1.0) -> list[Outcome]:
-        """Advance every attempt; return those that finished. Blocks at most ~`timeout` seconds."""
-        self._place_more()
-        done: list[Outcome] = []
+        """Advance every group and attempt; return the attempts that finished. Blocks at most ~`timeout` s."""
+        self._dispatch()
         refs = self._waitable()
         if refs:
             self.ray.wait(refs, num_returns=1, timeout=timeout)  # sleep until something happens
@@ -107,92 +150,116 @@ class Scheduler:
             ready = []
             time.sleep(min(timeout, 0.05))
         ready = set(ready)
-        for attempt in list(self.active):
-            outcome = self._advance(attempt, ready)
-            if outcome is not None:
-                done.append(outcome)
+        done = [o for g in list(self.groups) if g.first and (o := self._advance_group(g, ready))]
+        done += [o for a in list(self.attempts) if (o := self._advance(a, ready))]
         return done
 
     def shutdown(self) -> None:
-        """Tear down everything still active (Ctrl-C): no orphaned actors or placement groups."""
-        for attempt in list(self.active):
-            self._teardown(attempt)
-        self.active.clear()
+        """Retire every group, idle ones too (Ctrl-C): no orphaned actors or placement groups."""
+        for group in list(self.groups):
+            self._retire(group)
+        self.attempts.clear()
         self.queue.clear()
 
-    # -- placement -----------------------------------------------------------------------------
-    def _bundle(self) -> dict:
-        cpus = self.profile.cpus_per_rank
-        return {"CPU": cpus, "GPU": 1} if self.profile.is_gpu else {"CPU": cpus}
+    # -- which trial runs where ----------------------------------------------------------------
+    def _dispatch(self) -> None:
+        """Start waiting trials in order: each on an idle group of its kind, else on a new group.
 
-    def _place_more(self) -> None:
+        One placement group is requested at a time, for the oldest waiting trial, and nothing behind that
+        trial starts before it is placed (no starvation of a big trial). Should an idle group of its kind
+        turn up meanwhile, it runs there and the request is withdrawn."""
+        placing = next((g for g in self.groups if g.state == "placing"), None)
+        if placing is not None and (idle := self._idle(placing.first)) is not None:
+            self._launch(idle, placing.first)
+            self._retire(placing)
+            placing = None
+        while self.queue and placing is None and self._in_flight() < self.max_concurrent:
+            idle = self._idle(self.queue[0])
+            if idle is not None:
+                self._launch(idle, self.queue.pop(0))
+            else:
+                placing = self._request(self.queue.pop(0))
+        self._retire_idle(placing)
+
+    def _idle(self, trial: Trial) -> _Group | None:
+        return next((g for g in self.groups if g.state == "idle" and g.key == group_key(trial)), None)
+
+    def _in_flight(self) -> int:
+        """Trials running or waiting for their new group: what max_concurrent bounds."""
+        return len(self.attempts) + sum(1 for g in self.groups if g.first)
+
+    def _retire_idle(self, placing: _Group | None) -> None:
+        """Give back what idle groups hold when no queued trial can use them, or when the placement requested
+        for the oldest waiting trial waits for resources (an idle group of its kind would have taken it)."""
+        idle = [g for g in self.groups if g.state == "idle"]
+        wanted = {group_key(t) for t in self.queue}
+        if idle and placing is not None and self._placement_state(placing) in _WAITING:
+            wanted = set()
+        for group in idle:
+            if group.key not in wanted:
+                self._retire(group)
+
+    # -- placement -----------------------------------------------------------------------------
+    def _placement_state(self, group: _Group) -> str | None:
+        """Ray's word on a requested placement group: NO_RESOURCES (busy), INFEASIBLE (never, as things are)..."""
+        from ray.util.placement_group import placement_group_table
+
+        try:
+            return placement_group_table(group.pg).get("stats", {}).get("scheduling_state")
+        except Exception:  # no such detail from this Ray
+            return None
+
+    def _request(self, trial: Trial) -> _Group:
+        """A new group for `trial` (its first): the placement group is requested now."""
         from ray.util.placement_group import placement_group
 
-        while self.queue and len(self.active) < self.max_concurrent:
-            if any(a.state == "placing" for a in self.active):
-                return  # FIFO: wait until the earlier request is placed (no starvation of big trials)
-            trial = self.queue.pop(0)
-            bundles, strategy = self._placement(trial.gpus)
-            pg = placement_group(bundles, strategy=strategy, name=f"sweep-{trial.trial_id}")
-            self.active.append(_Attempt(trial=trial, pg=pg, ready_ref=pg.ready()))
-
-    def _placement(self, ranks: int) -> tuple[list[dict], str]:
-        """The placement group's bundles and strategy for a trial of `ranks` ranks.
-
-        One node if it fits (STRICT_PACK keeps NVLink/xGMI traffic on the node). Else on GPU nodes one
-        bundle per rank, PACKed onto as few nodes as possible (ceil(ranks / gpus_per_node)): a node's GPU
-        count bounds its ranks. A CPU node has no such count (PACK would put every rank on one big node),
-        so there each node's share of ranks is one bundle and the bundles go to distinct nodes
-        (STRICT_SPREAD): at most gpus_per_node ranks of the trial on a node, as on GPUs.
-        """
-        per_node = self.profile.ranks_per_node
-        if ranks <= per_node:
-            return [self._bundle() for _ in range(ranks)], "STRICT_PACK"
-        if self.profile.is_gpu:
-            return [self._bundle() for _ in range(ranks)], "PACK"
-        shares = [min(per_node, ranks - start) for start in range(0, ranks, per_node)]
-        return [{"CPU": self.profile.cpus_per_rank * n} for n in shares], "STRICT_SPREAD"
-
-    def _bundle_index(self, rank: int, ranks: int) -> int:
-        """The bundle a rank's actor goes into (see `_placement`)."""
-        spread = not self.profile.is_gpu and ranks > self.profile.ranks_per_node
-        return rank // self.profile.ranks_per_node if spread else rank
+        bundles, strategy = placement(self.profile, trial.gpus)
+        pg = placement_group(bundles, strategy=strategy, name=f"sweep-{trial.trial_id}")
+        group = _Group(key=group_key(trial), pg=pg, ready_ref=pg.ready(), first=trial)
+        self.groups.append(group)
+        return group
 
     def _waitable(self) -> list:
         refs = []
-        for a in self.active:
-            pending = {"placing": [a.ready_ref], "starting": a.info_refs, "running": a.run_refs}.get(a.state, [])
-            refs += [r for r in pending if r not in a.ready]  # a ready ref would end every wait at once
+        for g in self.groups:
+            pending = {"placing": [g.ready_ref], "starting": g.info_refs}.get(g.state, [])
+            refs += [r for r in pending if r not in g.ready]  # a ready ref would end every wait at once
+        for a in self.attempts:
+            refs += [r for r in a.run_refs if r not in a.ready]
         return refs
 
     # -- the state machine ---------------------------------------------------------------------
-    def _advance(self, a: _Attempt, ready: set) -> Outcome | None:
+    def _advance_group(self, g: _Group, ready: set) -> Outcome | None:
+        """A new group towards idle: placed, its actors started, then its first trial launched."""
         now = time.monotonic()
-        a.ready |= ready & set([a.ready_ref, *a.info_refs, *a.run_refs])
-        ready = a.ready
-        if a.state == "placing":
-            if a.ready_ref in ready:
-                a.placed_at, a.started_at = now, datetime.now(timezone.utc)
-                a.deadline = now + START_TIMEOUT_S
-                self._start_actors(a)
+        g.ready |= ready & {g.ready_ref, *g.info_refs}
+        if g.state == "placing":
+            if g.ready_ref in g.ready:
+                g.placed_at, g.started_at = now, datetime.now(timezone.utc)
+                g.deadline = now + START_TIMEOUT_S
+                self._start_actors(g)
                 return None
-            return self._unplaceable(a, now)
-        if a.state == "starting" and now > a.deadline:
-            return self._finish(a, "timeout", f"rank processes did not start within {START_TIMEOUT_S:.0f} s; "
-                                              "all ranks killed")
-        if a.state == "starting":
-            if all(r in ready for r in a.info_refs):
-                for rank, ref in enumerate(a.info_refs):
-                    try:
-                        a.nodes.append(self.ray.get(ref))
-                    except Exception as e:  # the process died, or its runtime env could not be set up
-                        return self._finish(a, "error", f"rank {rank} of {a.trial.gpus} failed to start: {_short(e)}",
+            return self._unplaceable(g, now)
+        if now > g.deadline:
+            return self._fail_start(g, "timeout", f"rank processes did not start within {START_TIMEOUT_S:.0f} s; "
+                                                  "all ranks killed")
+        if all(r in g.ready for r in g.info_refs):
+            for rank, ref in enumerate(g.info_refs):
+                try:
+                    g.nodes.append(self.ray.get(ref))
+                except Exception as e:  # the process died, or its runtime env could not be set up
+                    return self._fail_start(g, "error", f"rank {rank} of {g.key[0]} failed to start: {_short(e)}",
                                             infrastructure=True)
-                self._launch(a)
-            return None
+            self._launch(g, g.first)
+        return None
+
+    def _advance(self, a: _Attempt, ready: set) -> Outcome | None:
+        """A running trial: its ranks' results, a dead rank, a failure or the timeout."""
+        now = time.monotonic()
+        a.ready |= ready & set(a.run_refs)
         dead = {}
         for rank, ref in enumerate(a.run_refs):
-            if ref in ready and rank not in a.results:
+            if ref in a.ready and rank not in a.results:
                 try:
                     a.results[rank] = self.ray.get(ref)
                 except self._lost_errors as e:  # the process died (SIGKILL, segfault, OOM killer, node lost)
@@ -200,7 +267,7 @@ class Scheduler:
                 except Exception as e:  # a result that could not be read back: a failure of this rank
                     a.results[rank] = {"status": "error", "error": _short(e)}
         if dead:  # the cause, whatever its peers reported meanwhile
-            return self._finish(a, "error", _deaths(dead, a.nodes, a.trial.gpus), infrastructure=True)
+            return self._finish(a, "error", _deaths(dead, a.group.nodes, a.trial.gpus), infrastructure=True)
         failures = [(r, res) for r, res in a.results.items() if res["status"] != "ok"]  # in order of arrival
         if failures and a.failure_final_at == math.inf:
             a.failure_final_at = now + DEATH_GRACE_S
@@ -218,107 +285,95 @@ class Scheduler:
             return self._finish(a, "timeout", f"trial ran past the {limit:.0f} s limit; all ranks killed")
         return None
 
-    def _unplaceable(self, a: _Attempt, now: float) -> Outcome | None:
+    def _unplaceable(self, g: _Group, now: float) -> Outcome | None:
         """Time out a placement group that no node set of the cluster can hold (a node lost, or a profile that
         promises more than the cluster has): it would wait forever, and hold up every trial behind it."""
-        from ray.util.placement_group import placement_group_table
+        if self._placement_state(g) != "INFEASIBLE":  # placed soon, or waiting for resources a trial will free
+            g.infeasible_since = None
+            return None
+        g.infeasible_since = g.infeasible_since or now
+        # Short: one placement at a time means every trial behind this one waits too (an autoscaler adding
+        # nodes has this long to make it feasible).
+        limit = min(INFEASIBLE_LIMIT_S, g.first.timeout_s)
+        if now - g.infeasible_since < limit:
+            return None
+        _, strategy = placement(self.profile, g.key[0])
+        return self._fail_start(g, "timeout", f"could not be placed for {limit:.0f} s: the cluster's live nodes "
+                                              f"cannot hold {g.key[0]} x {bundle(self.profile)} ({strategy})")
 
-        try:
-            table = placement_group_table(a.pg)
-            infeasible = table.get("stats", {}).get("scheduling_state") == "INFEASIBLE"
-        except Exception:  # no such detail from this Ray: wait as before
-            return None
-        if not infeasible:  # placed soon, or waiting for busy resources that a running trial will free
-            a.infeasible_since = None
-            return None
-        a.infeasible_since = a.infeasible_since or now
-        # Short: FIFO placement means every trial behind this one waits too (an autoscaler adding nodes
-        # has this long to make it feasible).
-        limit = min(INFEASIBLE_LIMIT_S, a.trial.timeout_s)
-        if now - a.infeasible_since < limit:
-            return None
-        return self._finish(a, "timeout", f"could not be placed for {limit:.0f} s: the cluster's live nodes cannot "
-                                          f"hold {a.trial.gpus} x {self._bundle()} ({table.get('strategy')})")
-
-    def _start_actors(self, a: _Attempt) -> None:
+    def _start_actors(self, g: _Group) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from trainer.worker import RankWorker
 
         if self._remote_worker is None:
             self._remote_worker = self.ray.remote(RankWorker)
-        env = {str(k): str(v) for k, v in (self.profile.env or {}).items()}
-        if not self.profile.is_gpu:  # CPU ranks: one intra-op thread pool per rank, sized to its CPUs
-            env.setdefault("OMP_NUM_THREADS", str(self.profile.cpus_per_rank))
-        if self.profile.is_embedded and _LOOPBACK:  # one machine: rank-to-rank sockets stay on loopback
-            env.setdefault("GLOO_SOCKET_IFNAME", _LOOPBACK)
-            env.setdefault("NCCL_SOCKET_IFNAME", _LOOPBACK)
-        # One inductor cache per node, kept across trials and runs: a graph compiled once loads from disk
-        # after (FX graph + AOTAutograd caches; their env switches force them on whatever torch's default).
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", self.profile.compile_cache_env)
-        env.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
-        env.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
-        for i in range(a.trial.gpus):
+        ranks, env = g.key[0], rank_env(self.profile)
+        for i in range(ranks):
+            where = PlacementGroupSchedulingStrategy(placement_group=g.pg,
+                                                     placement_group_bundle_index=bundle_index(self.profile, i, ranks))
             actor = self._remote_worker.options(
                 num_cpus=self.profile.cpus_per_rank, num_gpus=1 if self.profile.is_gpu else 0, max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=a.pg,
-                                                                     placement_group_bundle_index=self._bundle_index(i, a.trial.gpus)),
-                runtime_env={"env_vars": env} if env else None,
-            ).remote()
-            a.actors.append(actor)
-        a.info_refs = [actor.node_info.remote() for actor in a.actors]
-        a.state = "starting"
+                scheduling_strategy=where, runtime_env={"env_vars": env},
+            ).remote(keep_group=self.reuse)
+            g.actors.append(actor)
+        g.info_refs = [actor.node_info.remote() for actor in g.actors]
+        g.state = "starting"
 
-    def _launch(self, a: _Attempt) -> None:
-        jobs = rank_jobs(a.trial, a.nodes, device_type="cuda" if self.profile.is_gpu else "cpu",
+    def _launch(self, g: _Group, trial: Trial) -> None:
+        """`trial` on every rank of `g`, now."""
+        jobs = rank_jobs(trial, g.nodes, device_type="cuda" if self.profile.is_gpu else "cpu",
                          pg_timeout_s=self.pg_timeout_s)
-        a.run_refs = [actor.run.remote(job) for actor, job in zip(a.actors, jobs)]
-        a.state = "running"
-        a.deadline = time.monotonic() + a.trial.timeout_s
+        now = time.monotonic()
+        fresh = g.trials == 0  # the first trial's time counts from placement: it waited for the processes
+        refs = [actor.run.remote(job) for actor, job in zip(g.actors, jobs)]
+        self.attempts.append(_Attempt(
+            trial=trial, group=g, index=g.trials, run_refs=refs, since=g.placed_at if fresh else now,
+            started_at=g.started_at if fresh else datetime.now(timezone.utc), deadline=now + trial.timeout_s))
+        g.trials += 1
+        g.first = None
+        g.state = "running"
 
     def _finish(self, a: _Attempt, status: str, error: str | None, infrastructure: bool = False,
                 traceback: str | None = None) -> Outcome:
         if infrastructure:
             error = INFRA_PREFIX + error
-        self._teardown(a)
-        self.active.remove(a)
-        wall = time.monotonic() - a.placed_at if a.placed_at else None
+        self.attempts.remove(a)
         ranks = [a.results[r] for r in sorted(a.results)] if status == "ok" else list(a.results.values())
-        return Outcome(trial=a.trial, status=status, error=error, ranks=ranks, nodes=a.nodes,
-                       started_at=a.started_at, finished_at=datetime.now(timezone.utc), wall_s=wall,
-                       infrastructure=infrastructure, traceback=traceback)
+        if self.reuse and status == "ok" and returned_to_baseline(ranks):
+            a.group.state = "idle"
+        else:
+            self._retire(a.group)
+        return Outcome(trial=a.trial, status=status, error=error, ranks=ranks, nodes=a.group.nodes,
+                       started_at=a.started_at, finished_at=datetime.now(timezone.utc),
+                       wall_s=time.monotonic() - a.since, infrastructure=infrastructure, traceback=traceback,
+                       group_trial_index=a.index)
 
-    def _teardown(self, a: _Attempt) -> None:
+    def _fail_start(self, g: _Group, status: str, error: str, infrastructure: bool = False) -> Outcome:
+        """The group never came up: its first trial's outcome, and the group retired."""
+        trial = g.first
+        self._retire(g)
+        wall = time.monotonic() - g.placed_at if g.placed_at else None
+        return Outcome(trial=trial, status=status, error=INFRA_PREFIX + error if infrastructure else error,
+                       nodes=g.nodes, started_at=g.started_at, finished_at=datetime.now(timezone.utc), wall_s=wall,
+                       infrastructure=infrastructure)
+
+    def _retire(self, g: _Group) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for actor in a.actors:
+        for actor in g.actors:
             try:
                 self.ray.kill(actor, no_restart=True)
             except Exception:
                 pass
         try:
-            remove_placement_group(a.pg)
+            remove_placement_group(g.pg)
         except Exception:
             pass
-        a.state = "done"
-
-
-def rank_jobs(trial: Trial, nodes: list[dict], *, device_type: str, pg_timeout_s: float = 120.0) -> list[RankJob]:
-    """What each rank of `trial` is sent, given where its ranks run (`nodes`: node_info per rank, rank 0's
-    address and held port becoming the rendezvous). Pure: no Ray."""
-    config = TrialConfig(model_spec_json=trial.model.to_json(), precision=trial.precision, compile=trial.compile,
-                         ac=trial.ac, batch_size=trial.batch_size, seq_len=trial.seq_len,
-                         warmup_steps=trial.warmup_steps, measure_steps=trial.measure_steps,
-                         options=trial.options(), memory_cap_bytes=trial.memory_cap_bytes)
-    seen: dict[str, int] = {}
-    jobs = []
-    for rank, info in enumerate(nodes):  # local rank = index among the ranks on the same node
-        key = info["node_id"] or info["ip"]
-        jobs.append(RankJob(trial=config, rank=rank, world_size=trial.gpus, local_rank=seen.get(key, 0),
-                            master_addr=nodes[0]["ip"], master_port=nodes[0]["port"], device_type=device_type,
-                            pg_timeout_s=pg_timeout_s))
-        seen[key] = seen.get(key, 0) + 1
-    return jobs
+        g.state = "retired"
+        g.first = None
+        if g in self.groups:
+            self.groups.remove(g)
 
 
 def is_infrastructure_error(error: str | None) -> bool:

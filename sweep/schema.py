@@ -12,8 +12,9 @@ import pyarrow as pa
 
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.5"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
-#                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct
+SCHEMA_VERSION = "1.6"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+#                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
+#                          1.6: + actor_reused, group_trial_index
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -96,10 +97,14 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("alloc_retries", pa.int64(), "CUDA allocator retries (cudaMalloc after freeing cache), max over ranks"),
     ("loss_first", pa.float64(), "loss at the first step (rank 0)"),
     ("loss_last", pa.float64(), "loss at the last step (rank 0)"),
-    ("init_time_s", pa.float64(), "actor start to model built, sharded and ready"),
+    ("init_time_s", pa.float64(), "actor start (on a warm group: the trial's start) to model built, sharded and ready"),
     ("compile_time_s", pa.float64(), "first step's time beyond a steady step (compilation, autotuning)"),
     ("steps_time_s", pa.float64(), "sum of measured step times"),
-    ("trial_wall_s", pa.float64(), "placement group request to teardown, seen by the driver"),
+    ("trial_wall_s", pa.float64(), "seen by the driver: placement of its group to the trial's end, or for a trial on "
+                                   "a warm group (actor_reused) its start to its end"),
+    ("actor_reused", pa.bool_(), "ran on rank processes that had run an earlier trial of this run (a warm group); "
+                                 "null for unsupported rows and before schema 1.6"),
+    ("group_trial_index", pa.int32(), "trials its group ran before it: 0 on fresh processes; null as actor_reused"),
     # software and hardware
     ("torch_version", pa.string(), ""),
     ("ray_version", pa.string(), ""),

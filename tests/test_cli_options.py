@@ -48,6 +48,7 @@ COVERAGE = {
     "search": "test_oom.py::test_max_batch_search_finds_the_limit_in_log_probes",
     "timeout_s": "test_timeout_s_kills_a_trial_past_it",
     "memory_cap": "test_grid_memory_cap_makes_ranks_really_fail",
+    "reuse_actors": "test_warm_groups.py::test_grid_reuse_actors_false_gives_every_trial_fresh_processes",
     # options of `sweep run`, `sweep plan`, `sweep max-batch` the README shows
     "--model": "test_grid_less_run_takes_every_axis_from_options",
     "--precision": "test_grid_less_run_takes_every_axis_from_options",
@@ -61,6 +62,7 @@ COVERAGE = {
     "--memory-cap": "test_on_oom_bisect_goes_midway_to_what_fits",
     "--max-concurrent": "test_on_oom_bisect_goes_midway_to_what_fits",
     "--resume": "test_faults.py::test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid",
+    "--fresh-actors": "test_warm_groups.py::test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes",
     # the rest of what the README promises about these commands
     "sweep plan": "test_readme_grid_block_plans_on_h200",
     "sweep max-batch": "test_max_batch_command_and_search_with_two_precisions",

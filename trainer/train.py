@@ -2,7 +2,7 @@
 
 `run_trial(config, rank)` is the whole of it, and knows nothing of Ray: the caller (`trainer.worker`, or a
 test) has set up the process group and the device. A process may run several trials one after the other;
-each starts from the same state (`_fresh_start`), so a trial measures the same whatever ran before it.
+each starts from the same state (`release`), so a trial measures the same whatever ran before it.
 Timing follows nanoGPT's bench.py: warm up, then time each step between device syncs.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -71,7 +72,7 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
     """Train `config` on this rank (every rank of the trial calls it together) and measure it.
     `started_at` (time.perf_counter) is where init_time_s starts: the call, unless given."""
     started_at = time.perf_counter() if started_at is None else started_at
-    _fresh_start(rank.device)
+    release(rank.device)
     spec = ModelSpec.model_validate_json(config.model_spec_json)
     plan = precision_plan(config.precision, device_type=rank.device.type, sharded=rank.world_size > 1,
                           fp8_lm_head=config.options.fp8_lm_head)
@@ -96,14 +97,47 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
                        params_local=_local_numel(model), memory=memory)
 
 
-def _fresh_start(device: torch.device) -> None:
+def release(device: torch.device) -> None:
     """Leave nothing of an earlier trial in this process: its compiled graphs (which would count towards
-    dynamo's recompile limit for the same block classes) and its cached device memory (which would count
-    in this trial's peak reserved memory)."""
+    dynamo's recompile limit for the same block classes), Transformer Engine's FP8 globals (recipe, amax
+    buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached device memory
+    given back (they would count in this trial's peak reserved memory). A process may run many trials
+    (`trainer.worker`): after this, what it holds is what it held before the first (`held_bytes`)."""
     torch.compiler.reset()
+    _reset_te()
     gc.collect()
     if device.type == "cuda":
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # allocated on a handle's first GEMM
+        if clear is not None:
+            clear()
         torch.cuda.empty_cache()
+
+
+def _reset_te() -> None:
+    """Transformer Engine's process-wide FP8 state, if an earlier trial imported it (its module moved in 2.x)."""
+    if "transformer_engine.pytorch" not in sys.modules:
+        return
+    for module in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8"):
+        manager = getattr(sys.modules.get(module), "FP8GlobalStateManager", None)
+        if manager is not None:
+            manager.reset()
+            return
+
+
+def held_bytes(device: torch.device) -> int:
+    """Bytes of tensor memory this process holds now. CUDA: the caching allocator's allocated bytes. CPU (torch
+    keeps no count there): the storages of every live tensor the garbage collector tracks, each once (fake and
+    meta tensors hold none; a tensor subclass's data is a plain tensor of its own)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    storages = {}
+    for obj in gc.get_objects():
+        if (type(obj) in (torch.Tensor, nn.Parameter) and obj.layout == torch.strided
+                and obj.device.type == device.type):
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    storages.pop(0, None)  # empty storages
+    return sum(storages.values())
 
 
 def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank: Rank) -> tuple[nn.Module, int]:

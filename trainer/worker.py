@@ -1,10 +1,10 @@
 """One rank of one trial: a plain class that the scheduler runs as a Ray actor (one process per rank).
 
 The Ray-facing shell around `trainer.train.run_trial`: it joins the trial's process group on its device,
-runs the trial, and reports. `run(job)` never raises: it returns a dict with `status` ('ok', 'oom' or
-'error') and what it measured, so the driver learns of a failed rank at once and can tear the whole
-group down (no rank waits for an NCCL timeout). torch is imported only inside: the driver imports this
-module to make the actor class.
+runs the trial, and reports; in a warm group it keeps device and process group for the group's next trial.
+`run(job)` never raises: it returns a dict with `status` ('ok', 'oom' or 'error') and what it measured, so
+the driver learns of a failed rank at once and can tear the whole group down (no rank waits for an NCCL
+timeout). torch is imported only inside: the driver imports this module to make the actor class.
 """
 
 from __future__ import annotations
@@ -78,9 +78,19 @@ def _listen(address: str, port: int) -> socket.socket:
 
 
 class RankWorker:
-    def __init__(self) -> None:
+    """One rank's process. With `keep_group` (the scheduler's warm groups) it runs trial after trial: the
+    device, the process group and the imports stay, and after each ok trial it gives back what the trial held
+    and reports the bytes it holds against those it held before its first trial (`trainer.train.held_bytes`),
+    so the driver can retire a process that did not return to its baseline. Without it, each run joins and
+    leaves its own process group (a test may run several RankWorkers one after the other in one process)."""
+
+    def __init__(self, keep_group: bool = False) -> None:
         self.created_at = time.perf_counter()
         self.listener: socket.socket | None = None  # rank 0's store socket, from node_info to the rendezvous
+        self.keep_group = keep_group
+        self.rank = None  # trainer.train.Rank: the device and process group, once joined (kept with keep_group)
+        self.trials = 0  # trials this process started
+        self.baseline_bytes: int | None = None  # tensor memory held before the first trial
 
     def node_info(self) -> dict:
         """Where this rank runs, and a port it holds listening on its address (rank 0's becomes MASTER_PORT)."""
@@ -97,17 +107,21 @@ class RankWorker:
         return {"ip": ip, "port": port, "hostname": socket.gethostname(), "node_id": node_id, "pid": os.getpid()}
 
     def run(self, job: RankJob) -> dict:
+        # A warm process's trial starts here: its init_time_s is the model build alone, not the process start.
+        started_at = self.created_at if self.trials == 0 else time.perf_counter()
+        self.trials += 1
         try:
-            result = {"status": "ok", **self._train(job)}
+            result = {"status": "ok", **self._train(job, started_at)}
         except BaseException as e:  # noqa: BLE001 - every failure becomes a row, with its class
             message = f"{type(e).__name__}: {e}".strip()
             # Report at once, without destroying a shared process group: peers may be inside a collective,
             # and tearing down a communicator they still use can block. The driver kills every rank now.
             if job.world_size == 1:
-                self._teardown()
+                self._leave()
             return {"status": classify_failure(type(e).__name__, message), "error": message[:2000],
                     "traceback": traceback.format_exc()[-4000:]}
-        self._teardown()
+        if not self.keep_group:
+            self._leave()
         return result
 
     def _take_listener(self, job: RankJob) -> socket.socket | None:
@@ -118,23 +132,43 @@ class RankWorker:
             listener = None
         return listener
 
-    def _teardown(self) -> None:
+    def _leave(self) -> None:
         import torch.distributed as dist
 
+        self.rank = None
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
         except Exception:  # the result is already measured; a failing teardown must not lose it
             pass
 
-    def _train(self, job: RankJob) -> dict:
-        from trainer.train import Rank, run_trial
+    def _joined(self, job: RankJob):
+        """This rank's device and process group: joined for the first trial, the same one after."""
+        from trainer.train import Rank
 
-        device = _device(job.device_type)
-        mesh = _join(job, device, self._take_listener(job))
-        measured = run_trial(_this_ranks_share(job), Rank(device=device, mesh=mesh, rank=job.rank),
-                             started_at=self.created_at)
-        return {**measured.report(), **_versions(), **_device_info(device)}
+        if self.rank is None:
+            device = _device(job.device_type)
+            self.rank = Rank(device=device, mesh=_join(job, device, self._take_listener(job)), rank=job.rank)
+        elif (job.rank, job.world_size, job.device_type) != (self.rank.rank, self.rank.world_size,
+                                                              self.rank.device.type):
+            raise RuntimeError(f"a warm rank {self.rank.rank} of {self.rank.world_size} ({self.rank.device.type}) "
+                               f"was sent rank {job.rank} of {job.world_size} ({job.device_type})")
+        return self.rank
+
+    def _train(self, job: RankJob, started_at: float) -> dict:
+        from trainer.train import held_bytes, release, run_trial
+
+        rank = self._joined(job)
+        if self.keep_group and self.baseline_bytes is None:
+            release(rank.device)
+            self.baseline_bytes = held_bytes(rank.device)
+        measured = run_trial(_this_ranks_share(job), rank, started_at=started_at)
+        result = {**measured.report(), **_versions(), **_device_info(rank.device)}
+        if self.keep_group:  # what the trial left behind, once its model, optimizer and graphs are gone
+            del measured
+            release(rank.device)
+            result.update(baseline_bytes=self.baseline_bytes, held_bytes=held_bytes(rank.device))
+        return result
 
 
 def _device(device_type: str):

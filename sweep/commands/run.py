@@ -31,6 +31,8 @@ OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Result dataset 
 CapOpt = Annotated[Optional[str], typer.Option("--memory-cap", help="Per-rank memory cap, e.g. 80GiB: "
                                                "allocations past it really fail (what fits on a smaller card?).")]
 ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
+FreshOpt = Annotated[bool, typer.Option("--fresh-actors", help="New rank processes for every trial, instead of warm "
+                                        "ones that run trials of one kind one after the other.")]
 
 
 def _axis(key: str):
@@ -103,7 +105,7 @@ def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes()
         output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
         resume: Annotated[bool, typer.Option(help="Skip attempts already recorded in --output.")] = False,
         max_concurrent: Annotated[Optional[int], typer.Option(min=1, help="At most this many trials at once.")] = None,
-        progress: ProgressOpt = True,
+        progress: ProgressOpt = True, fresh_actors: FreshOpt = False,
         yes: Annotated[bool, typer.Option("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False) -> None:
     """Run a grid of trials and write one Parquet row per attempt."""
     from sweep.advice import LARGE_GRID, needs_confirmation
@@ -123,7 +125,8 @@ def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes()
     else:
         plan = GridPlan(trials, spec.on_oom)
     report = execute(plan, profile=profile, output=output, run_id=run_id, grid_name=spec.name, resume=resume,
-                     max_concurrent=max_concurrent, progress=progress)
+                     max_concurrent=max_concurrent, progress=progress,
+                     reuse_actors=spec.reuse_actors and not fresh_actors)
     _finish(report, output, plan)
 
 
@@ -168,7 +171,8 @@ def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
               start: Annotated[int, typer.Option(min=1, help="First batch to probe.")] = 1,
               step: Annotated[int, typer.Option(min=1, help="Granularity: stop when B ok and B+step oom.")] = 1,
               warmup: Annotated[int, typer.Option(min=0)] = 2, measure: Annotated[int, typer.Option(min=1)] = 5,
-              output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True) -> None:
+              output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True,
+              fresh_actors: FreshOpt = False) -> None:
     """Find the largest batch that fits, and the fastest, per model and precision."""
     from sweep.errors import UserError
     from sweep.policy import MaxBatchPlan
@@ -182,7 +186,8 @@ def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
     _print_warnings(trials, profile)
     run_id = new_run_id()
     plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
-    report = execute(plan, profile=profile, output=output, run_id=run_id, progress=progress)
+    report = execute(plan, profile=profile, output=output, run_id=run_id, progress=progress,
+                     reuse_actors=not fresh_actors)
     _finish(report, output, plan)
 
 

@@ -1,0 +1,224 @@
+"""Warm groups: rank processes that run trial after trial (sweep.scheduler), and when they must not.
+
+Through `sweep run` / `sweep max-batch` on the session's real Ray: FSDP2 over gloo, 2 CPU ranks, tiny models.
+A grid runs on one group with the losses of fresh processes; an OOM, a killed rank or `--fresh-actors` (grid
+`reuse_actors: false`) gives the next trial fresh processes. The worker's own report (the real RankWorker in
+spawned processes, no Ray) shows each trial giving back every byte of tensor memory it held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import pytest
+
+from sweep import store
+
+# /proc helpers of the fault tests: a rank found among this process's descendants by its Ray title
+from test_faults import _alive, _not_master, _training_ranks, _wait_for  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+GRID = """
+models: [gpt-tiny, llama-tiny, {arch: gpt, name: gpt-wide, n_layers: 1, d_embd: 128, n_heads: 4, vocab_size: 512}]
+precisions: [bf16]
+batch_sizes: [2]
+compile: none
+seq_len: 32
+gpus: 2
+steps: {warmup: 1, measure: 3}
+"""
+# Logits dominate memory (B x T x V floats): 64 rows run out of 128 MiB per rank, 2 and 4 fit (tests/test_oom.py)
+WIDE_VOCAB = "{arch: gpt, name: wide-vocab, n_layers: 1, d_embd: 64, n_heads: 4, vocab_size: 4096, max_seq_len: 128}"
+
+
+def _rows(out) -> list[dict]:
+    return sorted(store.read_table(out).to_pylist(), key=lambda r: r["started_at"])
+
+
+def _losses(rows) -> dict:
+    return {(r["model"], r["batch_size"]): (r["loss_first"], r["loss_last"]) for r in rows}
+
+
+@pytest.mark.timeout(240)
+def test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes(ray_session, cli, write_grid, tmp_path):
+    grid = write_grid(GRID)
+    one, fresh, two = tmp_path / "one-group", tmp_path / "fresh", tmp_path / "two-groups"
+    for out, *options in ((one, "--max-concurrent", 1), (fresh, "--fresh-actors"), (two,)):
+        result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress", *options)
+        assert result.exit_code == 0, result.output
+
+    warm = _rows(one)
+    assert [r["status"] for r in warm] == ["ok"] * 3, [r["error"] for r in warm]
+    # one group, trial after trial, whatever the model: its processes ran them all
+    assert [r["group_trial_index"] for r in warm] == [0, 1, 2]
+    assert [r["actor_reused"] for r in warm] == [False, True, True]
+    assert [r["model"] for r in warm] == ["gpt-tiny", "llama-tiny", "gpt-wide"]
+
+    cold = _rows(fresh)
+    assert [(r["status"], r["actor_reused"], r["group_trial_index"]) for r in cold] == [("ok", False, 0)] * 3
+    # each trial trains exactly as in a process where nothing ran before it
+    assert _losses(warm) == _losses(cold)
+
+    # several groups at once where the cluster has room (4 CPUs, 2 ranks a trial): two fresh ones, overlapping,
+    # and the third trial on one of them
+    both = _rows(two)
+    assert sorted(r["group_trial_index"] for r in both) == [0, 0, 1], both
+    first, second = [r for r in both if r["group_trial_index"] == 0]
+    assert first["started_at"] < second["finished_at"] and second["started_at"] < first["finished_at"]
+    assert all(r["actor_reused"] == (r["group_trial_index"] > 0) for r in both)
+    assert _losses(both) == _losses(cold)
+
+
+def test_grid_reuse_actors_false_gives_every_trial_fresh_processes(ray_session, cli, write_grid, tmp_path):
+    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 3]\ncompile: none\nseq_len: 32\n"
+                      "gpus: 1\nsteps: {warmup: 1, measure: 2}\nreuse_actors: false\n")
+    out = tmp_path / "out"
+    result = cli("run", grid, "--cluster", "local", "--output", out, "--max-concurrent", 1, "--no-progress")
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert [(r["status"], r["actor_reused"], r["group_trial_index"]) for r in rows] == [("ok", False, 0)] * 2
+
+
+def test_an_oom_retires_the_group_and_the_next_trial_runs_on_a_fresh_one(ray_session, cli, write_grid, tmp_path):
+    grid = write_grid(f"models: [{WIDE_VOCAB}]\nprecisions: [bf16]\nbatch_sizes: [2, 64, 4]\ncompile: none\n"
+                      "seq_len: 128\ngpus: 2\nsteps: {warmup: 1, measure: 1}\non_oom: {policy: none}\n")
+    out = tmp_path / "out"
+    result = cli("run", grid, "--cluster", "local", "--memory-cap", "128MiB", "--output", out, "--max-concurrent", 1,
+                 "--no-progress")
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
+        (2, "ok", 0), (64, "oom", 1), (4, "ok", 0)], [r["error"] for r in rows]
+    assert [r["actor_reused"] for r in rows] == [False, True, False]
+    assert "allocat" in rows[1]["error"]
+
+
+def test_max_batch_finds_the_same_limit_on_warm_and_on_fresh_processes(ray_session, cli, tmp_path):
+    """A warm process's CPU cap (RLIMIT_DATA from its size at the trial's start) is no looser than a fresh one's:
+    the fitting probes run on one group, each OOM retires it, and the largest batch is the same. (Not always in
+    as many probes: the search predicts from peak memory, and a fresh process's first trial counts the
+    process's own first-use growth in its CPU peak.)"""
+    verdicts, rows = {}, {}
+    for name, options in (("warm", ()), ("fresh", ("--fresh-actors",))):
+        out = tmp_path / name
+        result = cli("max-batch", "--model", "gpt-tiny", "--precision", "bf16", "--gpus", "1", "--seq-len", "1024",
+                     "--compile", "none", "--warmup", "0", "--measure", "1", "--memory-cap", "96MiB", "--cluster",
+                     "local", "--output", out, "--no-progress", *options)
+        assert result.exit_code == 0, result.output
+        (verdict,) = json.loads(next((out / "_search").glob("*.json")).read_text())
+        verdicts[name] = verdict["max_batch"]
+        rows[name] = _rows(out)
+    assert verdicts["warm"] == verdicts["fresh"]
+    assert not any(r["actor_reused"] for r in rows["fresh"])
+    warm = rows["warm"]
+    assert any(r["actor_reused"] for r in warm)
+    # a probe after an OOM starts fresh processes; one after a fitting probe runs on the same ones
+    for before, after in zip(warm, warm[1:]):
+        assert after["actor_reused"] == (before["status"] == "ok"), [(r["batch_size"], r["status"]) for r in warm]
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid, tmp_path):
+    # ~100 steps of a few tens of ms: the kill lands in the second trial's steps, on the warm group
+    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 3]\ncompile: none\nseq_len: 32\n"
+                      "gpus: 2\nsteps: {warmup: 1, measure: 100}\n")
+    out = tmp_path / "out"
+    results = []
+    sweep = threading.Thread(target=lambda: results.append(
+        cli("run", grid, "--cluster", "local", "--output", out, "--max-concurrent", 1, "--no-progress")), daemon=True)
+    sweep.start()
+
+    _wait_for(lambda: store.result_files(out), 120, "the first trial's row")
+    workers = _wait_for(lambda: _training_ranks(os.getpid(), 2), 60, "the second trial's ranks to train")
+    victim = _not_master(workers)
+    (peer,) = set(workers) - {victim}
+    os.kill(victim, signal.SIGKILL)
+
+    sweep.join(timeout=150)
+    assert not sweep.is_alive(), "the sweep did not finish after a rank was killed"
+    assert results[0].exit_code == 0, results[0].output
+    rows = _rows(out)
+    assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
+        (2, "ok", 0), (3, "error", 1), (3, "ok", 0)], [r["error"] for r in rows]
+    failed, retry = rows[1:]
+    assert failed["actor_reused"] and f"of 2 died (pid {victim} on " in failed["error"], failed["error"]
+    assert retry["parent_trial_id"] == failed["trial_id"] and not retry["actor_reused"]
+    # the group is gone: its surviving rank was killed with it, not kept for the retry
+    _wait_for(lambda: not _alive(peer), 30, "the killed rank's peer to exit")
+
+
+# -- what the worker reports: tensor memory back to the baseline after each trial --------------------------
+
+def _warm_rank(jobs: list, queue) -> None:
+    """One rank's process running `jobs` one after the other on one warm RankWorker. A job whose model is named
+    'leaky' leaves a tensor behind, as a library holding on to a trial's state would."""
+    import torch
+
+    from trainer.worker import RankWorker
+
+    worker, kept = RankWorker(keep_group=True), []
+    for job in jobs:
+        result = worker.run(job)
+        if '"name":"leaky"' in job.trial.model_spec_json.replace(" ", ""):
+            kept.append(torch.ones(1 << 20))
+        queue.put((job.rank, result))
+
+
+def test_each_trial_gives_back_the_memory_its_process_held_before(rank_jobs, run_ranks):
+    from sweep.scheduler import returned_to_baseline
+    from trainer.models.specs import REGISTRY
+
+    leaky = REGISTRY["gpt-tiny"].model_copy(update={"name": "leaky"})
+    trials = [rank_jobs(REGISTRY["llama-tiny"], "bf16", world_size=2, compile="regional", grad_accum=2),
+              rank_jobs(REGISTRY["gpt-tiny"], "fp32", world_size=2, batch_size=3),
+              rank_jobs(leaky, "fp32", world_size=2),
+              rank_jobs(REGISTRY["gpt-tiny"], "fp32", world_size=2)]
+    reports = run_ranks(_warm_rank, [[jobs[rank] for jobs in trials] for rank in range(2)], timeout=240)
+    by_rank = {rank: [r for k, r in reports if k == rank] for rank in range(2)}
+    for results in by_rank.values():
+        assert [r["status"] for r in results] == ["ok"] * 4, [r.get("error") for r in results]
+        assert len({r["baseline_bytes"] for r in results}) == 1  # the group's, from before its first trial
+        compiled, plain, leaking, after_leak = results
+        # a compiled trial and a plain one each hold nothing more once they end
+        assert compiled["held_bytes"] <= compiled["baseline_bytes"] and plain["held_bytes"] <= plain["baseline_bytes"]
+        # the leak happened after the third trial reported: the fourth sees its 4 MiB and says so
+        assert leaking["held_bytes"] <= leaking["baseline_bytes"]
+        assert after_leak["held_bytes"] >= after_leak["baseline_bytes"] + 4 * 2**20
+    assert returned_to_baseline([by_rank[r][1] for r in range(2)])
+    assert not returned_to_baseline([by_rank[r][3] for r in range(2)])
+
+
+# -- pure rules --------------------------------------------------------------------------------------------
+
+def test_one_group_runs_trials_of_one_shape_cap_and_precision_stack():
+    from sweep.grid import Trial
+    from sweep.scheduler import group_key
+    from trainer.models.specs import REGISTRY
+
+    def trial(**changes):
+        base = dict(cluster="local", model=REGISTRY["gpt-tiny"], precision="bf16", compile="none", ac="none",
+                    batch_size=2, seq_len=32, gpus=2, warmup_steps=1, measure_steps=2)
+        return Trial(**{**base, **changes})
+
+    same = [trial(), trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"), trial(precision="fp32")]
+    assert len({group_key(t) for t in same}) == 1
+    for other in (trial(gpus=1), trial(memory_cap_bytes=2**30), trial(precision="fp8-torchao-tensorwise"),
+                  trial(precision="fp8-te-delayed")):
+        assert group_key(other) != group_key(trial())
+
+
+def test_rows_before_schema_1_6_read_the_new_columns_as_null(tmp_path):
+    import pyarrow.parquet as pq
+
+    from sweep.schema import VERSION_KEY, to_table
+
+    row = {"run_id": "r", "trial_id": "t", "cluster": "c", "model": "m", "status": "ok", "actor_reused": True,
+           "group_trial_index": 3}
+    old = to_table([row]).drop_columns(["actor_reused", "group_trial_index"])
+    pq.write_table(old.replace_schema_metadata({VERSION_KEY: b"1.5"}), tmp_path / "old.parquet")
+    (back,) = store.read_table(tmp_path).to_pylist()
+    assert back["actor_reused"] is None and back["group_trial_index"] is None and back["status"] == "ok"
