@@ -237,6 +237,7 @@ def _finish(report, output: Path, plan) -> None:
     """The run's rows (as `sweep results show` prints them), the verdicts of a search, then the exit status."""
     from rich.console import Console
 
+    from sweep import cost
     from sweep.results import render
 
     rows = report.rows
@@ -245,6 +246,9 @@ def _finish(report, output: Path, plan) -> None:
                           (f" ({report.reused} reused from earlier runs)" if report.reused else ""))
     if hasattr(plan, "verdicts"):  # probes reused by --resume count too
         _write_verdicts(output, report.run_id, plan.verdicts(), rows + report.reused_rows)
+    gpu_time = cost.summary_line(rows)  # this run's attempts: rows reused by --resume cost nothing now
+    if gpu_time:
+        typer.echo(gpu_time)
     console = Console(stderr=True)
     if report.interrupted:
         console.print(f"interrupted: {len(rows)} attempts written to {output}; rerun with --resume to finish")

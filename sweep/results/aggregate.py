@@ -27,7 +27,9 @@ METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak
 # Beside the speed: a recipe that runs fast and does not train is no result (median over ok attempts too)
 LOSSES = ("loss_first", "loss_last")
 FAILURES = tuple(s for s in STATUSES if s != "ok")
-LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS, *LOSSES, "alloc_retries")
+# What an attempt's GPU time bought (`sweep.cost`, the `time measured` column of `results show`)
+TIMES = ("trial_wall_s", "steps_time_s", "compile_time_s", "warmup_steps")
+LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS, *LOSSES, "alloc_retries", *TIMES)
 # max-batch groups: a config without its batch size.
 BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
 # What `compare --by` can divide by (text-valued config keys), with the default baseline: the fair

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from sweep.cost import measured_share
 from sweep.results.aggregate import BATCH_GROUP, FAILURES
 from sweep.results.query import CONFIG_KEYS
 from sweep.schema import TRAINING_DEFAULTS
@@ -194,12 +195,22 @@ def _loss(row: dict) -> str:
 
 LOSS = Col("loss_last", "loss first → last", _loss)  # reads loss_first too
 
+
+def _measured(row: dict) -> str:
+    """The attempt's wall time in measured steps (`sweep.cost`): 0 % for a failed attempt, — for one never run."""
+    share = measured_share(row)
+    return DASH if share is None else f"{sig(share * 100, RATIO_SIGNIFICANT)} %"
+
+
+MEASURED = Col("steps_time_s", "time measured", _measured)  # reads aggregate.TIMES and step_time_s too
+
 SHOW_COLS = [
     *config_cols(CONFIG_KEYS),
     Col("status", "status", lambda r: r.get("status") or DASH, numeric=False),
     Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
     Col("mfu", "MFU", MFU),
     Col("step_time_s", "step (s)", STEP),
+    MEASURED,
     Col("peak_mem_gib", "peak mem (GiB)", PEAK_MEM),
     LOSS,
     Col("error", "error", lambda r: short_error(r.get("error")), numeric=False),

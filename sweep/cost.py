@@ -1,0 +1,82 @@
+"""Where a sweep's GPU time went. Pure arithmetic over result rows: no Ray, no torch.
+
+An attempt holds `world_size` GPUs for its `trial_wall_s` (the driver's clock: from its group's placement,
+or on a warm group from the trial's start, to the trial's end), so it costs wall × world_size GPU-seconds.
+An ok attempt's wall splits into
+
+    measured steps  steps_time_s, less compile_time_s when there was no warm-up step to carry it
+    warm-up         warmup_steps × step_time_s (the median measured step: warm-up steps' own times are not kept)
+    compile         compile_time_s (the first step's time beyond a steady step)
+    start-up        the rest: placement, process start and imports, model build and sharding, teardown
+
+An attempt that ran out of memory is all `OOM attempts`; an error or a timeout is all `failed attempts`. Unsupported attempts
+never ran and cost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+PARTS = ("measured steps", "warm-up", "compile", "start-up", "OOM attempts", "failed attempts")
+_ALWAYS = PARTS[:5]  # the summary line names these even at 0 %; failed attempts only when there were some
+
+
+def attempt_seconds(row: dict) -> dict[str, float]:
+    """Wall-clock seconds of one attempt, by part (PARTS; per rank, not yet × world_size)."""
+    parts = dict.fromkeys(PARTS, 0.0)
+    wall = row.get("trial_wall_s") or 0.0
+    status = row.get("status")
+    if status == "oom":
+        parts["OOM attempts"] = wall
+    elif status in ("error", "timeout"):
+        parts["failed attempts"] = wall
+    elif status == "ok":
+        compile_s = row.get("compile_time_s") or 0.0
+        warmup_steps = row.get("warmup_steps") or 0
+        parts["compile"] = compile_s
+        parts["warm-up"] = warmup_steps * (row.get("step_time_s") or 0.0)
+        # with no warm-up step, the first measured step compiled: its excess is counted once, as compile
+        parts["measured steps"] = max(0.0, (row.get("steps_time_s") or 0.0) - (compile_s if warmup_steps == 0 else 0.0))
+        # the workers' clocks run inside the driver's wall; should they round past it, start-up is 0, not negative
+        parts["start-up"] = max(0.0, wall - parts["compile"] - parts["warm-up"] - parts["measured steps"])
+    return parts
+
+
+def gpu_seconds(rows: Iterable[dict]) -> dict[str, float]:
+    """GPU-seconds of all `rows` by part: each attempt's seconds × its world_size."""
+    total = dict.fromkeys(PARTS, 0.0)
+    for row in rows:
+        for part, seconds in attempt_seconds(row).items():
+            total[part] += seconds * (row.get("world_size") or 1)
+    return total
+
+
+def percents(seconds: dict[str, float]) -> dict[str, int]:
+    """Whole percents of the total that add up to exactly 100 (largest remainders round up); {} for no time."""
+    total = sum(seconds.values())
+    if total <= 0:
+        return {}
+    exact = {k: 100 * v / total for k, v in seconds.items()}
+    whole = {k: int(v) for k, v in exact.items()}
+    for k in sorted(exact, key=lambda k: exact[k] - whole[k], reverse=True)[: 100 - sum(whole.values())]:
+        whole[k] += 1
+    return whole
+
+
+def measured_share(row: dict) -> float | None:
+    """The part of one attempt's wall spent in measured steps (0 for a failed one); None when it never ran."""
+    parts = attempt_seconds(row)
+    held = sum(parts.values())
+    return parts["measured steps"] / held if held > 0 else None
+
+
+def summary_line(rows: Iterable[dict]) -> str | None:
+    """'GPU time: 412 GPU-s held — measured steps 31 %, warm-up 9 %, ...', or None when nothing ran."""
+    seconds = gpu_seconds(rows)
+    shares = percents(seconds)
+    if not shares:
+        return None
+    total = sum(seconds.values())
+    held = f"{total / 3600:,.1f} GPU-h" if total >= 3600 else f"{total:,.0f} GPU-s" if total >= 10 else f"{total:.2g} GPU-s"
+    named = [p for p in PARTS if p in _ALWAYS or seconds[p] > 0]
+    return f"GPU time: {held} held — " + ", ".join(f"{p} {shares[p]} %" for p in named)

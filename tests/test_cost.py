@@ -1,0 +1,109 @@
+"""Where a sweep's GPU time went: the arithmetic (sweep.cost, pure) and what `sweep run` and `results show` print."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sweep import store
+from sweep.cost import attempt_seconds, gpu_seconds, measured_share, percents, summary_line
+from sweep.results.render import sig
+
+FIVE = ["measured steps", "warm-up", "compile", "start-up", "OOM attempts"]
+
+
+def _ok(**over) -> dict:
+    """An ok attempt on 2 ranks: 10 s held, compile 1 s, 2 warm-up steps of 0.5 s, 3 s of measured steps."""
+    return {"status": "ok", "world_size": 2, "trial_wall_s": 10.0, "compile_time_s": 1.0, "warmup_steps": 2,
+            "step_time_s": 0.5, "steps_time_s": 3.0, **over}
+
+
+def test_an_ok_attempt_splits_its_wall_and_the_rest_is_start_up():
+    parts = attempt_seconds(_ok())
+    assert (parts["measured steps"], parts["warm-up"], parts["compile"], parts["start-up"]) == (3.0, 1.0, 1.0, 5.0)
+    assert sum(parts.values()) == 10.0
+
+
+def test_without_warm_up_the_first_measured_step_carries_compile_and_it_is_counted_once():
+    parts = attempt_seconds(_ok(warmup_steps=0, steps_time_s=4.0))
+    assert (parts["measured steps"], parts["warm-up"], parts["compile"], parts["start-up"]) == (3.0, 0.0, 1.0, 6.0)
+
+
+def test_worker_times_past_the_driver_wall_leave_no_negative_start_up():
+    parts = attempt_seconds(_ok(trial_wall_s=4.9))
+    assert parts["start-up"] == 0.0 and measured_share(_ok(trial_wall_s=4.9)) == pytest.approx(3 / 5)
+
+
+@pytest.mark.parametrize("status,part", [("oom", "OOM attempts"), ("error", "failed attempts"), ("timeout", "failed attempts")])
+def test_a_failed_attempt_is_all_waste(status, part):
+    parts = attempt_seconds({"status": status, "world_size": 4, "trial_wall_s": 7.0})
+    assert parts[part] == 7.0 and sum(parts.values()) == 7.0
+    assert measured_share({"status": status, "trial_wall_s": 7.0}) == 0.0
+
+
+def test_gpu_seconds_are_wall_times_world_size_and_unsupported_costs_nothing():
+    rows = [_ok(), {"status": "oom", "world_size": 4, "trial_wall_s": 5.0}, {"status": "unsupported", "world_size": 8}]
+    seconds = gpu_seconds(rows)
+    assert seconds["measured steps"] == 6.0 and seconds["start-up"] == 10.0 and seconds["OOM attempts"] == 20.0
+    assert sum(seconds.values()) == 40.0
+    assert measured_share({"status": "unsupported"}) is None
+
+
+def test_percents_are_whole_and_add_up_to_100():
+    assert percents({"a": 1.0, "b": 1.0, "c": 1.0}) == {"a": 34, "b": 33, "c": 33}
+    assert percents({"a": 2.0, "b": 0.0}) == {"a": 100, "b": 0}
+    assert percents({"a": 0.0}) == {}
+
+
+def test_summary_line():
+    line = summary_line([_ok(), {"status": "oom", "world_size": 2, "trial_wall_s": 5.0}])
+    # 30 GPU-s: measured 6, warm-up 2, compile 2, start-up 10, OOM 10
+    assert line == "GPU time: 30 GPU-s held — measured steps 20 %, warm-up 7 %, compile 7 %, start-up 33 %, OOM attempts 33 %"
+    assert "failed attempts 50 %" in summary_line([_ok(), {"status": "timeout", "world_size": 2, "trial_wall_s": 10.0}])
+    assert summary_line([_ok(world_size=8, trial_wall_s=3600.0)]).startswith("GPU time: 8.0 GPU-h held")
+    assert summary_line([{"status": "unsupported"}]) is None
+
+
+# -- through the CLI: a real 2-rank sweep on CPU ranks ----------------------------------------------------
+
+# Logits dominate memory: batch 2 fits under a 128 MiB cap per rank, batch 64 does not
+GRID = """
+models: [{arch: gpt, name: wide-vocab, n_layers: 1, d_embd: 64, n_heads: 4, vocab_size: 4096, max_seq_len: 128}]
+precisions: [bf16]
+batch_sizes: [2, 64]
+compile: none
+seq_len: 128
+gpus: 2
+steps: {warmup: 1, measure: 2}
+on_oom: {policy: none}
+"""
+
+
+@pytest.mark.integration
+def test_sweep_run_says_where_the_gpu_time_went_and_results_show_has_the_measured_share(ray_session, cli, write_grid,
+                                                                                          tmp_path):
+    out = tmp_path / "out"
+    result = cli("run", write_grid(GRID), "--cluster", "local", "--memory-cap", "128MiB", "--output", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    rows = {r["batch_size"]: r for r in store.read_table(out).to_pylist()}
+    assert rows[2]["status"] == "ok" and rows[64]["status"] == "oom"
+
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("GPU time:")]
+    held, parts = re.fullmatch(r"GPU time: ([\d.,]+) GPU-s held — (.*)", line).groups()
+    shares = {name: int(pct) for name, pct in re.findall(r"([a-zA-Z -]+?) (\d+) %(?:, |$)", parts)}
+    assert list(shares) == FIVE and sum(shares.values()) == 100, line
+    assert shares["measured steps"] > 0 and shares["start-up"] > 0 and shares["OOM attempts"] > 0, line
+    total = sum(r["trial_wall_s"] * r["world_size"] for r in rows.values())
+    assert float(held.replace(",", "")) == pytest.approx(total, abs=0.5, rel=0.05)
+    assert shares["OOM attempts"] == pytest.approx(100 * 2 * rows[64]["trial_wall_s"] / total, abs=1)
+
+    shown = cli("results", "show", out)
+    assert shown.exit_code == 0, shown.output
+    assert "time measured" in shown.stdout
+    share = 100 * rows[2]["steps_time_s"] / rows[2]["trial_wall_s"]  # warm-up ran, so compile is not in it
+    assert 0 < share < 100
+    (ok_line,) = [x for x in shown.stdout.splitlines() if " ok " in x]
+    (oom_line,) = [x for x in shown.stdout.splitlines() if " oom " in x]
+    assert re.search(rf"│\s+{re.escape(sig(share, 3))} % │", ok_line), ok_line
+    assert re.search(r"│\s+0 % │", oom_line), oom_line
