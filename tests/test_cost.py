@@ -93,10 +93,12 @@ def test_sweep_run_says_where_the_gpu_time_went_and_results_show_has_the_measure
     held, parts = re.fullmatch(r"GPU time: ([\d.,]+) GPU-s held — (.*)", line).groups()
     shares = {name: int(pct) for name, pct in re.findall(r"([a-zA-Z -]+?) (\d+) %(?:, |$)", parts)}
     assert list(shares) == FIVE and sum(shares.values()) == 100, line
-    assert shares["measured steps"] > 0 and shares["start-up"] > 0 and shares["OOM attempts"] > 0, line
     total = sum(r["trial_wall_s"] * r["world_size"] for r in rows.values())
     assert float(held.replace(",", "")) == pytest.approx(total, abs=0.5, rel=0.05)
+    # the shares are the rows' (measured steps may round to 0 % on a busy machine: 2 steps of a tiny model)
+    assert shares["measured steps"] == pytest.approx(100 * 2 * rows[2]["steps_time_s"] / total, abs=1)
     assert shares["OOM attempts"] == pytest.approx(100 * 2 * rows[64]["trial_wall_s"] / total, abs=1)
+    assert shares["start-up"] > 0 and shares["OOM attempts"] > 0, line
 
     shown = cli("results", "show", out)
     assert shown.exit_code == 0, shown.output
