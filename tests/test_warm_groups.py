@@ -121,6 +121,24 @@ def test_max_batch_finds_the_same_limit_on_warm_and_on_fresh_processes(ray_sessi
         assert after["actor_reused"] == (before["status"] == "ok"), [(r["batch_size"], r["status"]) for r in warm]
 
 
+@pytest.mark.timeout(150)
+def test_an_idle_group_gives_way_to_a_trial_that_needs_its_cpus(ray_session, cli, write_grid, tmp_path):
+    """The session's Ray has 4 CPUs. After the 1-rank trial, its idle group holds one of them, and a 1-rank trial
+    still queued could use it; but the 4-rank trial ahead of that one cannot be placed while it is up. It gives
+    way (else the sweep waits for ever), and every trial runs."""
+    profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
+                         "cpus_per_rank: 1\n", "four-ranks.yaml")
+    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2]\ncompile: none\nseq_len: [32, 64]\n"
+                      "gpus: [1, 4]\nsteps: {warmup: 1, measure: 2}\n")
+    out = tmp_path / "out"
+    result = cli("run", grid, "--cluster", profile, "--output", out, "--max-concurrent", 1, "--no-progress")
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert [(r["seq_len"], r["world_size"], r["status"]) for r in rows] == [
+        (32, 1, "ok"), (32, 4, "ok"), (64, 1, "ok"), (64, 4, "ok")], [r["error"] for r in rows]
+    assert not any(r["actor_reused"] for r in rows)
+
+
 @pytest.mark.timeout(180)
 def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid, tmp_path):
     # ~100 steps of a few tens of ms: the kill lands in the second trial's steps, on the warm group
