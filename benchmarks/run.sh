@@ -10,6 +10,7 @@
 # OUTPUT    the result folder (default results/CAMPAIGN); rows of an earlier run there are kept and counted
 #
 # The command is `sweep`; set SWEEP to change it (SWEEP="python3 -m sweep" where sweep is not installed).
+# SWEEP_RUN_ARGS are added to every `sweep run` (e.g. --fresh-actors).
 # A grid that measured nothing (sweep's exit status 3: every attempt oom, error, timeout or unsupported) does
 # not stop the campaign: the next grid runs, and the campaign exits 3 after printing the table. Any other
 # failure (a user error, Ctrl-C) stops it with sweep's status.
@@ -28,11 +29,12 @@ if [ ! -d "$campaigns/$campaign" ]; then
   exit 2
 fi
 read -ra sweep <<< "${SWEEP:-sweep}"
+read -ra run_args <<< "${SWEEP_RUN_ARGS:-}"
 
 status=0
 for grid in "$campaigns/$campaign"/*.yaml; do
   echo "== $(date -u +%FT%TZ) ${sweep[*]} run $grid --cluster $profile --output $output" >&2
-  "${sweep[@]}" run "$grid" --cluster "$profile" --output "$output"
+  "${sweep[@]}" run "$grid" --cluster "$profile" --output "$output" "${run_args[@]}"
   rc=$?
   if [ $rc -eq 3 ]; then
     echo "== $grid measured nothing (exit 3); going on with the next grid" >&2
