@@ -81,6 +81,12 @@ class _Progress:
                                    f"gpus={row['world_size']}{tf}" + (f"  ({row['error'][:100]})" if row.get("error") else ""))
             self.bar.advance(self.task)
 
+    def warn(self, text: str) -> None:
+        from rich.console import Console
+        from rich.markup import escape
+
+        Console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
+
     def running(self, trials: list[Trial]) -> None:
         if self.bar:
             self.bar.update(self.task, description=", ".join(t.describe() for t in trials[:3]))
@@ -154,6 +160,8 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
                 if scheduler and scheduler.busy:
                     for outcome in scheduler.poll(timeout=0.5):
                         record(outcome.trial, outcome_row(outcome, **base), outcome.infrastructure)
+                        if outcome.note:  # a warm group retired for what it kept: say why reuse stopped
+                            bar.warn(outcome.note)
                     bar.running(scheduler.running())
         except KeyboardInterrupt:
             report.interrupted = True

@@ -57,6 +57,7 @@ class Outcome:
     infrastructure: bool = False  # a rank process died or never started: worth one retry
     traceback: str | None = None  # the failing rank's Python traceback
     group_trial_index: int = 0  # trials its group ran before this one (0: a fresh group's processes)
+    note: str | None = None  # why an ok trial's group was retired (memory not back to its baseline)
 
     @property
     def actor_reused(self) -> bool:
@@ -76,6 +77,13 @@ def returned_to_baseline(ranks: list[dict]) -> bool:
     """Whether every rank, after its trial, holds no more tensor memory than before its group's first trial
     (`trainer.worker.RankWorker`: CUDA allocated bytes, or the CPU's live tensor storages)."""
     return all(r.get("held_bytes") is not None and r["held_bytes"] <= r["baseline_bytes"] for r in ranks)
+
+
+def _kept(trial: Trial, ranks: list[dict]) -> str:
+    """What a group retired for its memory kept: the note the run prints."""
+    kept = max((r.get("held_bytes") or 0) - (r.get("baseline_bytes") or 0) for r in ranks)
+    return (f"{trial.describe()}: a rank kept {kept / 2**20:.1f} MiB of tensor memory beyond what it held before "
+            "its group's first trial; the group is retired and the next trial starts fresh processes")
 
 
 @dataclass(eq=False)
@@ -340,14 +348,16 @@ class Scheduler:
             error = INFRA_PREFIX + error
         self.attempts.remove(a)
         ranks = [a.results[r] for r in sorted(a.results)] if status == "ok" else list(a.results.values())
-        if self.reuse and status == "ok" and returned_to_baseline(ranks):
+        warm = self.reuse and status == "ok"
+        if warm and returned_to_baseline(ranks):
             a.group.state = "idle"
         else:
             self._retire(a.group)
         return Outcome(trial=a.trial, status=status, error=error, ranks=ranks, nodes=a.group.nodes,
                        started_at=a.started_at, finished_at=datetime.now(timezone.utc),
                        wall_s=time.monotonic() - a.since, infrastructure=infrastructure, traceback=traceback,
-                       group_trial_index=a.index)
+                       group_trial_index=a.index,
+                       note=_kept(a.trial, ranks) if warm and a.group.state == "retired" else None)
 
     def _fail_start(self, g: _Group, status: str, error: str, infrastructure: bool = False) -> Outcome:
         """The group never came up: its first trial's outcome, and the group retired."""

@@ -156,10 +156,13 @@ class RankWorker:
         return self.rank
 
     def _train(self, job: RankJob, started_at: float) -> dict:
+        import torch.distributed as dist
+
         from trainer.train import held_bytes, release, run_trial
 
         rank = self._joined(job)
         if self.keep_group and self.baseline_bytes is None:
+            dist.barrier()  # what the process group keeps for itself (a communicator's barrier tensor) is baseline
             release(rank.device)
             self.baseline_bytes = held_bytes(rank.device)
         measured = run_trial(_this_ranks_share(job), rank, started_at=started_at)
