@@ -210,6 +210,25 @@ def test_each_trial_gives_back_the_memory_its_process_held_before(rank_jobs, run
     assert not returned_to_baseline([by_rank[r][3] for r in range(2)])
 
 
+@pytest.mark.gpu
+def test_on_a_gpu_each_trial_gives_back_its_allocated_memory(rank_jobs, run_ranks):
+    """CUDA's own count: allocated bytes back to the baseline after a compiled bf16 trial (cuBLAS workspaces,
+    inductor's kernels), a torchao float8 one and a plain fp32 one, on one rank (NCCL)."""
+    import torch
+
+    from trainer.models.specs import REGISTRY
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA/ROCm GPU")
+    spec = REGISTRY["llama-tiny"]
+    trials = [rank_jobs(spec, "bf16", device_type="cuda", compile="regional", seq_len=128),
+              rank_jobs(spec, "fp8-torchao-tensorwise", device_type="cuda", compile="regional", seq_len=128),
+              rank_jobs(spec, "fp32", device_type="cuda", seq_len=128)]
+    reports = [result for _, result in run_ranks(_warm_rank, [[jobs[0] for jobs in trials]], timeout=300)]
+    assert [r["status"] for r in reports] == ["ok"] * 3, [r.get("error") for r in reports]
+    assert [r["held_bytes"] - r["baseline_bytes"] for r in reports] == [0, 0, 0]
+
+
 # -- pure rules --------------------------------------------------------------------------------------------
 
 def test_one_group_runs_trials_of_one_shape_cap_and_precision_stack():

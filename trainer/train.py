@@ -101,8 +101,9 @@ def release(device: torch.device) -> None:
     """Leave nothing of an earlier trial in this process: its compiled graphs (which would count towards
     dynamo's recompile limit for the same block classes), Transformer Engine's FP8 globals (recipe, amax
     buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached device memory
-    given back (they would count in this trial's peak reserved memory). A process may run many trials
-    (`trainer.worker`): after this, what it holds is what it held before the first (`held_bytes`)."""
+    given back (they would count in this trial's peak reserved memory), the allocator's counters zeroed (its
+    retries are a row's). A process may run many trials (`trainer.worker`): after this, what it holds is
+    what it held before the first (`held_bytes`)."""
     torch.compiler.reset()
     _reset_te()
     gc.collect()
@@ -111,6 +112,7 @@ def release(device: torch.device) -> None:
         if clear is not None:
             clear()
         torch.cuda.empty_cache()
+        torch.cuda.reset_accumulated_memory_stats(device)  # num_alloc_retries counts from process start
 
 
 def _reset_te() -> None:
