@@ -18,7 +18,7 @@ import pytest
 from sweep import store
 
 # /proc helpers of the fault tests: a rank found among this process's descendants by its Ray title
-from test_faults import _alive, _not_master, _training_ranks, _wait_for  # noqa: E402
+from test_faults import _alive, _not_master, _rank_workers, _training_ranks, _wait_for  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -71,6 +71,12 @@ def test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes(ray_se
     assert first["started_at"] < second["finished_at"] and second["started_at"] < first["finished_at"]
     assert all(r["actor_reused"] == (r["group_trial_index"] > 0) for r in both)
     assert _losses(both) == _losses(cold)
+
+    # the groups left idle at the end are gone with their run: no rank process, no placement group
+    _wait_for(lambda: not _rank_workers(os.getpid(), "ray::RankWorker"), 30, "the idle groups' ranks to exit")
+    from ray.util import placement_group_table
+
+    assert {pg["state"] for pg in placement_group_table().values()} <= {"REMOVED"}
 
 
 def test_grid_reuse_actors_false_gives_every_trial_fresh_processes(ray_session, cli, write_grid, tmp_path):
