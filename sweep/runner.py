@@ -98,78 +98,106 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
     """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
     `reuse_actors` (the default) rank processes run one trial after another (`sweep.scheduler`); without
     it (`--fresh-actors`) every trial starts processes of its own."""
-    from sweep.ray_init import connect, disconnect, sigint_held
-    from sweep.scheduler import Scheduler
+    from sweep.ray_init import sigint_held
 
     report = RunReport(run_id=run_id or new_run_id())
-    base = {"run_id": report.run_id, "profile": profile, "grid_name": grid_name}
     recorded = store.existing_rows(output) if resume else {}
-    queue: deque[Trial] = deque(plan.initial())
-    seen: set[str] = set()
-
-    def follow_up(trial: Trial, row: dict, infrastructure: bool) -> None:
-        """Show the attempt and queue what the plan asks for next (retries, search probes)."""
-        bar.done(row)
-        follow = plan.on_result(trial, row["status"], infrastructure, row)
-        bar.add(len(follow))
-        queue.extend(follow)
-
-    def record(trial: Trial, row: dict, infrastructure: bool = False) -> None:
-        store.write_row(output, row)
-        report.rows.append(row)
-        follow_up(trial, row, infrastructure)
-
-    started_ray = False
-    scheduler = None
-
-    def start() -> None:
-        nonlocal started_ray, scheduler
-        started_ray = connect(profile)
-        scheduler = Scheduler(profile, max_concurrent=max_concurrent, reuse=reuse_actors)
-
     # Ctrl-C is recorded and acted on at the top of each round (within one poll, ~0.5 s), not raised
     # wherever it lands (see sigint_held); the teardown below runs with it still held.
     with _Progress(progress) as bar, sigint_held() as ctrl_c:
-        bar.add(len(queue))
+        run = _Execution(plan, profile=profile, output=output, report=report, recorded=recorded, bar=bar,
+                         grid_name=grid_name, max_concurrent=max_concurrent, reuse_actors=reuse_actors)
         try:
-            # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
-            # (exit 2, no rows), not a run with only its unsupported rows written.
-            if any(t.trial_id not in recorded and unsupported(t, profile) is None for t in queue):
-                start()
-            while queue or (scheduler and scheduler.busy):
-                if ctrl_c:
-                    raise KeyboardInterrupt
-                while queue:
-                    trial = queue.popleft()
-                    if trial.trial_id in seen:  # the same config reached twice (e.g. a retry the grid has)
-                        bar.add(-1)
-                        continue
-                    seen.add(trial.trial_id)
-                    if trial.trial_id in recorded:  # --resume: reuse the row, let the plan continue from it
-                        row = recorded[trial.trial_id]
-                        report.reused_rows.append(row)
-                        follow_up(trial, row, _was_infrastructure(row))
-                        continue
-                    reason = unsupported(trial, profile)
-                    if reason:  # no actors, no GPU time
-                        record(trial, unsupported_row(trial, reason, **base))
-                        continue
-                    if scheduler is None:  # a follow-up of resumed rows is the first trial to run
-                        start()
-                    scheduler.submit(trial)
-                if scheduler and scheduler.busy:
-                    for outcome in scheduler.poll(timeout=0.5):
-                        record(outcome.trial, outcome_row(outcome, **base), outcome.infrastructure)
-                        if outcome.note:  # a warm group retired for what it kept: say why reuse stopped
-                            bar.warn(outcome.note)
-                    bar.running(scheduler.running())
+            run.loop(ctrl_c)
         except KeyboardInterrupt:
             report.interrupted = True
         finally:
-            if scheduler is not None:
-                scheduler.shutdown()  # kill actors, remove placement groups: nothing is orphaned
-            disconnect(started_ray)
+            run.close()  # kill actors, remove placement groups, shut the embedded Ray: nothing is orphaned
     return report
+
+
+class _Execution:
+    """One `execute`: the plan's queue of trials, the rows already recorded (resume), and the scheduler once
+    Ray is reached. Every attempt is written as it finishes and fed back to the plan for its follow-ups."""
+
+    def __init__(self, plan, *, profile, output: Path, report: RunReport, recorded: dict, bar: _Progress,
+                 grid_name: str | None, max_concurrent: int | None, reuse_actors: bool):
+        self.plan, self.profile, self.output, self.report, self.recorded, self.bar = (
+            plan, profile, output, report, recorded, bar)
+        self.base = {"run_id": report.run_id, "profile": profile, "grid_name": grid_name}
+        self.max_concurrent, self.reuse_actors = max_concurrent, reuse_actors
+        self.queue: deque[Trial] = deque(plan.initial())
+        self.seen: set[str] = set()
+        self.scheduler = None
+        self.started_ray = False
+        bar.add(len(self.queue))
+
+    def loop(self, ctrl_c: list) -> None:
+        # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
+        # (exit 2, no rows), not a run with only its unsupported rows written.
+        if any(t.trial_id not in self.recorded and unsupported(t, self.profile) is None for t in self.queue):
+            self.start()
+        while self.queue or (self.scheduler and self.scheduler.busy):
+            if ctrl_c:
+                raise KeyboardInterrupt
+            self.submit_queued()
+            if self.scheduler and self.scheduler.busy:
+                self.collect()
+
+    def start(self) -> None:
+        from sweep.ray_init import connect
+        from sweep.scheduler import Scheduler
+
+        self.started_ray = connect(self.profile)
+        self.scheduler = Scheduler(self.profile, max_concurrent=self.max_concurrent, reuse=self.reuse_actors)
+
+    def submit_queued(self) -> None:
+        """Each queued trial once: reused from an earlier run (resume), recorded `unsupported`, or scheduled."""
+        while self.queue:
+            trial = self.queue.popleft()
+            if trial.trial_id in self.seen:  # the same config reached twice (e.g. a retry the grid has)
+                self.bar.add(-1)
+                continue
+            self.seen.add(trial.trial_id)
+            if trial.trial_id in self.recorded:  # --resume: reuse the row, let the plan continue from it
+                row = self.recorded[trial.trial_id]
+                self.report.reused_rows.append(row)
+                self.follow_up(trial, row, _was_infrastructure(row))
+                continue
+            reason = unsupported(trial, self.profile)
+            if reason:  # no actors, no GPU time
+                self.record(trial, unsupported_row(trial, reason, **self.base))
+                continue
+            if self.scheduler is None:  # a follow-up of resumed rows is the first trial to run
+                self.start()
+            self.scheduler.submit(trial)
+
+    def collect(self) -> None:
+        """Wait up to half a second for attempts to finish; record each."""
+        for outcome in self.scheduler.poll(timeout=0.5):
+            self.record(outcome.trial, outcome_row(outcome, **self.base), outcome.infrastructure)
+            if outcome.note:  # a warm group retired for what it kept: say why reuse stopped
+                self.bar.warn(outcome.note)
+        self.bar.running(self.scheduler.running())
+
+    def record(self, trial: Trial, row: dict, infrastructure: bool = False) -> None:
+        store.write_row(self.output, row)
+        self.report.rows.append(row)
+        self.follow_up(trial, row, infrastructure)
+
+    def follow_up(self, trial: Trial, row: dict, infrastructure: bool) -> None:
+        """Show the attempt and queue what the plan asks for next (retries, search probes)."""
+        self.bar.done(row)
+        follow = self.plan.on_result(trial, row["status"], infrastructure, row)
+        self.bar.add(len(follow))
+        self.queue.extend(follow)
+
+    def close(self) -> None:
+        from sweep.ray_init import disconnect
+
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
+        disconnect(self.started_ray)
 
 
 def _was_infrastructure(row: dict) -> bool:
