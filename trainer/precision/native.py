@@ -3,9 +3,9 @@ under bf16 autocast instead). Nothing to convert, no context of its own."""
 
 from __future__ import annotations
 
-from trainer.precision.plan import PrecisionPlan, param_dtype
+from trainer.precision.plan import PrecisionPlan
 from trainer.recipes import Recipe
 
 
 def plan(recipe: Recipe, *, device_type: str, sharded: bool, fp8_lm_head: bool = False) -> PrecisionPlan:
-    return PrecisionPlan(recipe=recipe, device_type=device_type, sharded=sharded, param_dtype=param_dtype(recipe))
+    return PrecisionPlan(recipe=recipe, device_type=device_type, sharded=sharded)

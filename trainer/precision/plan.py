@@ -23,21 +23,20 @@ from trainer.recipes import Recipe
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the grid's `reduce_dtype` values
 
 
-def param_dtype(recipe: Recipe) -> torch.dtype | None:
-    """The dtype FSDP2 gathers parameters in (and one rank computes in under autocast); None: fp32 throughout."""
-    return None if recipe.family == "fp32" else torch.bfloat16
-
-
 @dataclass(kw_only=True)
 class PrecisionPlan:
     recipe: Recipe
     # where it trains: one unsharded rank computes under autocast instead of FSDP2
     device_type: str = "cpu"
     sharded: bool = True
-    param_dtype: torch.dtype | None = torch.bfloat16
     convert: Callable[[nn.Module], None] = lambda model: None
     after_optimizer_step: Callable[[nn.Module], None] = lambda model: None
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+    @property
+    def param_dtype(self) -> torch.dtype | None:
+        """The dtype FSDP2 gathers parameters in (and one rank computes in under autocast); None: fp32 throughout."""
+        return None if self.recipe.family == "fp32" else torch.bfloat16
 
     @property
     def model_backend(self) -> str:

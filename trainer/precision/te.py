@@ -21,7 +21,7 @@ import contextlib
 from types import ModuleType
 from typing import Callable
 
-from trainer.precision.plan import PrecisionPlan, param_dtype
+from trainer.precision.plan import PrecisionPlan
 from trainer.recipes import TE_INSTALL_HINT, Recipe
 
 
@@ -66,7 +66,7 @@ def te_plan(recipe: Recipe, *, device_type: str = "cuda", sharded: bool = True, 
         te_pytorch = import_te(recipe.name)
     if recipe_module is None:
         from transformer_engine.common import recipe as recipe_module
-    return PrecisionPlan(recipe=recipe, device_type=device_type, sharded=sharded, param_dtype=param_dtype(recipe),
+    return PrecisionPlan(recipe=recipe, device_type=device_type, sharded=sharded,
                          forward_context=autocast_factory(te_pytorch, te_recipe(recipe, recipe_module)))
 
 

@@ -13,7 +13,7 @@ import functools
 
 import torch.nn as nn
 
-from trainer.precision.plan import PrecisionPlan, param_dtype
+from trainer.precision.plan import PrecisionPlan
 from trainer.recipes import Recipe
 
 FP8_DIM_MULTIPLE = 16  # FP8 GEMMs need both dims divisible by 16 (cuBLASLt / hipBLASLt)
@@ -46,5 +46,5 @@ def plan(recipe: Recipe, *, device_type: str, sharded: bool, fp8_lm_head: bool =
             # one all-reduce for every layer's amax instead of one per layer at the next all-gather
             precompute_float8_dynamic_scale_for_fsdp(model)
 
-    return PrecisionPlan(recipe=recipe, device_type=device_type, sharded=sharded, param_dtype=param_dtype(recipe),
+    return PrecisionPlan(recipe=recipe, device_type=device_type, sharded=sharded,
                          convert=convert, after_optimizer_step=after_optimizer_step)
