@@ -10,6 +10,7 @@ timeout). torch is imported only inside: the driver imports this module to make 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import socket
 import time
@@ -19,6 +20,7 @@ from datetime import timedelta
 from trainer.job import RankJob, TrialConfig, classify_failure
 
 
+@functools.cache  # once per process: a warm rank reports them with every trial
 def _versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -33,6 +35,7 @@ def _versions() -> dict:
     return out
 
 
+@functools.cache  # nvidia-smi is a subprocess; the answer does not change while the process lives
 def _device_info(device) -> dict:
     import torch
 
