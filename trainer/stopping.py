@@ -5,7 +5,7 @@ rules stop when the numbers say so, as `torch.utils.benchmark.Timer.adaptive_aut
 nvbench do:
 
 - warm-up (`WarmUp`): until the last three step times agree within 2 % (the slowest at most 2 % above
-  the fastest), at least 2 and at most 50 steps;
+  the fastest), at least 3 and at most 50 steps;
 - measurement (`Measure`): until the 95 % confidence interval of the median step time lies within ±1 %
   of the median, at least 5 and at most 100 steps, or until the measured steps have taken `time_cap_s`.
 
@@ -85,7 +85,7 @@ class WarmUp(Fixed):
     """Until the last `window` step times agree within `tolerance` (slowest / fastest - 1), between
     `min_steps` and `max_steps` steps. Agreement needs `window` steps, so fewer are never enough."""
 
-    def __init__(self, *, tolerance: float = 0.02, window: int = 3, min_steps: int = 2, max_steps: int = 50) -> None:
+    def __init__(self, *, tolerance: float = 0.02, window: int = 3, min_steps: int = 3, max_steps: int = 50) -> None:
         super().__init__(max_steps)
         self.tolerance, self.window, self.min_steps = tolerance, window, min_steps
 
