@@ -191,7 +191,7 @@ class TrainStep:
     """One optimizer step over grad_accum micro-batches: `step(i)` trains step i and returns its loss.
 
     By default FSDP2 reduce-scatters the gradients of each micro-batch as its backward runs (as a plain FSDP1
-    FSDP1 loop without no_sync does); with grad_sync "step" only the last micro-batch's backward does."""
+    loop without no_sync does); with grad_sync "step" only the last micro-batch's backward does."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, plan: PrecisionPlan, data: SyntheticData,
                  options: TrainingOptions, *, compiled: bool):
