@@ -155,9 +155,6 @@ class GridSpec(_TrainingAxes):
                              f"entry (the first probe), got {self.batch_sizes}")
         return self
 
-    def model_specs(self) -> list[ModelSpec]:
-        return list(self.models)
-
 
 @dataclass(frozen=True, kw_only=True)
 class Trial(TrainingOptions):
@@ -190,23 +187,18 @@ class Trial(TrainingOptions):
                "gpus": self.gpus, "warmup": self.warmup_steps, "measure": self.measure_steps,
                "memory_cap": self.memory_cap_bytes, "retry": self.retry}
         # Keys added later enter the hash only when not at their default, so earlier trial ids stay valid.
-        key.update(self.changed_options)
+        key.update(self.changed())
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def config_key(self) -> tuple:
         """Everything but the batch: trials that differ only in batch share it (OOM retry, search)."""
         return (self.cluster, self.model.to_json(), self.precision, self.compile, self.ac, self.seq_len, self.gpus,
-                *self.changed_options.items())  # as trial_id: options at their default leave earlier keys alone
+                *self.changed().items())  # as trial_id: options at their default leave earlier keys alone
 
     @property
     def training_options(self) -> dict:
         return self.as_dict()
-
-    @property
-    def changed_options(self) -> dict:
-        """The training options not at their default (what trial_id, config_key and the tables show)."""
-        return self.changed()
 
     def child(self, **changes) -> "Trial":
         """A follow-up attempt (lower batch after an OOM, or an infrastructure retry)."""
@@ -214,7 +206,7 @@ class Trial(TrainingOptions):
 
     def options_text(self) -> str:
         """The training options not at their default, e.g. 'grad_accum=8 fp8_lm_head=True'."""
-        return " ".join(f"{k}={v}" for k, v in self.changed_options.items())
+        return " ".join(f"{k}={v}" for k, v in self.changed().items())
 
     def describe(self) -> str:
         extra = self.options_text()
@@ -275,7 +267,7 @@ def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | N
                    for values in itertools.product(*(getattr(grid, name) for name in OPTION_DEFAULTS))]
     trials = []
     for model, precision, comp, ac, seq_len, gpus, options, batch in itertools.product(
-            grid.model_specs(), grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, option_sets,
+            grid.models, grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, option_sets,
             grid.batch_sizes):
         if seq_len > model.max_seq_len:  # gpt: learned positions; llama: the RoPE table
             raise UserError(f"Invalid grid {source}: seq_len: {seq_len} exceeds {model.label}'s max_seq_len "
