@@ -29,7 +29,7 @@ def plan_warnings(trials: list, *, is_gpu: bool) -> list[str]:
     if eager_torchao and is_gpu:  # on CPU ranks torchao only emulates FP8: no speed to mislead about
         n = len(eager_torchao)
         warnings.append(_TORCHAO_EAGER.format(n=n, s="s" * (n != 1)))
-    if len(trials) > LARGE_GRID:
+    if needs_confirmation(trials):
         by_axis = Counter({axis: len({getattr(t, axis) for t in trials}) for axis in
                            ("precision", "batch_size", "seq_len", "gpus", "compile", "ac", "grad_accum")})
         widest = ", ".join(f"{n} {axis}" for axis, n in by_axis.most_common(3) if n > 1)
