@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from sweep.errors import UserError
 from sweep.results import aggregate
-from sweep.results.render import CONFIG_HEADERS
+from sweep.results.render import CONFIG_HEADERS, says_nothing
 from sweep.schema import TRAINING_DEFAULTS
 
 SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", *TRAINING_DEFAULTS, "memory_cap_gib")
@@ -41,11 +41,6 @@ def _text(key: str, value) -> str:
     if isinstance(value, bool):
         return f"{CONFIG_HEADERS[key]} {'on' if value else 'off'}"
     return f"{CONFIG_HEADERS[key]} {value}"
-
-
-def _says_nothing(key: str, value) -> bool:
-    """A constant at its default (training options, no memory cap) stays out of titles, as in tables."""
-    return (key == "memory_cap_gib" and value is None) or (key in TRAINING_DEFAULTS and value == TRAINING_DEFAULTS[key])
 
 
 def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool = False) -> Path:
@@ -147,7 +142,7 @@ def figure(configs: pa.Table, max_batch: pa.Table):
     longest = max(len(h.get_label()) for h in handles) * 7 + 40
     fig.legend(handles=handles, loc="outside lower center", ncols=max(1, min(len(handles), int(width_px // longest))),
                frameon=False)
-    title = [_text(k, rows[0][k]) for k in constant if not _says_nothing(k, rows[0][k])]
+    title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
     if title:
         fig.suptitle(_wrap(title, int(width_px // 8)), fontsize="medium")
     for ax, batches in perf_axes:

@@ -104,16 +104,20 @@ def short_error(text: str | None, width: int = 60) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+def says_nothing(key: str, value: object) -> bool:
+    """A config value every row shares that no caption or title needs: null everywhere (no memory cap) or a
+    training option at its default."""
+    return value is None or (key in TRAINING_DEFAULTS and value == TRAINING_DEFAULTS[key])
+
+
 def split_constant(rows: list[dict], cols: list[Col], always: Sequence[str] = ()) -> tuple[list[Col], str]:
     """Drop config columns (but ``always``) with one value across ``rows``; return the rest and a caption."""
     keep, caption = [], []
     for col in cols:
         values = {col.text(r) for r in rows}
         if col.key in CONFIG_HEADERS and col.key not in always and len(values) == 1 and len(rows) > 1:
-            value = values.pop()
-            # a column empty everywhere (no memory cap) or a training option at its default says nothing
-            if value != DASH and value != str(TRAINING_DEFAULTS.get(col.key)):
-                caption.append(f"{col.key} {value}")
+            if not says_nothing(col.key, rows[0].get(col.key)):
+                caption.append(f"{col.key} {values.pop()}")
         else:
             keep.append(col)
     return keep, " · ".join(caption)
