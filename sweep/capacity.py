@@ -6,6 +6,8 @@ Pure arithmetic: no torch, no Ray, so `sweep plan` says it on any machine and `s
 
 from __future__ import annotations
 
+from sweep.results.render import param_count  # the plan table's count: 70.6B, 198K
+
 # Bytes per parameter that training holds whatever the batch: the fp32 master weight (4), its fp32
 # gradient (4) and AdamW's two fp32 moments, exp_avg and exp_avg_sq (4 + 4). Every recipe keeps fp32
 # masters (bf16 and FP8 compute casts from them), and FSDP2 shards all four over the trial's ranks.
@@ -46,7 +48,7 @@ def state_reason(*, n_params: int, ranks: int, memory: tuple[float, str] | None)
     if need <= available:
         return None
     return (f"weights, gradients and AdamW state need {_size(need)} per rank ({BYTES_PER_PARAM} B × "
-            f"{_count(n_params)} params / {ranks} rank{'s' * (ranks != 1)}) > {_size(available)} {per}")
+            f"{param_count(n_params)} params / {ranks} rank{'s' * (ranks != 1)}) > {_size(available)} {per}")
 
 
 def _size(n_bytes: float) -> str:
@@ -55,9 +57,3 @@ def _size(n_bytes: float) -> str:
         if n_bytes >= scale:
             return f"{n_bytes / scale:.3g} {unit}"
     return f"{n_bytes:.0f} B"
-
-
-def _count(n: int) -> str:
-    """70.6B, 198K: a parameter count at a glance."""
-    scale, unit = next(((s, u) for s, u in ((1e9, "B"), (1e6, "M"), (1e3, "K")) if n >= s), (1, ""))
-    return f"{n / scale:.3g}{unit}"
