@@ -94,12 +94,13 @@ def _read_all(files: list[Path], bad: dict[Path, str]) -> pa.Table:
     try:
         return _read(files)
     except (OSError, pa.ArrowException):  # one file's pages are damaged: find which, one read each
+        tables = []
         for f in files:
             try:
-                _read([f])
+                tables.append(_read([f]))
             except (OSError, pa.ArrowException) as e:
                 bad[f] = f"not a readable Parquet file ({type(e).__name__}: {one_line(str(e))})"
-        return _read([f for f in files if f not in bad])
+        return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()
 
 
 def _refuse(output: Path, bad: dict[Path, str]) -> None:
