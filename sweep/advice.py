@@ -13,13 +13,11 @@ from trainer.recipes import RECIPES
 
 LARGE_GRID = 1000  # trials; past this `sweep run` asks for --yes
 
-# Measured through `sweep run` on 2xH200 with a Qwen-7B-sized inline model (the figures reported with the
-# request for this check): torchao FP8 without compile ran at 342 TFLOP/s/GPU against bf16-te's 543, and 671
-# with per-block compile. torchao's casts are separate
-# kernels unless inductor fuses them into the neighbouring ops.
+# torchao's scaling casts (amax, scale, cast to float8) are separate kernels unless inductor fuses them into
+# the neighbouring ops, so eager torchao FP8 understates what FP8 trains at.
 _TORCHAO_EAGER = ("torchao FP8 with compile: none ({n} trial{s}): its scaling casts run as separate kernels, "
-                  "so it measures slower than bf16 (on 2xH200: 342 TFLOP/s/GPU eager against 671 with "
-                  "compile: regional); use compile: regional or full to compare FP8 with bf16")
+                  "so it measures slower than it trains when compiled; use compile: regional or full to "
+                  "compare FP8 with bf16")
 
 
 def plan_warnings(trials: list, *, is_gpu: bool) -> list[str]:
