@@ -111,23 +111,17 @@ def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes()
     from sweep.advice import LARGE_GRID, needs_confirmation
     from sweep.errors import UserError
     from sweep.policy import GridPlan, MaxBatchPlan
-    from sweep.runner import execute, new_run_id
 
     profile, spec, trials = _prepare(grid, cluster, memory_cap, axes)
     if needs_confirmation(trials) and not yes:
         raise UserError(f"{len(trials)} trials (more than {LARGE_GRID}): check the grid with `sweep plan`, "
                         f"then run it with --yes")
-    check_output(output)
-    _print_warnings(trials, profile)
-    run_id = new_run_id()
     if spec.search == "max_batch":
         plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials))
     else:
         plan = GridPlan(trials, spec.on_oom)
-    report = execute(plan, profile=profile, output=output, run_id=run_id, grid_name=spec.name, resume=resume,
-                     max_concurrent=max_concurrent, progress=progress,
-                     reuse_actors=spec.reuse_actors and not fresh_actors)
-    _finish(report, output, plan)
+    _execute(plan, trials, profile, output, grid_name=spec.name, resume=resume, max_concurrent=max_concurrent,
+             progress=progress, reuse_actors=spec.reuse_actors and not fresh_actors)
 
 
 @app.command()
@@ -176,18 +170,22 @@ def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
     """Find the largest batch that fits, and the fastest, per model and precision."""
     from sweep.errors import UserError
     from sweep.policy import MaxBatchPlan
-    from sweep.runner import execute, new_run_id
 
     if not axes.model:
         raise UserError("max-batch needs --model")
     profile, spec, trials = _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]))
     trials = [replace(t, warmup_steps=warmup, measure_steps=measure) for t in trials]
+    plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
+    _execute(plan, trials, profile, output, progress=progress, reuse_actors=not fresh_actors)
+
+
+def _execute(plan, trials, profile, output: Path, **options) -> None:
+    """What `run` and `max-batch` do once planned: check --output, warn, run the plan, report and exit."""
+    from sweep.runner import execute, new_run_id
+
     check_output(output)
     _print_warnings(trials, profile)
-    run_id = new_run_id()
-    plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
-    report = execute(plan, profile=profile, output=output, run_id=run_id, progress=progress,
-                     reuse_actors=not fresh_actors)
+    report = execute(plan, profile=profile, output=output, run_id=new_run_id(), **options)
     _finish(report, output, plan)
 
 
