@@ -84,13 +84,12 @@ def test_a_two_rank_trial_spans_both_nodes_and_trains(two_node_run):
 
 
 @pytest.mark.timeout(300)
-def test_one_rank_trials_run_at_once_on_different_nodes(two_node_run):
-    rows, node_ids = two_node_run
+def test_one_rank_trials_run_at_once(two_node_run):
+    rows, _ = two_node_run  # Ray may place both on one node: each node has room for two ranks
     one_rank = [r for r in rows if r["world_size"] == 1]
     assert len(one_rank) == 2
     a, b = one_rank
     assert a["status"] == b["status"] == "ok", (a["error"], b["error"])
     assert a["nodes"] == b["nodes"] == 1
-    assert {a["node_ids"][0], b["node_ids"][0]} <= node_ids
     # their [started_at, finished_at] intervals intersect: neither waited for the other
     assert a["started_at"] < b["finished_at"] and b["started_at"] < a["finished_at"]
