@@ -15,7 +15,12 @@
     reduce_dtype: fp32                # FSDP2 gradient reduce-scatter dtype: fp32 | bf16
     grad_sync: micro_batch            # with grad_accum > 1: reduce gradients every micro_batch | once per step
     on_oom: {policy: halve, min_batch: 1}
-    search: max_batch                 # optional: find the largest / fastest batch per precision
+    search: max_batch                 # optional: max_batch (the largest / fastest batch per precision), or
+                                      # fastest (the fastest configuration: see tune below)
+    tune: {vary: [batch_size, ac, grad_accum, compile], budget: 40, global_batch_tokens: 1048576}
+                                      # search: fastest: the options it may change, its probe budget, and
+                                      # an optional global batch every probe keeps (sweep.tune)
+    profile: false                    # true: a torch.profiler trace of a few steps after the measured ones
     timeout_s: 1800                   # per trial
     memory_cap: 80GiB                 # optional per-rank cap (a real allocation failure past it)
     reuse_actors: true                # false: fresh rank processes for every trial (as --fresh-actors)
@@ -95,6 +100,32 @@ class Steps(BaseModel):
     measure: Annotated[StepsSpec, _steps(1)] = Field(default=10, description="timed steps, or auto")
 
 
+# What `search: fastest` may change, and of that what changes the numerics (not just the speed): those vary
+# only when `tune.vary` names them.
+TUNABLE = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")
+NUMERICS_CHANGING = ("reduce_dtype", "grad_sync", "fp8_lm_head")
+DEFAULT_VARY = ("batch_size", "ac", "compile", "grad_accum")
+
+
+class TuneSpec(BaseModel):
+    """How `search: fastest` searches (sweep.tune): which options may vary, in how many probes, under which
+    global batch. An option varies over its grid axis when that lists several values, else over all of
+    its values (grad_accum: 1, 2, 4, 8)."""
+
+    model_config = _STRICT
+    vary: list[Literal[TUNABLE]] = Field(default=list(DEFAULT_VARY), description="options the search may change")
+    budget: int = Field(default=40, gt=0, description="probes (trial attempts) at most, per model and precision")
+    global_batch_tokens: int | None = Field(
+        default=None, gt=0, description="micro-batch x grad_accum x ranks x seq_len held at this, if given")
+
+    @field_validator("vary")
+    @classmethod
+    def _no_repeats(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"an option is named twice: {value}")
+        return value
+
+
 class OomPolicy(BaseModel):
     model_config = _STRICT
     policy: Literal["halve", "next", "bisect", "none"] = "halve"
@@ -121,7 +152,10 @@ class GridSpec(_TrainingAxes):
     # + one axis per training option (from _TrainingAxes): grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync
     steps: Steps = Steps()
     on_oom: OomPolicy = OomPolicy()
-    search: Literal["max_batch"] | None = None
+    search: Literal["max_batch", "fastest"] | None = None
+    tune: TuneSpec | None = None
+    profile: bool = Field(default=False, description="record a torch.profiler trace of a few steps after the "
+                                                     "measured ones, and where the step time goes")
     timeout_s: float | None = Field(default=None, gt=0)
     memory_cap: int | None = None  # bytes, from a size with a unit
     reuse_actors: bool = Field(default=True, description="run trials of one kind one after the other on warm rank "
@@ -151,8 +185,10 @@ class GridSpec(_TrainingAxes):
     @model_validator(mode="after")
     def _one_start_for_a_search(self) -> "GridSpec":
         if self.search and len(self.batch_sizes) > 1:
-            raise ValueError(f"search: max_batch starts from one batch and finds the rest; give one batch_sizes "
+            raise ValueError(f"search: {self.search} starts from one batch and finds the rest; give one batch_sizes "
                              f"entry (the first probe), got {self.batch_sizes}")
+        if self.tune is not None and self.search != "fastest":
+            raise ValueError("tune: configures search: fastest; add `search: fastest` or remove tune")
         return self
 
 
@@ -179,6 +215,7 @@ class Trial(TrainingOptions):
     parent_trial_id: str | None = None
     retry: int = 0  # infrastructure retries of the same config
     search_id: str | None = None
+    profile: bool = False  # a trace of a few steps after the measured ones (does not change the measurement)
 
     @property
     def trial_id(self) -> str:
@@ -188,6 +225,8 @@ class Trial(TrainingOptions):
                "memory_cap": self.memory_cap_bytes, "retry": self.retry}
         # Keys added later enter the hash only when not at their default, so earlier trial ids stay valid.
         key.update(self.changed())
+        if self.profile:  # a profiled attempt is its own row (it has a trace): --resume does not stand one for the other
+            key["profile"] = True
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -237,7 +276,7 @@ def load_grid(path: str | Path) -> GridSpec:
     return parse_grid(read_grid(path), display_path(Path(path)))
 
 
-def _fold(options: dict, *, model: ModelSpec, precision: str, gpus: int) -> dict:
+def fold_options(options: dict, *, model: ModelSpec, precision: str, gpus: int) -> dict:
     """The options a trial really runs with: one that can do nothing in this trial is back at its default."""
     family = RECIPES[precision].family
     # An FP8 head needs an FP8 recipe and an untied head (GPT's head is the embedding): elsewhere the
@@ -275,6 +314,6 @@ def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | N
         trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
                             batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,
                             measure_steps=grid.steps.measure, memory_cap_bytes=cap, timeout_s=limit,
-                            **_fold(options, model=model, precision=precision, gpus=gpus)))
+                            profile=grid.profile, **fold_options(options, model=model, precision=precision, gpus=gpus)))
     unique = {t.trial_id: t for t in trials}
     return list(unique.values())

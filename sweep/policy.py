@@ -242,7 +242,7 @@ class MaxBatchPlan:
         out = []
         for key, search in self.searches.items():
             t = self.templates[key]
-            out.append({"search_id": t.search_id, "model": t.model.label, "precision": t.precision,
+            out.append({"kind": "max_batch", "search_id": t.search_id, "model": t.model.label, "precision": t.precision,
                         "compile": t.compile, "ac": t.ac, "seq_len": t.seq_len, "gpus": t.gpus,
                         "options": t.options_text(), "max_batch": search.largest_ok, "first_failing_batch": search.smallest_failed,
                         "fastest_batch": search.fastest(), "probes": len(search.probes),

@@ -33,6 +33,8 @@ CapOpt = Annotated[Optional[str], typer.Option("--memory-cap", help="Per-rank me
 ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
 FreshOpt = Annotated[bool, typer.Option("--fresh-actors", help="New rank processes for every trial, instead of warm "
                                         "ones that run trials of one kind one after the other.")]
+ProfileOpt = Annotated[bool, typer.Option("--profile", help="After the measured steps, trace a few more with "
+                                          "torch.profiler: a trace file beside each row, and where the step time goes.")]
 
 
 def _axis(key: str):
@@ -74,8 +76,9 @@ def _grid_data(grid: Path | None, axes: Axes) -> tuple[dict, str]:
     return data | axes.grid_data(), source
 
 
-def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, axes: Axes = Axes()):
-    """Load profile and grid, expand to trials: every user error surfaces here, before anything runs."""
+def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, axes: Axes = Axes(), extra: dict | None = None):
+    """Load profile and grid, expand to trials: every user error surfaces here, before anything runs.
+    `extra`: grid keys a command's own options set (on top of the file's)."""
     from clusters import load_profile
     from sweep.errors import UserError
     from clusters.schema import parse_memory_size
@@ -83,6 +86,7 @@ def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, axes: Axes
 
     profile = load_profile(cluster)
     data, source = _grid_data(grid, axes)
+    data |= extra or {}
     if grid is None and "models" not in data:  # a grid file's own omissions: parse_grid says what is missing
         raise UserError("no models: give a grid file or --model")
     if grid is None and "batch_sizes" not in data:
@@ -105,21 +109,17 @@ def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes()
         output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
         resume: Annotated[bool, typer.Option(help="Skip attempts already recorded in --output.")] = False,
         max_concurrent: Annotated[Optional[int], typer.Option(min=1, help="At most this many trials at once.")] = None,
-        progress: ProgressOpt = True, fresh_actors: FreshOpt = False,
+        progress: ProgressOpt = True, fresh_actors: FreshOpt = False, profile_steps: ProfileOpt = False,
         yes: Annotated[bool, typer.Option("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False) -> None:
     """Run a grid of trials and write one Parquet row per attempt."""
     from sweep.advice import LARGE_GRID, needs_confirmation
     from sweep.errors import UserError
-    from sweep.policy import GridPlan, MaxBatchPlan
 
-    profile, spec, trials = _prepare(grid, cluster, memory_cap, axes)
+    profile, spec, trials = _prepare(grid, cluster, memory_cap, axes, {"profile": True} if profile_steps else None)
     if needs_confirmation(trials) and not yes:
         raise UserError(f"{len(trials)} trials (more than {LARGE_GRID}): check the grid with `sweep plan`, "
                         f"then run it with --yes")
-    if spec.search == "max_batch":
-        plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials))
-    else:
-        plan = GridPlan(trials, spec.on_oom)
+    plan = make_plan(spec, trials, profile)
     _execute(plan, trials, profile, output, grid_name=spec.name, resume=resume, max_concurrent=max_concurrent,
              progress=progress, reuse_actors=spec.reuse_actors and not fresh_actors)
 
@@ -138,6 +138,19 @@ def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(
     render.plan_table(rows, f"{len(trials)} trial{'s' * (len(trials) != 1)} on {profile.name} ({profile.accelerator}, "
                             f"{profile.total_ranks} ranks)" + (" — max-batch search" if spec.search else ""), reasons)
     _print_warnings(trials, profile, Console())
+
+
+def make_plan(spec, trials, profile):
+    """What runs: the grid's trials (with OOM retries), or the search its `search:` asks for."""
+    from sweep.policy import GridPlan, MaxBatchPlan
+
+    if spec.search == "max_batch":
+        return MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials))
+    if spec.search == "fastest":
+        from sweep.tune import TunePlan
+
+        return TunePlan(trials, spec, capacity_bytes=_capacity(profile, trials))
+    return GridPlan(trials, spec.on_oom)
 
 
 def _plan_rows(trials, profile) -> tuple[list[dict], dict[str, int]]:
@@ -166,14 +179,15 @@ def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
               step: Annotated[int, typer.Option(min=1, help="Granularity: stop when B ok and B+step oom.")] = 1,
               warmup: Annotated[int, typer.Option(min=0)] = 2, measure: Annotated[int, typer.Option(min=1)] = 5,
               output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True,
-              fresh_actors: FreshOpt = False) -> None:
+              fresh_actors: FreshOpt = False, profile_steps: ProfileOpt = False) -> None:
     """Find the largest batch that fits, and the fastest, per model and precision."""
     from sweep.errors import UserError
     from sweep.policy import MaxBatchPlan
 
     if not axes.model:
         raise UserError("max-batch needs --model")
-    profile, spec, trials = _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]))
+    profile, spec, trials = _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]),
+                                     {"profile": True} if profile_steps else None)
     trials = [replace(t, warmup_steps=warmup, measure_steps=measure) for t in trials]
     plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
     _execute(plan, trials, profile, output, progress=progress, reuse_actors=not fresh_actors)
@@ -261,13 +275,19 @@ def _finish(report, output: Path, plan) -> None:
 
 
 def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[dict]) -> None:
-    """Print the max-batch verdicts and record them beside the rows (`_search/`, ignored as data)."""
+    """Print a search's verdicts and record them beside the rows (`_search/`, ignored as data). A max-batch
+    verdict is completed here from its rows; a fastest-configuration one (`sweep.tune`) comes whole."""
     from sweep import store
     from sweep.results import render
 
-    for v in verdicts:
+    max_batch = [v for v in verdicts if v["kind"] == "max_batch"]
+    for v in max_batch:
         _complete_verdict(v, rows)
-    render.verdict_table(verdicts)
+    if max_batch:
+        render.verdict_table(max_batch)
+    fastest = [v for v in verdicts if v["kind"] == "fastest"]
+    if fastest:
+        render.tune_table(fastest)
     store.write_verdicts(output, run_id, verdicts)
 
 
