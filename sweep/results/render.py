@@ -284,7 +284,7 @@ def max_batch_cols(rows: list[dict]) -> list[Col]:
     return MAX_BATCH_COLS + ([THRASH_COL] if any(_thrash_note(r) for r in rows) else [])
 
 
-def _base_tflops(row: dict) -> str:
+def base_tflops(row: dict) -> str:
     if row.get("base_tflops_per_gpu") is not None:
         return sig(row["base_tflops_per_gpu"])
     return row.get("base_status") or "not run"
@@ -295,7 +295,7 @@ def compare_cols(by: str, baseline: str, with_cost: bool) -> list[Col]:
     cols = [
         *config_cols(keys),
         Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
-        Col("base_tflops_per_gpu", f"{baseline} TFLOP/s/GPU", _base_tflops),
+        Col("base_tflops_per_gpu", f"{baseline} TFLOP/s/GPU", base_tflops),
         Col("ratio", f"vs {baseline}", ratio_text("ratio")),
         Col("loss_last", "last loss", num("loss_last")),
         Col("base_loss_last", f"{baseline} last loss", num("base_loss_last")),
@@ -331,7 +331,7 @@ def generic_cols(schema) -> list[Col]:
             for f in schema]
 
 
-# --- tables `sweep plan` and `sweep max-batch` print before and after a run -----------------------------
+# --- the table `sweep plan` prints before a run (the verdicts after a search: `verdicts`) ------------
 
 def param_count(n: int) -> str:
     """8.03B, 124M, 198K: a parameter count at a glance."""
@@ -365,27 +365,11 @@ def plan_table(rows: list[dict], title: str, reasons: dict[str, int]) -> None:
         console.print(f"[yellow]({n}) unsupported:[/yellow] {escape(reason)}")
 
 
-def verdict_table(verdicts: list[dict]) -> None:
-    """The max-batch verdicts `sweep max-batch` prints after its search (on stdout, every cell whole)."""
-    from rich.console import Console
-    from rich.table import Table
+def __getattr__(name: str):
+    """`render.verdict_table` and `render.tune_table` live in `verdicts` (imported on first use: it imports this
+    module)."""
+    if name in ("verdict_table", "tune_table"):
+        from sweep.results import verdicts
 
-    def opt(value, text: Callable[[object], str] = str) -> str:
-        return "–" if value is None else text(value)
-
-    table = Table(title="max-batch verdicts", title_justify="left")
-    thrash = any(v["allocator"] for v in verdicts)
-    for col in ["model", "precision", "compile", "seq", "gpus", "max batch", "first OOM", "fastest batch",
-                "TFLOP/s/GPU @fastest", "alloc retries @max", "alloc retries @fastest", "probes", "search s",
-                "cost (x one trial)"] + (["allocator"] if thrash else []):
-        table.add_column(col)
-    for v in verdicts:
-        precision = v["precision"] + (f" ({v['options']})" if v["options"] else "")  # e.g. grad_accum=8
-        table.add_row(v["model"], precision, v["compile"], str(v["seq_len"]), str(v["gpus"]), str(v["max_batch"]),
-                      str(v["first_failing_batch"]), str(v["fastest_batch"]),
-                      opt(v["tflops_at_fastest"], lambda x: f"{x:.4g}"),
-                      opt(v["alloc_retries_at_max"]), opt(v["alloc_retries_at_fastest"]), str(v["probes"]),
-                      f"{v['search_wall_s']:.1f}" + (f" [red]aborted: {v['aborted']}[/red]" if v["aborted"] else ""),
-                      opt(v["cost_vs_one_trial"], lambda x: f"{x:.1f}x"),
-                      *([f"[yellow]{v['allocator']}[/yellow]"] if thrash else []))
-    Console(width=None if sys.stdout.isatty() else 400).print(table)  # a pipe or log gets every cell whole
+        return getattr(verdicts, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

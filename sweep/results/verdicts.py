@@ -1,0 +1,163 @@
+"""What searches concluded, as tables: the verdicts of a max-batch search (`sweep max-batch`) and of a
+fastest-configuration search (`search: fastest`, `sweep.tune`), and each precision at its best
+(`sweep results compare --best`).
+
+A search prints its verdicts when it ends and saves them in ``<output>/_search/<run_id>.json`` (a JSON
+list, ``store.write_verdicts``); ``load`` reads them back for ``sweep results verdicts`` and for
+``compare --best``, which prefers a search's fully measured best to the fastest row.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+from sweep.errors import UserError
+from sweep.results.render import (CONFIG_HEADERS, DASH, RATIO_SIGNIFICANT, TFLOPS, Col, base_tflops, config_cols,
+                                  num, ratio_text, sig)
+from sweep.schema import TRAINING_DEFAULTS
+
+# The configuration a search starts from and `compare --best` describes others against: no compile, no
+# activation checkpointing, the training options' defaults (the batch is always said).
+DEFAULT_CONFIG = {"compile": "none", "ac": "none", **TRAINING_DEFAULTS}
+# Where a fastest search's best spends its step (the row's profile_* columns, TUNE.md)
+PROFILE_PARTS = (("gemm_pct", "GEMM"), ("attention_pct", "attention"), ("comm_exposed_pct", "exposed comm"),
+                 ("optimizer_pct", "optimizer"), ("other_pct", "other"))
+
+
+def load(directory: Path) -> list[dict]:
+    """Every verdict saved under ``directory/_search/`` (oldest run file first), each with ``kind``.
+
+    Files saved before verdicts had a kind hold max-batch verdicts. A file that is not a JSON list of
+    objects is a UserError naming it.
+    """
+    verdicts = []
+    for path in sorted((Path(directory) / "_search").glob("*.json")):
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path}: not a saved search verdict ({e})") from None
+        if not isinstance(saved, list) or not all(isinstance(v, dict) for v in saved):
+            raise UserError(f"{path}: not a saved search verdict (expected a JSON list of objects)")
+        verdicts += [{"kind": "max_batch", **v} for v in saved]
+    return verdicts
+
+
+def config_text(config: dict | None, against: dict = DEFAULT_CONFIG) -> str:
+    """'batch 3 · accum 8 · reduce bf16 · grad sync step': the batch, then each option whose value differs
+    from ``against`` (what a tuned configuration changed, or what a row runs beyond the defaults)."""
+    if not config:
+        return DASH
+    parts = [] if config.get("batch_size") is None else [f"batch {config['batch_size']}"]
+    for key, value in config.items():
+        if key != "batch_size" and key in CONFIG_HEADERS and value is not None and value != against.get(key):
+            parts.append(f"{CONFIG_HEADERS[key]} {_value(value)}")
+    return " · ".join(parts) or DASH
+
+
+def _value(value: object) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 400, highlight=False)  # a pipe or log gets every cell whole
+
+
+def _opt(value, text: Callable[[object], str] = str) -> str:
+    return "–" if value is None else text(value)
+
+
+def verdict_table(verdicts: list[dict]) -> None:
+    """The max-batch verdicts `sweep max-batch` prints after its search (on stdout, every cell whole)."""
+    from rich.table import Table
+
+    table = Table(title="max-batch verdicts", title_justify="left")
+    thrash = any(v.get("allocator") for v in verdicts)
+    for col in ["model", "precision", "compile", "seq", "gpus", "max batch", "first OOM", "fastest batch",
+                "TFLOP/s/GPU @fastest", "alloc retries @max", "alloc retries @fastest", "probes", "search s",
+                "cost (x one trial)"] + (["allocator"] if thrash else []):
+        table.add_column(col)
+    for v in verdicts:
+        precision = v["precision"] + (f" ({v['options']})" if v.get("options") else "")  # e.g. grad_accum=8
+        table.add_row(v["model"], precision, v["compile"], str(v["seq_len"]), str(v["gpus"]), str(v["max_batch"]),
+                      str(v["first_failing_batch"]), str(v["fastest_batch"]),
+                      _opt(v.get("tflops_at_fastest"), lambda x: f"{x:.4g}"),
+                      _opt(v.get("alloc_retries_at_max")), _opt(v.get("alloc_retries_at_fastest")), str(v["probes"]),
+                      _opt(v.get("search_wall_s"), lambda x: f"{x:.1f}")
+                      + (f" [red]aborted: {v['aborted']}[/red]" if v.get("aborted") else ""),
+                      _opt(v.get("cost_vs_one_trial"), lambda x: f"{x:.1f}x"),
+                      *([f"[yellow]{v.get('allocator') or ''}[/yellow]"] if thrash else []))
+    _console().print(table)
+
+
+def tune_table(verdicts: list[dict]) -> None:
+    """The fastest-configuration verdicts (``kind: "fastest"``) a search prints when it ends, one row per model,
+    precision, seq_len and GPUs: the best configuration (what it changed from the baseline, and its batch)
+    and its TFLOP/s/GPU, the baseline's, the speedup, the probes used of the budget, the cost against one
+    measured trial and the numerics-changing options the search was allowed. An aborted search says why.
+    Under the table, for each best that was profiled, where its step time goes."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    clusters = len({v.get("cluster") for v in verdicts}) > 1
+    global_batch = any(v.get("global_batch_tokens") for v in verdicts)
+    table = Table(title="fastest configuration per model × precision", title_justify="left")
+    for col in (["cluster"] if clusters else []) + ["model", "precision", "seq", "gpus", "best (vs baseline)",
+                                                    "TFLOP/s/GPU @best", "baseline", "baseline TFLOP/s/GPU", "speedup",
+                                                    "probes / budget", "cost (x one trial)", "numerics allowed"] \
+            + (["global batch (tokens)"] if global_batch else []):
+        table.add_column(col, justify="right" if "TFLOP" in col or col in ("seq", "gpus", "speedup") else "left")
+    for v in verdicts:
+        baseline = v.get("baseline") or {}
+        best = f"[red]aborted: {escape(str(v['aborted']))}[/red]" if v.get("aborted") else escape(config_text(
+            v.get("best"), {**DEFAULT_CONFIG, **baseline}))
+        table.add_row(*([str(v.get("cluster"))] if clusters else []), v["model"], v["precision"], str(v["seq_len"]),
+                      str(v["gpus"]), best, _opt(v.get("tflops_at_best"), sig), escape(config_text(baseline)),
+                      _opt(v.get("baseline_tflops"), sig), ratio_text("speedup")(v),
+                      f"{v.get('probes', DASH)} / {v.get('budget', DASH)}",
+                      _opt(v.get("cost_vs_one_trial"), lambda x: f"{x:.1f}x"),
+                      ", ".join(v.get("numerics_allowed") or []) or "none",
+                      *([_opt(v.get("global_batch_tokens"), lambda x: f"{x:,}")] if global_batch else []))
+    console = _console()
+    console.print(table)
+    for v in verdicts:
+        if v.get("profile"):
+            console.print(escape(profile_line(v)), soft_wrap=True)
+
+
+def profile_line(v: dict) -> str:
+    """'llama3-8b fp8-te T4096 ×2, the best's step: GEMM 61.2 %, attention 14.0 %, ... · trace run1/x.json'."""
+    p = v["profile"]
+    shares = ", ".join(f"{name} {_opt(p.get(key), lambda x: sig(x, RATIO_SIGNIFICANT))} %" for key, name in PROFILE_PARTS)
+    trace = f" · trace {p['trace_file']}" if p.get("trace_file") else ""
+    return f"{v['model']} {v['precision']} T{v['seq_len']} ×{v['gpus']}, the best's step: {shares}{trace}"
+
+
+def finalists(verdicts: list[dict]) -> list[tuple[str, str]]:
+    """(cluster, trial_id) of each fastest search's best: a fully measured finalist, not a short probe."""
+    return [(v.get("cluster"), v["best_trial_id"]) for v in verdicts
+            if v["kind"] == "fastest" and not v.get("aborted") and v.get("best_trial_id")]
+
+
+def _config(row: dict, prefix: str = "") -> str:
+    return config_text({k: row.get(prefix + k) for k in ("batch_size", *DEFAULT_CONFIG)})
+
+
+def best_cols(baseline: str) -> list[Col]:
+    """`compare --best`: each precision's best (``aggregate.best_table``) against the baseline precision's best."""
+    picked = {True: "search's best", False: "fastest ok"}
+    return [
+        *config_cols(("cluster", "model", "seq_len", "world_size", "memory_cap_gib", "precision")),
+        Col("config", "best config", _config, numeric=False),
+        Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
+        Col("tuned", "from", lambda r: picked.get(r.get("tuned"), DASH), numeric=False),
+        Col("base_config", f"{baseline} best config", lambda r: _config(r, "base_"), numeric=False),
+        Col("base_tflops_per_gpu", f"{baseline} TFLOP/s/GPU", base_tflops),
+        Col("ratio", f"vs {baseline}", ratio_text("ratio")),
+        Col("loss_last", "last loss", num("loss_last")),
+        Col("base_loss_last", f"{baseline} last loss", num("base_loss_last")),
+    ]
