@@ -134,6 +134,10 @@ def compare(
              "micro_batch; --by cluster needs one.")] = None,
     by: Annotated[By, typer.Option("--by", help="The config key that varies: everything else stays the same "
                                                "(precisions on one cluster, clusters for one precision, ...).")] = By.precision,
+    best: Annotated[bool, typer.Option(
+        "--best", help="Each precision at its best against the baseline's best, per model × seq_len × GPUs × cluster, "
+                       "whatever their batch and options: a fastest search's measured best where one ran "
+                       "(_search/*.json), else the fastest ok config.")] = False,
     where: Where = None,
     fmt: Format = TableFormat.table,
     limit: Limit = 200,
@@ -146,9 +150,15 @@ def compare(
 
     With --by cluster, also tokens/s/GPU per $/GPU-hour where the rows carry a cost (the profile's
     cost_per_gpu_hour when they were written).
+
+    With --best, each stack at its best instead: the fastest configuration of each precision, with its batch and
+    options, against the baseline precision's fastest.
     """
     from sweep.results import aggregate, provenance, recount, render
 
+    if best:
+        return _compare_best(directory, baseline or aggregate.COMPARE_BY["precision"], by, where, fmt, limit, flops,
+                             skip_bad)
     rows = aggregate.load_rows(directory, where or (), skip_bad, ("cost_per_gpu_hour", *provenance.COLUMNS), flops.value)
     configs, costs = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
@@ -167,6 +177,41 @@ def compare(
     title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
     _emit(table.to_pylist(), cols, fmt, title, note, always=(by.value,), csv_columns=table.column_names, limit=limit,
           footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
+
+
+def _compare_best(directory: Path, baseline: str, by: By, where, fmt: TableFormat, limit: int, flops, skip_bad: bool) -> None:
+    from sweep.results import aggregate, provenance, recount, verdicts
+
+    if by is not By.precision:
+        raise UserError(f"--best compares precisions, each at its best; leave out --by {by.value}")
+    rows = aggregate.load_rows(directory, where or (), skip_bad, ("trial_id", *provenance.COLUMNS), flops.value)
+    table = aggregate.best_table(rows, baseline, verdicts.finalists(verdicts.load(directory)))
+    if table.num_rows == 0:
+        raise UserError(f"nothing to compare: every row in {directory} has precision {baseline}")
+    title = f"{directory}: each precision at its best vs {baseline} at its best (TFLOP/s/GPU)"
+    note = " · ".join([recount.caption(flops.value),
+                       "best: a fastest search's measured best, else the config with the fastest median of its ok attempts"])
+    _emit(table.to_pylist(), verdicts.best_cols(baseline), fmt, title, note, always=("precision",),
+          csv_columns=table.column_names, limit=limit, footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
+
+
+@app.command()
+@user_errors
+def verdicts(directory: Directory) -> None:
+    """Print the verdicts the searches saved under DIR/_search/: largest batch per config (`sweep max-batch`) and
+    fastest configuration per model × precision (`search: fastest`), as each search printed them when it ended."""
+    from sweep.results import verdicts as saved
+
+    found = saved.load(directory)
+    if not found:
+        raise UserError(f"{directory}: no saved search verdicts (_search/*.json); `sweep max-batch` and grids with "
+                        "`search: fastest` write them")
+    max_batch = [v for v in found if v["kind"] == "max_batch"]
+    fastest = [v for v in found if v["kind"] == "fastest"]
+    if max_batch:
+        saved.verdict_table(max_batch)
+    if fastest:
+        saved.tune_table(fastest)
 
 
 @app.command()

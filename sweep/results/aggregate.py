@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from sweep.errors import UserError
 from sweep.results.query import CONFIG_KEYS, load, run_sql
-from sweep.schema import STATUSES
+from sweep.schema import STATUSES, TRAINING_DEFAULTS
 
 METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak_mem_gib")
 # Beside the speed: a recipe that runs fast and does not train is no result (median over ok attempts too)
@@ -140,9 +140,7 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     """
     if by not in COMPARE_BY:
         raise UserError(f"--by {by!r}: compare by one of {', '.join(COMPARE_BY)}")
-    present = sorted(v for v in set(configs.column(by).to_pylist()) if v is not None)
-    if baseline not in present:
-        raise UserError(f"--baseline {baseline!r}: no {by} of that name in the results; valid: {', '.join(present)}")
+    _check_baseline(configs, baseline, by)
     keys = [k for k in CONFIG_KEYS if k != by]
     on = " AND ".join(f"c.{k} IS NOT DISTINCT FROM b.{k}" for k in keys)
     cost_cols, cost_join = "", ""
@@ -168,6 +166,65 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     ORDER BY {", ".join(f"c.{k}" for k in keys)}, c.{by}
     """
     return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table)
+
+
+def _check_baseline(table: pa.Table, baseline: str, by: str) -> None:
+    present = sorted(v for v in set(table.column(by).to_pylist()) if v is not None)
+    if baseline not in present:
+        raise UserError(f"--baseline {baseline!r}: no {by} of that name in the results; valid: {', '.join(present)}")
+
+
+# `compare --best`: a precision's best is per this group, whatever its batch and options
+BEST_GROUP = ("cluster", "model", "seq_len", "world_size", "memory_cap_gib")
+BEST_CONFIG = ("batch_size", "compile", "ac", *TRAINING_DEFAULTS)
+
+
+def best_table(rows: pa.Table, baseline: str, finalists: Iterable[tuple[str, str]] = ()) -> pa.Table:
+    """Each precision at its best against the ``baseline`` precision at its best, per BEST_GROUP.
+
+    A precision's best is the config (BEST_CONFIG) with the highest median TFLOP/s/GPU over its ok attempts,
+    except that a fastest search's best (``finalists``: (cluster, trial_id) from its verdicts) comes first:
+    it was fully measured, where the search's short probes were not. ``tuned`` says which was taken. A
+    precision without an ok attempt in a group keeps its failure as its status; ``ratio`` is null then.
+    ``rows`` need ``trial_id`` besides LOAD_COLUMNS.
+    """
+    _check_baseline(rows, baseline, "precision")
+    found = pa.table({"cluster": pa.array([c for c, _ in finalists], pa.string()),
+                      "trial_id": pa.array([t for _, t in finalists], pa.string())})
+    group, config = ", ".join(BEST_GROUP), ", ".join(BEST_CONFIG)
+    same = " AND ".join(f"c.{k} IS NOT DISTINCT FROM b.{k}" for k in BEST_GROUP)
+    side = ["status", *BEST_CONFIG, "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_last", "n_ok", "tuned"]
+    sql = f"""
+    WITH ok AS (
+      SELECT r.*, f.trial_id IS NOT NULL AS tuned FROM rows r
+      LEFT JOIN (SELECT DISTINCT * FROM found) f ON f.cluster = r.cluster AND f.trial_id = r.trial_id
+      WHERE r.status = 'ok'),
+    c AS (
+      SELECT {group}, precision, {config}, tuned, median(tflops_per_gpu) AS tflops_per_gpu,
+        median(tokens_per_s_per_gpu) AS tokens_per_s_per_gpu, median(loss_last) AS loss_last, count(*) AS n_ok
+      FROM ok GROUP BY ALL),
+    best AS (
+      SELECT * EXCLUDE (pick) FROM (
+        SELECT *, row_number() OVER (PARTITION BY {group}, precision
+                                     ORDER BY tuned DESC, tflops_per_gpu DESC NULLS LAST, {config}) AS pick
+        FROM c) WHERE pick = 1),
+    ran AS (
+      SELECT {group}, precision,
+        CASE WHEN count(*) FILTER (WHERE status = 'ok') > 0 THEN 'ok'
+             ELSE {_failure_text("count(*) FILTER (WHERE status = '{}')")} END AS status
+      FROM rows GROUP BY ALL),
+    s AS (
+      SELECT ran.*, {", ".join(f"b.{k}" for k in side if k != "status")}
+      FROM ran LEFT JOIN best b ON b.precision = ran.precision
+        AND {" AND ".join(f"b.{k} IS NOT DISTINCT FROM ran.{k}" for k in BEST_GROUP)})
+    SELECT {", ".join(f"c.{k}" for k in BEST_GROUP)}, c.precision, {", ".join(f"c.{k}" for k in side)},
+      {", ".join(f"b.{k} AS base_{k}" for k in side)},
+      c.tflops_per_gpu / b.tflops_per_gpu AS ratio
+    FROM s c LEFT JOIN s b ON b.precision = $baseline AND {same}
+    WHERE c.precision <> $baseline
+    ORDER BY {", ".join(f"c.{k}" for k in BEST_GROUP)}, c.precision
+    """
+    return run_sql(sql, {"baseline": baseline}, rows=rows, found=found)
 
 
 def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float | None] | None]:

@@ -67,8 +67,8 @@ def _console():
     return Console(width=None if sys.stdout.isatty() else 400, highlight=False)  # a pipe or log gets every cell whole
 
 
-def _opt(value, text: Callable[[object], str] = str) -> str:
-    return "–" if value is None else text(value)
+def _opt(value, text: Callable[[object], str] = str, missing: str = "–") -> str:
+    return missing if value is None else text(value)
 
 
 def verdict_table(verdicts: list[dict]) -> None:
@@ -116,12 +116,12 @@ def tune_table(verdicts: list[dict]) -> None:
         best = f"[red]aborted: {escape(str(v['aborted']))}[/red]" if v.get("aborted") else escape(config_text(
             v.get("best"), {**DEFAULT_CONFIG, **baseline}))
         table.add_row(*([str(v.get("cluster"))] if clusters else []), v["model"], v["precision"], str(v["seq_len"]),
-                      str(v["gpus"]), best, _opt(v.get("tflops_at_best"), sig), escape(config_text(baseline)),
-                      _opt(v.get("baseline_tflops"), sig), ratio_text("speedup")(v),
+                      str(v["gpus"]), best, _opt(v.get("tflops_at_best"), sig, DASH), escape(config_text(baseline)),
+                      _opt(v.get("baseline_tflops"), sig, DASH), ratio_text("speedup")(v),
                       f"{v.get('probes', DASH)} / {v.get('budget', DASH)}",
-                      _opt(v.get("cost_vs_one_trial"), lambda x: f"{x:.1f}x"),
+                      _opt(v.get("cost_vs_one_trial"), lambda x: f"{x:.1f}x", DASH),
                       ", ".join(v.get("numerics_allowed") or []) or "none",
-                      *([_opt(v.get("global_batch_tokens"), lambda x: f"{x:,}")] if global_batch else []))
+                      *([_opt(v.get("global_batch_tokens"), lambda x: f"{x:,}", DASH)] if global_batch else []))
     console = _console()
     console.print(table)
     for v in verdicts:
@@ -132,7 +132,7 @@ def tune_table(verdicts: list[dict]) -> None:
 def profile_line(v: dict) -> str:
     """'llama3-8b fp8-te T4096 ×2, the best's step: GEMM 61.2 %, attention 14.0 %, ... · trace run1/x.json'."""
     p = v["profile"]
-    shares = ", ".join(f"{name} {_opt(p.get(key), lambda x: sig(x, RATIO_SIGNIFICANT))} %" for key, name in PROFILE_PARTS)
+    shares = ", ".join(f"{name} {_opt(p.get(key), lambda x: sig(x, RATIO_SIGNIFICANT), DASH)} %" for key, name in PROFILE_PARTS)
     trace = f" · trace {p['trace_file']}" if p.get("trace_file") else ""
     return f"{v['model']} {v['precision']} T{v['seq_len']} ×{v['gpus']}, the best's step: {shares}{trace}"
 
