@@ -198,8 +198,11 @@ def _compare_best(directory: Path, baseline: str, by: By, where, fmt: TableForma
 @app.command()
 @user_errors
 def verdicts(directory: Directory) -> None:
-    """Print the verdicts the searches saved under DIR/_search/: largest batch per config (`sweep max-batch`) and
-    fastest configuration per model × precision (`search: fastest`), as each search printed them when it ended."""
+    """Print the verdicts the searches saved in the directory (_search/*.json), as each printed them when it ended.
+
+    The largest batch per config (`sweep max-batch`) and the fastest configuration per model × precision
+    (`search: fastest`): best against baseline, speedup, probes and cost, and where the best's step time goes.
+    """
     from sweep.results import verdicts as saved
 
     found = saved.load(directory)
