@@ -128,4 +128,13 @@ def outcome_row(outcome, **base) -> dict:
         torchao_version=rank0.get("torchao_version"), gpu_name=rank0.get("gpu_name"),
         driver_version=rank0.get("driver_version"), cuda_version=rank0.get("cuda_version"),
     )
+    row.update(profile_columns(rank0.get("profile")))
     return row
+
+
+def profile_columns(profile: dict | None) -> dict:
+    """The row's profile_* shares from rank 0's profile (`trainer.profiling.profile_steps`); the trace's bytes
+    are the driver's to write (`sweep.store.write_trace`)."""
+    if not profile:
+        return {}
+    return {f"profile_{key}": value for key, value in profile.items() if key.endswith("_pct")}

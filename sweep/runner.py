@@ -175,7 +175,11 @@ class _Execution:
     def collect(self) -> None:
         """Wait up to half a second for attempts to finish; record each."""
         for outcome in self.scheduler.poll(timeout=0.5):
-            self.record(outcome.trial, outcome_row(outcome, **self.base), outcome.infrastructure)
+            row = outcome_row(outcome, **self.base)
+            trace = (outcome.ranks[0].get("profile") or {}).get("trace_gz") if outcome.status == "ok" else None
+            if trace:  # written before the row, so that a row never names a missing trace
+                row["trace_file"] = store.write_trace(self.output, row, trace)
+            self.record(outcome.trial, row, outcome.infrastructure)
             if outcome.note:  # a warm group retired for what it kept: say why reuse stopped
                 self.bar.warn(outcome.note)
         self.bar.running(self.scheduler.running())

@@ -12,9 +12,9 @@ import pyarrow as pa
 
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.6"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.7"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
-#                          1.6: + actor_reused, group_trial_index
+#                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -105,6 +105,14 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("actor_reused", pa.bool_(), "ran on rank processes that had run an earlier trial of this run (a warm group); "
                                  "null for unsupported rows and before schema 1.6"),
     ("group_trial_index", pa.int32(), "trials its group ran before it: 0 on fresh processes; null as actor_reused"),
+    # where the time goes (`profile: true`): shares of the profiled steps' wall time, adding up to 100 (trainer.profiling)
+    *[(f"profile_{kind}_pct", pa.float64(), f"% of the profiled step time {what}; null unless profiled (schema 1.7)")
+      for kind, what in (("gemm", "in matrix multiplies"), ("attention", "in fused attention"),
+                         ("comm_exposed", "in communication that no computation overlaps"),
+                         ("optimizer", "in the optimizer phase (clip, step, zero_grad)"),
+                         ("other", "in everything else, idle time included"))],
+    ("trace_file", pa.string(), "the profiled steps' Chrome/Perfetto trace (gzipped JSON, rank 0), relative to the "
+                                "results directory; null unless profiled (schema 1.7)"),
     # software and hardware
     ("torch_version", pa.string(), ""),
     ("ray_version", pa.string(), ""),

@@ -5,7 +5,9 @@ written to a dot-prefixed temp file and renamed into place, so a crash never lea
 a reader never sees one (pyarrow.dataset ignores names starting with '.' or '_'). The whole folder
 reads as one ``pyarrow.dataset``; cluster and run_id are also real columns in every file.
 A max-batch search also leaves its verdicts in ``<output>/_search/<run_id>.json``, written the same way
-(the leading '_' keeps them out of the dataset).
+(the leading '_' keeps them out of the dataset). A profiled attempt's trace lies beside its row, in
+``cluster=<name>/run=<run_id>/_traces/<trial_id>.pt.trace.json.gz`` (out of the dataset for the same reason;
+the ``.pt.trace.json.gz`` ending is the one TensorBoard's profiler plugin looks for; Perfetto opens it as is).
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ def write_row(output: Path, row: dict) -> Path:
         raise FileExistsError(f"result for trial {row['trial_id']} already exists: {path}")
     _write_atomically(path, lambda tmp: pq.write_table(to_table([row]), tmp))
     return path
+
+
+def write_trace(output: Path, row: dict, trace_gz: bytes) -> str:
+    """Record an attempt's gzipped profiler trace beside its row, atomically; its path relative to ``output``
+    (the row's trace_file)."""
+    path = row_path(output, row).parent / "_traces" / f"{row['trial_id']}.pt.trace.json.gz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(path, lambda tmp: tmp.write_bytes(trace_gz))
+    return path.relative_to(output).as_posix()
 
 
 def write_verdicts(output: Path, run_id: str, verdicts: list[dict]) -> Path:

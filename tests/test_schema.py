@@ -25,7 +25,10 @@ def _row(**changes) -> dict:
 @pytest.mark.parametrize("row", [_row(), _row(trial_id="t2", status="oom", error="CUDA out of memory", step_time_s=None),
                                  _row(trial_id="t3", status="unsupported", error="needs TE", node_ids=None),
                                  _row(trial_id="t4", grad_accum=8, grad_clip=0.0, fp8_lm_head=True, reduce_dtype="bf16",
-                                      grad_sync="step")])
+                                      grad_sync="step"),
+                                 _row(trial_id="t5", profile_gemm_pct=50.0, profile_attention_pct=10.0,
+                                      profile_comm_exposed_pct=5.0, profile_optimizer_pct=5.0, profile_other_pct=30.0,
+                                      trace_file="cluster=local/run=r1/_traces/t5.pt.trace.json.gz")])
 def test_round_trip(tmp_path, row):
     path = store.write_row(tmp_path, row)
     assert pq.read_schema(path).metadata[VERSION_KEY] == SCHEMA_VERSION.encode()
@@ -73,10 +76,11 @@ def test_foreign_and_newer_files_are_refused(tmp_path):
 
 
 def test_older_minor_version_reads_with_new_columns_null(tmp_path):
-    old = to_table([_row()]).drop_columns(["reserved_mem_gib"]).replace_schema_metadata({VERSION_KEY: b"1.0"})
+    newer = ["reserved_mem_gib", "profile_gemm_pct", "trace_file"]  # columns of 1.0's successors (1.7: profiles)
+    old = to_table([_row()]).drop_columns(newer).replace_schema_metadata({VERSION_KEY: b"1.0"})
     pq.write_table(old, tmp_path / "old.parquet")
     (back,) = store.read_table(tmp_path).to_pylist()
-    assert back["reserved_mem_gib"] is None and back["tflops_per_gpu"] == 1.5
+    assert [back[c] for c in newer] == [None] * len(newer) and back["tflops_per_gpu"] == 1.5
 
 
 def test_options_a_row_predates_read_as_their_defaults(tmp_path):

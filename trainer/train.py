@@ -8,6 +8,7 @@ Timing follows nanoGPT's bench.py: warm up, then time each step between device s
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import sys
@@ -26,6 +27,7 @@ from trainer.models.specs import ModelSpec
 from trainer.options import TrainingOptions
 from trainer.parallelize import parallelize
 from trainer.precision import PrecisionPlan, precision_plan
+from trainer.profiling import BACKWARD, FORWARD, OPTIMIZER, profile_steps
 from trainer.stopping import PHASES, Schedule
 
 
@@ -54,12 +56,13 @@ class Measurement:
     n_params: int  # every parameter: the N of the FLOP formula
     params_local: int  # parameter elements this rank holds after sharding
     memory: dict = field(default_factory=dict)  # `trainer.memory.peak_stats`
+    profile: dict | None = None  # rank 0 of a profiled trial: `trainer.profiling.profile_steps`
 
     def report(self) -> dict:
         """The fields the driver turns into a row (`sweep.rows.outcome_row`)."""
         return {"step_times": self.step_times, "warmup_steps": self.warmup_steps, "compile_time_s": self.compile_time_s,
                 "init_time_s": self.init_time_s, "loss_first": self.losses[0], "loss_last": self.losses[-1],
-                "n_params": self.n_params, "params_local": self.params_local, **self.memory}
+                "n_params": self.n_params, "params_local": self.params_local, "profile": self.profile, **self.memory}
 
 
 def learning_rate(d_embd: int) -> float:
@@ -90,9 +93,13 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
         losses = time_steps(step, schedule, rank)
         dist.barrier()
         memory = peak_stats(rank.device)
+        profile = None
+        if config.profile:  # after the measurement and its peak memory: neither sees the profiler
+            profile = profile_steps(step, len(losses), rank)
+            dist.barrier()
     measured = schedule.measure.times
     return Measurement(step_times=measured, warmup_steps=len(schedule.warmup.times), losses=losses,
-                       init_time_s=init_time_s, n_params=n_params,
+                       init_time_s=init_time_s, n_params=n_params, profile=profile,
                        compile_time_s=max(0.0, schedule.times[0] - statistics.median(measured)),
                        params_local=_local_numel(model), memory=memory)
 
@@ -207,6 +214,8 @@ class TrainStep:
         self.fsdp_root = getattr(model, "_orig_mod", model)  # `full` compile wraps the sharded model
         self.sync_once = (options.grad_sync == "step" and options.grad_accum > 1
                           and isinstance(self.fsdp_root, FSDPModule))
+        # label(name) wraps each phase: nothing in measured steps; trainer.profiling makes it record_function
+        self.label = contextlib.nullcontext
 
     def __call__(self, i: int) -> torch.Tensor:
         accum = self.options.grad_accum
@@ -216,16 +225,19 @@ class TrainStep:
                 self._hold_gradients(last=micro == accum - 1)
             tokens, labels = self.data.micro_batch(i * accum + micro)
             kwargs = {"is_first_microbatch": micro == 0} if self.weight_cache else {}
-            with self.plan.training_context():
-                logits = self.model(tokens, **kwargs)
-            loss = self.loss_fn(logits, labels) / accum
-            loss.backward()
+            with self.label(FORWARD):
+                with self.plan.training_context():
+                    logits = self.model(tokens, **kwargs)
+                loss = self.loss_fn(logits, labels) / accum
+            with self.label(BACKWARD):
+                loss.backward()
             total += loss.detach()
-        if self.options.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.grad_clip)  # default 1.0
-        self.optimizer.step()
-        self.plan.after_optimizer_step(self.model)
-        self.optimizer.zero_grad(set_to_none=True)
+        with self.label(OPTIMIZER):
+            if self.options.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.grad_clip)  # default 1.0
+            self.optimizer.step()
+            self.plan.after_optimizer_step(self.model)
+            self.optimizer.zero_grad(set_to_none=True)
         return total
 
     def _hold_gradients(self, *, last: bool) -> None:
@@ -246,10 +258,10 @@ def time_steps(step, schedule: Schedule, rank: Rank) -> list[float]:
     phase = torch.zeros(1, dtype=torch.int64, device=rank.device)  # an index into PHASES
     losses, i = [], 0
     while schedule.phase != "done":
-        _sync(rank.device)
+        device_sync(rank.device)
         t0 = time.perf_counter()
         loss = step(i)
-        _sync(rank.device)
+        device_sync(rank.device)
         elapsed = time.perf_counter() - t0
         losses.append(loss.detach())
         if not shared:
@@ -264,6 +276,6 @@ def time_steps(step, schedule: Schedule, rank: Rank) -> list[float]:
     return [float(loss) for loss in losses]
 
 
-def _sync(device: torch.device) -> None:
+def device_sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -1,0 +1,189 @@
+"""Where a step's time goes: a few steps under torch.profiler after the measured ones, and their summary.
+
+With `profile: true` every rank runs `1 + PROFILE_STEPS` more steps once the measurement is done (so the
+measured steps are the same as without it); rank 0 records the last PROFILE_STEPS of them (the first
+warms the profiler's own machinery) and sends back the Chrome/Perfetto trace, gzipped, with the shares of
+the wall step time spent in five kinds of work:
+
+    gemm          matrix multiplies (cuBLAS/cuBLASLt/CUTLASS/nvjet/hipBLASLt kernels; aten::mm, addmm, bmm,
+                  linear on CPU)
+    attention     fused attention (flash, fmha, sdpa kernels; aten::scaled_dot_product_attention on CPU)
+    comm_exposed  collectives (NCCL/RCCL kernels; c10d and gloo ops on CPU) while no computation runs: the
+                  communication the step waits for, not what overlaps with compute
+    optimizer     everything the optimizer phase issues (clip, step, zero_grad), communication apart
+    other         the rest: elementwise and normalisation kernels, copies, and idle time (launch
+                  overhead, waits), so that the five add up to the step
+
+The arithmetic (`classify`, `shares`, `summarize`) is pure, over interval records and the trace's JSON,
+and is tested without the profiler; the profiler glue is `profile_steps` at the end.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+PROFILE_STEPS = 3  # recorded steps (after one that is run but not recorded)
+KINDS = ("gemm", "attention", "comm", "optimizer", "other")
+# What an instant counts as when several kinds run at once (kernels on several streams; CPU threads):
+# computation first, then the optimizer, then anything else; communication only when nothing else runs.
+PRIORITY = ("gemm", "attention", "optimizer", "other", "comm")
+SHARE_KEYS = {"gemm": "gemm_pct", "attention": "attention_pct", "comm": "comm_exposed_pct",
+              "optimizer": "optimizer_pct", "other": "other_pct"}
+
+# record_function labels TrainStep puts around its phases while profiled (trainer.train.TrainStep.label)
+STEP, FORWARD, BACKWARD, OPTIMIZER = "sweep/step", "sweep/forward", "sweep/backward", "sweep/optimizer"
+
+_COMM_KERNEL = ("nccl", "rccl")
+_ATTENTION_KERNEL = ("flash", "fmha", "sdpa", "attention")  # before GEMM: CUTLASS fmha kernels say cutlass too
+_GEMM_KERNEL = ("gemm", "cutlass", "nvjet", "xmma", "scaled_mm", "cijk")  # cijk: hipBLASLt/Tensile on ROCm
+# Collective ops by their namespaces (c10d::_allgather_base_, _c10d_functional::wait_tensor, gloo:all_gather):
+# a bare "all_gather" would also take FSDP's copies in and out of the all-gather buffer (fsdp::all_gather_copy_in)
+_COMM_OP = ("c10d", "gloo", "nccl", "record_param_comms")
+_ATTENTION_OP = ("scaled_dot_product", "flash_attention")
+_GEMM_OP = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
+            "aten::_scaled_mm"}
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a device kernel, from its name."""
+    low = name.lower()
+    for kind, marks in (("comm", _COMM_KERNEL), ("attention", _ATTENTION_KERNEL), ("gemm", _GEMM_KERNEL)):
+        if any(m in low for m in marks):
+            return kind
+    return "other"
+
+
+def op_kind(name: str) -> str:
+    """The kind of a CPU operator (a CPU run, gloo), from its name."""
+    low = name.lower()
+    if any(m in low for m in _COMM_OP):
+        return "comm"
+    if any(m in low for m in _ATTENTION_OP):
+        return "attention"
+    return "gemm" if low in _GEMM_OP else "other"
+
+
+@dataclass(frozen=True)
+class Span:
+    """One interval of a trace, in microseconds: a device kernel, or a CPU operator."""
+
+    name: str
+    start: float
+    end: float
+    lane: object = 0  # its thread or stream: CPU operators of one thread nest, kernels of one stream follow
+    issued: float | None = None  # a kernel: when the CPU launched it, which says the phase that issued it
+
+
+def classify(spans: list[Span], name_kind, optimizer: list[tuple[float, float]]) -> list[tuple[float, float, str]]:
+    """(start, end, kind) of each span. `name_kind` names a span's kind; a span inside a classified one of its
+    lane (aten::t under aten::linear, aten::empty under c10d::allgather_) takes its kind; a span issued
+    within an `optimizer` interval is optimizer work unless it communicates."""
+    kinds: dict[int, str] = {}
+    open_: dict[object, list[tuple[float, str]]] = {}  # per lane: (end, kind) of the enclosing spans, innermost last
+    for i in sorted(range(len(spans)), key=lambda i: (spans[i].start, -spans[i].end)):
+        s, enclosing = spans[i], open_.setdefault(spans[i].lane, [])
+        while enclosing and enclosing[-1][0] <= s.start:
+            enclosing.pop()
+        kind = name_kind(s.name)
+        if kind == "other" and enclosing:
+            kind = enclosing[-1][1]
+        enclosing.append((s.end, kind))
+        at = s.start if s.issued is None else s.issued
+        kinds[i] = "optimizer" if kind != "comm" and any(lo <= at < hi for lo, hi in optimizer) else kind
+    return [(s.start, s.end, kinds[i]) for i, s in enumerate(spans)]
+
+
+def shares(intervals: list[tuple[float, float, str]], window: tuple[float, float]) -> dict[str, float]:
+    """Per cent of `window` spent on each kind: each instant counts once, as the first of PRIORITY running
+    then; communication only when nothing else runs (exposed); an instant with nothing running is other.
+    The five add up to 100."""
+    lo, hi = window
+    if hi <= lo:
+        raise ValueError(f"empty profile window {window}")
+    edges = []  # (time, +1 start / -1 end, kind), clipped to the window
+    for start, end, kind in intervals:
+        start, end = max(start, lo), min(end, hi)
+        if end > start:
+            edges += [(start, 1, kind), (end, -1, kind)]
+    heapq.heapify(edges)
+    running = dict.fromkeys(KINDS, 0)
+    spent = dict.fromkeys(KINDS, 0.0)
+    at = lo
+    while edges:
+        t, delta, kind = heapq.heappop(edges)
+        if t > at:
+            spent[next((k for k in PRIORITY if running[k]), "other")] += t - at
+            at = t
+        running[kind] += delta
+    spent["other"] += hi - at
+    return {SHARE_KEYS[k]: 100.0 * spent[k] / (hi - lo) for k in KINDS}
+
+
+def summarize(trace: dict) -> dict[str, float]:
+    """The five shares of a Chrome trace that torch.profiler exported around `STEP`-labelled steps: over
+    device kernels when it recorded any (a GPU run), else over CPU operators."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    labels = _labelled(events)
+    if not labels.get(STEP):
+        raise ValueError(f"the trace has no {STEP!r} ranges: not a profile of trainer.profiling")
+    window = (min(lo for lo, _ in labels[STEP]), max(hi for _, hi in labels[STEP]))
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if any(e["cat"] == "kernel" for e in kernels):
+        launches = {e["args"]["correlation"]: e["ts"] for e in events
+                    if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+        spans = [Span(e["name"], e["ts"], e["ts"] + e["dur"], lane=e.get("tid"),
+                      issued=launches.get(e.get("args", {}).get("correlation"))) for e in kernels]
+        name_kind = kernel_kind
+    else:
+        # gloo runs each collective on a thread of its own, recorded as a "gloo:..." range, not an operator
+        spans = [Span(e["name"], e["ts"], e["ts"] + e["dur"], lane=e.get("tid")) for e in events
+                 if e.get("cat") == "cpu_op" or (e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"))]
+        name_kind = op_kind
+    return shares(classify(spans, name_kind, labels.get(OPTIMIZER, [])), window)
+
+
+def _labelled(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """The CPU ranges of each of our record_function labels."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.get("cat") == "user_annotation" and e["name"] in (STEP, FORWARD, BACKWARD, OPTIMIZER):
+            out.setdefault(e["name"], []).append((e["ts"], e["ts"] + e["dur"]))
+    return out
+
+
+def profile_steps(step, first: int, rank) -> dict | None:
+    """Run 1 + PROFILE_STEPS steps of `step` (a trainer.train.TrainStep) from step index `first` on every
+    rank (they hold collectives); rank 0 records the last PROFILE_STEPS. Rank 0 returns the shares
+    (`summarize`) and `trace_gz`, the gzipped Chrome trace; the other ranks None."""
+    import gzip
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from trainer.train import device_sync
+
+    step.label = record_function  # the phases' labels, in these steps only: the measured ones carry none
+
+    def run(i: int) -> None:
+        with record_function(STEP):
+            step(i)
+            device_sync(rank.device)  # the step's kernels end inside its range: the window is the wall step
+
+    run(first)
+    if rank.rank != 0:
+        for i in range(first + 1, first + 1 + PROFILE_STEPS):
+            run(i)
+        return None
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rank.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for i in range(first + 1, first + 1 + PROFILE_STEPS):
+            run(i)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path, "rb") as f:
+            text = f.read()
+    return {**summarize(json.loads(text)), "trace_gz": gzip.compress(text, compresslevel=6)}
