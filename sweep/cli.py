@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sweep.commands import clusters, results, run
+from sweep.commands import clusters, results, run, tune
 
 app = typer.Typer(
     name="sweep",
@@ -14,6 +14,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(run.app)  # no name: `sweep run`, `sweep plan`, `sweep max-batch` sit at the top level
+app.add_typer(tune.app)  # `sweep tune`
 app.add_typer(results.app, name="results", help="Aggregate, compare, export and plot result datasets.")
 app.add_typer(clusters.app, name="clusters", help="List and show cluster profiles.")
 

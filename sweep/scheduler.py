@@ -19,8 +19,9 @@ A rank process that dies (SIGKILL, segfault, node lost) is an infrastructure fai
 starts with INFRA_PREFIX, which is how a resumed run knows, from the row alone, to retry it. When one
 rank dies its peers fail too ("Connection reset by peer" inside a collective), often in the same instant;
 the dead rank is the cause, so a rank's `error` waits up to DEATH_GRACE_S for a peer's death to show.
-Trials start in submission order and one placement group is requested at a time, only for the oldest
-waiting trial, so a big trial waiting for GPUs is not overtaken forever by small ones. One that no set of
+An idle group takes the oldest waiting trial of its kind first; otherwise trials start in submission
+order and one placement group is requested at a time, only for the oldest waiting trial, so a big trial
+waiting for GPUs is not overtaken forever by small ones (only by the queued trials of an idle group's kind). One that no set of
 live nodes can ever hold (a node lost) is given up as a `timeout` after INFEASIBLE_LIMIT_S (or the trial's
 timeout, if shorter).
 """
@@ -181,6 +182,7 @@ class Scheduler:
             self._launch(idle, placing.first)
             self._retire(placing)
             placing = None
+        self._keep_idle_busy()
         while self.queue and placing is None and self._in_flight() < self.max_concurrent:
             idle = self._idle(self.queue[0])
             if idle is not None:
@@ -188,6 +190,17 @@ class Scheduler:
             else:
                 placing = self._request(self.queue.pop(0))
         self._retire_idle(placing)
+
+    def _keep_idle_busy(self) -> None:
+        """An idle group takes the oldest waiting trial of its kind, even one behind a trial of another kind:
+        on a node with room for one group, two searches (or a grid's precisions) submitted in turn would
+        otherwise retire and restart a group for every trial. It holds up the oldest trial only while trials
+        of an idle group's kind are queued, which are finite (a search's probes come one round at a time)."""
+        for group in [g for g in self.groups if g.state == "idle"]:
+            trial = next((t for t in self.queue if group_key(t) == group.key), None)
+            if trial is not None and self._in_flight() < self.max_concurrent:
+                self.queue.remove(trial)
+                self._launch(group, trial)
 
     def _idle(self, trial: Trial) -> _Group | None:
         return next((g for g in self.groups if g.state == "idle" and g.key == group_key(trial)), None)

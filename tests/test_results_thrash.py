@@ -63,7 +63,7 @@ def test_search_verdicts_show_retries_and_say_it_thrashes(tmp_path, capsys):
     from sweep.commands.run import _write_verdicts
 
     def verdict(search_id: str, precision: str, largest: int, fastest: int) -> dict:
-        return {"search_id": search_id, "model": "qwen-7b", "precision": precision, "compile": "regional", "ac": "none",
+        return {"kind": "max_batch", "search_id": search_id, "model": "qwen-7b", "precision": precision, "compile": "regional", "ac": "none",
                 "seq_len": 4096, "gpus": 2, "options": "", "max_batch": largest, "first_failing_batch": 4,
                 "fastest_batch": fastest, "probes": 3, "probe_batches": [1, 2, 4], "aborted": None}
 

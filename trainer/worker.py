@@ -169,12 +169,26 @@ class RankWorker:
             release(rank.device)
             self.baseline_bytes = held_bytes(rank.device)
         measured = run_trial(_this_ranks_share(job), rank, started_at=started_at)
+        if job.rank == 0 and os.environ.get("SWEEP_COMPILE_REPORT"):
+            _compile_report()
         result = {**measured.report(), **_versions(), **_device_info(rank.device)}
         if self.keep_group:  # what the trial left behind, once its model, optimizer and graphs are gone
             del measured
             release(rank.device)
             result.update(baseline_bytes=self.baseline_bytes, held_bytes=held_bytes(rank.device))
         return result
+
+
+def _compile_report() -> None:
+    """SWEEP_COMPILE_REPORT=1 (a benchmark's diagnosis, on rank 0's stderr): what this trial's compilation hit
+    and missed in inductor's caches and where its seconds went; the counters restart for the next trial."""
+    import sys
+
+    from torch._dynamo.utils import compile_times, counters
+
+    caches = {group: dict(counters[group]) for group in ("aot_autograd", "inductor", "stats", "recompiles")}
+    print(f"sweep compile report: {caches}\n{compile_times(repr='str', aggregate=True)}", file=sys.stderr, flush=True)
+    counters.clear()
 
 
 def _device(device_type: str):

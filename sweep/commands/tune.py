@@ -1,0 +1,68 @@
+"""`sweep tune`: the fastest configuration per model and precision, as `search: fastest` in a grid does.
+
+    sweep tune --model llama3-8b --precision bf16 --precision fp8-torchao-tensorwise --gpus 2 --seq-len 4096 \\
+        --cluster h200 --budget 40 --vary batch_size --vary grad_accum --vary reduce_dtype
+
+is the grid `{models: [llama3-8b], precisions: [...], gpus: 2, seq_len: 4096, batch_sizes: [1], search: fastest,
+tune: {vary: [...], budget: 40}, steps: {warmup: auto, measure: auto}}` run by `sweep run` (sweep.tune says how
+the search goes); the command's options and a grid's keys are one thing.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sweep.commands._common import dataclass_options, user_errors
+from sweep.commands.run import (Axes, CapOpt, ClusterOpt, FreshOpt, OutputOpt, ProgressOpt, _execute, _prepare,
+                                make_plan)
+from sweep.grid import DEFAULT_VARY, TUNABLE, TuneSpec
+
+app = typer.Typer()
+
+Option = Enum("Option", {name: name for name in TUNABLE}, type=str)  # what --vary may name
+_STEPS_HELP = "a count, or auto: until the step times are stable (the finalists' and the baseline's full measurement)"
+
+
+def _steps(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: expected a whole number or auto") from None
+
+
+@app.command()
+@user_errors
+@dataclass_options(skip=("batch_size",))  # the search picks the batches, from --start
+def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
+         vary: Annotated[Optional[list[Option]], typer.Option(
+             help=f"An option the search may change (repeatable; default: {', '.join(DEFAULT_VARY)}). "
+                  "reduce_dtype, grad_sync and fp8_lm_head change the numerics: they vary only when named.")] = None,
+         budget: Annotated[int, typer.Option(min=1, help="Trial attempts at most per model and precision.")]
+         = TuneSpec.model_fields["budget"].default,
+         global_batch_tokens: Annotated[Optional[int], typer.Option(
+             min=1, help="Hold micro-batch x grad_accum x ranks x seq_len at this: the best split of one global batch.")]
+         = None,
+         start: Annotated[int, typer.Option(min=1, help="First batch to probe.")] = 1,
+         warmup: Annotated[str, typer.Option(parser=_steps, help=f"Warm-up steps: {_STEPS_HELP}.")] = "auto",
+         measure: Annotated[str, typer.Option(parser=_steps, help=f"Measured steps: {_STEPS_HELP}.")] = "auto",
+         output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True,
+         fresh_actors: FreshOpt = False) -> None:
+    """Find the fastest configuration (batch, activation checkpointing, accumulation, ...) per model and precision."""
+    from dataclasses import replace
+
+    from sweep.errors import UserError
+
+    if not axes.model:
+        raise UserError("tune needs --model")
+    tune_block = {"vary": [v.value for v in vary or []] or list(DEFAULT_VARY), "budget": budget,
+                  "global_batch_tokens": global_batch_tokens}
+    extra = {"search": "fastest", "tune": tune_block, "steps": {"warmup": warmup, "measure": measure}}
+    profile, spec, trials = _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]), extra)
+    _execute(make_plan(spec, trials, profile), trials, profile, output, progress=progress,
+             reuse_actors=not fresh_actors)
