@@ -1,0 +1,377 @@
+"""`search: fastest`: the fastest configuration of each (model, precision, seq_len, ranks) group, within a
+budget of probes. Pure: no torch, no Ray (tests/test_tune.py drives it with a simulated runner).
+
+The candidates are the configurations of `sweep.tune_space.Space`. Each group's search has four stages;
+a stage decides only once every probe it issued has answered, from results it sorts itself, so the order
+in which answers arrive (concurrent trials, or rows reused by --resume) does not change the search:
+
+  fit      per ac level (the grid's first, then from most memory to least), the batches that fit with the
+           grid's other options: a MaxBatchSearch (sweep.policy) of short probes, under global_batch_tokens
+           snapped to the batches of a valid split. A level starts at the largest batch a heavier level
+           fitted and stays below the smallest batch a lighter level ran out of memory at. Each level's
+           candidates run its largest fitting batch and the fastest one it found (under G: the two largest
+           splits that fit). A fixed batch needs no probes here.
+  explore  short probes (SHORT steps) of candidates: first every neighbour of the baseline (one option
+           changed), then, in waves, the candidates that the measured one-option effects, multiplied,
+           rate fastest. A candidate as heavy as a known OOM (tune_space.at_least_as_heavy), or with an
+           option value that failed on its own, is never probed.
+  rung     successive halving: the faster half of the short probes again, with LONGER steps.
+  final    the best `finalists` of the last rung, with profile=True, and the baseline (the grid's options
+           at the fastest batch its fit found; under G the split with the largest micro-batch that fits),
+           with the grid's own steps. The best is the fastest of these full measurements.
+
+Budget bound: a stage issues a trial only while the trials issued so far (OOMs, errors, infrastructure
+retries, everything) are under its cap: budget - (finalists + 1) - rung size for fit and explore,
+budget - (finalists + 1) for the rung, budget for the finals, which need at most finalists + 1. So a
+group never makes more than `budget` attempts; a retry past its stage's cap is not made (the attempt
+stays failed). A budget without room for one short probe, the baseline and one finalist is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter, defaultdict
+from typing import Any
+
+from sweep.errors import UserError
+from sweep.grid import NUMERICS_CHANGING, GridSpec, Trial, TuneSpec
+from sweep.policy import MaxBatchSearch, infra_retry
+from sweep.tune_space import AC_MEMORY, Config, Space, at_least_as_heavy, memory_class
+
+SHORT = (2, 3)  # warm-up 2 (a compile), measure 3: enough to rank candidates, cheap on a warm group
+LONGER = (3, 9)  # the rung: three times the measured steps to separate the close ones
+FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.policy.MaxBatchSearch)
+WAVE = 4  # explore probes issued together after the neighbours: a cluster can run them side by side
+PROFILE_KEYS = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "other_pct")
+
+
+def group_key(t: Trial) -> tuple:
+    return t.cluster, t.model.to_json(), t.precision, t.seq_len, t.gpus
+
+
+def search_id(t: Trial, tune: TuneSpec) -> str:
+    """The search of one group under one tune block: a resumed search keeps its id and its probes."""
+    return hashlib.sha256(repr((group_key(t), tune.model_dump_json())).encode()).hexdigest()[:12]
+
+
+class _Fit:
+    """The batches that fit at one ac level (the grid's other options): a MaxBatchSearch whose probes
+    are snapped to the allowed batches (None: any), and stay under `ceiling` (a known OOM's batch)."""
+
+    def __init__(self, ac: str, *, start: int, allowed: list[int] | None, ceiling: int | None,
+                 capacity_bytes: float | None):
+        self.ac, self.allowed, self.ceiling = ac, allowed, ceiling
+        start = start if ceiling is None else min(start, ceiling - 1)
+        self.search = MaxBatchSearch(start=max(1, start), capacity_bytes=capacity_bytes)
+        self.tflops: dict[int, float] = {}
+
+    def next_batch(self) -> int | None:
+        if len(self.search.probes) >= FIT_PROBES:
+            return None
+        batch = self.search.next_probe()
+        if batch is None or self.allowed is None:
+            return batch
+        lo, hi = self.search.largest_ok or 0, self.search.smallest_failed or math.inf
+        inside = [b for b in self.allowed if lo < b < hi]
+        below = [b for b in inside if b <= batch]
+        return below[-1] if below else (inside[0] if inside else None)
+
+    def record(self, batch: int, status: str, row: dict) -> None:
+        peak = row.get("peak_mem_gib")
+        self.search.record(batch, status, peak_mem_bytes=peak * 1024**3 if peak is not None else None,
+                           tokens_per_s=row.get("tokens_per_s_per_gpu"))
+        if status == "ok":
+            self.tflops[batch] = row.get("tflops_per_gpu") or 0.0
+        if self.ceiling is not None:  # after the first probe: before it, the search would not start at `start`
+            self.search.failed.setdefault(self.ceiling, "oom")
+
+    def fastest(self) -> int | None:
+        return max(sorted(self.tflops, reverse=True), key=self.tflops.get, default=None)  # a tie: the larger
+
+    def choices(self) -> list[int]:
+        """The batches this level's candidates run: the largest that fits and the fastest (allowed
+        batches: the two largest that fit, a smaller micro-batch being the other split of G)."""
+        top = self.search.largest_ok
+        if top is None:
+            return []
+        if self.allowed is not None:
+            return [b for b in self.allowed if b <= top][-2:][::-1]
+        return list(dict.fromkeys([top, self.fastest()]))
+
+
+class GroupSearch:
+    """The search of one group: stages fit, explore, rung, final (module docstring)."""
+
+    def __init__(self, space: Space, *, budget: int, capacity_bytes: float | None, sid: str, final_steps: tuple):
+        self.space, self.budget, self.capacity, self.sid = space, budget, capacity_bytes, sid
+        self.finalists = 2 if budget >= 8 else 1
+        reserve = self.finalists + 1  # the finals: finalists and the baseline
+        rung = min(8, (budget - reserve) // 4)
+        self.rung_size = rung if rung > self.finalists else 0  # a rung that keeps only the finalists is moot
+        self.caps = {0: budget - reserve - self.rung_size, 1: budget - reserve, 2: budget}
+        t = space.template
+        if self.caps[0] < 1:
+            raise UserError(f"tune.budget: {budget} probes cannot find and fully measure a baseline and one "
+                            f"finalist for {t.model.label} {t.precision} (one short probe, then two full "
+                            f"measurements); give budget: 3 or more")
+        self.steps = {0: SHORT, 1: LONGER, 2: final_steps}
+        self.stage = "fit"
+        allowed = space.batch_choices()
+        fixed = allowed is not None and len(allowed) == 1
+        self.levels = [] if fixed else space.levels()
+        self.batches: dict[str, list[int]] = {ac: list(allowed) for ac in space.values["ac"]} if fixed else {}
+        self.baseline: Config | None = space.baseline(space.grid.ac, allowed[0]) if fixed else None
+        self.fit: _Fit | None = None
+        self.asked: dict[tuple[Config, int], str] = {}  # (config, rung) -> trial_id of its latest attempt
+        self.owner: dict[str, tuple[Config, int]] = {}  # every trial issued -> (config, rung)
+        self.results: dict[str, dict] = {}  # trial_id -> its row
+        self.pending: set[str] = set()
+        self.ooms: list[Config] = []
+        self.broken: set[tuple[str, Any]] = set()  # option values that failed on their own
+        self.fallbacks: list[Config] = []  # candidates at a smaller batch than one that ran out of memory
+        self.explored = False
+        self.rung_asked: list[Config] | None = None
+        self.final_asked: list[Config] | None = None
+        self.attempts, self.wall_s = 0, 0.0
+
+    # --- the plan protocol, for one group ---
+
+    def start(self) -> list[Trial]:
+        return self._advance()
+
+    def on_result(self, trial: Trial, status: str, infrastructure: bool, row: dict) -> list[Trial]:
+        self.attempts += 1
+        self.wall_s += row.get("trial_wall_s") or 0.0
+        self.pending.discard(trial.trial_id)
+        self.results[trial.trial_id] = {**row, "status": status}
+        c, rung = self.owner[trial.trial_id]
+        retry = infra_retry(trial, status, infrastructure)
+        if retry is not None and len(self.owner) < self.caps[rung]:
+            return self._issue(retry, c, rung)
+        self._learn(c, rung, status, row)
+        return self._advance()
+
+    def _advance(self) -> list[Trial]:
+        """The next stage's probes, once none is out."""
+        stages = {"fit": self._fit_stage, "explore": self._explore_stage, "rung": self._rung_stage,
+                  "final": self._final_stage}
+        order = [*stages, "done"]
+        while not self.pending and self.stage != "done":
+            out = stages[self.stage]()
+            if out:
+                return out
+            self.stage = order[order.index(self.stage) + 1]
+        return []
+
+    def _issue(self, trial: Trial, c: Config, rung: int) -> list[Trial]:
+        self.owner[trial.trial_id] = (c, rung)
+        self.asked[(c, rung)] = trial.trial_id
+        self.pending.add(trial.trial_id)
+        return [trial]
+
+    def _ask(self, c: Config, rung: int, profile: bool = False) -> list[Trial]:
+        """Issue `c` at `rung`'s steps, unless the same trial was issued before (two rungs with the same
+        steps: its row serves both; the runner would not run it twice) or the rung's cap is reached."""
+        trial = self.space.trial(c, self.steps[rung], profile=profile, search_id=self.sid)
+        if trial.trial_id in self.owner:
+            self.asked[(c, rung)] = trial.trial_id
+            return []
+        return self._issue(trial, c, rung) if len(self.owner) < self.caps[rung] else []
+
+    def _learn(self, c: Config, rung: int, status: str, row: dict) -> None:
+        if status == "oom":
+            self.ooms.append(c)
+            smaller = self.space.smaller_batch(c) if self.stage == "explore" else None
+            if smaller is not None:  # e.g. grad_sync: step keeps whole gradients: its own, smaller batch
+                self.fallbacks.append(smaller)
+        elif status != "ok" and self.stage == "explore" and self._distance(c) == 1:
+            self.broken.update(self._diff(c))  # e.g. compile: full fails for this model: not tried again
+        if self.stage == "fit" and rung == 0:
+            self.fit.record(c.batch_size, status, row)
+
+    def _row(self, c: Config | None, rung: int) -> dict | None:
+        return self.results.get(self.asked.get((c, rung)))
+
+    def _measured(self, rung: int) -> list[tuple[Config, float]]:
+        """The configs measured at `rung`, fastest first (a tie: the one asked first)."""
+        out = [(c, row["tflops_per_gpu"] or 0.0) for (c, r) in self.asked
+               if r == rung and (row := self._row(c, r)) and row["status"] == "ok"]
+        return sorted(out, key=lambda x: -x[1])
+
+    # --- stages: each returns its next probes, [] when it is over ---
+
+    def _fit_stage(self) -> list[Trial]:
+        while self.levels:
+            ac = self.levels[0]
+            self.fit = self.fit or self._new_fit(ac)
+            # the baseline's level may use the whole exploring share; the others half of it
+            cap = self.caps[0] if ac == self.space.grid.ac else self.caps[0] // 2
+            batch = self.fit.next_batch() if len(self.owner) < cap else None
+            if batch is not None:
+                return self._ask(self.space.baseline(ac, batch), 0)
+            self._close_level(self.fit)
+            self.levels.pop(0)
+            self.fit = None
+        return []
+
+    def _new_fit(self, ac: str) -> _Fit:
+        """A level starts where a heavier one fitted, and stays under a lighter one's OOM."""
+        heavier = [max(b) for a, b in self.batches.items() if b and AC_MEMORY[a] > AC_MEMORY[ac]]
+        ceiling = [o.batch_size for o in self.ooms
+                   if at_least_as_heavy(self.space.baseline(ac, o.batch_size), o)]
+        return _Fit(ac, start=max(heavier, default=self.space.grid.batch_size), allowed=self.space.batch_choices(),
+                    ceiling=min(ceiling, default=None), capacity_bytes=self.capacity)
+
+    def _close_level(self, fit: _Fit) -> None:
+        self.batches[fit.ac] = fit.choices()
+        if fit.ac == self.space.grid.ac and self.batches[fit.ac]:
+            batch = self.batches[fit.ac][0] if self.space.rows else fit.fastest()
+            self.baseline = self.space.baseline(fit.ac, batch)
+
+    def _explore_stage(self) -> list[Trial]:
+        room = self.caps[0] - len(self.owner)
+        todo = self._candidates() if room > 0 and self.center is not None else []
+        first = [] if self.explored else sorted((c for c in todo if self._distance(c) <= 1), key=self._distance)
+        self.explored = True
+        wave = first[:room] or self._wave(todo, min(WAVE, room))
+        return [t for c in wave for t in self._ask(c, 0)]
+
+    def _wave(self, todo: list[Config], n: int) -> list[Config]:
+        """The first n candidates, but only one whose memory is not yet known to fit per memory class:
+        should it run out of memory, the others of its class are pruned rather than failing with it."""
+        fits = [c for c, _ in self._measured(0)]
+        wave, unsure = [], set()
+        for c in todo:
+            sure = any(at_least_as_heavy(f, c) for f in fits)
+            if sure or memory_class(c) not in unsure:
+                wave.append(c)
+                unsure |= set() if sure else {memory_class(c)}
+            if len(wave) == n:
+                break
+        return wave
+
+    def _rung_stage(self) -> list[Trial]:
+        if self.rung_asked is not None:
+            return []
+        pool = [c for c, _ in self._measured(0)]
+        n = min(self.rung_size, max(self.finalists + 1, math.ceil(len(pool) / 2)), self.caps[1] - len(self.owner))
+        self.rung_asked = pool[:n] if len(pool[:n]) > self.finalists else []
+        return [t for c in self.rung_asked for t in self._ask(c, 1)]
+
+    def _final_stage(self) -> list[Trial]:
+        if self.final_asked is not None:
+            return []
+        finalists = [c for c, _ in self._measured(1 if self.rung_asked else 0)][:self.finalists]
+        extra = [self.baseline] if self.baseline is not None and self.baseline not in finalists else []
+        self.final_asked = finalists + extra
+        return [t for c in self.final_asked for t in self._ask(c, 2, profile=c in finalists)]
+
+    # --- the candidates, and what the short probes say about them ---
+
+    @property
+    def center(self) -> Config | None:
+        """The point effects are measured from: the baseline (else any candidate: a stable reference)."""
+        return self.baseline or next(iter(self.space.configs(self.batches)), None)
+
+    def _diff(self, c: Config) -> list[tuple[str, Any]]:
+        if self.center is None:  # nothing fits anywhere: there are no candidates to compare
+            return []
+        center = self.space.coords(self.center)
+        return [(k, v) for k, v in self.space.coords(c).items() if v != center[k]]
+
+    def _distance(self, c: Config) -> int:
+        return len(self._diff(c))
+
+    def _candidates(self) -> list[Config]:
+        """Configs not yet probed nor pruned, the likely fastest first (then the fewest changes)."""
+        probed = {c for c, r in self.asked if r == 0}
+        effects = self._effects()
+        todo = [c for c in self._space() if c not in probed and not self._pruned(c)]
+        return sorted(todo, key=lambda c: (-sum(effects.get(d, 0.0) for d in self._diff(c)), self._distance(c)))
+
+    def _space(self) -> list[Config]:
+        """The candidates: every config at its ac level's batches, and the smaller batches of OOMs."""
+        return list(dict.fromkeys([*self.space.configs(self.batches), *self.fallbacks]))
+
+    def _pruned(self, c: Config) -> bool:
+        return any(at_least_as_heavy(c, o) for o in self.ooms) or any(d in self.broken for d in self._diff(c))
+
+    def _effects(self) -> dict[tuple[str, Any], float]:
+        """Each option value's measured effect against the center's value (mean log speed ratio), from
+        pairs of short probes that differ in that option alone (e.g. grad_sync: step at 8 micro-batches
+        against micro_batch at 8: with one micro-batch it folds away and says nothing)."""
+        center = self.space.coords(self.center)
+        points = [(self.space.coords(c), math.log(tf)) for c, tf in self._measured(0) if tf > 0]
+        samples = defaultdict(list)
+        for p, lp in points:
+            for q, lq in points:
+                diff = [k for k in p if p[k] != q[k]]
+                if len(diff) == 1 and q[diff[0]] == center[diff[0]]:
+                    samples[(diff[0], p[diff[0]])].append(lp - lq)
+        return {k: sum(v) / len(v) for k, v in samples.items()}
+
+    # --- the verdict ---
+
+    def verdict(self) -> dict:
+        t, space = self.space.template, self.space
+        finals = [(c, row) for c in self.final_asked or [] if (row := self._row(c, 2)) and row["status"] == "ok"]
+        best, best_row = max(finals, key=lambda x: x[1]["tflops_per_gpu"] or 0.0, default=(None, None))
+        base_row = self._row(self.baseline, 2) if self.baseline is not None else None
+        base_row = base_row if base_row and base_row["status"] == "ok" else None
+        at_best = best_row["tflops_per_gpu"] if best_row else None
+        at_base = base_row["tflops_per_gpu"] if base_row else None
+        one_trial = best_row.get("trial_wall_s") if best_row else None
+        return {"kind": "fastest", "search_id": self.sid, "model": t.model.label, "precision": t.precision,
+                "seq_len": t.seq_len, "gpus": t.gpus, "cluster": t.cluster, "allowed": list(space.vary),
+                "numerics_allowed": [o for o in NUMERICS_CHANGING if o in space.vary],
+                "global_batch_tokens": space.tokens, "budget": self.budget,
+                "best": best._asdict() if best else None,
+                "baseline": self.baseline._asdict() if self.baseline and base_row else None,
+                "tflops_at_best": at_best, "baseline_tflops": at_base,
+                "speedup": at_best / at_base if at_best and at_base else None,
+                "best_trial_id": self.asked.get((best, 2)) if best else None,
+                "baseline_trial_id": self.asked.get((self.baseline, 2)) if base_row else None,
+                "candidates": len(self._space()), "tried": len({c for c, _ in self.asked}),
+                "probes": self.attempts, "search_wall_s": self.wall_s,
+                "cost_vs_one_trial": self.wall_s / one_trial if one_trial else None,
+                "aborted": None if best else self._why_none(), "profile": _profile(best_row)}
+
+    def _why_none(self) -> str:
+        counts = Counter(row["status"] for row in self.results.values())
+        said = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        if not counts.get("ok"):
+            return f"nothing fits: no probe ran ({said})" if counts else "nothing fits: no probe ran"
+        return f"no full measurement completed ({said})"
+
+
+def _profile(row: dict | None) -> dict | None:
+    """Where the best's step time goes, from its row (profile=True), if the trainer recorded it."""
+    if not row or all(row.get(f"profile_{k}") is None for k in PROFILE_KEYS):
+        return None
+    return {**{k: row.get(f"profile_{k}") for k in PROFILE_KEYS}, "trace_file": row.get("trace_file")}
+
+
+class TunePlan:
+    """One GroupSearch per (model, precision, seq_len, ranks) group of the grid's trials; the plan protocol
+    of sweep.policy (initial, on_result, verdicts). Each seed is one group's first trial: the grid's
+    single batch and its options at their first values."""
+
+    def __init__(self, seeds: list[Trial], spec: GridSpec, *, capacity_bytes: float | None):
+        tune = spec.tune or TuneSpec()
+        final_steps = (spec.steps.warmup, spec.steps.measure)
+        self.searches: dict[tuple, GroupSearch] = {}
+        for t in seeds:
+            if group_key(t) not in self.searches:
+                self.searches[group_key(t)] = GroupSearch(
+                    Space(t, spec, tune), budget=tune.budget, capacity_bytes=capacity_bytes,
+                    sid=search_id(t, tune), final_steps=final_steps)
+
+    def initial(self) -> list[Trial]:
+        return [t for s in self.searches.values() for t in s.start()]
+
+    def on_result(self, trial: Trial, status: str, infrastructure: bool = False, row: dict | None = None) -> list[Trial]:
+        return self.searches[group_key(trial)].on_result(trial, status, infrastructure, row or {})
+
+    def verdicts(self) -> list[dict]:
+        return [s.verdict() for s in self.searches.values()]

@@ -1,0 +1,171 @@
+"""The candidate space of `search: fastest` (sweep.tune): which configurations one group may run. Pure.
+
+A configuration is the seven options TUNABLE names (a `Config`). Each option in `tune.vary` ranges over
+its grid axis when the grid lists several values for it, else over all of its values (ALL_VALUES); an
+option not in vary stays at the grid's first value, so the options that change numerics
+(NUMERICS_CHANGING) move only when vary names them. `fold_options` turns a configuration into the one the
+trial really runs: two that fold to the same are one candidate. The batch is not enumerated here: the
+search finds, per `ac` level, the batches that fit (sweep.tune) and passes them in.
+
+Under `global_batch_tokens` G, batch and accumulation come in pairs (splits) with
+batch_size * grad_accum * ranks * seq_len == G, so grad_accum follows from the batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+from sweep.errors import UserError
+from sweep.grid import TUNABLE, GridSpec, Trial, TuneSpec, fold_options
+
+
+class Config(NamedTuple):
+    """One configuration of the options a search may change (TUNABLE's order), as the trial runs it."""
+
+    batch_size: int
+    ac: str
+    compile: str
+    grad_accum: int
+    reduce_dtype: str
+    grad_sync: str
+    fp8_lm_head: bool
+
+
+assert Config._fields == TUNABLE  # one list of tunables: the grid's
+
+# Every value of an option in vary whose grid axis lists one value (the batch: 1 up to what fits, probed).
+ALL_VALUES = {"ac": ("none", "selective", "full"), "compile": ("none", "regional", "full"),
+              "grad_accum": (1, 2, 4, 8), "reduce_dtype": ("fp32", "bf16"),
+              "grad_sync": ("micro_batch", "step"), "fp8_lm_head": (False, True)}
+# Activations kept for the backward pass, in order: none keeps them all, selective some, full only each
+# block's input. A config that runs out of memory does so with less checkpointing too.
+AC_MEMORY = {"none": 2, "selective": 1, "full": 0}
+_FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")  # the training options among TUNABLE
+
+
+def memory_class(c: Config) -> tuple:
+    """What, besides batch and ac, sets a micro-batch's footprint. grad_accum is left out: accumulated
+    gradients live in the sharded gradient buffers either way (grad_sync: step, which keeps them
+    unsharded, is its own class)."""
+    return c.compile, c.reduce_dtype, c.grad_sync, c.fp8_lm_head
+
+
+def at_least_as_heavy(c: Config, oom: Config) -> bool:
+    """Whether `c` needs at least the memory of `oom` (so it would run out of memory too)."""
+    return (memory_class(c) == memory_class(oom) and AC_MEMORY[c.ac] >= AC_MEMORY[oom.ac]
+            and c.batch_size >= oom.batch_size)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+class Space:
+    """The configurations of one (model, precision, seq_len, ranks) group, from its first trial."""
+
+    def __init__(self, template: Trial, spec: GridSpec, tune: TuneSpec):
+        self.template, self.vary = template, list(tune.vary)
+        axes = {"batch_size": [template.batch_size], **{n: list(getattr(spec, n)) for n in TUNABLE[1:]}}
+        self.values = {n: self._range(n, axes[n]) for n in TUNABLE[1:]}
+        self.grid = Config(**{n: axes[n][0] for n in TUNABLE})  # the baseline's options (unfolded)
+        self.tokens = tune.global_batch_tokens
+        self.rows = self._rows_per_step() if self.tokens else None  # samples per rank per step under G
+        self.splits = self._splits(axes) if self.tokens else None
+
+    def _range(self, name: str, axis: list) -> list:
+        """An option's values: the grid's axis if it lists several, else all (the grid's first)."""
+        if name not in self.vary:
+            return axis[:1]
+        return axis if len(axis) > 1 else list(dict.fromkeys([axis[0], *ALL_VALUES[name]]))
+
+    def _rows_per_step(self) -> int:
+        t = self.template
+        per = t.gpus * t.seq_len
+        if self.tokens % per:
+            raise UserError(f"tune.global_batch_tokens: {self.tokens} is not a multiple of ranks x seq_len "
+                            f"({t.gpus} x {t.seq_len} = {per}) for {t.model.label} {t.precision}; no micro-batch "
+                            f"x grad_accum split can hold it")
+        return self.tokens // per
+
+    def _splits(self, axes: dict) -> list[tuple[int, int]]:
+        """(batch, grad_accum) pairs that hold G: any batch if batch_size varies (else the grid's one), any
+        accumulation if grad_accum varies and the grid lists one value (else the listed ones)."""
+        batch_ok = (lambda b: True) if "batch_size" in self.vary else (lambda b: b == axes["batch_size"][0])
+        accums = None if "grad_accum" in self.vary and len(axes["grad_accum"]) == 1 else set(self.values["grad_accum"])
+        splits = [(b, self.rows // b) for b in _divisors(self.rows)
+                  if batch_ok(b) and (accums is None or self.rows // b in accums)]
+        if not splits:
+            t = self.template
+            batches = "any" if "batch_size" in self.vary else axes["batch_size"][0]
+            raise UserError(
+                f"tune.global_batch_tokens: {self.tokens} tokens = {self.rows} samples per rank per step "
+                f"({t.gpus} ranks x seq_len {t.seq_len}) for {t.model.label} {t.precision}, but no allowed "
+                f"batch_size ({batches}) x grad_accum ({sorted(accums) if accums else 'any'}) makes {self.rows}; "
+                f"add batch_size and grad_accum to tune.vary or change the global batch")
+        return splits
+
+    def batch_choices(self) -> list[int] | None:
+        """The batches a probe may run, smallest first; None: any (1 up to what fits, found by probing)."""
+        if self.splits is not None:
+            return [b for b, _ in self.splits]
+        return None if "batch_size" in self.vary else [self.grid.batch_size]
+
+    def accums(self, batch: int) -> list[int]:
+        return [self.rows // batch] if self.rows else self.values["grad_accum"]
+
+    def fold(self, c: Config) -> Config:
+        """The configuration the trial really runs (options that do nothing here back at their default)."""
+        t = self.template
+        options = {**t.as_dict(), **{k: getattr(c, k) for k in _FOLDED}}
+        folded = fold_options(options, model=t.model, precision=t.precision, gpus=t.gpus)
+        return c._replace(**{k: folded[k] for k in _FOLDED})
+
+    def baseline(self, ac: str, batch: int) -> Config:
+        """The grid's options at this ac and batch (under G, the accumulation that batch needs)."""
+        accum = self.rows // batch if self.rows else self.grid.grad_accum
+        return self.fold(self.grid._replace(ac=ac, batch_size=batch, grad_accum=accum))
+
+    def smaller_batch(self, c: Config) -> Config | None:
+        """`c` at the next smaller batch to try after it ran out of memory: the next allowed split under G,
+        else three quarters (a step that keeps most of the batch; pruning stops a repeat at a batch that
+        failed). None if the batch is fixed or already 1."""
+        allowed = self.batch_choices()
+        if allowed is None:
+            batch = min(c.batch_size - 1, c.batch_size * 3 // 4)
+        else:
+            batch = max((b for b in allowed if b < c.batch_size), default=0)
+        if batch < 1:
+            return None
+        return self.fold(c._replace(batch_size=batch, grad_accum=self.rows // batch if self.rows else c.grad_accum))
+
+    def configs(self, batches: dict[str, list[int]]) -> list[Config]:
+        """Every distinct configuration, given the batches each ac level may run, in a stable order."""
+        v = self.values
+        out: dict[Config, None] = {}
+        for ac, ac_batches in batches.items():
+            for batch in ac_batches:
+                for combo in itertools.product(v["compile"], self.accums(batch), v["reduce_dtype"],
+                                               v["grad_sync"], v["fp8_lm_head"]):
+                    out.setdefault(self.fold(Config(batch, ac, *combo)), None)
+        return list(out)
+
+    def coords(self, c: Config) -> dict[str, Any]:
+        """The dimensions candidates differ in: ac and batch as one (each ac level has its own batches),
+        grad_accum only where it is free (under G it follows from the batch)."""
+        out = {"ac_batch": (c.ac, c.batch_size), "compile": c.compile, "reduce_dtype": c.reduce_dtype,
+               "grad_sync": c.grad_sync, "fp8_lm_head": c.fp8_lm_head}
+        return out if self.rows else {**out, "grad_accum": c.grad_accum}
+
+    def levels(self) -> list[str]:
+        """The ac values to search, the grid's first, then from most memory to least (what fits with more
+        memory fits with less: a lighter level's search starts where the heavier one's fitted)."""
+        rest = sorted((a for a in self.values["ac"] if a != self.grid.ac), key=lambda a: -AC_MEMORY[a])
+        return [self.grid.ac, *rest]
+
+    def trial(self, c: Config, steps: tuple, *, profile: bool, search_id: str) -> Trial:
+        return replace(self.template, **c._asdict(), warmup_steps=steps[0], measure_steps=steps[1],
+                       profile=profile, search_id=search_id)

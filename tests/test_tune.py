@@ -1,0 +1,339 @@
+"""`search: fastest` (sweep.tune): the search, driven by a simulated runner. Pure logic: no Ray, no torch.
+
+The simulated machine plays the runner: a trial's peak memory is fixed + batch x (activations its ac
+keeps), it runs out of memory past the capacity, and its TFLOP/s is a product of per-option factors, so
+the fastest configuration is known and every decision of the search can be checked against it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+
+from sweep.errors import UserError
+from sweep.grid import NUMERICS_CHANGING, expand, parse_grid
+from sweep.tune import LONGER, SHORT, TunePlan
+from sweep.tune_space import AC_MEMORY, Config, at_least_as_heavy
+
+GIB = 1024**3
+ACTIVATIONS = {"none": 1.0, "selective": 0.5, "full": 0.2}  # GiB per sample kept for the backward pass
+AC_SPEED = {"none": 1.0, "selective": 0.9, "full": 0.75}  # recomputation costs time
+COMPILE_SPEED = {"none": 0.8, "regional": 1.0, "full": 1.05}
+ALL_OPTIONS = ["batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head"]
+VERDICT_KEYS = {"kind", "search_id", "model", "precision", "seq_len", "gpus", "cluster", "allowed", "numerics_allowed",
+                "global_batch_tokens", "budget", "best", "baseline", "tflops_at_best", "baseline_tflops", "speedup",
+                "best_trial_id", "baseline_trial_id", "candidates", "tried", "probes", "search_wall_s",
+                "cost_vs_one_trial", "aborted", "profile"}
+
+
+@dataclass
+class Machine:
+    """Plays the runner: one row per trial, as sweep.rows.outcome_row writes it (the fields a plan reads)."""
+
+    capacity_gib: float = 40.0
+    fixed_gib: float = 4.0
+    failing_compile: str | None = None  # this compile mode errors (not memory)
+    lost: set[int] = field(default_factory=set)  # attempt numbers lost to the infrastructure
+    attempts: int = 0
+
+    def peak(self, t) -> float:
+        # grad_sync: step keeps whole gradients until the step's end: more memory per micro-batch here
+        return self.fixed_gib + t.batch_size * ACTIVATIONS[t.ac] * (1.5 if t.grad_sync == "step" else 1.0)
+
+    def tflops(self, t) -> float:
+        speed = 100 * (1 - 1 / (t.batch_size + 1)) * AC_SPEED[t.ac] * COMPILE_SPEED[t.compile]
+        speed *= 1 + 0.03 * math.log2(t.grad_accum)
+        return speed * (1.05 if t.reduce_dtype == "bf16" else 1) * (1.04 if t.grad_sync == "step" else 1) * (
+            1.03 if t.fp8_lm_head else 1)
+
+    def __call__(self, t) -> tuple[dict, bool]:
+        self.attempts += 1
+        row = {"trial_id": t.trial_id, "trial_wall_s": 10.0 + t.batch_size / 10, "warmup_steps": t.warmup_steps,
+               "measure_steps": t.measure_steps, "tflops_per_gpu": None, "tokens_per_s_per_gpu": None,
+               "peak_mem_gib": None}
+        if self.attempts in self.lost:
+            return {**row, "status": "error", "error": "rank process died"}, True
+        if t.compile == self.failing_compile:
+            return {**row, "status": "error", "error": "compile failed"}, False
+        if self.peak(t) > self.capacity_gib:
+            return {**row, "status": "oom"}, False
+        speed = self.tflops(t)
+        row.update(status="ok", tflops_per_gpu=speed, tokens_per_s_per_gpu=speed * 10, peak_mem_gib=self.peak(t))
+        if t.profile:  # the trainer's summary of the traced steps
+            row.update(profile_gemm_pct=60.0, profile_attention_pct=20.0, profile_comm_exposed_pct=5.0,
+                       profile_optimizer_pct=5.0, profile_other_pct=10.0, trace_file="traces/x.json")
+        return row, False
+
+
+@dataclass
+class Run:
+    asked: list
+    rows: list  # (row, infrastructure) per attempt, in order
+
+    def of(self, t) -> dict:
+        return next(r for r, _ in self.rows if r["trial_id"] == t.trial_id)
+
+
+def run(plan, machine=None, recorded: dict | None = None) -> Run:
+    """The runner's loop (sweep.runner): run what the plan asks, feed each row back, queue its follow-ups.
+    A trial asked twice fails the test (the runner would drop it silently and the search would stall)."""
+    queue, out = deque(plan.initial()), Run([], [])
+    while queue:
+        t = queue.popleft()
+        assert t.trial_id not in {a.trial_id for a in out.asked}, f"asked twice: {t.describe()}"
+        out.asked.append(t)
+        row, infrastructure = recorded[t.trial_id] if recorded is not None else machine(t)
+        out.rows.append((row, infrastructure))
+        queue.extend(plan.on_result(t, row["status"], infrastructure, row))
+    return out
+
+
+def grid(**extra):
+    data = {"models": ["llama-tiny"], "precisions": ["fp8-torchao-tensorwise"], "batch_sizes": [2], "gpus": 2,
+            "seq_len": 128, "search": "fastest", "steps": {"warmup": 3, "measure": 10}, **extra}
+    spec = parse_grid(data)
+    return spec, expand(spec, cluster="local")
+
+
+def plan(capacity_gib: float | None = 40.0, **extra) -> TunePlan:
+    spec, trials = grid(**extra)
+    return TunePlan(trials, spec, capacity_bytes=capacity_gib * GIB if capacity_gib else None)
+
+
+def config(t) -> Config:
+    return Config(*(getattr(t, name) for name in Config._fields))
+
+
+def finals(r: Run, spec_steps=(3, 10)) -> list:
+    return [t for t in r.asked if (t.warmup_steps, t.measure_steps) == spec_steps]
+
+
+# 1. the candidate space
+
+
+def test_an_option_ranges_over_its_grid_axis_when_listed_else_over_all_its_values():
+    r = run(plan(compile=["none", "regional"], tune={"vary": ["batch_size", "ac", "compile", "grad_accum"]}),
+            Machine())
+    assert {t.compile for t in r.asked} == {"none", "regional"}  # the grid's two, never full
+    assert {t.ac for t in r.asked} == {"none", "selective", "full"}  # one in the grid: all of them
+    assert {t.grad_accum for t in r.asked} == {1, 2, 4, 8}
+
+
+def test_numerics_changing_options_stay_at_the_grid_values_unless_vary_names_them():
+    fixed = {"reduce_dtype": "bf16", "fp8_lm_head": True, "grad_sync": "step"}
+    p = plan(**fixed, tune={"budget": 40})  # the default vary names none of them
+    r = run(p, Machine(capacity_gib=200))
+    for t in r.asked:
+        assert (t.reduce_dtype, t.fp8_lm_head) == ("bf16", True)
+        assert t.grad_sync == ("step" if t.grad_accum > 1 else "micro_batch")  # one micro-batch: nothing to wait for
+    (v,) = p.verdicts()
+    assert v["numerics_allowed"] == [] and v["best"]["reduce_dtype"] == "bf16"
+    allowed = run(plan(**fixed, tune={"vary": ALL_OPTIONS}), Machine(capacity_gib=200))
+    assert {(t.reduce_dtype, t.fp8_lm_head) for t in allowed.asked} > {("bf16", True)}  # named: they move
+
+
+def test_options_that_fold_away_are_one_candidate_and_never_probed_twice():
+    # gpt (tied head) in bf16 on one rank: no FP8 head, no reduction across ranks, so only ac, compile and
+    # grad_accum are real; `run` fails on a trial asked twice
+    p = plan(models=["gpt-tiny"], precisions=["bf16"], gpus=1, tune={"vary": ALL_OPTIONS})
+    r = run(p, Machine())
+    assert {(t.reduce_dtype, t.grad_sync, t.fp8_lm_head) for t in r.asked} == {("fp32", "micro_batch", False)}
+    (v,) = p.verdicts()
+    batches = {ac: {t.batch_size for t in r.asked if t.ac == ac and t.warmup_steps == SHORT[0]} for ac in ACTIVATIONS}
+    assert v["candidates"] <= sum(len(b) for b in batches.values()) * 3 * 4  # ac batches x compile x grad_accum
+
+
+def test_the_batch_search_finds_the_largest_batch_that_fits():
+    m = Machine(capacity_gib=40.0)  # ac none: 4 + b <= 40: b <= 36
+    p = plan()
+    r = run(p, m)
+    base = [t for t in r.asked if t.ac == "none" and t.compile == "regional" and t.grad_accum == 1]
+    assert max(t.batch_size for t in base if r.of(t)["status"] == "ok") == 36
+    assert all(t.batch_size <= 37 for t in r.asked if t.ac == "none")  # past the first OOM: never
+    (v,) = p.verdicts()
+    assert v["baseline"]["batch_size"] == 36  # the fastest for the grid's options (speed grows with the batch)
+
+
+def test_a_fixed_batch_is_the_seed_batch_in_every_probe():
+    r = run(plan(batch_sizes=[3], tune={"vary": ["ac", "compile", "grad_accum"]}), Machine())
+    assert {t.batch_size for t in r.asked} == {3}
+
+
+# 2. global_batch_tokens
+
+
+@pytest.mark.parametrize("tokens,vary", [(16384, ["batch_size", "ac", "compile", "grad_accum"]),
+                                         (16384, ALL_OPTIONS), (3 * 2 * 128 * 8, ["batch_size", "grad_accum"])])
+def test_every_probe_holds_the_global_batch(tokens, vary):
+    p = plan(tune={"vary": vary, "global_batch_tokens": tokens})
+    r = run(p, Machine(capacity_gib=30))
+    assert all(t.batch_size * t.grad_accum * t.gpus * t.seq_len == tokens for t in r.asked)
+    (v,) = p.verdicts()
+    assert v["global_batch_tokens"] == tokens and v["best"] is not None
+    ok = [t for t in r.asked if r.of(t)["status"] == "ok" and t.ac == v["baseline"]["ac"]
+          and t.compile == v["baseline"]["compile"]]
+    assert v["baseline"]["batch_size"] == max(t.batch_size for t in ok)  # the split with the largest micro-batch
+
+
+@pytest.mark.parametrize("extra,words", [
+    ({"tune": {"global_batch_tokens": 1000}}, ["1000", "2 x 128"]),  # not a whole number of samples per rank
+    # a fixed batch of 3 and grad_accum fixed at 1 make 3 samples per rank, not 8
+    ({"batch_sizes": [3], "tune": {"vary": ["ac"], "global_batch_tokens": 2048}}, ["2048", "8 samples", "3"]),
+])
+def test_a_global_batch_no_split_can_hold_is_a_user_error(extra, words):
+    with pytest.raises(UserError) as e:
+        plan(**extra)
+    assert all(w in str(e.value) for w in words) and "\n" not in str(e.value)
+
+
+# 3. bounded cost
+
+
+@pytest.mark.parametrize("budget", [3, 5, 8, 13, 20, 40])
+def test_attempts_never_exceed_the_budget(budget):
+    # OOMs, an option that always fails, and attempts lost to the infrastructure (retried) all count
+    spec, trials = grid(precisions=["bf16", "fp8-torchao-tensorwise"], tune={"vary": ALL_OPTIONS, "budget": budget})
+    p = TunePlan(trials, spec, capacity_bytes=40 * GIB)
+    r = run(p, Machine(failing_compile="full", lost={2, 5, 9, 17}))
+    for v in p.verdicts():
+        attempts = [t for t in r.asked if t.precision == v["precision"]]
+        assert len(attempts) == v["probes"] <= budget
+        assert v["best"] is not None if budget >= 8 else (v["best"] is not None or v["aborted"])
+
+
+def test_a_budget_without_room_for_the_baseline_and_a_finalist_is_a_user_error():
+    with pytest.raises(UserError, match="budget: 2"):
+        plan(tune={"budget": 2})
+    plan(tune={"budget": 3})
+
+
+@pytest.mark.parametrize("steps", [{"warmup": 3, "measure": 10}, {"warmup": "auto", "measure": "auto"}])
+def test_short_probes_then_longer_then_the_grids_own_steps(steps):
+    p = plan(steps=steps)
+    r = run(p, Machine())
+    full = (steps["warmup"], steps["measure"])
+    kinds = {(t.warmup_steps, t.measure_steps) for t in r.asked}
+    assert kinds == {SHORT, LONGER, full}
+    (v,) = p.verdicts()
+    last = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == full]
+    assert {t.profile for t in last if t.trial_id != v["baseline_trial_id"]} == {True}  # the finalists
+    assert all(not t.profile for t in r.asked if (t.warmup_steps, t.measure_steps) != full)
+    assert len(last) <= 3  # two finalists and the baseline
+    assert {t.search_id for t in r.asked} == {v["search_id"]}
+    assert len({t.trial_id for t in r.asked}) == len(r.asked)
+
+
+def test_the_search_id_is_the_groups_and_a_resumed_search_asks_for_the_same_trials():
+    m = Machine(lost={4})
+    first_plan = plan(tune={"vary": ALL_OPTIONS})
+    first = run(first_plan, m)
+    recorded = {row["trial_id"]: (row, infra) for row, infra in first.rows}
+    again_plan = plan(tune={"vary": ALL_OPTIONS})
+    again = run(again_plan, recorded=recorded)  # no machine: every trial must be one already recorded
+    assert [t.trial_id for t in again.asked] == [t.trial_id for t in first.asked]
+    assert again_plan.verdicts() == first_plan.verdicts()
+    other = plan(precisions=["bf16"], tune={"vary": ALL_OPTIONS}).initial()[0]
+    assert other.search_id != first.asked[0].search_id
+
+
+def test_successive_halving_keeps_the_faster_short_probes():
+    r = run(plan(tune={"vary": ALL_OPTIONS, "budget": 40}), Machine())
+    short = sorted((r.of(t)["tflops_per_gpu"], config(t)) for t in r.asked
+                   if (t.warmup_steps, t.measure_steps) == SHORT and r.of(t)["status"] == "ok")
+    longer = {config(t) for t in r.asked if (t.warmup_steps, t.measure_steps) == LONGER}
+    assert longer == {c for _, c in short[-len(longer):]} and 2 < len(longer) < len(short)
+
+
+# 4. pruning
+
+
+def test_no_probe_needs_the_memory_of_an_earlier_oom_and_an_oom_is_not_retried():
+    r = run(plan(tune={"vary": ALL_OPTIONS, "budget": 40}), Machine(capacity_gib=30))
+    ooms = []
+    for t, (row, _) in zip(r.asked, r.rows):
+        assert not any(at_least_as_heavy(config(t), o) for o in ooms), t.describe()
+        if row["status"] == "oom":
+            ooms.append(config(t))
+    assert ooms  # the search did reach the limit
+
+
+def test_more_checkpointing_starts_where_less_fitted_and_less_stops_below_its_oom():
+    r = run(plan(ac=["full"], tune={"vary": ["batch_size", "ac"]}), Machine(capacity_gib=40))
+    full_oom = min(t.batch_size for t in r.asked if t.ac == "full" and r.of(t)["status"] == "oom")
+    assert all(t.batch_size < full_oom for t in r.asked if t.ac != "full")  # none keeps more than full
+    lighter = run(plan(tune={"vary": ["batch_size", "ac"]}), Machine(capacity_gib=40))
+    for ac, heavier in (("selective", ["none"]), ("full", ["none", "selective"])):
+        fitted = max(t.batch_size for t in lighter.asked if t.ac in heavier and lighter.of(t)["status"] == "ok")
+        first = next(t for t in lighter.asked if t.ac == ac)
+        assert first.batch_size == fitted  # known to fit: this level keeps less
+
+
+def test_an_option_value_that_fails_on_its_own_is_not_tried_again():
+    r = run(plan(tune={"vary": ALL_OPTIONS}), Machine(failing_compile="full"))
+    assert len([t for t in r.asked if t.compile == "full"]) == 1
+    assert len([t for t in r.asked if t.compile == "regional"]) > 1
+
+
+# 5. the verdict
+
+
+def test_the_best_is_the_fastest_full_measurement_and_the_baseline_is_measured_in_the_same_search():
+    p = plan(tune={"vary": ALL_OPTIONS})
+    r = run(p, Machine())
+    (v,) = p.verdicts()
+    assert set(v) == VERDICT_KEYS and v["kind"] == "fastest"
+    full = finals(r)
+    best = max(full, key=lambda t: r.of(t)["tflops_per_gpu"])
+    assert v["best_trial_id"] == best.trial_id and v["best"] == config(best)._asdict()
+    assert v["tflops_at_best"] == r.of(best)["tflops_per_gpu"]
+    base = next(t for t in full if t.trial_id == v["baseline_trial_id"])
+    grid_options = {"ac": "none", "compile": "regional", "grad_accum": 1, "reduce_dtype": "fp32",
+                    "grad_sync": "micro_batch", "fp8_lm_head": False}
+    assert {k: v["baseline"][k] for k in grid_options} == grid_options == {k: getattr(base, k) for k in grid_options}
+    assert v["speedup"] == pytest.approx(v["tflops_at_best"] / v["baseline_tflops"]) and v["speedup"] > 1.1
+    assert v["probes"] == len(r.asked) and v["tried"] == len({config(t) for t in r.asked})
+    assert v["search_wall_s"] == pytest.approx(sum(row["trial_wall_s"] for row, _ in r.rows))
+    assert v["cost_vs_one_trial"] == pytest.approx(v["search_wall_s"] / r.of(best)["trial_wall_s"])
+    assert v["profile"] == {"gemm_pct": 60.0, "attention_pct": 20.0, "comm_exposed_pct": 5.0, "optimizer_pct": 5.0,
+                            "other_pct": 10.0, "trace_file": "traces/x.json"}
+    assert v["numerics_allowed"] == list(NUMERICS_CHANGING) and v["allowed"] == ALL_OPTIONS
+
+
+def test_the_search_finds_the_simulated_optimum_within_its_default_budget():
+    m = Machine(capacity_gib=40)
+    p = plan(tune={"vary": ALL_OPTIONS})
+    run(p, m)
+    (v,) = p.verdicts()
+    # the machine's best: compile full, 8 micro-batches, bf16 reduce, FP8 head, ac none; grad_sync: step
+    # needs a smaller batch (20 fits), which is still faster than micro_batch at 36
+    assert {k: v["best"][k] for k in ("ac", "compile", "grad_accum", "reduce_dtype", "fp8_lm_head")} == {
+        "ac": "none", "compile": "full", "grad_accum": 8, "reduce_dtype": "bf16", "fp8_lm_head": True}
+
+
+def test_nothing_fits_is_a_verdict_not_a_hang():
+    p = plan(capacity_gib=2.0)
+    r = run(p, Machine(capacity_gib=2.0))  # the fixed part alone is 4 GiB
+    (v,) = p.verdicts()
+    assert v["aborted"].startswith("nothing fits") and "oom" in v["aborted"]
+    assert v["best"] is None and v["tflops_at_best"] is None and v["speedup"] is None and v["profile"] is None
+    assert len(r.asked) == v["probes"] <= 40
+
+
+def test_one_verdict_per_group():
+    spec, trials = grid(precisions=["bf16", "fp8-torchao-tensorwise"], seq_len=[64, 128])
+    p = TunePlan(trials, spec, capacity_bytes=40 * GIB)
+    run(p, Machine())
+    assert sorted((v["precision"], v["seq_len"]) for v in p.verdicts()) == [
+        ("bf16", 64), ("bf16", 128), ("fp8-torchao-tensorwise", 64), ("fp8-torchao-tensorwise", 128)]
+    assert len({v["search_id"] for v in p.verdicts()}) == 4
+
+
+def test_without_a_capacity_the_batch_search_gallops_within_its_share():
+    p = plan(capacity_gib=None, tune={"budget": 12})
+    r = run(p, Machine(capacity_gib=40))
+    (v,) = p.verdicts()
+    assert len(r.asked) <= 12 and v["best"] is not None
+    assert AC_MEMORY  # (the levels' order is exercised above)
