@@ -1,9 +1,8 @@
 """Where a step's time goes: a few steps under torch.profiler after the measured ones, and their summary.
 
 With `profile: true` every rank runs `1 + PROFILE_STEPS` more steps once the measurement is done (so the
-measured steps are the same as without it); rank 0 records the last PROFILE_STEPS of them (the first
-warms the profiler's own machinery) and sends back the Chrome/Perfetto trace, gzipped, with the shares of
-the wall step time spent in five kinds of work:
+measured steps are the same as without it), the last PROFILE_STEPS under torch.profiler; rank 0 sends back
+its Chrome/Perfetto trace, gzipped, with the shares of the wall step time spent in five kinds of work:
 
     gemm          matrix multiplies (cuBLAS/cuBLASLt/CUTLASS/nvjet/hipBLASLt kernels; aten::mm, addmm, bmm,
                   linear on CPU)
@@ -154,8 +153,9 @@ def _labelled(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
 
 def profile_steps(step, first: int, rank) -> dict | None:
     """Run 1 + PROFILE_STEPS steps of `step` (a trainer.train.TrainStep) from step index `first` on every
-    rank (they hold collectives); rank 0 records the last PROFILE_STEPS. Rank 0 returns the shares
-    (`summarize`) and `trace_gz`, the gzipped Chrome trace; the other ranks None."""
+    rank, the last PROFILE_STEPS under the profiler. Every rank records, so that each carries the profiler's
+    overhead and none waits for rank 0 in the collectives more than it would unprofiled; rank 0 returns the
+    shares (`summarize`) and `trace_gz`, its gzipped Chrome trace; the other ranks None."""
     import gzip
     import json
     import os
@@ -172,15 +172,19 @@ def profile_steps(step, first: int, rank) -> dict | None:
             step(i)
             device_sync(rank.device)  # the step's kernels end inside its range: the window is the wall step
 
-    run(first)
-    if rank.rank != 0:
-        for i in range(first + 1, first + 1 + PROFILE_STEPS):
-            run(i)
-        return None
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rank.device.type == "cuda" else [])
+    run(first)  # the profiled steps start from a steady one
+    activities = [ProfilerActivity.CPU]
+    if rank.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+        # Kineto leaves CUPTI attached after the profile unless told otherwise, and its callbacks slow every
+        # later launch (pytorch/pytorch#144455: 10-20 %): a warm rank's next trial would measure them. Torch
+        # itself sets "0" where teardown is unsafe (compiled CUDA graphs on CUDA < 12.6); sweep makes none.
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
     with profile(activities=activities) as prof:
         for i in range(first + 1, first + 1 + PROFILE_STEPS):
             run(i)
+    if rank.rank != 0:
+        return None
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
