@@ -51,8 +51,10 @@ def group_key(t: Trial) -> tuple:
 
 
 def search_id(t: Trial, tune: TuneSpec) -> str:
-    """The search of one group under one tune block: a resumed search keeps its id and its probes."""
-    return hashlib.sha256(repr((group_key(t), tune.model_dump_json())).encode()).hexdigest()[:12]
+    """The search of one group for what it may vary and the global batch: a resumed search keeps its id
+    and its probes, also with a larger budget (the same search, continued)."""
+    what = (group_key(t), tune.vary, tune.global_batch_tokens)
+    return hashlib.sha256(repr(what).encode()).hexdigest()[:12]
 
 
 class _Fit:
@@ -131,6 +133,7 @@ class GroupSearch:
         self.broken: set[tuple[str, Any]] = set()  # option values that failed on their own
         self.fallbacks: list[Config] = []  # candidates at a smaller batch than one that ran out of memory
         self.explored = False
+        self.center: Config | None = None  # the baseline (else any candidate): effects are measured from it
         self.rung_asked: list[Config] | None = None
         self.final_asked: list[Config] | None = None
         self.attempts, self.wall_s = 0, 0.0
@@ -220,8 +223,11 @@ class GroupSearch:
         heavier = [max(b) for a, b in self.batches.items() if b and AC_MEMORY[a] > AC_MEMORY[ac]]
         ceiling = [o.batch_size for o in self.ooms
                    if at_least_as_heavy(self.space.baseline(ac, o.batch_size), o)]
-        return _Fit(ac, start=max(heavier, default=self.space.grid.batch_size), allowed=self.space.batch_choices(),
-                    ceiling=min(ceiling, default=None), capacity_bytes=self.capacity)
+        fit = _Fit(ac, start=max(heavier, default=self.space.grid.batch_size), allowed=self.space.batch_choices(),
+                   ceiling=min(ceiling, default=None), capacity_bytes=self.capacity)
+        if heavier and not self.ooms:  # no level met the memory's limit (no capacity, e.g. a CPU): more
+            fit.search.max_batch = max(heavier)  # checkpointing only buys a batch nobody needed; check it fits
+        return fit
 
     def _close_level(self, fit: _Fit) -> None:
         self.batches[fit.ac] = fit.choices()
@@ -231,6 +237,8 @@ class GroupSearch:
 
     def _explore_stage(self) -> list[Trial]:
         room = self.caps[0] - len(self.owner)
+        if not self.explored:  # the fits are known: the point every effect is measured from
+            self.center = self.baseline or next(iter(self._space()), None)
         todo = self._candidates() if room > 0 and self.center is not None else []
         first = [] if self.explored else sorted((c for c in todo if self._distance(c) <= 1), key=self._distance)
         self.explored = True
@@ -268,11 +276,6 @@ class GroupSearch:
         return [t for c in self.final_asked for t in self._ask(c, 2, profile=c in finalists)]
 
     # --- the candidates, and what the short probes say about them ---
-
-    @property
-    def center(self) -> Config | None:
-        """The point effects are measured from: the baseline (else any candidate: a stable reference)."""
-        return self.baseline or next(iter(self.space.configs(self.batches)), None)
 
     def _diff(self, c: Config) -> list[tuple[str, Any]]:
         if self.center is None:  # nothing fits anywhere: there are no candidates to compare
@@ -322,17 +325,18 @@ class GroupSearch:
         at_best = best_row["tflops_per_gpu"] if best_row else None
         at_base = base_row["tflops_per_gpu"] if base_row else None
         one_trial = best_row.get("trial_wall_s") if best_row else None
+        tried = {c for c, _ in self.asked}
         return {"kind": "fastest", "search_id": self.sid, "model": t.model.label, "precision": t.precision,
                 "seq_len": t.seq_len, "gpus": t.gpus, "cluster": t.cluster, "allowed": list(space.vary),
                 "numerics_allowed": [o for o in NUMERICS_CHANGING if o in space.vary],
                 "global_batch_tokens": space.tokens, "budget": self.budget,
                 "best": best._asdict() if best else None,
-                "baseline": self.baseline._asdict() if self.baseline and base_row else None,
+                "baseline": self.baseline._asdict() if self.baseline else None,
                 "tflops_at_best": at_best, "baseline_tflops": at_base,
                 "speedup": at_best / at_base if at_best and at_base else None,
                 "best_trial_id": self.asked.get((best, 2)) if best else None,
                 "baseline_trial_id": self.asked.get((self.baseline, 2)) if base_row else None,
-                "candidates": len(self._space()), "tried": len({c for c, _ in self.asked}),
+                "candidates": len({*self._space(), *tried}), "tried": len(tried),
                 "probes": self.attempts, "search_wall_s": self.wall_s,
                 "cost_vs_one_trial": self.wall_s / one_trial if one_trial else None,
                 "aborted": None if best else self._why_none(), "profile": _profile(best_row)}
@@ -340,8 +344,11 @@ class GroupSearch:
     def _why_none(self) -> str:
         counts = Counter(row["status"] for row in self.results.values())
         said = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        if not counts:
+            return "nothing ran: the search was stopped before its first probe"
         if not counts.get("ok"):
-            return f"nothing fits: no probe ran ({said})" if counts else "nothing fits: no probe ran"
+            return f"nothing fits: every probe ran out of memory ({said})" if set(counts) == {"oom"} else \
+                f"nothing ran: no probe completed ({said})"
         return f"no full measurement completed ({said})"
 
 
