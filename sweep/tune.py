@@ -6,18 +6,22 @@ a stage decides only once every probe it issued has answered, from results it so
 in which answers arrive (concurrent trials, or rows reused by --resume) does not change the search:
 
   fit      per ac level (the grid's first, then from most memory to least), the batches that fit with the
-           grid's other options: a MaxBatchSearch (sweep.policy) of short probes, under global_batch_tokens
-           snapped to the batches of a valid split. A level starts at the largest batch a heavier level
-           fitted and stays below the smallest batch a lighter level ran out of memory at. Each level's
-           candidates run its largest fitting batch and the fastest one it found (under G: the two largest
-           splits that fit). A fixed batch needs no probes here.
-  explore  short probes (SHORT steps) of candidates: first every neighbour of the baseline (one option
-           changed), then, in waves, the candidates that the measured one-option effects, multiplied,
-           rate fastest. A candidate as heavy as a known OOM (tune_space.at_least_as_heavy), or with an
-           option value that failed on its own, is never probed.
-  rung     successive halving: the faster half of the short probes again, with LONGER steps.
-  final    the best `finalists` of the last rung, with profile=True, and the baseline (the grid's options
-           at the fastest batch its fit found; under G the split with the largest micro-batch that fits),
+           grid's other options (tune_space.LevelFit: a MaxBatchSearch of short probes, under
+           global_batch_tokens on the batches of valid splits). A level starts at the largest batch a
+           heavier level fitted (it fits: less is kept) and stays under the smallest batch a lighter level
+           ran out of memory at; it goes on from there only if some batch could make up its recomputation
+           (LevelFit.batch_gain). Its candidates run its largest fitting batch and the fastest one found
+           (under G: the two largest splits that fit). A fixed batch needs no probes here.
+  explore  short probes (SHORT steps): first every neighbour of the baseline (one option changed), then
+           waves of the candidates that the measured one-option effects, added in log speed, rate
+           fastest, until STALE_WAVES waves in a row find nothing faster. Never probed: a candidate as
+           heavy as a known OOM (tune_space.at_least_as_heavy), or with an option value that failed on its
+           own. A candidate that runs out of memory is tried at a smaller batch, and configs of its heavy
+           class (e.g. grad_sync: step) then start at the batch that fitted there.
+  rung     successive halving: the faster half of the short probes (at most the rung size) again, with
+           LONGER steps.
+  final    the `finalists` fastest of the rung, with profile=True, and the baseline (the grid's options at
+           the fastest batch their fit found; under G the split with the largest micro-batch that fits),
            with the grid's own steps. The best is the fastest of these full measurements.
 
 Budget bound: a stage issues a trial only while the trials issued so far (OOMs, errors, infrastructure
@@ -36,13 +40,14 @@ from typing import Any
 
 from sweep.errors import UserError
 from sweep.grid import NUMERICS_CHANGING, GridSpec, Trial, TuneSpec
-from sweep.policy import MaxBatchSearch, infra_retry
-from sweep.tune_space import AC_MEMORY, Config, Space, at_least_as_heavy, memory_class
+from sweep.policy import infra_retry
+from sweep.tune_space import AC_MEMORY, Config, LevelFit, Space, at_least_as_heavy, heavy_class
 
 SHORT = (2, 3)  # warm-up 2 (a compile), measure 3: enough to rank candidates, cheap on a warm group
 LONGER = (3, 9)  # the rung: three times the measured steps to separate the close ones
-FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.policy.MaxBatchSearch)
 WAVE = 4  # explore probes issued together after the neighbours: a cluster can run them side by side
+STALE_WAVES = 2  # explore stops after this many waves in a row without a faster probe
+NOISE = 0.01  # a short probe's speed is this close to another's: no faster
 PROFILE_KEYS = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "other_pct")
 
 
@@ -55,51 +60,6 @@ def search_id(t: Trial, tune: TuneSpec) -> str:
     and its probes, also with a larger budget (the same search, continued)."""
     what = (group_key(t), tune.vary, tune.global_batch_tokens)
     return hashlib.sha256(repr(what).encode()).hexdigest()[:12]
-
-
-class _Fit:
-    """The batches that fit at one ac level (the grid's other options): a MaxBatchSearch whose probes
-    are snapped to the allowed batches (None: any), and stay under `ceiling` (a known OOM's batch)."""
-
-    def __init__(self, ac: str, *, start: int, allowed: list[int] | None, ceiling: int | None,
-                 capacity_bytes: float | None):
-        self.ac, self.allowed, self.ceiling = ac, allowed, ceiling
-        start = start if ceiling is None else min(start, ceiling - 1)
-        self.search = MaxBatchSearch(start=max(1, start), capacity_bytes=capacity_bytes)
-        self.tflops: dict[int, float] = {}
-
-    def next_batch(self) -> int | None:
-        if len(self.search.probes) >= FIT_PROBES:
-            return None
-        batch = self.search.next_probe()
-        if batch is None or self.allowed is None:
-            return batch
-        lo, hi = self.search.largest_ok or 0, self.search.smallest_failed or math.inf
-        inside = [b for b in self.allowed if lo < b < hi]
-        below = [b for b in inside if b <= batch]
-        return below[-1] if below else (inside[0] if inside else None)
-
-    def record(self, batch: int, status: str, row: dict) -> None:
-        peak = row.get("peak_mem_gib")
-        self.search.record(batch, status, peak_mem_bytes=peak * 1024**3 if peak is not None else None,
-                           tokens_per_s=row.get("tokens_per_s_per_gpu"))
-        if status == "ok":
-            self.tflops[batch] = row.get("tflops_per_gpu") or 0.0
-        if self.ceiling is not None:  # after the first probe: before it, the search would not start at `start`
-            self.search.failed.setdefault(self.ceiling, "oom")
-
-    def fastest(self) -> int | None:
-        return max(sorted(self.tflops, reverse=True), key=self.tflops.get, default=None)  # a tie: the larger
-
-    def choices(self) -> list[int]:
-        """The batches this level's candidates run: the largest that fits and the fastest (allowed
-        batches: the two largest that fit, a smaller micro-batch being the other split of G)."""
-        top = self.search.largest_ok
-        if top is None:
-            return []
-        if self.allowed is not None:
-            return [b for b in self.allowed if b <= top][-2:][::-1]
-        return list(dict.fromkeys([top, self.fastest()]))
 
 
 class GroupSearch:
@@ -124,7 +84,8 @@ class GroupSearch:
         self.levels = [] if fixed else space.levels()
         self.batches: dict[str, list[int]] = {ac: list(allowed) for ac in space.values["ac"]} if fixed else {}
         self.baseline: Config | None = space.baseline(space.grid.ac, allowed[0]) if fixed else None
-        self.fit: _Fit | None = None
+        self.fit: LevelFit | None = None  # the level being fitted
+        self.fits: dict[str, LevelFit] = {}  # the levels fitted
         self.asked: dict[tuple[Config, int], str] = {}  # (config, rung) -> trial_id of its latest attempt
         self.owner: dict[str, tuple[Config, int]] = {}  # every trial issued -> (config, rung)
         self.results: dict[str, dict] = {}  # trial_id -> its row
@@ -133,6 +94,7 @@ class GroupSearch:
         self.broken: set[tuple[str, Any]] = set()  # option values that failed on their own
         self.fallbacks: list[Config] = []  # candidates at a smaller batch than one that ran out of memory
         self.explored = False
+        self.stale, self.fastest_before = 0, 0.0  # waves in a row without a faster probe; the fastest before
         self.center: Config | None = None  # the baseline (else any candidate): effects are measured from it
         self.rung_asked: list[Config] | None = None
         self.final_asked: list[Config] | None = None
@@ -218,43 +180,59 @@ class GroupSearch:
             self.fit = None
         return []
 
-    def _new_fit(self, ac: str) -> _Fit:
-        """A level starts where a heavier one fitted, and stays under a lighter one's OOM."""
+    def _new_fit(self, ac: str) -> LevelFit:
+        """A level starts where a heavier one fitted, and stays under a lighter one's OOM. Starting where a
+        heavier one fitted, it goes on only if some batch could beat the fastest level so far, gaining over
+        its first what a larger batch could gain the levels fitted (batch_gain)."""
         heavier = [max(b) for a, b in self.batches.items() if b and AC_MEMORY[a] > AC_MEMORY[ac]]
         ceiling = [o.batch_size for o in self.ooms
                    if at_least_as_heavy(self.space.baseline(ac, o.batch_size), o)]
-        fit = _Fit(ac, start=max(heavier, default=self.space.grid.batch_size), allowed=self.space.batch_choices(),
-                   ceiling=min(ceiling, default=None), capacity_bytes=self.capacity)
+        start = max(heavier, default=self.space.grid.batch_size)
+        gains = [g for f in self.fits.values() if (g := f.batch_gain()) is not None]
+        gain = max(gains) if heavier and gains else None  # the most any level's batch could still gain
+        fastest = max((tf for f in self.fits.values() for tf in f.tflops.values()), default=None)
+        fit = LevelFit(ac, start=start, allowed=self.space.batch_choices(), ceiling=min(ceiling, default=None),
+                   capacity_bytes=self.capacity, need=fastest / (1 + gain) if gain is not None and fastest else None)
         if heavier and not self.ooms:  # no level met the memory's limit (no capacity, e.g. a CPU): more
             fit.search.max_batch = max(heavier)  # checkpointing only buys a batch nobody needed; check it fits
         return fit
 
-    def _close_level(self, fit: _Fit) -> None:
+    def _close_level(self, fit: LevelFit) -> None:
+        self.fits[fit.ac] = fit
         self.batches[fit.ac] = fit.choices()
         if fit.ac == self.space.grid.ac and self.batches[fit.ac]:
-            batch = self.batches[fit.ac][0] if self.space.rows else fit.fastest()
+            batch = self.batches[fit.ac][0] if self.space.samples else fit.fastest()
             self.baseline = self.space.baseline(fit.ac, batch)
 
     def _explore_stage(self) -> list[Trial]:
         room = self.caps[0] - len(self.owner)
         if not self.explored:  # the fits are known: the point every effect is measured from
             self.center = self.baseline or next(iter(self._space()), None)
-        todo = self._candidates() if room > 0 and self.center is not None else []
+        todo = self._candidates() if room > 0 and self.center is not None and not self._stale() else []
         first = [] if self.explored else sorted((c for c in todo if self._distance(c) <= 1), key=self._distance)
         self.explored = True
         wave = first[:room] or self._wave(todo, min(WAVE, room))
         return [t for c in wave for t in self._ask(c, 0)]
 
+    def _stale(self) -> bool:
+        """Whether the last STALE_WAVES waves found nothing faster than what was known before them (by more
+        than a short probe's noise): the effects have been combined; more probes would cost, not find."""
+        fastest = max((tf for _, tf in self._measured(0)), default=0.0)
+        if self.explored:
+            self.stale = 0 if fastest > self.fastest_before * (1 + NOISE) else self.stale + 1
+        self.fastest_before = max(fastest, self.fastest_before)
+        return self.stale >= STALE_WAVES
+
     def _wave(self, todo: list[Config], n: int) -> list[Config]:
-        """The first n candidates, but only one whose memory is not yet known to fit per memory class:
-        should it run out of memory, the others of its class are pruned rather than failing with it."""
-        fits = [c for c, _ in self._measured(0)]
+        """The first n candidates, but only one per heavy class whose batch is not yet known to fit there:
+        should it run out of memory, the others learn its limit (_rebatched) rather than fail with it."""
+        fits = [(heavy_class(c), c.ac, c.batch_size) for c, _ in self._measured(0)]
         wave, unsure = [], set()
         for c in todo:
-            sure = any(at_least_as_heavy(f, c) for f in fits)
-            if sure or memory_class(c) not in unsure:
+            sure = any(k == heavy_class(c) and ac == c.ac and b >= c.batch_size for k, ac, b in fits)
+            if sure or heavy_class(c) not in unsure:
                 wave.append(c)
-                unsure |= set() if sure else {memory_class(c)}
+                unsure |= set() if sure else {heavy_class(c)}
             if len(wave) == n:
                 break
         return wave
@@ -294,8 +272,19 @@ class GroupSearch:
         return sorted(todo, key=lambda c: (-sum(effects.get(d, 0.0) for d in self._diff(c)), self._distance(c)))
 
     def _space(self) -> list[Config]:
-        """The candidates: every config at its ac level's batches, and the smaller batches of OOMs."""
-        return list(dict.fromkeys([*self.space.configs(self.batches), *self.fallbacks]))
+        """The candidates: every config at its ac level's batches (or where its heavy class is known to
+        fit), and the smaller batches of OOMs."""
+        return list(dict.fromkeys([*map(self._rebatched, self.space.configs(self.batches)), *self.fallbacks]))
+
+    def _rebatched(self, c: Config) -> Config:
+        """`c` at the largest batch known to fit for configs like it (heavy_class, same ac) when one like
+        it ran out of memory at its batch or below; as it is otherwise."""
+        like = [o.batch_size for o in self.ooms if heavy_class(o) == heavy_class(c) and o.ac == c.ac]
+        if not like or c.batch_size < min(like):
+            return c
+        fits = [f.batch_size for f, _ in self._measured(0)
+                if heavy_class(f) == heavy_class(c) and f.ac == c.ac and f.batch_size < min(like)]
+        return self.space.at_batch(c, max(fits)) if fits else c
 
     def _pruned(self, c: Config) -> bool:
         return any(at_least_as_heavy(c, o) for o in self.ooms) or any(d in self.broken for d in self._diff(c))

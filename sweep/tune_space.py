@@ -4,8 +4,8 @@ A configuration is the seven options TUNABLE names (a `Config`). Each option in 
 its grid axis when the grid lists several values for it, else over all of its values (ALL_VALUES); an
 option not in vary stays at the grid's first value, so the options that change numerics
 (NUMERICS_CHANGING) move only when vary names them. `fold_options` turns a configuration into the one the
-trial really runs: two that fold to the same are one candidate. The batch is not enumerated here: the
-search finds, per `ac` level, the batches that fit (sweep.tune) and passes them in.
+trial really runs: two that fold to the same are one candidate. The batch is not enumerated here: a
+LevelFit per `ac` level finds the batches that fit, and the search (sweep.tune) passes them in.
 
 Under `global_batch_tokens` G, batch and accumulation come in pairs (splits) with
 batch_size * grad_accum * ranks * seq_len == G, so grad_accum follows from the batch.
@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from sweep.errors import UserError
 from sweep.grid import TUNABLE, GridSpec, Trial, TuneSpec, fold_options
+from sweep.policy import MaxBatchSearch
 
 
 class Config(NamedTuple):
@@ -43,6 +44,7 @@ ALL_VALUES = {"ac": ("none", "selective", "full"), "compile": ("none", "regional
 # Activations kept for the backward pass, in order: none keeps them all, selective some, full only each
 # block's input. A config that runs out of memory does so with less checkpointing too.
 AC_MEMORY = {"none": 2, "selective": 1, "full": 0}
+FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.policy.MaxBatchSearch)
 _FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")  # the training options among TUNABLE
 
 
@@ -51,6 +53,13 @@ def memory_class(c: Config) -> tuple:
     gradients live in the sharded gradient buffers either way (grad_sync: step, which keeps them
     unsharded, is its own class)."""
     return c.compile, c.reduce_dtype, c.grad_sync, c.fp8_lm_head
+
+
+def heavy_class(c: Config) -> tuple:
+    """The memory class without the options whose effect on memory is small (compile, reduce_dtype,
+    fp8_lm_head): a batch limit found for one value of those is a good first guess for the others (a
+    guess only: pruning needs the same memory_class). grad_sync: step keeps whole gradients."""
+    return (c.grad_sync,)
 
 
 def at_least_as_heavy(c: Config, oom: Config) -> bool:
@@ -73,7 +82,7 @@ class Space:
         self.values = {n: self._range(n, axes[n]) for n in TUNABLE[1:]}
         self.grid = Config(**{n: axes[n][0] for n in TUNABLE})  # the baseline's options (unfolded)
         self.tokens = tune.global_batch_tokens
-        self.rows = self._rows_per_step() if self.tokens else None  # samples per rank per step under G
+        self.samples = self._samples_per_step() if self.tokens else None  # samples per rank per step under G
         self.splits = self._splits(axes) if self.tokens else None
 
     def _range(self, name: str, axis: list) -> list:
@@ -82,7 +91,7 @@ class Space:
             return axis[:1]
         return axis if len(axis) > 1 else list(dict.fromkeys([axis[0], *ALL_VALUES[name]]))
 
-    def _rows_per_step(self) -> int:
+    def _samples_per_step(self) -> int:
         t = self.template
         per = t.gpus * t.seq_len
         if self.tokens % per:
@@ -96,15 +105,15 @@ class Space:
         accumulation if grad_accum varies and the grid lists one value (else the listed ones)."""
         batch_ok = (lambda b: True) if "batch_size" in self.vary else (lambda b: b == axes["batch_size"][0])
         accums = None if "grad_accum" in self.vary and len(axes["grad_accum"]) == 1 else set(self.values["grad_accum"])
-        splits = [(b, self.rows // b) for b in _divisors(self.rows)
-                  if batch_ok(b) and (accums is None or self.rows // b in accums)]
+        splits = [(b, self.samples // b) for b in _divisors(self.samples)
+                  if batch_ok(b) and (accums is None or self.samples // b in accums)]
         if not splits:
             t = self.template
             batches = "any" if "batch_size" in self.vary else axes["batch_size"][0]
             raise UserError(
-                f"tune.global_batch_tokens: {self.tokens} tokens = {self.rows} samples per rank per step "
+                f"tune.global_batch_tokens: {self.tokens} tokens = {self.samples} samples per rank per step "
                 f"({t.gpus} ranks x seq_len {t.seq_len}) for {t.model.label} {t.precision}, but no allowed "
-                f"batch_size ({batches}) x grad_accum ({sorted(accums) if accums else 'any'}) makes {self.rows}; "
+                f"batch_size ({batches}) x grad_accum ({sorted(accums) if accums else 'any'}) makes {self.samples}; "
                 f"add batch_size and grad_accum to tune.vary or change the global batch")
         return splits
 
@@ -115,7 +124,7 @@ class Space:
         return None if "batch_size" in self.vary else [self.grid.batch_size]
 
     def accums(self, batch: int) -> list[int]:
-        return [self.rows // batch] if self.rows else self.values["grad_accum"]
+        return [self.samples // batch] if self.samples else self.values["grad_accum"]
 
     def fold(self, c: Config) -> Config:
         """The configuration the trial really runs (options that do nothing here back at their default)."""
@@ -126,7 +135,7 @@ class Space:
 
     def baseline(self, ac: str, batch: int) -> Config:
         """The grid's options at this ac and batch (under G, the accumulation that batch needs)."""
-        accum = self.rows // batch if self.rows else self.grid.grad_accum
+        accum = self.samples // batch if self.samples else self.grid.grad_accum
         return self.fold(self.grid._replace(ac=ac, batch_size=batch, grad_accum=accum))
 
     def smaller_batch(self, c: Config) -> Config | None:
@@ -138,9 +147,11 @@ class Space:
             batch = min(c.batch_size - 1, c.batch_size * 3 // 4)
         else:
             batch = max((b for b in allowed if b < c.batch_size), default=0)
-        if batch < 1:
-            return None
-        return self.fold(c._replace(batch_size=batch, grad_accum=self.rows // batch if self.rows else c.grad_accum))
+        return self.at_batch(c, batch) if batch >= 1 else None
+
+    def at_batch(self, c: Config, batch: int) -> Config:
+        """`c` at another batch (under G with the accumulation that batch needs)."""
+        return self.fold(c._replace(batch_size=batch, grad_accum=self.samples // batch if self.samples else c.grad_accum))
 
     def configs(self, batches: dict[str, list[int]]) -> list[Config]:
         """Every distinct configuration, given the batches each ac level may run, in a stable order."""
@@ -158,7 +169,7 @@ class Space:
         grad_accum only where it is free (under G it follows from the batch)."""
         out = {"ac_batch": (c.ac, c.batch_size), "compile": c.compile, "reduce_dtype": c.reduce_dtype,
                "grad_sync": c.grad_sync, "fp8_lm_head": c.fp8_lm_head}
-        return out if self.rows else {**out, "grad_accum": c.grad_accum}
+        return out if self.samples else {**out, "grad_accum": c.grad_accum}
 
     def levels(self) -> list[str]:
         """The ac values to search, the grid's first, then from most memory to least (what fits with more
@@ -169,3 +180,66 @@ class Space:
     def trial(self, c: Config, steps: tuple, *, profile: bool, search_id: str) -> Trial:
         return replace(self.template, **c._asdict(), warmup_steps=steps[0], measure_steps=steps[1],
                        profile=profile, search_id=search_id)
+
+
+class LevelFit:
+    """The batches that fit at one ac level (the grid's other options): a MaxBatchSearch whose probes
+    are snapped to the allowed batches (None: any), and stay under `ceiling` (a known OOM's batch)."""
+
+    def __init__(self, ac: str, *, start: int, allowed: list[int] | None, ceiling: int | None,
+                 capacity_bytes: float | None, need: float | None = None):
+        self.ac, self.allowed, self.ceiling, self.need = ac, allowed, ceiling, need
+        start = start if ceiling is None else min(start, ceiling - 1)
+        self.search = MaxBatchSearch(start=max(1, start), capacity_bytes=capacity_bytes)
+        self.tflops: dict[int, float] = {}
+
+    def next_batch(self) -> int | None:
+        if len(self.search.probes) >= FIT_PROBES or self._hopeless():
+            return None
+        batch = self.search.next_probe()
+        if batch is None or self.allowed is None:
+            return batch
+        lo, hi = self.search.largest_ok or 0, self.search.smallest_failed or math.inf
+        inside = [b for b in self.allowed if lo < b < hi]
+        below = [b for b in inside if b <= batch]
+        return below[-1] if below else (inside[0] if inside else None)
+
+    def _hopeless(self) -> bool:
+        """Whether the first probe ran slower than `need`: the speed at which a larger batch could still
+        beat the fastest level (more checkpointing recomputes: slower at the same batch)."""
+        first = self.tflops.get(self.search.probes[0]) if self.search.probes else None
+        return self.need is not None and first is not None and first < self.need
+
+    def batch_gain(self) -> float | None:
+        """How much faster than its largest fitting batch any batch could run here (None: unknown). A step
+        takes t0 + batch * t1 (a fixed part: optimizer, launches, exposed communication), so 1/speed is a
+        line in 1/batch through the two largest fitting batches, and no batch beats 1/t1."""
+        points = sorted(self.tflops.items())[-2:]
+        if len(points) < 2 or not all(s for _, s in points):
+            return None
+        (b1, s1), (b2, s2) = points
+        t0 = (1 / s1 - 1 / s2) / (1 / b1 - 1 / b2)
+        t1 = 1 / s2 - t0 / b2
+        return 0.0 if t0 <= 0 else (1 / t1 / s2 - 1 if t1 > 0 else None)
+
+    def record(self, batch: int, status: str, row: dict) -> None:
+        peak = row.get("peak_mem_gib")
+        self.search.record(batch, status, peak_mem_bytes=peak * 1024**3 if peak is not None else None,
+                           tokens_per_s=row.get("tokens_per_s_per_gpu"))
+        if status == "ok":
+            self.tflops[batch] = row.get("tflops_per_gpu") or 0.0
+        if self.ceiling is not None:  # after the first probe: before it, the search would not start at `start`
+            self.search.failed.setdefault(self.ceiling, "oom")
+
+    def fastest(self) -> int | None:
+        return max(sorted(self.tflops, reverse=True), key=self.tflops.get, default=None)  # a tie: the larger
+
+    def choices(self) -> list[int]:
+        """The batches this level's candidates run: the largest that fits and the fastest (allowed
+        batches: the two largest that fit, a smaller micro-batch being the other split of G)."""
+        top = self.search.largest_ok
+        if top is None:
+            return []
+        if self.allowed is not None:
+            return [b for b in self.allowed if b <= top][-2:][::-1]
+        return list(dict.fromkeys([top, self.fastest()]))

@@ -36,6 +36,8 @@ class Machine:
     capacity_gib: float = 40.0
     fixed_gib: float = 4.0
     failing_compile: str | None = None  # this compile mode errors (not memory)
+    ac_speed: dict = field(default_factory=lambda: dict(AC_SPEED))
+    options_matter: bool = True  # False: only the batch and ac change the speed
     lost: set[int] = field(default_factory=set)  # attempt numbers lost to the infrastructure
     attempts: int = 0
 
@@ -44,8 +46,10 @@ class Machine:
         return self.fixed_gib + t.batch_size * ACTIVATIONS[t.ac] * (1.5 if t.grad_sync == "step" else 1.0)
 
     def tflops(self, t) -> float:
-        speed = 100 * (1 - 1 / (t.batch_size + 1)) * AC_SPEED[t.ac] * COMPILE_SPEED[t.compile]
-        speed *= 1 + 0.03 * math.log2(t.grad_accum)
+        speed = 100 * (1 - 1 / (t.batch_size + 1)) * self.ac_speed[t.ac]
+        if not self.options_matter:
+            return speed
+        speed *= COMPILE_SPEED[t.compile] * (1 + 0.03 * math.log2(t.grad_accum))
         return speed * (1.05 if t.reduce_dtype == "bf16" else 1) * (1.04 if t.grad_sync == "step" else 1) * (
             1.03 if t.fp8_lm_head else 1)
 
@@ -267,7 +271,8 @@ def test_a_full_measurement_with_the_short_probes_steps_is_that_probe_not_a_seco
     r = run(p, Machine())
     (v,) = p.verdicts()
     assert v["baseline_tflops"] is not None and v["best"] is not None
-    assert r.of(next(t for t in r.asked if t.trial_id == v["baseline_trial_id"]))["tflops_per_gpu"] == v["baseline_tflops"]
+    base = next(t for t in r.asked if t.trial_id == v["baseline_trial_id"])
+    assert (base.warmup_steps, base.measure_steps) == SHORT and r.of(base)["tflops_per_gpu"] == v["baseline_tflops"]
 
 
 def test_more_checkpointing_starts_where_less_fitted_and_less_stops_below_its_oom():
@@ -279,6 +284,35 @@ def test_more_checkpointing_starts_where_less_fitted_and_less_stops_below_its_oo
         fitted = max(t.batch_size for t in lighter.asked if t.ac in heavier and lighter.of(t)["status"] == "ok")
         first = next(t for t in lighter.asked if t.ac == ac)
         assert first.batch_size == fitted  # known to fit: this level keeps less
+
+
+def test_more_checkpointing_is_searched_only_where_a_larger_batch_could_make_up_its_recomputation():
+    # 36 fits without checkpointing; at 36 selective runs 10 % slower, and no batch runs more than ~3 %
+    # faster than 36 (the speed saturates): selective and full get their one probe at 36
+    slow = run(plan(tune={"vary": ["batch_size", "ac"]}), Machine(capacity_gib=40))
+    fitting = [t for t in slow.asked if t.ac != "none" and (t.warmup_steps, t.measure_steps) == SHORT]
+    assert [(t.ac, t.batch_size) for t in fitting] == [("selective", 36), ("full", 36)]
+    # recomputation nearly free: a larger batch may pay, so each level finds its own limit
+    cheap = run(plan(tune={"vary": ["batch_size", "ac"]}),
+                Machine(capacity_gib=40, ac_speed={"none": 1.0, "selective": 0.995, "full": 0.99}))
+    assert max(t.batch_size for t in cheap.asked if t.ac == "full" and cheap.of(t)["status"] == "ok") == 180
+
+
+def test_an_oom_candidate_is_tried_at_a_smaller_batch_and_its_limit_serves_its_kind():
+    # grad_sync: step keeps whole gradients: it does not fit at the batch the grid's options fit
+    r = run(plan(tune={"vary": ALL_OPTIONS, "budget": 60}), Machine(capacity_gib=40))
+    step = [t for t in r.asked if t.grad_sync == "step" and (t.warmup_steps, t.measure_steps) == SHORT]
+    fits = [t.batch_size for t in step if r.of(t)["status"] == "ok"]
+    assert fits and max(fits) < 36 and r.of(step[0])["status"] == "oom"
+    first_fit = next(i for i, t in enumerate(step) if r.of(t)["status"] == "ok")
+    assert all(t.batch_size <= fits[0] for t in step[first_fit:])  # the rest start where it fitted
+
+
+def test_exploring_stops_when_waves_find_nothing_faster():
+    # options that change nothing: after the neighbours, two waves without a faster probe end the search
+    p = plan(tune={"vary": ALL_OPTIONS, "budget": 80})
+    r = run(p, Machine(options_matter=False))
+    assert len(r.asked) < 40
 
 
 def test_an_option_value_that_fails_on_its_own_is_not_tried_again():
