@@ -92,13 +92,13 @@ class GroupSearch:
         self.pending: set[str] = set()
         self.ooms: list[Config] = []
         self.broken: set[tuple[str, Any]] = set()  # option values that failed on their own
-        self.fallbacks: list[Config] = []  # candidates at a smaller batch than one that ran out of memory
+        self.fallbacks: dict[Config, Config] = {}  # a config that ran out of memory -> it at a smaller batch
         self.explored = False
         self.stale, self.fastest_before = 0, 0.0  # waves in a row without a faster probe; the fastest before
         self.center: Config | None = None  # the baseline (else any candidate): effects are measured from it
         self.rung_asked: list[Config] | None = None
         self.final_asked: list[Config] | None = None
-        self.attempts, self.wall_s = 0, 0.0
+        self.attempts, self.walls = 0, []  # wall seconds of every attempt (fsum: the same in any order)
 
     # --- the plan protocol, for one group ---
 
@@ -107,7 +107,7 @@ class GroupSearch:
 
     def on_result(self, trial: Trial, status: str, infrastructure: bool, row: dict) -> list[Trial]:
         self.attempts += 1
-        self.wall_s += row.get("trial_wall_s") or 0.0
+        self.walls.append(row.get("trial_wall_s") or 0.0)
         self.pending.discard(trial.trial_id)
         self.results[trial.trial_id] = {**row, "status": status}
         c, rung = self.owner[trial.trial_id]
@@ -149,7 +149,7 @@ class GroupSearch:
             self.ooms.append(c)
             smaller = self.space.smaller_batch(c) if self.stage == "explore" else None
             if smaller is not None:  # e.g. grad_sync: step keeps whole gradients: its own, smaller batch
-                self.fallbacks.append(smaller)
+                self.fallbacks[c] = smaller
         elif status != "ok" and self.stage == "explore" and self._distance(c) == 1:
             self.broken.update(self._diff(c))  # e.g. compile: full fails for this model: not tried again
         if self.stage == "fit" and rung == 0:
@@ -274,7 +274,9 @@ class GroupSearch:
     def _space(self) -> list[Config]:
         """The candidates: every config at its ac level's batches (or where its heavy class is known to
         fit), and the smaller batches of OOMs."""
-        return list(dict.fromkeys([*map(self._rebatched, self.space.configs(self.batches)), *self.fallbacks]))
+        fallbacks = [self.fallbacks[c] for c, r in self.asked if r == 0 and c in self.fallbacks]  # in asked order,
+        # not in the order the OOMs came back
+        return list(dict.fromkeys([*map(self._rebatched, self.space.configs(self.batches)), *fallbacks]))
 
     def _rebatched(self, c: Config) -> Config:
         """`c` at the largest batch known to fit for configs like it (heavy_class, same ac) when one like
@@ -314,6 +316,7 @@ class GroupSearch:
         at_best = best_row["tflops_per_gpu"] if best_row else None
         at_base = base_row["tflops_per_gpu"] if base_row else None
         one_trial = best_row.get("trial_wall_s") if best_row else None
+        wall = math.fsum(self.walls)
         tried = {c for c, _ in self.asked}
         return {"kind": "fastest", "search_id": self.sid, "model": t.model.label, "precision": t.precision,
                 "seq_len": t.seq_len, "gpus": t.gpus, "cluster": t.cluster, "allowed": list(space.vary),
@@ -326,8 +329,8 @@ class GroupSearch:
                 "best_trial_id": self.asked.get((best, 2)) if best else None,
                 "baseline_trial_id": self.asked.get((self.baseline, 2)) if base_row else None,
                 "candidates": len({*self._space(), *tried}), "tried": len(tried),
-                "probes": self.attempts, "search_wall_s": self.wall_s,
-                "cost_vs_one_trial": self.wall_s / one_trial if one_trial else None,
+                "probes": self.attempts, "search_wall_s": wall,
+                "cost_vs_one_trial": wall / one_trial if one_trial else None,
                 "aborted": None if best else self._why_none(), "profile": _profile(best_row)}
 
     def _why_none(self) -> str:

@@ -112,7 +112,7 @@ class Space:
             batches = "any" if "batch_size" in self.vary else axes["batch_size"][0]
             raise UserError(
                 f"tune.global_batch_tokens: {self.tokens} tokens = {self.samples} samples per rank per step "
-                f"({t.gpus} ranks x seq_len {t.seq_len}) for {t.model.label} {t.precision}, but no allowed "
+                f"(ranks {t.gpus} x seq_len {t.seq_len}) for {t.model.label} {t.precision}, but no allowed "
                 f"batch_size ({batches}) x grad_accum ({sorted(accums) if accums else 'any'}) makes {self.samples}; "
                 f"add batch_size and grad_accum to tune.vary or change the global batch")
         return splits

@@ -81,12 +81,13 @@ class Run:
         return next(r for r, _ in self.rows if r["trial_id"] == t.trial_id)
 
 
-def run(plan, machine=None, recorded: dict | None = None) -> Run:
+def run(plan, machine=None, recorded: dict | None = None, last_first: bool = False) -> Run:
     """The runner's loop (sweep.runner): run what the plan asks, feed each row back, queue its follow-ups.
-    A trial asked twice fails the test (the runner would drop it silently and the search would stall)."""
+    A trial asked twice fails the test (the runner would drop it silently and the search would stall).
+    last_first: the latest queued trial first, as concurrent trials may finish in any order."""
     queue, out = deque(plan.initial()), Run([], [])
     while queue:
-        t = queue.popleft()
+        t = queue.pop() if last_first else queue.popleft()
         assert t.trial_id not in {a.trial_id for a in out.asked}, f"asked twice: {t.describe()}"
         out.asked.append(t)
         row, infrastructure = recorded[t.trial_id] if recorded is not None else machine(t)
@@ -241,6 +242,14 @@ def test_the_search_id_is_the_groups_and_a_resumed_search_asks_for_the_same_tria
     assert again_plan.verdicts() == first_plan.verdicts()
     other = plan(precisions=["bf16"], tune={"vary": ALL_OPTIONS}).initial()[0]
     assert other.search_id != first.asked[0].search_id
+
+
+def test_the_order_results_come_back_in_does_not_change_the_search():
+    in_order, reversed_ = plan(tune={"vary": ALL_OPTIONS}), plan(tune={"vary": ALL_OPTIONS})
+    a = run(in_order, Machine(capacity_gib=30))
+    b = run(reversed_, Machine(capacity_gib=30), last_first=True)
+    assert a.asked != b.asked and sorted(t.trial_id for t in a.asked) == sorted(t.trial_id for t in b.asked)
+    assert in_order.verdicts() == reversed_.verdicts()
 
 
 def test_successive_halving_keeps_the_faster_short_probes():
