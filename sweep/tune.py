@@ -191,8 +191,9 @@ class GroupSearch:
         gains = [g for f in self.fits.values() if (g := f.batch_gain()) is not None]
         gain = max(gains) if heavier and gains else None  # the most any level's batch could still gain
         fastest = max((tf for f in self.fits.values() for tf in f.tflops.values()), default=None)
+        need = fastest / (1 + gain) if gain is not None and fastest else None
         fit = LevelFit(ac, start=start, allowed=self.space.batch_choices(), ceiling=min(ceiling, default=None),
-                   capacity_bytes=self.capacity, need=fastest / (1 + gain) if gain is not None and fastest else None)
+                       capacity_bytes=self.capacity, need=need)
         if heavier and not self.ooms:  # no level met the memory's limit (no capacity, e.g. a CPU): more
             fit.search.max_batch = max(heavier)  # checkpointing only buys a batch nobody needed; check it fits
         return fit
@@ -249,7 +250,8 @@ class GroupSearch:
         if self.final_asked is not None:
             return []
         finalists = [c for c, _ in self._measured(1 if self.rung_asked else 0)][:self.finalists]
-        extra = [self.baseline] if self.baseline is not None and self.baseline not in finalists else []
+        ran = {c for c, _ in self._measured(0)}  # a baseline that failed its short probe would fail again
+        extra = [self.baseline] if self.baseline in ran and self.baseline not in finalists else []
         self.final_asked = finalists + extra
         return [t for c in self.final_asked for t in self._ask(c, 2, profile=c in finalists)]
 

@@ -366,6 +366,17 @@ def test_the_search_finds_the_simulated_optimum_within_its_default_budget():
         "ac": "none", "compile": "full", "grad_accum": 8, "reduce_dtype": "bf16", "fp8_lm_head": True}
 
 
+def test_a_baseline_that_does_not_fit_is_not_measured_again():
+    # a fixed batch of 40 does not fit without checkpointing (4 + 40 GiB > 40): the best checkpoints
+    p = plan(batch_sizes=[40], tune={"vary": ["ac", "compile"]})
+    r = run(p, Machine(capacity_gib=40))
+    (v,) = p.verdicts()
+    base = [t for t in r.asked if t.ac == "none" and t.compile == "regional"]
+    assert [r.of(t)["status"] for t in base] == ["oom"]
+    assert v["baseline"]["ac"] == "none" and v["baseline_tflops"] is None and v["speedup"] is None
+    assert v["best"]["ac"] != "none" and v["tflops_at_best"] > 0
+
+
 def test_nothing_fits_is_a_verdict_not_a_hang():
     p = plan(capacity_gib=2.0)
     r = run(p, Machine(capacity_gib=2.0))  # the fixed part alone is 4 GiB
