@@ -18,8 +18,8 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            heavy as a known OOM (tune_space.at_least_as_heavy), or with an option value that failed on its
            own. A candidate that runs out of memory is tried at a smaller batch, and configs of its heavy
            class (e.g. grad_sync: step) then start at the batch that fitted there.
-  rung     successive halving: the faster half of the short probes (at most the rung size) again, with
-           LONGER steps.
+  rung     successive halving: the fastest third of the short probes (at most the rung size) again,
+           with LONGER steps.
   final    the `finalists` fastest of the rung, with profile=True, and the baseline (the grid's options at
            the fastest batch their fit found; under G the split with the largest micro-batch that fits),
            with the grid's own steps. The best is the fastest of these full measurements.
@@ -45,6 +45,8 @@ from sweep.tune_space import AC_MEMORY, Config, LevelFit, Space, at_least_as_hea
 
 SHORT = (2, 3)  # warm-up 2 (a compile), measure 3: enough to rank candidates, cheap on a warm group
 LONGER = (3, 9)  # the rung: three times the measured steps to separate the close ones
+KEEP = 3  # the rung keeps the fastest third of the short probes (successive halving's eta)...
+RUNG_MAX = 6  # ...but at most this many: a rung probe of 8 micro-batches costs a dozen long steps
 WAVE = 4  # explore probes issued together after the neighbours: a cluster can run them side by side
 STALE_WAVES = 2  # explore stops after this many waves in a row without a faster probe
 NOISE = 0.01  # a short probe's speed is this close to another's: no faster
@@ -69,7 +71,7 @@ class GroupSearch:
         self.space, self.budget, self.capacity, self.sid = space, budget, capacity_bytes, sid
         self.finalists = 2 if budget >= 8 else 1
         reserve = self.finalists + 1  # the finals: finalists and the baseline
-        rung = min(8, (budget - reserve) // 4)
+        rung = min(RUNG_MAX, (budget - reserve) // 5)  # a fifth of the rest at most: most of it explores
         self.rung_size = rung if rung > self.finalists else 0  # a rung that keeps only the finalists is moot
         self.caps = {0: budget - reserve - self.rung_size, 1: budget - reserve, 2: budget}
         t = space.template
@@ -242,7 +244,7 @@ class GroupSearch:
         if self.rung_asked is not None:
             return []
         pool = [c for c, _ in self._measured(0)]
-        n = min(self.rung_size, max(self.finalists + 1, math.ceil(len(pool) / 2)), self.caps[1] - len(self.owner))
+        n = min(self.rung_size, max(self.finalists + 1, math.ceil(len(pool) / KEEP)), self.caps[1] - len(self.owner))
         self.rung_asked = pool[:n] if len(pool[:n]) > self.finalists else []
         return [t for c in self.rung_asked for t in self._ask(c, 1)]
 
@@ -276,8 +278,8 @@ class GroupSearch:
     def _space(self) -> list[Config]:
         """The candidates: every config at its ac level's batches (or where its heavy class is known to
         fit), and the smaller batches of OOMs."""
-        fallbacks = [self.fallbacks[c] for c, r in self.asked if r == 0 and c in self.fallbacks]  # in asked order,
-        # not in the order the OOMs came back
+        # in the order their OOMs were asked, not the order those came back in (a wave's runs end in any order)
+        fallbacks = [self.fallbacks[c] for c, r in self.asked if r == 0 and c in self.fallbacks]
         return list(dict.fromkeys([*map(self._rebatched, self.space.configs(self.batches)), *fallbacks]))
 
     def _rebatched(self, c: Config) -> Config:
