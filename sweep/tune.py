@@ -179,6 +179,8 @@ class GroupSearch:
                 return self._ask(self.space.baseline(ac, batch), 0)
             self._close_level(self.fit)
             self.levels.pop(0)
+            if self.fit.ac == self.space.grid.ac and self.fit.search.aborted and not self.fit.tflops:
+                self.levels = []  # the grid's own options fail (not for memory): other ac levels would too
             self.fit = None
         return []
 
@@ -189,7 +191,8 @@ class GroupSearch:
         heavier = [max(b) for a, b in self.batches.items() if b and AC_MEMORY[a] > AC_MEMORY[ac]]
         ceiling = [o.batch_size for o in self.ooms
                    if at_least_as_heavy(self.space.baseline(ac, o.batch_size), o)]
-        start = max(heavier, default=self.space.grid.batch_size)
+        # nothing fitted with more memory: from batch 1 (the seed's batch failed there: likely here too)
+        start = max(heavier, default=1 if self.fits else self.space.grid.batch_size)
         gains = [g for f in self.fits.values() if (g := f.batch_gain()) is not None]
         gain = max(gains) if heavier and gains else None  # the most any level's batch could still gain
         fastest = max((tf for f in self.fits.values() for tf in f.tflops.values()), default=None)

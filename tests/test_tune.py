@@ -377,6 +377,14 @@ def test_a_baseline_that_does_not_fit_is_not_measured_again():
     assert v["best"]["ac"] != "none" and v["tflops_at_best"] > 0
 
 
+def test_when_the_grids_own_options_fail_the_search_stops_and_says_so():
+    p = plan(tune={"vary": ["batch_size", "ac"]})
+    r = run(p, Machine(failing_compile="regional"))  # the grid's compile
+    (v,) = p.verdicts()
+    assert len(r.asked) == v["probes"] == 1 and v["best"] is None
+    assert v["aborted"] == "nothing ran: no probe completed (1 error)"
+
+
 def test_nothing_fits_is_a_verdict_not_a_hang():
     p = plan(capacity_gib=2.0)
     r = run(p, Machine(capacity_gib=2.0))  # the fixed part alone is 4 GiB
