@@ -177,8 +177,9 @@ def profile_steps(step, first: int, rank) -> dict | None:
     if rank.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
         # Kineto leaves CUPTI attached after the profile unless told otherwise, and its callbacks slow every
-        # later launch (pytorch/pytorch#144455: 10-20 %): a warm rank's next trial would measure them. Torch
-        # itself sets "0" where teardown is unsafe (compiled CUDA graphs on CUDA < 12.6); sweep makes none.
+        # later launch (pytorch/pytorch#144455): a warm rank's next trial would measure them. On an H200
+        # (torch 2.11, CUDA 13) a kernel launch took 25-80 % longer after a profile, and about what it took
+        # before with teardown. Torch sets "0" itself where teardown is unsafe (CUDA graphs on CUDA < 12.6).
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
     with profile(activities=activities) as prof:
         for i in range(first + 1, first + 1 + PROFILE_STEPS):
