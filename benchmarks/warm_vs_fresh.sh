@@ -12,9 +12,10 @@
 set -uo pipefail
 profile=$1 output=$2 part=${3:-all}
 here=$(dirname "$0")
+campaign=${CAMPAIGN:-warm-groups}  # or warm-vs-fresh-long: its noisiest configs with twice the measured steps
 read -ra sweep <<< "${SWEEP:-sweep}"
-case $part in all|both|fresh) SWEEP_RUN_ARGS=--fresh-actors bash "$here/run.sh" warm-groups "$profile" "$output/fresh" ;; esac
-case $part in all|both|warm) bash "$here/run.sh" warm-groups "$profile" "$output/warm" ;; esac
+case $part in all|both|fresh) SWEEP_RUN_ARGS=--fresh-actors bash "$here/run.sh" "$campaign" "$profile" "$output/fresh" ;; esac
+case $part in all|both|warm) bash "$here/run.sh" "$campaign" "$profile" "$output/warm" ;; esac
 if [ "$part" = all ] || [ "$part" = maxbatch ]; then
   "${sweep[@]}" max-batch --model llama3-8b --precision bf16 --gpus 2 --seq-len 4096 --compile regional \
     --cluster "$profile" --output "$output/maxbatch" --no-progress

@@ -12,7 +12,8 @@ own model, optimizer, compiled graphs and precision state (`trainer.train`). A g
 A group is retired, never to measure on a process a trial may have polluted, after a trial that did not
 end `ok` (an OOM, an error, a timeout, a dead rank: the others are killed at once instead of waiting in a
 collective) and after an ok trial whose ranks hold more tensor memory than before the group's first trial
-(`returned_to_baseline`); with `reuse=False` (`--fresh-actors`) after every trial. An idle group is retired
+(`returned_to_baseline`), after a profiled trial (the profiler's hooks stay in the process); with
+`reuse=False` (`--fresh-actors`) after every trial. An idle group is retired
 as soon as no queued trial can use it, or when the placement of the oldest waiting trial waits for the
 resources it holds. `shutdown()` (Ctrl-C in the driver) retires every group.
 A rank process that dies (SIGKILL, segfault, node lost) is an infrastructure failure: its error text
@@ -380,7 +381,9 @@ class Scheduler:
             error = INFRA_PREFIX + error
         self.attempts.remove(a)
         ranks = [a.results[r] for r in sorted(a.results)] if status == "ok" else list(a.results.values())
-        warm = self.reuse and status == "ok"
+        # A profiled trial leaves the profiler's CUDA hooks in its processes (kernel launches measured 25-80 %
+        # slower after a trace on an H200): the next trial gets fresh ones.
+        warm = self.reuse and status == "ok" and not a.trial.profile
         if warm and returned_to_baseline(ranks):
             a.group.state = "idle"
         else:
