@@ -2,7 +2,7 @@
 
 The scheduler knows nothing of grids or policies: `submit(trial)` queues an attempt, `poll()` returns
 the attempts that finished as `Outcome`s. A group is one placement group and one actor per rank; it runs
-trials of one kind (`group_key`: ranks and memory cap; `can_follow`: the precision stack) one after the other without
+trials of one kind (`group_key`: ranks, memory cap, precision stack) one after the other without
 restarting its processes: imports, the CUDA context and the process group stay, and each trial builds its
 own model, optimizer, compiled graphs and precision state (`trainer.train`). A group moves through
 
@@ -67,22 +67,13 @@ class Outcome:
 
 
 def group_key(trial: Trial) -> tuple:
-    """The trials one group can run one after the other, as far as its processes go: the same ranks (the
-    process group and its placement stay) and the same memory cap (set per trial, but a CPU cap is measured
-    from the process's size, which an earlier trial grew). Which precision stacks may follow: `can_follow`."""
-    return trial.gpus, trial.memory_cap_bytes
-
-
-def stack(trial: Trial) -> str:
-    return RECIPES[trial.precision].backend
-
-
-def can_follow(ran: str, next_stack: str) -> bool:
-    """Whether a process that ran trials of stack `ran` may run one of `next_stack`. The same stack, or plain
-    torch then torchao: torchao's float8 patches inductor's code generation for the whole process from its first
-    float8 model on, so a plain trial may not follow a torchao one but trials before it were never affected.
-    Transformer Engine keeps process-wide FP8 state: its trials stay among themselves."""
-    return ran == next_stack or (ran == "torch" and next_stack == "torchao")
+    """The trials one group can run one after the other: the same ranks (the process group and its placement
+    stay), the same memory cap (set per trial, but a CPU cap is measured from the process's size, which an
+    earlier trial grew), the same precision stack (torchao's float8 patches inductor's code generation for
+    the whole process; Transformer Engine keeps process-wide state: a fresh process of the same stack has them
+    too). Not even plain torch then torchao: on 2xH200, torchao FP8 Llama3-8B batch 1 ran at 489 TFLOP/s/GPU
+    twice in a process that had run four bf16 trials, against 511-552 in fresh ones (RESULTS.md, warm groups)."""
+    return trial.gpus, trial.memory_cap_bytes, RECIPES[trial.precision].backend
 
 
 def returned_to_baseline(ranks: list[dict]) -> bool:
@@ -101,7 +92,6 @@ def _kept(trial: Trial, ranks: list[dict]) -> str:
 @dataclass(eq=False)
 class _Group:
     key: tuple
-    stack: str  # the precision stack of its last trial (`can_follow`)
     pg: object
     ready_ref: object
     first: Trial | None  # the trial it was requested for, run as soon as it is up (None once launched)
@@ -209,19 +199,13 @@ class Scheduler:
         otherwise retire and restart a group for every trial. It holds up the oldest trial only while trials
         of an idle group's kind are queued, which are finite (a search's probes come one round at a time)."""
         for group in [g for g in self.groups if g.state == "idle"]:
-            # its own stack first: a plain group runs the plain trials queued before it takes on torchao
-            fits = [t for t in self.queue if self._fits(group, t)]
-            trial = next((t for t in fits if stack(t) == group.stack), fits[0] if fits else None)
+            trial = next((t for t in self.queue if group_key(t) == group.key), None)
             if trial is not None and self._in_flight() < self.max_concurrent:
                 self.queue.remove(trial)
                 self._launch(group, trial)
 
     def _idle(self, trial: Trial) -> _Group | None:
-        return next((g for g in self.groups if g.state == "idle" and self._fits(g, trial)), None)
-
-    @staticmethod
-    def _fits(group: _Group, trial: Trial) -> bool:
-        return group.key == group_key(trial) and can_follow(group.stack, stack(trial))
+        return next((g for g in self.groups if g.state == "idle" and g.key == group_key(trial)), None)
 
     def _in_flight(self) -> int:
         """Trials running or waiting for their new group: what max_concurrent bounds."""
@@ -231,12 +215,11 @@ class Scheduler:
         """Give back what idle groups hold when no queued trial can use them, or when the placement requested
         for the oldest waiting trial waits for resources (an idle group of its kind would have taken it)."""
         idle = [g for g in self.groups if g.state == "idle"]
+        wanted = {group_key(t) for t in self.queue}
         if idle and placing is not None and self._placement_state(placing) in _WAITING:
-            wanted = []
-        else:
-            wanted = self.queue
+            wanted = set()
         for group in idle:
-            if not any(self._fits(group, t) for t in wanted):
+            if group.key not in wanted:
                 self._retire(group)
 
     # -- placement -----------------------------------------------------------------------------
@@ -255,7 +238,7 @@ class Scheduler:
 
         bundles, strategy = placement(self.profile, trial.gpus)
         pg = placement_group(bundles, strategy=strategy, name=f"sweep-{trial.trial_id}")
-        group = _Group(key=group_key(trial), stack=stack(trial), pg=pg, ready_ref=pg.ready(), first=trial)
+        group = _Group(key=group_key(trial), pg=pg, ready_ref=pg.ready(), first=trial)
         self.groups.append(group)
         return group
 
@@ -372,7 +355,6 @@ class Scheduler:
             started_at=g.started_at if fresh else datetime.now(timezone.utc), deadline=now + trial.timeout_s))
         g.trials += 1
         g.first = None
-        g.stack = stack(trial)
         g.state = "running"
 
     def _finish(self, a: _Attempt, status: str, error: str | None, infrastructure: bool = False,

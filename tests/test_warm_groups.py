@@ -238,9 +238,9 @@ def test_on_a_gpu_each_trial_gives_back_its_allocated_memory(rank_jobs, run_rank
 
 # -- pure rules --------------------------------------------------------------------------------------------
 
-def test_one_group_runs_trials_of_one_shape_and_cap_and_a_stack_may_only_follow_its_own_or_plain_torch():
+def test_one_group_runs_trials_of_one_shape_cap_and_precision_stack():
     from sweep.grid import Trial
-    from sweep.scheduler import can_follow, group_key, stack
+    from sweep.scheduler import group_key
     from trainer.models.specs import REGISTRY
 
     def trial(**changes):
@@ -248,34 +248,23 @@ def test_one_group_runs_trials_of_one_shape_and_cap_and_a_stack_may_only_follow_
                     batch_size=2, seq_len=32, gpus=2, warmup_steps=1, measure_steps=2)
         return Trial(**{**base, **changes})
 
-    same = [trial(), trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"), trial(precision="fp32"),
-            trial(precision="fp8-torchao-tensorwise"), trial(precision="fp8-te-delayed")]
+    same = [trial(), trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"), trial(precision="fp32")]
     assert len({group_key(t) for t in same}) == 1
-    for other in (trial(gpus=1), trial(memory_cap_bytes=2**30)):
+    for other in (trial(gpus=1), trial(memory_cap_bytes=2**30), trial(precision="fp8-torchao-tensorwise"),
+                  trial(precision="fp8-te-delayed")):
         assert group_key(other) != group_key(trial())
-    plain, torchao, te = (stack(trial(precision=p)) for p in ("bf16", "fp8-torchao-rowwise", "fp8-te-delayed"))
-    assert stack(trial(precision="fp32")) == plain
-    assert can_follow(plain, plain) and can_follow(torchao, torchao) and can_follow(te, te)
-    assert can_follow(plain, torchao)  # torchao patches the process from its first float8 model on
-    assert not can_follow(torchao, plain)  # ... so plain torch never runs after it
-    assert not any(can_follow(a, b) for a, b in ((plain, te), (te, plain), (torchao, te), (te, torchao)))
 
 
 @pytest.mark.timeout(240)
-def test_plain_trials_then_torchao_ones_run_on_one_group(ray_session, cli, write_grid, tmp_path):
-    # A 2-rank group holds all 4 CPUs; the grid queues bf16, bf16, torchao FP8 (emulated on CPU), torchao. The
-    # group that ran bf16 takes on torchao (a fresh group would start new processes): one group in all.
-    profile = write_grid("name: two-cpus-a-rank\naccelerator: cpu\nray_address: local\nnodes: 1\n"
-                         "gpus_per_node: 2\ncpus_per_rank: 2\n", "two-cpus-a-rank.yaml")
-    grid = write_grid("models: [llama-tiny]\nprecisions: [bf16, fp8-torchao-tensorwise]\nbatch_sizes: [2]\n"
-                      "compile: none\nseq_len: [32, 64]\ngpus: 2\nsteps: {warmup: 1, measure: 2}\n")
+def test_a_profiled_trial_retires_its_group(ray_session, cli, write_grid, tmp_path):
+    # the profiler's hooks stay in a process after a trace and slow the next trial's kernel launches
+    grid = write_grid("models: [gpt-tiny]\nbatch_sizes: [2, 4]\ncompile: none\nseq_len: 32\ngpus: 2\n"
+                      "steps: {warmup: 1, measure: 2}\n")
     out = tmp_path / "out"
-    result = cli("run", grid, "--cluster", profile, "--output", out, "--no-progress")
+    result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress", "--max-concurrent", 1, "--profile")
     assert result.exit_code == 0, result.output
     rows = _rows(out)
-    assert [(r["precision"], r["status"], r["group_trial_index"]) for r in rows] == [
-        ("bf16", "ok", 0), ("bf16", "ok", 1), ("fp8-torchao-tensorwise", "ok", 2),
-        ("fp8-torchao-tensorwise", "ok", 3)], [r["error"] for r in rows]
+    assert [(r["status"], r["group_trial_index"]) for r in rows] == [("ok", 0), ("ok", 0)], [r["error"] for r in rows]
 
 
 def test_rows_before_schema_1_6_read_the_new_columns_as_null(tmp_path):
