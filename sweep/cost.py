@@ -15,6 +15,7 @@ never ran and cost nothing.
 
 from __future__ import annotations
 
+import statistics
 from typing import Iterable
 
 PARTS = ("measured steps", "warm-up", "compile", "start-up", "OOM attempts", "failed attempts")
@@ -80,3 +81,19 @@ def summary_line(rows: Iterable[dict]) -> str | None:
     held = f"{total / 3600:,.1f} GPU-h" if total >= 3600 else f"{total:,.0f} GPU-s" if total >= 10 else f"{total:.2g} GPU-s"
     named = [p for p in PARTS if p in _ALWAYS or seconds[p] > 0]
     return f"GPU time: {held} held — " + ", ".join(f"{p} {shares[p]} %" for p in named)
+
+
+def fresh_trial_s(answer: dict, rows: Iterable[dict]) -> float | None:
+    """What measuring `answer` (a search's answer row) once on fresh rank processes costs, in driver wall seconds:
+    its own wall if it ran on a fresh group. Run on a warm group, its wall with its model build swapped for the
+    start-up a fresh group paid in the same search (placement, process start, imports, CUDA and process-group
+    set-up, model build: the median init_time_s of the search's ok attempts on fresh groups). A search's cost is
+    told against this: against a warm attempt's wall, which has no start-up, any search would look dear."""
+    wall = answer.get("trial_wall_s")
+    if not wall:
+        return None
+    if not answer.get("group_trial_index"):
+        return wall
+    fresh = [r["init_time_s"] for r in rows
+             if r.get("status") == "ok" and not r.get("group_trial_index") and r.get("init_time_s") is not None]
+    return wall - (answer.get("init_time_s") or 0.0) + statistics.median(fresh) if fresh else None

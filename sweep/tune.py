@@ -38,6 +38,7 @@ import math
 from collections import Counter, defaultdict
 from typing import Any
 
+from sweep.cost import fresh_trial_s
 from sweep.errors import UserError
 from sweep.grid import NUMERICS_CHANGING, GridSpec, Trial, TuneSpec
 from sweep.policy import infra_retry
@@ -322,7 +323,8 @@ class GroupSearch:
         base_row = base_row if base_row and base_row["status"] == "ok" else None
         at_best = best_row["tflops_per_gpu"] if best_row else None
         at_base = base_row["tflops_per_gpu"] if base_row else None
-        one_trial = best_row.get("trial_wall_s") if best_row else None
+        # against measuring the best once on fresh processes (its final may have run warm)
+        one_trial = fresh_trial_s(best_row, self.results.values()) if best_row else None
         wall = math.fsum(self.walls)
         tried = {c for c, _ in self.asked}
         return {"kind": "fastest", "search_id": self.sid, "model": t.model.label, "precision": t.precision,

@@ -109,3 +109,17 @@ def test_sweep_run_says_where_the_gpu_time_went_and_results_show_has_the_measure
     (oom_line,) = [x for x in shown.stdout.splitlines() if " oom " in x]
     assert re.search(rf"│\s+{re.escape(sig(share, 3))} % │", ok_line), ok_line
     assert re.search(r"│\s+0 % │", oom_line), oom_line
+
+
+def test_a_search_is_told_against_one_fresh_trial_of_its_answer():
+    from sweep.cost import fresh_trial_s
+
+    # Llama3-8B bf16 max-batch on 2xH200 (RESULTS.md): batch 1 on a fresh group, the rest warm
+    probes = [{"status": "ok", "batch_size": 1, "group_trial_index": 0, "init_time_s": 12.5, "trial_wall_s": 24.3},
+              {"status": "ok", "batch_size": 2, "group_trial_index": 1, "init_time_s": 0.5, "trial_wall_s": 7.5},
+              {"status": "oom", "batch_size": 5, "group_trial_index": 3, "init_time_s": None, "trial_wall_s": 10.1}]
+    # the warm answer's build swapped for a fresh group's start-up
+    assert fresh_trial_s(probes[1], probes) == pytest.approx(7.5 - 0.5 + 12.5)
+    assert fresh_trial_s(probes[0], probes) == 24.3  # it ran fresh: its own wall
+    assert fresh_trial_s(probes[1], probes[1:]) is None  # no fresh start-up seen: no estimate
+    assert fresh_trial_s({"trial_wall_s": None}, probes) is None

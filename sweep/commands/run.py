@@ -293,6 +293,7 @@ def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[
 
 def _complete_verdict(v: dict, rows: list[dict]) -> None:
     """Add to a search's verdict what its rows say: allocator retries, speed and what the search cost."""
+    from sweep import cost
     from sweep.results.render import thrash_note
 
     by_batch = {r["batch_size"]: r for r in rows if r["status"] == "ok" and r.get("search_id") == v["search_id"]}
@@ -302,6 +303,8 @@ def _complete_verdict(v: dict, rows: list[dict]) -> None:
     v["allocator"] = thrash_note(v["max_batch"], v["alloc_retries_at_max"], v["fastest_batch"], v["alloc_retries_at_fastest"])
     fast = by_batch.get(v["fastest_batch"], {})
     v["tflops_at_fastest"] = fast.get("tflops_per_gpu")
-    v["search_wall_s"] = sum(r.get("trial_wall_s") or 0 for r in rows if r.get("search_id") == v["search_id"])
-    # what the search cost against measuring the answer once
-    v["cost_vs_one_trial"] = v["search_wall_s"] / fast["trial_wall_s"] if fast.get("trial_wall_s") else None
+    probes = [r for r in rows if r.get("search_id") == v["search_id"]]
+    v["search_wall_s"] = sum(r.get("trial_wall_s") or 0 for r in probes)
+    # what the search cost against measuring the answer once on fresh processes
+    one = cost.fresh_trial_s(fast, probes)
+    v["cost_vs_one_trial"] = v["search_wall_s"] / one if one else None
