@@ -134,9 +134,11 @@ def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(
     from sweep.results import render
 
     profile, spec, trials = _prepare(grid, cluster, memory_cap, axes)
+    make_plan(spec, trials, profile)  # a search's own checks (a tune budget or global batch that cannot work)
     rows, reasons = _plan_rows(trials, profile)
+    search = {"max_batch": " — max-batch search", "fastest": " — fastest-configuration search"}.get(spec.search, "")
     render.plan_table(rows, f"{len(trials)} trial{'s' * (len(trials) != 1)} on {profile.name} ({profile.accelerator}, "
-                            f"{profile.total_ranks} ranks)" + (" — max-batch search" if spec.search else ""), reasons)
+                            f"{profile.total_ranks} ranks)" + search, reasons)
     _print_warnings(trials, profile, Console())
 
 
