@@ -206,6 +206,6 @@ class _Execution:
 
 def _was_infrastructure(row: dict) -> bool:
     """Whether a recorded attempt was lost to the machinery (so the plan retries it), from its row alone."""
-    from sweep.scheduler import is_infrastructure_error
+    from sweep.outcome import is_infrastructure_error
 
     return row["status"] == "error" and is_infrastructure_error(row.get("error"))

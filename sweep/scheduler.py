@@ -35,35 +35,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from sweep.grid import Trial
+from sweep.outcome import INFRA_PREFIX, Outcome, deaths, short
 from sweep.placement import bundle, bundle_index, placement, rank_env, rank_jobs
 from trainer.recipes import RECIPES
 
 START_TIMEOUT_S = 300.0  # rank processes must come up within this (imports torch, maybe CUDA init)
 INFEASIBLE_LIMIT_S = 120.0  # a placement no live node set can hold is given up after this (or the trial timeout)
 DEATH_GRACE_S = 3.0  # Ray reports a dead process within ~0.1 s of its peers' socket errors; 3 s is ample
-INFRA_PREFIX = "infrastructure: "  # starts the error of every attempt lost to a dead or unstartable process
 # Placement states (Ray's placement group stats) that mean: not placed now, whatever an idle group does.
 _WAITING = ("NO_RESOURCES", "INFEASIBLE")
-
-
-@dataclass
-class Outcome:
-    trial: Trial
-    status: str
-    error: str | None = None
-    ranks: list[dict] = field(default_factory=list)  # each rank's result dict ('ok' ranks only if all ok)
-    nodes: list[dict] = field(default_factory=list)  # node_info per rank
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    wall_s: float | None = None
-    infrastructure: bool = False  # a rank process died or never started: worth one retry
-    traceback: str | None = None  # the failing rank's Python traceback
-    group_trial_index: int = 0  # trials its group ran before this one (0: a fresh group's processes)
-    note: str | None = None  # why an ok trial's group was retired (memory not back to its baseline)
-
-    @property
-    def actor_reused(self) -> bool:
-        return self.group_trial_index > 0
 
 
 def group_key(trial: Trial) -> tuple:
@@ -271,7 +251,7 @@ class Scheduler:
                 try:
                     g.nodes.append(self.ray.get(ref))
                 except Exception as e:  # the process died, or its runtime env could not be set up
-                    return self._fail_start(g, "error", f"rank {rank} of {g.key[0]} failed to start: {_short(e)}",
+                    return self._fail_start(g, "error", f"rank {rank} of {g.key[0]} failed to start: {short(e)}",
                                             infrastructure=True)
             self._launch(g, g.first)
         return None
@@ -288,9 +268,9 @@ class Scheduler:
                 except self._lost_errors as e:  # the process died (SIGKILL, segfault, OOM killer, node lost)
                     dead[rank] = e
                 except Exception as e:  # a result that could not be read back: a failure of this rank
-                    a.results[rank] = {"status": "error", "error": _short(e)}
+                    a.results[rank] = {"status": "error", "error": short(e)}
         if dead:  # the cause, whatever its peers reported meanwhile
-            return self._finish(a, "error", _deaths(dead, a.group.nodes, a.trial.gpus), infrastructure=True)
+            return self._finish(a, "error", deaths(dead, a.group.nodes, a.trial.gpus), infrastructure=True)
         failures = [(r, res) for r, res in a.results.items() if res["status"] != "ok"]  # in order of arrival
         if failures and a.failure_final_at == math.inf:
             a.failure_final_at = now + DEATH_GRACE_S
@@ -401,22 +381,3 @@ class Scheduler:
         g.first = None
         if g in self.groups:
             self.groups.remove(g)
-
-
-def is_infrastructure_error(error: str | None) -> bool:
-    """True for the error text of an attempt lost to a dead or unstartable rank process."""
-    return bool(error) and error.startswith(INFRA_PREFIX)
-
-
-def _deaths(dead: dict, nodes: list[dict], world_size: int) -> str:
-    """'rank 1 of 2 died (pid 4242 on host-a): ActorDiedError: ...': which ranks, where to find their logs."""
-    where = ", ".join(f"pid {nodes[r].get('pid')} on {nodes[r].get('hostname')}" if r < len(nodes) else "?"
-                      for r in dead)
-    ranks = ", ".join(str(r) for r in dead)
-    cause = _short(next(iter(dead.values())))
-    return f"rank{'s' if len(dead) > 1 else ''} {ranks} of {world_size} died ({where}): {cause}"
-
-
-def _short(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:500]}"

@@ -130,7 +130,7 @@ def test_flops_use_the_batch_actually_trained(monkeypatch, run_one_rank):
     """
     from sweep.grid import Trial
     from sweep.rows import outcome_row
-    from sweep.scheduler import Outcome
+    from sweep.outcome import Outcome
     import trainer.models
 
     spec, batch, seq = REGISTRY["gpt-tiny"], 3, 32

@@ -1,0 +1,53 @@
+"""What became of one trial attempt (`Outcome`), and the words for a failure. Pure: no Ray, no torch.
+
+`sweep.scheduler` makes Outcomes; `sweep.rows` turns them into rows. An attempt lost to a dead or unstartable
+rank process has an error starting with INFRA_PREFIX: a resumed run knows from the row alone to retry it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sweep.grid import Trial
+
+INFRA_PREFIX = "infrastructure: "  # starts the error of every attempt lost to a dead or unstartable process
+
+
+@dataclass
+class Outcome:
+    trial: Trial
+    status: str
+    error: str | None = None
+    ranks: list[dict] = field(default_factory=list)  # each rank's result dict ('ok' ranks only if all ok)
+    nodes: list[dict] = field(default_factory=list)  # node_info per rank
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    wall_s: float | None = None
+    infrastructure: bool = False  # a rank process died or never started: worth one retry
+    traceback: str | None = None  # the failing rank's Python traceback
+    group_trial_index: int = 0  # trials its group ran before this one (0: a fresh group's processes)
+    note: str | None = None  # why an ok trial's group was retired (memory not back to its baseline)
+
+    @property
+    def actor_reused(self) -> bool:
+        return self.group_trial_index > 0
+
+
+def is_infrastructure_error(error: str | None) -> bool:
+    """True for the error text of an attempt lost to a dead or unstartable rank process."""
+    return bool(error) and error.startswith(INFRA_PREFIX)
+
+
+def deaths(dead: dict, nodes: list[dict], world_size: int) -> str:
+    """'rank 1 of 2 died (pid 4242 on host-a): ActorDiedError: ...': which ranks, where to find their logs."""
+    where = ", ".join(f"pid {nodes[r].get('pid')} on {nodes[r].get('hostname')}" if r < len(nodes) else "?"
+                      for r in dead)
+    ranks = ", ".join(str(r) for r in dead)
+    cause = short(next(iter(dead.values())))
+    return f"rank{'s' if len(dead) > 1 else ''} {ranks} of {world_size} died ({where}): {cause}"
+
+
+def short(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:500]}"
