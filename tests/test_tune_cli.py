@@ -109,9 +109,9 @@ def test_numerics_changing_options_stay_fixed_unless_named(tuned):
     for v in tuned["verdicts"].values():
         assert v["allowed"] == ["grad_accum", "ac"] and v["numerics_allowed"] == []
     probes = tuned["rows"]
-    assert {r["grad_accum"] for r in probes} > {1} and {r["ac"] for r in probes} > {"none"}  # the search varied
     for r in probes:
         assert {k: r[k] for k in FIXED_NUMERICS} == FIXED_NUMERICS, r
+    assert {r["grad_accum"] for r in probes} > {1}  # probes where grad_sync: step would have changed something
 
 
 def test_finalists_carry_a_profile_and_the_verdict_cites_the_best_ones(tuned):
