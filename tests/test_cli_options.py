@@ -49,6 +49,9 @@ COVERAGE = {
     "timeout_s": "test_timeout_s_kills_a_trial_past_it",
     "memory_cap": "test_grid_memory_cap_makes_ranks_really_fail",
     "reuse_actors": "test_warm_groups.py::test_grid_reuse_actors_false_gives_every_trial_fresh_processes",
+    "profile": "test_profile.py::test_profile_run_writes_a_trace_beside_its_row",
+    "tune": "test_tune_cli.py::test_every_probe_of_a_grid_search_holds_its_global_batch",
+    "search: fastest": "test_tune_cli.py::test_every_probe_of_a_grid_search_holds_its_global_batch",
     # options of `sweep run`, `sweep plan`, `sweep max-batch` the README shows
     "--model": "test_grid_less_run_takes_every_axis_from_options",
     "--precision": "test_grid_less_run_takes_every_axis_from_options",
@@ -63,6 +66,13 @@ COVERAGE = {
     "--max-concurrent": "test_on_oom_bisect_goes_midway_to_what_fits",
     "--resume": "test_faults.py::test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid",
     "--fresh-actors": "test_warm_groups.py::test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes",
+    "--profile": "test_profile.py::test_profile_run_writes_a_trace_beside_its_row",
+    # options of `sweep tune` the README shows (the `tuned` fixture runs them)
+    "--vary": "test_tune_cli.py::test_numerics_changing_options_stay_fixed_unless_named",
+    "--budget": "test_tune_cli.py::test_tune_gives_one_fastest_verdict_per_precision_within_its_budget",
+    "--start": "test_tune_cli.py::test_the_best_is_the_fastest_full_measurement_against_a_baseline_of_the_same_search",
+    "--warmup": "test_tune_cli.py::test_the_best_is_the_fastest_full_measurement_against_a_baseline_of_the_same_search",
+    "--measure": "test_tune_cli.py::test_the_best_is_the_fastest_full_measurement_against_a_baseline_of_the_same_search",
     # the rest of what the README promises about these commands
     "sweep plan": "test_readme_grid_block_plans_on_h200",
     "sweep max-batch": "test_max_batch_command_and_search_with_two_precisions",
@@ -71,6 +81,10 @@ COVERAGE = {
     "SWEEP_DEBUG=1": "test_sweep_debug_brings_the_traceback_back",
     "results compare --by compile": "test_compile_full_is_compiled_and_compare_by_compile",
     "results compare --by ac": "test_activation_checkpointing_recomputes_blocks_and_compare_by_ac",
+    "sweep tune": "test_tune_cli.py::test_tune_gives_one_fastest_verdict_per_precision_within_its_budget",
+    "sweep plan (search: fastest)": "test_tune_cli.py::test_every_probe_of_a_grid_search_holds_its_global_batch",
+    "results compare --best": "test_tune_cli.py::test_results_verdicts_and_compare_best_read_the_tune",
+    "results verdicts": "test_tune_cli.py::test_results_verdicts_and_compare_best_read_the_tune",
 }
 
 TINY = dict(models=["llama-tiny"], batch_sizes=[2], seq_len=64, gpus=2, compile="none",
@@ -380,11 +394,12 @@ def test_sweep_debug_brings_the_traceback_back(tmp_path):
 
 def test_the_table_covers_every_readme_key_and_option():
     """COVERAGE names a test, here or in another module, for every grid key of the README's block and every
-    option the README shows for `sweep run`, `sweep plan` and `sweep max-batch`."""
+    option the README shows for `sweep run`, `sweep plan`, `sweep max-batch` and `sweep tune`."""
     readme = (ROOT / "README.md").read_text()
     assert set(readme_grid()) <= set(COVERAGE)
-    shown = set()  # in every `sweep run|plan|max-batch ...` the README writes, up to a comment or closing backtick
-    for command in re.findall(r"sweep (?:run|plan|max-batch)\b([^`#\n]*)", readme):
+    shown = set()  # in every `sweep run|plan|max-batch|tune ...` the README writes, up to a comment or closing
+    # backtick, a line that ends in a backslash continued
+    for command in re.findall(r"sweep (?:run|plan|max-batch|tune)\b((?:[^`#\n\\]|\\\n)*)", readme):
         shown |= set(re.findall(r"(--[a-z][a-z-]*)", command))
     listed = re.search(r"on the command line:\n?(.*?)\(repeatable\)", readme, re.S).group(1)
     shown |= set(re.findall(r"`(--[a-z-]+)`", listed))
