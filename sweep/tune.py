@@ -20,9 +20,9 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            class (e.g. grad_sync: step) then start at the batch that fitted there.
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
            with LONGER steps.
-  final    the `finalists` fastest of the rung, with profile=True, and the baseline (the grid's options at
-           the fastest batch their fit found; under G the split with the largest micro-batch that fits),
-           with the grid's own steps. The best is the fastest of these full measurements.
+  final    the `finalists` fastest of the rung, and the baseline (the grid's options at the fastest batch
+           their fit found; under G the split with the largest micro-batch that fits), all with the grid's
+           own steps and profile=True. The best is the fastest of these full measurements.
 
 Budget bound: a stage issues a trial only while the trials issued so far (OOMs, errors, infrastructure
 retries, everything) are under its cap: budget - (finalists + 1) - rung size for fit and explore,
@@ -259,7 +259,8 @@ class GroupSearch:
         ran = {c for c, _ in self._measured(0)}  # a baseline that failed its short probe would fail again
         extra = [self.baseline] if self.baseline in ran and self.baseline not in finalists else []
         self.final_asked = finalists + extra
-        return [t for c in self.final_asked for t in self._ask(c, 2, profile=c in finalists)]
+        # the baseline is profiled too: it can win its full measurement, and the verdict cites the best's profile
+        return [t for c in self.final_asked for t in self._ask(c, 2, profile=True)]
 
     # --- the candidates, and what the short probes say about them ---
 

@@ -224,7 +224,7 @@ def test_short_probes_then_longer_then_the_grids_own_steps(steps):
     assert kinds == {SHORT, LONGER, full}
     (v,) = p.verdicts()
     last = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == full]
-    assert {t.profile for t in last if t.trial_id != v["baseline_trial_id"]} == {True}  # the finalists
+    assert {t.profile for t in last} == {True}  # the finalists and the baseline: either can be the best
     assert all(not t.profile for t in r.asked if (t.warmup_steps, t.measure_steps) != full)
     assert len(last) <= 3  # two finalists and the baseline
     assert {t.search_id for t in r.asked} == {v["search_id"]}
