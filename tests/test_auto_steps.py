@@ -107,3 +107,35 @@ def test_rows_before_schema_1_5_read_without_a_ci(tmp_path):
     (back,) = store.read_table(tmp_path).to_pylist()
     assert back["step_time_ci_pct"] is None and back["step_time_s"] == 0.5
 
+
+
+def test_steps_run_with_automatic_garbage_collection_off_and_collect_between_them():
+    """A collection inside a timed step makes it a straggler: the trainer collects between steps instead."""
+    import gc
+
+    import torch
+
+    from trainer.stopping import Schedule
+    from trainer.train import Rank, time_steps
+
+    class OneRank:
+        def size(self) -> int:
+            return 1
+
+    class Cycle:  # garbage only the cycle collector frees
+        def __init__(self):
+            self.me = self
+
+    seen = []
+
+    def step(i: int) -> torch.Tensor:
+        seen.append((gc.isenabled(), sum(type(o) is Cycle for o in gc.get_objects())))
+        Cycle()
+        return torch.zeros(())
+
+    schedule = Schedule(1, 3)
+    assert gc.isenabled()
+    losses = time_steps(step, schedule, Rank(device=torch.device("cpu"), mesh=OneRank()))
+    assert len(losses) == 4 and gc.isenabled()  # on again afterwards
+    # off in every step, and the cycle each step left was collected before the next began
+    assert seen == [(False, 0)] * 4

@@ -251,9 +251,23 @@ class TrainStep:
 def time_steps(step, schedule: Schedule, rank: Rank) -> list[float]:
     """Step until `schedule` is done, each step timed between device syncs into it; the loss of each step.
 
+    Python's automatic garbage collection is off while stepping, and a young-generation collection runs after
+    each step, outside the timed region (Megatron-LM's --manual-gc, torchtitan's gc_freq): a collection that
+    lands inside a launch-bound step makes it a straggler, and how long a full one takes depends on how many
+    objects the process holds, which differs between a fresh rank process and one that ran trials before.
+
     With an `auto` phase rank 0 decides when each phase ends, from its own step times, and broadcasts the
     phase after every step (outside the timed region), so every rank stops on the same step: a rank that
     stopped alone would leave its peers waiting in the next step's collectives. Fixed counts need no word."""
+    gc.collect()
+    gc.disable()
+    try:
+        return _step_until_done(step, schedule, rank)
+    finally:
+        gc.enable()
+
+
+def _step_until_done(step, schedule: Schedule, rank: Rank) -> list[float]:
     shared = schedule.adaptive and rank.world_size > 1
     phase = torch.zeros(1, dtype=torch.int64, device=rank.device)  # an index into PHASES
     losses, i = [], 0
@@ -263,6 +277,7 @@ def time_steps(step, schedule: Schedule, rank: Rank) -> list[float]:
         loss = step(i)
         device_sync(rank.device)
         elapsed = time.perf_counter() - t0
+        gc.collect(1)  # what the step left in cycles, between steps
         losses.append(loss.detach())
         if not shared:
             schedule.add(elapsed)
