@@ -209,12 +209,7 @@ def verdicts(directory: Directory) -> None:
     if not found:
         raise UserError(f"{directory}: no saved search verdicts (_search/*.json); `sweep max-batch` and grids with "
                         "`search: fastest` write them")
-    max_batch = [v for v in found if v["kind"] == "max_batch"]
-    fastest = [v for v in found if v["kind"] == "fastest"]
-    if max_batch:
-        saved.verdict_table(max_batch)
-    if fastest:
-        saved.tune_table(fastest)
+    saved.print_tables(found)
 
 
 @app.command()

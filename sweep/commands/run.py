@@ -280,16 +280,12 @@ def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[
     """Print a search's verdicts and record them beside the rows (`_search/`, ignored as data). A max-batch
     verdict is completed here from its rows; a fastest-configuration one (`sweep.tune`) comes whole."""
     from sweep import store
-    from sweep.results import render
+    from sweep.results.verdicts import print_tables
 
-    max_batch = [v for v in verdicts if v["kind"] == "max_batch"]
-    for v in max_batch:
-        _complete_verdict(v, rows)
-    if max_batch:
-        render.verdict_table(max_batch)
-    fastest = [v for v in verdicts if v["kind"] == "fastest"]
-    if fastest:
-        render.tune_table(fastest)
+    for v in verdicts:
+        if v["kind"] == "max_batch":
+            _complete_verdict(v, rows)
+    print_tables(verdicts)
     store.write_verdicts(output, run_id, verdicts)
 
 

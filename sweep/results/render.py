@@ -123,9 +123,15 @@ def split_constant(rows: list[dict], cols: list[Col], always: Sequence[str] = ()
     return keep, " · ".join(caption)
 
 
+def stdout_console():
+    """A Rich console on stdout, wide when stdout is not a terminal: a pipe or log gets every cell whole."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 400, highlight=False)
+
+
 def rich_table(rows: list[dict], cols: list[Col], title: str, note: str = "", always: Sequence[str] = ()) -> None:
     """Print ``rows`` as a Rich table on stdout (wide when stdout is not a terminal, so nothing is cut)."""
-    from rich.console import Console
     from rich.table import Table
 
     cols, caption = split_constant(rows, cols, always)
@@ -134,7 +140,7 @@ def rich_table(rows: list[dict], cols: list[Col], title: str, note: str = "", al
         table.add_column(col.header, justify="right" if col.numeric else "left", overflow="fold")
     for row in rows:
         table.add_row(*(_styled(col, row) for col in cols))
-    Console(width=None if sys.stdout.isatty() else 400, highlight=False).print(table)
+    stdout_console().print(table)
 
 
 def _styled(col: Col, row: dict) -> str:
@@ -364,12 +370,3 @@ def plan_table(rows: list[dict], title: str, reasons: dict[str, int]) -> None:
     for reason, n in reasons.items():
         console.print(f"[yellow]({n}) unsupported:[/yellow] {escape(reason)}")
 
-
-def __getattr__(name: str):
-    """`render.verdict_table` and `render.tune_table` live in `verdicts` (imported on first use: it imports this
-    module)."""
-    if name in ("verdict_table", "tune_table"):
-        from sweep.results import verdicts
-
-        return getattr(verdicts, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

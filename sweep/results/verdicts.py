@@ -10,13 +10,12 @@ list, ``store.write_verdicts``); ``load`` reads them back for ``sweep results ve
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Callable
 
 from sweep.errors import UserError
 from sweep.results.render import (CONFIG_HEADERS, DASH, RATIO_SIGNIFICANT, TFLOPS, Col, base_tflops, config_cols,
-                                  num, ratio_text, sig)
+                                  num, ratio_text, sig, stdout_console)
 from sweep.schema import TRAINING_DEFAULTS
 
 # The configuration a search starts from and `compare --best` describes others against: no compile, no
@@ -61,14 +60,18 @@ def _value(value: object) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
-def _console():
-    from rich.console import Console
-
-    return Console(width=None if sys.stdout.isatty() else 400, highlight=False)  # a pipe or log gets every cell whole
-
-
 def _opt(value, text: Callable[[object], str] = str, missing: str = "–") -> str:
     return missing if value is None else text(value)
+
+
+def print_tables(verdicts: list[dict]) -> None:
+    """Each kind's table, as the search printed it when it ended: max-batch verdicts, then fastest-configuration ones."""
+    max_batch = [v for v in verdicts if v["kind"] == "max_batch"]
+    fastest = [v for v in verdicts if v["kind"] == "fastest"]
+    if max_batch:
+        verdict_table(max_batch)
+    if fastest:
+        tune_table(fastest)
 
 
 def verdict_table(verdicts: list[dict]) -> None:
@@ -91,7 +94,7 @@ def verdict_table(verdicts: list[dict]) -> None:
                       + (f" [red]aborted: {v['aborted']}[/red]" if v.get("aborted") else ""),
                       _opt(v.get("cost_vs_one_trial"), lambda x: f"{x:.1f}x"),
                       *([f"[yellow]{v.get('allocator') or ''}[/yellow]"] if thrash else []))
-    _console().print(table)
+    stdout_console().print(table)
 
 
 def tune_table(verdicts: list[dict]) -> None:
@@ -122,7 +125,7 @@ def tune_table(verdicts: list[dict]) -> None:
                       _opt(v.get("cost_vs_one_trial"), lambda x: f"{x:.1f}x", DASH),
                       ", ".join(v.get("numerics_allowed") or []) or "none",
                       *([_opt(v.get("global_batch_tokens"), lambda x: f"{x:,}", DASH)] if global_batch else []))
-    console = _console()
+    console = stdout_console()
     console.print(table)
     for v in verdicts:
         if v.get("profile"):
