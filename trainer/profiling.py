@@ -23,12 +23,12 @@ import heapq
 from dataclasses import dataclass
 
 PROFILE_STEPS = 3  # recorded steps (after one that is run but not recorded)
-KINDS = ("gemm", "attention", "comm", "optimizer", "other")
+# The five kinds of work and the summary's key for each
+SHARE_KEYS = {"gemm": "gemm_pct", "attention": "attention_pct", "comm": "comm_exposed_pct",
+              "optimizer": "optimizer_pct", "other": "other_pct"}
 # What an instant counts as when several kinds run at once (kernels on several streams; CPU threads):
 # computation first, then the optimizer, then anything else; communication only when nothing else runs.
 PRIORITY = ("gemm", "attention", "optimizer", "other", "comm")
-SHARE_KEYS = {"gemm": "gemm_pct", "attention": "attention_pct", "comm": "comm_exposed_pct",
-              "optimizer": "optimizer_pct", "other": "other_pct"}
 
 # record_function labels TrainStep puts around its phases while profiled (trainer.train.TrainStep.label)
 STEP, FORWARD, BACKWARD, OPTIMIZER = "sweep/step", "sweep/forward", "sweep/backward", "sweep/optimizer"
@@ -106,8 +106,8 @@ def shares(intervals: list[tuple[float, float, str]], window: tuple[float, float
         if end > start:
             edges += [(start, 1, kind), (end, -1, kind)]
     heapq.heapify(edges)
-    running = dict.fromkeys(KINDS, 0)
-    spent = dict.fromkeys(KINDS, 0.0)
+    running = dict.fromkeys(SHARE_KEYS, 0)
+    spent = dict.fromkeys(SHARE_KEYS, 0.0)
     at = lo
     while edges:
         t, delta, kind = heapq.heappop(edges)
@@ -116,7 +116,7 @@ def shares(intervals: list[tuple[float, float, str]], window: tuple[float, float
             at = t
         running[kind] += delta
     spent["other"] += hi - at
-    return {SHARE_KEYS[k]: 100.0 * spent[k] / (hi - lo) for k in KINDS}
+    return {key: 100.0 * spent[kind] / (hi - lo) for kind, key in SHARE_KEYS.items()}
 
 
 def summarize(trace: dict) -> dict[str, float]:
@@ -127,18 +127,19 @@ def summarize(trace: dict) -> dict[str, float]:
     if not labels.get(STEP):
         raise ValueError(f"the trace has no {STEP!r} ranges: not a profile of trainer.profiling")
     window = (min(lo for lo, _ in labels[STEP]), max(hi for _, hi in labels[STEP]))
-    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    if any(e["cat"] == "kernel" for e in kernels):
+    recorded = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    launches = {}  # a kernel's correlation id -> when its launch was called
+    if any(e["cat"] == "kernel" for e in recorded):
         launches = {e["args"]["correlation"]: e["ts"] for e in events
                     if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-        spans = [Span(e["name"], e["ts"], e["ts"] + e["dur"], lane=e.get("tid"),
-                      issued=launches.get(e.get("args", {}).get("correlation"))) for e in kernels]
         name_kind = kernel_kind
     else:
         # gloo runs each collective on a thread of its own, recorded as a "gloo:..." range, not an operator
-        spans = [Span(e["name"], e["ts"], e["ts"] + e["dur"], lane=e.get("tid")) for e in events
-                 if e.get("cat") == "cpu_op" or (e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"))]
+        recorded = [e for e in events
+                    if e.get("cat") == "cpu_op" or (e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"))]
         name_kind = op_kind
+    spans = [Span(e["name"], e["ts"], e["ts"] + e["dur"], lane=e.get("tid"),
+                  issued=launches.get(e.get("args", {}).get("correlation"))) for e in recorded]
     return shares(classify(spans, name_kind, labels.get(OPTIMIZER, [])), window)
 
 
