@@ -21,7 +21,7 @@ from sweep.schema import TRAINING_DEFAULTS
 # The configuration a search starts from and `compare --best` describes others against: no compile, no
 # activation checkpointing, the training options' defaults (the batch is always said).
 DEFAULT_CONFIG = {"compile": "none", "ac": "none", **TRAINING_DEFAULTS}
-# Where a fastest search's best spends its step (the row's profile_* columns, TUNE.md)
+# Where a fastest search's best spends its step (the row's profile_* columns: trainer.profiling.SHARE_KEYS)
 PROFILE_PARTS = (("gemm_pct", "GEMM"), ("attention_pct", "attention"), ("comm_exposed_pct", "exposed comm"),
                  ("optimizer_pct", "optimizer"), ("other_pct", "other"))
 
