@@ -91,7 +91,7 @@ class GroupSearch:
         self.fits: dict[str, LevelFit] = {}  # the levels fitted
         self.asked: dict[tuple[Config, int], str] = {}  # (config, rung) -> trial_id of its latest attempt
         self.owner: dict[str, tuple[Config, int]] = {}  # every trial issued -> (config, rung)
-        self.results: dict[str, dict] = {}  # trial_id -> its row
+        self.results: dict[str, dict] = {}  # trial_id -> its row: one per attempt (a retry has its own id)
         self.pending: set[str] = set()
         self.ooms: list[Config] = []
         self.broken: set[tuple[str, Any]] = set()  # option values that failed on their own
@@ -101,7 +101,6 @@ class GroupSearch:
         self.center: Config | None = None  # the baseline (else any candidate): effects are measured from it
         self.rung_asked: list[Config] | None = None
         self.final_asked: list[Config] | None = None
-        self.attempts, self.walls = 0, []  # wall seconds of every attempt (fsum: the same in any order)
 
     # --- the plan protocol, for one group ---
 
@@ -109,8 +108,6 @@ class GroupSearch:
         return self._advance()
 
     def on_result(self, trial: Trial, status: str, infrastructure: bool, row: dict) -> list[Trial]:
-        self.attempts += 1
-        self.walls.append(row.get("trial_wall_s") or 0.0)
         self.pending.discard(trial.trial_id)
         self.results[trial.trial_id] = {**row, "status": status}
         c, rung = self.owner[trial.trial_id]
@@ -326,7 +323,7 @@ class GroupSearch:
         at_base = base_row["tflops_per_gpu"] if base_row else None
         # against measuring the best once on fresh processes (its final may have run warm)
         one_trial = fresh_trial_s(best_row, self.results.values()) if best_row else None
-        wall = math.fsum(self.walls)
+        wall = math.fsum(r.get("trial_wall_s") or 0.0 for r in self.results.values())  # fsum: any order, one sum
         tried = {c for c, _ in self.asked}
         return {"kind": "fastest", "search_id": self.sid, "model": t.model.label, "precision": t.precision,
                 "seq_len": t.seq_len, "gpus": t.gpus, "cluster": t.cluster, "allowed": list(space.vary),
@@ -339,7 +336,7 @@ class GroupSearch:
                 "best_trial_id": self.asked.get((best, 2)) if best else None,
                 "baseline_trial_id": self.asked.get((self.baseline, 2)) if base_row else None,
                 "candidates": len({*self._space(), *tried}), "tried": len(tried),
-                "probes": self.attempts, "search_wall_s": wall,
+                "probes": len(self.results), "search_wall_s": wall,
                 "cost_vs_one_trial": wall / one_trial if one_trial else None,
                 "aborted": None if best else self._why_none(), "profile": _profile(best_row)}
 
