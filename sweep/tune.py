@@ -262,8 +262,7 @@ class GroupSearch:
     # --- the candidates, and what the short probes say about them ---
 
     def _diff(self, c: Config) -> list[tuple[str, Any]]:
-        if self.center is None:  # nothing fits anywhere: there are no candidates to compare
-            return []
+        """The options in which `c` differs from the center (explore sets it before any candidate is seen)."""
         center = self.space.coords(self.center)
         return [(k, v) for k, v in self.space.coords(c).items() if v != center[k]]
 
