@@ -135,8 +135,7 @@ class Space:
 
     def baseline(self, ac: str, batch: int) -> Config:
         """The grid's options at this ac and batch (under G, the accumulation that batch needs)."""
-        accum = self.samples // batch if self.samples else self.grid.grad_accum
-        return self.fold(self.grid._replace(ac=ac, batch_size=batch, grad_accum=accum))
+        return self.at_batch(self.grid._replace(ac=ac), batch)
 
     def smaller_batch(self, c: Config) -> Config | None:
         """`c` at the next smaller batch to try after it ran out of memory: the next allowed split under G,
