@@ -19,10 +19,11 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            own. A candidate that runs out of memory is tried at a smaller batch, and configs of its heavy
            class (e.g. grad_sync: step) then start at the batch that fitted there.
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
-           with LONGER steps.
-  final    the `finalists` fastest of the rung, and the baseline (the grid's options at the fastest batch
-           their fit found; under G the split with the largest micro-batch that fits), all with the grid's
-           own steps and profile=True. The best is the fastest of these full measurements.
+           with LONGER steps; no rung where it would keep only the finalists (budgets under 18).
+  final    the `finalists` fastest of the rung (without one: of the short probes), and the baseline (the
+           grid's options at the fastest batch their fit found; under G the split with the largest
+           micro-batch that fits) unless its short probe failed, all with the grid's own steps and
+           profile=True. The best is the fastest of these full measurements.
 
 Budget bound: a stage issues a trial only while the trials issued so far (OOMs, errors, infrastructure
 retries, everything) are under its cap: budget - (finalists + 1) - rung size for fit and explore,
@@ -183,9 +184,9 @@ class GroupSearch:
         return []
 
     def _new_fit(self, ac: str) -> LevelFit:
-        """A level starts where a heavier one fitted, and stays under a lighter one's OOM. Starting where a
-        heavier one fitted, it goes on only if some batch could beat the fastest level so far, gaining over
-        its first what a larger batch could gain the levels fitted (batch_gain)."""
+        """A level starts where a heavier one fitted, and stays under a lighter one's OOM. Started where a
+        heavier one fitted, it goes past its first probe only if that probe, sped up by the most a larger
+        batch could gain on a level fitted (batch_gain), would beat the fastest level so far."""
         heavier = [max(b) for a, b in self.batches.items() if b and AC_MEMORY[a] > AC_MEMORY[ac]]
         ceiling = [o.batch_size for o in self.ooms
                    if at_least_as_heavy(self.space.baseline(ac, o.batch_size), o)]
