@@ -156,13 +156,15 @@ class GroupSearch:
         if self.stage == "fit" and rung == 0:
             self.fit.record(c.batch_size, status, row)
 
-    def _row(self, c: Config | None, rung: int) -> dict | None:
-        return self.results.get(self.asked.get((c, rung)))
+    def _ok_row(self, c: Config | None, rung: int) -> dict | None:
+        """The row of `c`'s latest attempt at `rung` if it ran ok."""
+        row = self.results.get(self.asked.get((c, rung)))
+        return row if row and row["status"] == "ok" else None
 
     def _measured(self, rung: int) -> list[tuple[Config, float]]:
         """The configs measured at `rung`, fastest first (a tie: the one asked first)."""
         out = [(c, row["tflops_per_gpu"] or 0.0) for (c, r) in self.asked
-               if r == rung and (row := self._row(c, r)) and row["status"] == "ok"]
+               if r == rung and (row := self._ok_row(c, r))]
         return sorted(out, key=lambda x: -x[1])
 
     # --- stages: each returns its next probes, [] when it is over ---
@@ -315,10 +317,9 @@ class GroupSearch:
 
     def verdict(self) -> dict:
         t, space = self.space.template, self.space
-        finals = [(c, row) for c in self.final_asked or [] if (row := self._row(c, 2)) and row["status"] == "ok"]
+        finals = [(c, row) for c in self.final_asked or [] if (row := self._ok_row(c, 2))]
         best, best_row = max(finals, key=lambda x: x[1]["tflops_per_gpu"] or 0.0, default=(None, None))
-        base_row = self._row(self.baseline, 2) if self.baseline is not None else None
-        base_row = base_row if base_row and base_row["status"] == "ok" else None
+        base_row = self._ok_row(self.baseline, 2)
         at_best = best_row["tflops_per_gpu"] if best_row else None
         at_base = base_row["tflops_per_gpu"] if base_row else None
         # against measuring the best once on fresh processes (its final may have run warm)
