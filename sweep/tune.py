@@ -115,7 +115,7 @@ class GroupSearch:
         retry = infra_retry(trial, status, infrastructure)
         if retry is not None and len(self.owner) < self.caps[rung]:
             return self._issue(retry, c, rung)
-        self._learn(c, rung, status, row)
+        self._learn(c, status, row)
         return self._advance()
 
     def _advance(self) -> list[Trial]:
@@ -145,7 +145,7 @@ class GroupSearch:
             return []
         return self._issue(trial, c, rung) if len(self.owner) < self.caps[rung] else []
 
-    def _learn(self, c: Config, rung: int, status: str, row: dict) -> None:
+    def _learn(self, c: Config, status: str, row: dict) -> None:
         if status == "oom":
             self.ooms.append(c)
             smaller = self.space.smaller_batch(c) if self.stage == "explore" else None
@@ -153,7 +153,7 @@ class GroupSearch:
                 self.fallbacks[c] = smaller
         elif status != "ok" and self.stage == "explore" and self._distance(c) == 1:
             self.broken.update(self._diff(c))  # e.g. compile: full fails for this model: not tried again
-        if self.stage == "fit" and rung == 0:
+        if self.stage == "fit":  # its probes are all short ones
             self.fit.record(c.batch_size, status, row)
 
     def _ok_row(self, c: Config | None, rung: int) -> dict | None:
