@@ -196,7 +196,7 @@ def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
 
 
 def _execute(plan, trials, profile, output: Path, **options) -> None:
-    """What `run` and `max-batch` do once planned: check --output, warn, run the plan, report and exit."""
+    """What `run`, `max-batch` and `tune` do once planned: check --output, warn, run the plan, report and exit."""
     from sweep.runner import execute, new_run_id
 
     check_output(output)
