@@ -207,3 +207,23 @@ def test_a_budget_too_small_for_a_baseline_and_a_finalist_stops_before_anything_
     result = sweep("tune", "--model", "llama-tiny", "--precision", "bf16", "--budget", 2, *COMMON, "--output", out)
     one_line_error(result, "tune.budget", "2")
     assert not out.exists()
+
+
+def test_a_resumed_tune_runs_nothing_again_and_gives_the_same_verdicts(tuned, tmp_path):
+    # a search cut short (a job's time limit) goes on with --resume: here nothing is missing, so nothing runs
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(tuned["out"], out)
+    result = sweep("tune", "--model", "llama-tiny", "--precision", "bf16", "--precision", "fp8-torchao-tensorwise",
+                   "--vary", "grad_accum", "--vary", "ac", "--start", 4, "--budget", 7, *COMMON, "--output", out,
+                   "--resume")
+    assert result.exit_code == 0, result.output
+    assert len(rows(out)) == len(tuned["rows"])  # no attempt run twice
+    # run ids start with their UTC start time: the resumed run's verdicts sort last
+    _, resumed = [json.loads(p.read_text()) for p in sorted((out / "_search").glob("*.json"))]
+    assert len(resumed) == 2
+    for v in resumed:
+        b = tuned["verdicts"][v["precision"]]
+        assert (v["best_trial_id"], v["baseline_trial_id"], v["probes"]) == (
+            b["best_trial_id"], b["baseline_trial_id"], b["probes"])

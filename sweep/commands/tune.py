@@ -52,7 +52,10 @@ def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
          warmup: Annotated[str, typer.Option(parser=_steps, help=f"Warm-up steps: {_STEPS_HELP}.")] = "auto",
          measure: Annotated[str, typer.Option(parser=_steps, help=f"Measured steps: {_STEPS_HELP}.")] = "auto",
          output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True,
-         fresh_actors: FreshOpt = False) -> None:
+         fresh_actors: FreshOpt = False,
+         resume: Annotated[bool, typer.Option(help="Go on from the attempts already recorded in --output: the "
+                                              "search asks for what it asked then, and runs only what is missing.")]
+         = False) -> None:
     """Find the fastest configuration (batch, activation checkpointing, accumulation, ...) per model and precision."""
     from dataclasses import replace
 
@@ -64,5 +67,5 @@ def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
                   "global_batch_tokens": global_batch_tokens}
     extra = {"search": "fastest", "tune": tune_block, "steps": {"warmup": warmup, "measure": measure}}
     profile, spec, trials = _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]), extra)
-    _execute(make_plan(spec, trials, profile), trials, profile, output, progress=progress,
+    _execute(make_plan(spec, trials, profile), trials, profile, output, progress=progress, resume=resume,
              reuse_actors=not fresh_actors)
