@@ -124,3 +124,9 @@ def test_profile_run_writes_a_trace_beside_its_row(ray_session, cli, write_grid,
     assert ds.dataset(out, format="parquet", partitioning="hive").to_table().num_rows == 1
     shown = cli("results", "show", out)
     assert shown.exit_code == 0, shown.output
+
+
+def test_a_trace_records_three_micro_batches_worth_of_whole_steps():
+    from trainer.profiling import recorded_steps
+
+    assert [recorded_steps(a) for a in (1, 2, 3, 4, 8)] == [3, 2, 1, 1, 1]

@@ -1,8 +1,8 @@
 """Where a step's time goes: a few steps under torch.profiler after the measured ones, and their summary.
 
-With `profile: true` every rank runs `1 + PROFILE_STEPS` more steps once the measurement is done (so the
-measured steps are the same as without it), the last PROFILE_STEPS under torch.profiler; rank 0 sends back
-its Chrome/Perfetto trace, gzipped, with the shares of the wall step time spent in five kinds of work:
+With `profile: true` every rank runs one more step and then `recorded_steps` (PROFILE_STEPS micro-batches'
+worth) once the measurement is done (so the measured steps are the same as without it), those under
+torch.profiler; rank 0 sends back its Chrome/Perfetto trace, gzipped, with the shares of the wall step time spent in five kinds of work:
 
     gemm          matrix multiplies (cuBLAS/cuBLASLt/CUTLASS/nvjet/hipBLASLt kernels; aten::mm, addmm, bmm,
                   linear on CPU)
@@ -22,7 +22,13 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-PROFILE_STEPS = 3  # recorded steps (after one that is run but not recorded)
+PROFILE_STEPS = 3  # micro-batches recorded, in whole steps (after one step that is run but not recorded)
+
+
+def recorded_steps(grad_accum: int) -> int:
+    """Steps to record: PROFILE_STEPS micro-batches' worth, at least one step. A trace holds every kernel and
+    op of every micro-batch, so 3 steps of 8 micro-batches would be 8 times the trace for no more insight."""
+    return max(1, -(-PROFILE_STEPS // grad_accum))
 # The five kinds of work and the summary's key for each
 SHARE_KEYS = {"gemm": "gemm_pct", "attention": "attention_pct", "comm": "comm_exposed_pct",
               "optimizer": "optimizer_pct", "other": "other_pct"}
@@ -153,8 +159,8 @@ def _labelled(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
 
 
 def profile_steps(step, first: int, rank) -> dict | None:
-    """Run 1 + PROFILE_STEPS steps of `step` (a trainer.train.TrainStep) from step index `first` on every
-    rank, the last PROFILE_STEPS under the profiler. Every rank records, so that each carries the profiler's
+    """Run 1 + `recorded_steps` steps of `step` (a trainer.train.TrainStep) from step index `first` on every
+    rank, the last `recorded_steps` under the profiler. Every rank records, so that each carries the profiler's
     overhead and none waits for rank 0 in the collectives more than it would unprofiled; rank 0 returns the
     shares (`summarize`) and `trace_gz`, its gzipped Chrome trace; the other ranks None."""
     import gzip
@@ -183,7 +189,7 @@ def profile_steps(step, first: int, rank) -> dict | None:
         # before with teardown. Torch sets "0" itself where teardown is unsafe (CUDA graphs on CUDA < 12.6).
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
     with profile(activities=activities) as prof:
-        for i in range(first + 1, first + 1 + PROFILE_STEPS):
+        for i in range(first + 1, first + 1 + recorded_steps(step.options.grad_accum)):
             run(i)
     if rank.rank != 0:
         return None
