@@ -2,7 +2,8 @@
 
 With `profile: true` every rank runs one more step and then `recorded_steps` (PROFILE_STEPS micro-batches'
 worth) once the measurement is done (so the measured steps are the same as without it), those under
-torch.profiler; rank 0 sends back its Chrome/Perfetto trace, gzipped, with the shares of the wall step time spent in five kinds of work:
+torch.profiler; rank 0 sends back its Chrome/Perfetto trace, gzipped, with the shares of the wall step
+time spent in five kinds of work:
 
     gemm          matrix multiplies (cuBLAS/cuBLASLt/CUTLASS/nvjet/hipBLASLt kernels; aten::mm, addmm, bmm,
                   linear on CPU)
