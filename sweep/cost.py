@@ -7,7 +7,8 @@ An ok attempt's wall splits into
     measured steps  steps_time_s, less compile_time_s when there was no warm-up step to carry it
     warm-up         warmup_steps × step_time_s (the median measured step: warm-up steps' own times are not kept)
     compile         compile_time_s (the first step's time beyond a steady step)
-    start-up        the rest: placement, process start and imports, model build and sharding, teardown
+    start-up        the rest: placement, process start and imports, model build and sharding, teardown (and
+                    a profiled trial's extra steps after the measured ones)
 
 An attempt that ran out of memory is all `OOM attempts`; an error or a timeout is all `failed attempts`. Unsupported attempts
 never ran and cost nothing.
@@ -86,8 +87,9 @@ def summary_line(rows: Iterable[dict]) -> str | None:
 def fresh_trial_s(answer: dict, rows: Iterable[dict]) -> float | None:
     """What measuring `answer` (a search's answer row) once on fresh rank processes costs, in driver wall seconds:
     its own wall if it ran on a fresh group. Run on a warm group, its wall with its model build swapped for the
-    start-up a fresh group paid in the same search (placement, process start, imports, CUDA and process-group
-    set-up, model build: the median init_time_s of the search's ok attempts on fresh groups). A search's cost is
+    start-up a fresh group's processes paid in the same search (torch imports, CUDA and process-group set-up,
+    model build: the median init_time_s of the search's ok attempts on fresh groups; placement and the
+    process spawn before it are left out, so the estimate is low and the cost it divides, if anything, high). A search's cost is
     told against this: against a warm attempt's wall, which has no start-up, any search would look dear."""
     wall = answer.get("trial_wall_s")
     if not wall:

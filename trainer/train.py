@@ -259,12 +259,14 @@ def time_steps(step, schedule: Schedule, rank: Rank) -> list[float]:
     With an `auto` phase rank 0 decides when each phase ends, from its own step times, and broadcasts the
     phase after every step (outside the timed region), so every rank stops on the same step: a rank that
     stopped alone would leave its peers waiting in the next step's collectives. Fixed counts need no word."""
+    was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
         return _step_until_done(step, schedule, rank)
     finally:
-        gc.enable()
+        if was_enabled:  # a caller that turned it off keeps it off
+            gc.enable()
 
 
 def _step_until_done(step, schedule: Schedule, rank: Rank) -> list[float]:
