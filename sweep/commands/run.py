@@ -35,6 +35,7 @@ FreshOpt = Annotated[bool, typer.Option("--fresh-actors", help="New rank process
                                         "ones that run trials of one kind one after the other.")]
 ProfileOpt = Annotated[bool, typer.Option("--profile", help="After the measured steps, trace a few more with "
                                           "torch.profiler: a trace file beside each row, and where the step time goes.")]
+StartOpt = Annotated[int, typer.Option(min=1, help="First batch to probe.")]
 
 
 def _axis(key: str):
@@ -100,6 +101,16 @@ def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, axes: Axes
     trials = expand(spec, cluster=profile.name, source=source, max_ranks=profile.total_ranks, timeout_s=profile.timeout_s,
                     memory_cap_bytes=cap, default_memory_cap=profile.memory_per_device_bytes)
     return profile, spec, trials
+
+
+def _prepare_search(command: str, cluster: str, memory_cap: str | None, axes: Axes, start: int, extra: dict | None):
+    """`_prepare` for a search from options alone (`sweep max-batch`, `sweep tune`): no grid file, so --model
+    is needed, and --start is the one batch its searches start from."""
+    from sweep.errors import UserError
+
+    if not axes.model:
+        raise UserError(f"{command} needs --model")
+    return _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]), extra)
 
 
 @app.command()
@@ -177,19 +188,16 @@ def _plan_rows(trials, profile) -> tuple[list[dict], dict[str, int]]:
 @user_errors
 @dataclass_options(skip=("batch_size",))  # the search picks the batches, from --start
 def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
-              start: Annotated[int, typer.Option(min=1, help="First batch to probe.")] = 1,
+              start: StartOpt = 1,
               step: Annotated[int, typer.Option(min=1, help="Granularity: stop when B ok and B+step oom.")] = 1,
               warmup: Annotated[int, typer.Option(min=0)] = 2, measure: Annotated[int, typer.Option(min=1)] = 5,
               output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True,
               fresh_actors: FreshOpt = False, profile_steps: ProfileOpt = False) -> None:
     """Find the largest batch that fits, and the fastest, per model and precision."""
-    from sweep.errors import UserError
     from sweep.policy import MaxBatchPlan
 
-    if not axes.model:
-        raise UserError("max-batch needs --model")
-    profile, spec, trials = _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]),
-                                     {"profile": True} if profile_steps else None)
+    profile, spec, trials = _prepare_search("max-batch", cluster, memory_cap, axes, start,
+                                            {"profile": True} if profile_steps else None)
     trials = [replace(t, warmup_steps=warmup, measure_steps=measure) for t in trials]
     plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
     _execute(plan, trials, profile, output, progress=progress, reuse_actors=not fresh_actors)

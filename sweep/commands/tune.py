@@ -17,8 +17,8 @@ from typing import Annotated, Optional
 import typer
 
 from sweep.commands._common import dataclass_options, user_errors
-from sweep.commands.run import (Axes, CapOpt, ClusterOpt, FreshOpt, OutputOpt, ProgressOpt, _execute, _prepare,
-                                make_plan)
+from sweep.commands.run import (Axes, CapOpt, ClusterOpt, FreshOpt, OutputOpt, ProgressOpt, StartOpt, _execute,
+                                _prepare_search, make_plan)
 from sweep.grid import DEFAULT_VARY, TUNABLE, TuneSpec
 
 app = typer.Typer()
@@ -48,7 +48,7 @@ def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
          global_batch_tokens: Annotated[Optional[int], typer.Option(
              min=1, help="Hold micro-batch x grad_accum x ranks x seq_len at this: the best split of one global batch.")]
          = None,
-         start: Annotated[int, typer.Option(min=1, help="First batch to probe.")] = 1,
+         start: StartOpt = 1,
          warmup: Annotated[str, typer.Option(parser=_steps, help=f"Warm-up steps: {_STEPS_HELP}.")] = "auto",
          measure: Annotated[str, typer.Option(parser=_steps, help=f"Measured steps: {_STEPS_HELP}.")] = "auto",
          output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True,
@@ -57,15 +57,9 @@ def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
                                               "search asks for what it asked then, and runs only what is missing.")]
          = False) -> None:
     """Find the fastest configuration (batch, activation checkpointing, accumulation, ...) per model and precision."""
-    from dataclasses import replace
-
-    from sweep.errors import UserError
-
-    if not axes.model:
-        raise UserError("tune needs --model")
     tune_block = {"vary": [v.value for v in vary or []] or list(DEFAULT_VARY), "budget": budget,
                   "global_batch_tokens": global_batch_tokens}
     extra = {"search": "fastest", "tune": tune_block, "steps": {"warmup": warmup, "measure": measure}}
-    profile, spec, trials = _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]), extra)
+    profile, spec, trials = _prepare_search("tune", cluster, memory_cap, axes, start, extra)
     _execute(make_plan(spec, trials, profile), trials, profile, output, progress=progress, resume=resume,
              reuse_actors=not fresh_actors)
