@@ -153,12 +153,13 @@ def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(
     _print_warnings(trials, profile, Console())
 
 
-def make_plan(spec, trials, profile):
-    """What runs: the grid's trials (with OOM retries), or the search its `search:` asks for."""
+def make_plan(spec, trials, profile, *, step: int = 1):
+    """What runs: the grid's trials (with OOM retries), or the search its `search:` asks for. `step`: a
+    max-batch search's granularity (`sweep max-batch --step`; a grid's search goes to the batch)."""
     from sweep.policy import GridPlan, MaxBatchPlan
 
     if spec.search == "max_batch":
-        return MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials))
+        return MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
     if spec.search == "fastest":
         from sweep.tune import TunePlan
 
@@ -194,13 +195,10 @@ def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
               output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True,
               fresh_actors: FreshOpt = False, profile_steps: ProfileOpt = False) -> None:
     """Find the largest batch that fits, and the fastest, per model and precision."""
-    from sweep.policy import MaxBatchPlan
-
-    profile, spec, trials = _prepare_search("max-batch", cluster, memory_cap, axes, start,
-                                            {"profile": True} if profile_steps else None)
-    trials = [replace(t, warmup_steps=warmup, measure_steps=measure) for t in trials]
-    plan = MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
-    _execute(plan, trials, profile, output, progress=progress, reuse_actors=not fresh_actors)
+    extra = {"search": "max_batch", "steps": {"warmup": warmup, "measure": measure}, "profile": profile_steps}
+    profile, spec, trials = _prepare_search("max-batch", cluster, memory_cap, axes, start, extra)
+    _execute(make_plan(spec, trials, profile, step=step), trials, profile, output, progress=progress,
+             reuse_actors=not fresh_actors)
 
 
 def _execute(plan, trials, profile, output: Path, **options) -> None:
