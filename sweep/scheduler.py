@@ -22,7 +22,8 @@ rank dies its peers fail too ("Connection reset by peer" inside a collective), o
 the dead rank is the cause, so a rank's `error` waits up to DEATH_GRACE_S for a peer's death to show.
 An idle group takes the oldest waiting trial of its kind first; otherwise trials start in submission
 order and one placement group is requested at a time, only for the oldest waiting trial, so a big trial
-waiting for GPUs is not overtaken forever by small ones (only by the queued trials of an idle group's kind). One that no set of
+waiting for GPUs is not overtaken forever by small ones (only by the queued trials of an idle group's
+kind). One that no set of
 live nodes can ever hold (a node lost) is given up as a `timeout` after INFEASIBLE_LIMIT_S (or the trial's
 timeout, if shorter).
 """
@@ -154,23 +155,20 @@ class Scheduler:
 
     # -- which trial runs where ----------------------------------------------------------------
     def _dispatch(self) -> None:
-        """Start waiting trials in order: each on an idle group of its kind, else on a new group.
+        """Start waiting trials: each idle group on the oldest of its kind (`_keep_idle_busy`), then a new group
+        for the oldest trial left, if none is being placed.
 
         One placement group is requested at a time, for the oldest waiting trial, and nothing behind that
-        trial starts before it is placed (no starvation of a big trial). Should an idle group of its kind
-        turn up meanwhile, it runs there and the request is withdrawn."""
+        trial starts on a new group before it is placed (no starvation of a big trial). Should an idle group
+        of its kind turn up meanwhile, it runs there and the request is withdrawn."""
         placing = next((g for g in self.groups if g.state == "placing"), None)
         if placing is not None and (idle := self._idle(placing.first)) is not None:
             self._launch(idle, placing.first)
             self._retire(placing)
             placing = None
-        self._keep_idle_busy()
-        while self.queue and placing is None and self._in_flight() < self.max_concurrent:
-            idle = self._idle(self.queue[0])
-            if idle is not None:
-                self._launch(idle, self.queue.pop(0))
-            else:
-                placing = self._request(self.queue.pop(0))
+        self._keep_idle_busy()  # after it, no idle group has a queued trial of its kind
+        if self.queue and placing is None and self._in_flight() < self.max_concurrent:
+            placing = self._request(self.queue.pop(0))
         self._retire_idle(placing)
 
     def _keep_idle_busy(self) -> None:
