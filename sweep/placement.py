@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 
 from sweep.grid import Trial
-from trainer.job import RankJob, TrialConfig
+from trainer.job import PG_TIMEOUT_S, RankJob, TrialConfig
 
 # The loopback interface ('lo' on Linux, 'lo0' on macOS): gloo and NCCL sockets of an embedded trial.
 _LOOPBACK = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
@@ -66,7 +66,7 @@ def rank_env(profile) -> dict[str, str]:
     return env
 
 
-def rank_jobs(trial: Trial, nodes: list[dict], *, device_type: str, pg_timeout_s: float = 120.0) -> list[RankJob]:
+def rank_jobs(trial: Trial, nodes: list[dict], *, device_type: str, pg_timeout_s: float = PG_TIMEOUT_S) -> list[RankJob]:
     """What each rank of `trial` is sent, given where its ranks run (`nodes`: node_info per rank, rank 0's
     address and held port becoming the rendezvous). Pure: no Ray."""
     config = TrialConfig(model_spec_json=trial.model.to_json(), precision=trial.precision, compile=trial.compile,

@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from sweep.grid import Trial
 from sweep.outcome import INFRA_PREFIX, Outcome, deaths, short
 from sweep.placement import bundle, bundle_index, placement, rank_env, rank_jobs
+from trainer.job import PG_TIMEOUT_S
 from trainer.recipes import RECIPES
 
 START_TIMEOUT_S = 300.0  # rank processes must come up within this (imports torch, maybe CUDA init)
@@ -103,7 +104,7 @@ class _Attempt:
 
 
 class Scheduler:
-    def __init__(self, profile, *, max_concurrent: int | None = None, pg_timeout_s: float = 120.0,
+    def __init__(self, profile, *, max_concurrent: int | None = None, pg_timeout_s: float = PG_TIMEOUT_S,
                  reuse: bool = True):
         import ray
         from ray.exceptions import ObjectLostError, RayActorError

@@ -26,6 +26,9 @@ class TrialConfig:
     profile: bool = False  # after the measured steps, a few more under torch.profiler (trainer.profiling)
 
 
+PG_TIMEOUT_S = 120.0  # a trial's process-group timeout: a stuck collective fails instead of waiting NCCL's 10 min
+
+
 @dataclass(frozen=True, kw_only=True)
 class RankJob:
     """One rank's share of one trial attempt: the trial, and where this rank sits in its process group."""
@@ -37,7 +40,7 @@ class RankJob:
     master_addr: str
     master_port: int
     device_type: str  # "cpu" (gloo) or "cuda" (nccl; ROCm builds of torch also say cuda)
-    pg_timeout_s: float = 120.0  # bounded: a stuck collective fails instead of waiting NCCL's 10 min
+    pg_timeout_s: float = PG_TIMEOUT_S
 
 
 OOM_MARKERS = (  # allocator messages only: anything else stays 'error'
