@@ -56,7 +56,9 @@ def test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes(ray_se
     # one group, trial after trial, whatever the model: its processes ran them all
     assert [r["group_trial_index"] for r in warm] == [0, 1, 2]
     assert [r["actor_reused"] for r in warm] == [False, True, True]
-    assert [r["model"] for r in warm] == ["gpt-tiny", "llama-tiny", "gpt-wide"]
+    # the first starts the group; the group then takes the larger model first (sweep.scheduler.footprint)
+    assert [r["model"] for r in warm] == ["gpt-tiny", "gpt-wide", "llama-tiny"]
+    assert warm[1]["n_params"] > warm[2]["n_params"]
 
     cold = _rows(fresh)
     assert [(r["status"], r["actor_reused"], r["group_trial_index"]) for r in cold] == [("ok", False, 0)] * 3
@@ -87,6 +89,19 @@ def test_grid_reuse_actors_false_gives_every_trial_fresh_processes(ray_session, 
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["status"], r["actor_reused"], r["group_trial_index"]) for r in rows] == [("ok", False, 0)] * 2
+
+
+def test_a_warm_group_takes_the_largest_trial_of_its_kind_first(ray_session, cli, write_grid, tmp_path):
+    """The first trial starts the group (the oldest: placement stays in submission order); the group then runs
+    the rest largest first, so the trial nearest the memory limit has the least past (sweep.scheduler.footprint)."""
+    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [1, 2, 4, 3]\ncompile: none\nseq_len: 32\n"
+                      "gpus: 1\nsteps: {warmup: 1, measure: 1}\n")
+    out = tmp_path / "out"
+    result = cli("run", grid, "--cluster", "local", "--output", out, "--max-concurrent", 1, "--no-progress")
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
+        (1, "ok", 0), (4, "ok", 1), (3, "ok", 2), (2, "ok", 3)], [r["error"] for r in rows]
 
 
 def test_an_oom_retires_the_group_and_the_next_trial_runs_on_a_fresh_one(ray_session, cli, write_grid, tmp_path):
