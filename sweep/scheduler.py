@@ -173,8 +173,8 @@ class Scheduler:
         trial starts on a new group before it is placed (no starvation of a big trial). Should an idle group
         of its kind turn up meanwhile, it runs there and the request is withdrawn."""
         placing = next((g for g in self.groups if g.state == "placing"), None)
-        if placing is not None and (idle := self._idle(placing.first)) is not None:
-            self._launch(idle, placing.first)
+        if placing is not None and self._idle(placing.first) is not None:
+            self.queue.insert(0, placing.first)  # the idle group picks among its kind, this one included
             self._retire(placing)
             placing = None
         self._keep_idle_busy()  # after it, no idle group has a queued trial of its kind

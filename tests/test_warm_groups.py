@@ -91,13 +91,19 @@ def test_grid_reuse_actors_false_gives_every_trial_fresh_processes(ray_session, 
     assert [(r["status"], r["actor_reused"], r["group_trial_index"]) for r in rows] == [("ok", False, 0)] * 2
 
 
-def test_a_warm_group_takes_the_largest_trial_of_its_kind_first(ray_session, cli, write_grid, tmp_path):
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("gpus, limit", [(1, ("--max-concurrent", 1)), (4, ())], ids=["one-at-a-time", "placement-waits"])
+def test_a_warm_group_takes_the_largest_trial_of_its_kind_first(ray_session, cli, write_grid, tmp_path, gpus, limit):
     """The first trial starts the group (the oldest: placement stays in submission order); the group then runs
-    the rest largest first, so the trial nearest the memory limit has the least past (sweep.scheduler.footprint)."""
+    the rest largest first, so the trial nearest the memory limit has the least past (sweep.scheduler.footprint).
+    Also when the next trial's placement was already requested and waits for the group's CPUs (4-rank trials
+    on 4 CPUs, no --max-concurrent): the group, once idle, still picks the largest, not the waiting one."""
+    profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
+                         "cpus_per_rank: 1\n", "four-ranks.yaml")
     grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [1, 2, 4, 3]\ncompile: none\nseq_len: 32\n"
-                      "gpus: 1\nsteps: {warmup: 1, measure: 1}\n")
+                      f"gpus: {gpus}\nsteps: {{warmup: 1, measure: 1}}\n")
     out = tmp_path / "out"
-    result = cli("run", grid, "--cluster", "local", "--output", out, "--max-concurrent", 1, "--no-progress")
+    result = cli("run", grid, "--cluster", profile, "--output", out, "--no-progress", *limit)
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
