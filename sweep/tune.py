@@ -17,7 +17,10 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            fastest, until STALE_WAVES waves in a row find nothing faster. Never probed: a candidate as
            heavy as a known OOM (tune_space.at_least_as_heavy), or with an option value that failed on its
            own. A candidate that runs out of memory is tried at a smaller batch, and configs of its heavy
-           class (e.g. grad_sync: step) then start at the batch that fitted there.
+           class (e.g. grad_sync: step) then start at the batch that fitted there. So is one that fit only
+           with allocator retries (it thrashed: its speed measures the memory's limit, so it rates no
+           option: on 2xH200, Llama3-8B torchao batch 4 x 8 micro-batches, grad_sync: step read 813.5
+           TFLOP/s/GPU with 8 retries against 847.6 without it, and was never tried at batch 3).
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
            with LONGER steps; no rung where it would keep only the finalists (budgets under 18).
   final    the `finalists` fastest of the rung (without one: of the short probes), and the baseline (the
@@ -96,7 +99,8 @@ class GroupSearch:
         self.pending: set[str] = set()
         self.ooms: list[Config] = []
         self.broken: set[tuple[str, Any]] = set()  # option values that failed on their own
-        self.fallbacks: dict[Config, Config] = {}  # a config that ran out of memory -> it at a smaller batch
+        self.fallbacks: dict[Config, Config] = {}  # a config that ran out of memory (or thrashed) -> it smaller
+        self.thrashed: set[Config] = set()  # short probes that fit only by the allocator freeing its cache
         self.explored = False
         self.stale, self.fastest_before = 0, 0.0  # waves in a row without a faster probe; the fastest before
         self.center: Config | None = None  # the baseline (else any candidate): effects are measured from it
@@ -146,8 +150,12 @@ class GroupSearch:
         return self._issue(trial, c, rung) if len(self.owner) < self.caps[rung] else []
 
     def _learn(self, c: Config, status: str, row: dict) -> None:
-        if status == "oom":
-            self.ooms.append(c)
+        thrashed = status == "ok" and (row.get("alloc_retries") or 0) > 0
+        if thrashed:
+            self.thrashed.add(c)
+        if status == "oom" or thrashed:
+            if status == "oom":
+                self.ooms.append(c)
             smaller = self.space.smaller_batch(c) if self.stage == "explore" else None
             if smaller is not None:  # e.g. grad_sync: step keeps whole gradients: its own, smaller batch
                 self.fallbacks[c] = smaller
@@ -284,7 +292,20 @@ class GroupSearch:
         fit), and the smaller batches of OOMs."""
         # in the order their OOMs were asked, not the order those came back in (a wave's runs end in any order)
         fallbacks = [self.fallbacks[c] for c, r in self.asked if r == 0 and c in self.fallbacks]
-        return list(dict.fromkeys([*map(self._rebatched, self.space.configs(self.batches)), *fallbacks]))
+        configs = [self._unthrashed(self._rebatched(c)) for c in self.space.configs(self.batches)]
+        return list(dict.fromkeys([*configs, *fallbacks]))
+
+    def _unthrashed(self, c: Config) -> Config:
+        """`c` one batch step smaller when it needs at least the memory of a probe that thrashed: as heavy
+        by `at_least_as_heavy`, or making every change that probe made to the center (but the batch and
+        the accumulation, which adds no memory per micro-batch) at its ac and a batch no smaller (e.g.
+        grad_sync: step with an FP8 head, after grad_sync: step thrashed alone)."""
+        changes = set(self._diff(c))
+        for t in self.thrashed:
+            made = {d for d in self._diff(t) if d[0] not in ("batch_size", "grad_accum")}
+            if at_least_as_heavy(c, t) or (t.ac == c.ac and c.batch_size >= t.batch_size and made <= changes):
+                return self.space.smaller_batch(c) or c
+        return c
 
     def _rebatched(self, c: Config) -> Config:
         """`c` at the largest batch known to fit for configs like it (heavy_class, same ac) when one like
@@ -304,7 +325,8 @@ class GroupSearch:
         pairs of short probes that differ in that option alone (e.g. grad_sync: step at 8 micro-batches
         against micro_batch at 8: with one micro-batch it folds away and says nothing)."""
         center = self.space.coords(self.center)
-        points = [(self.space.coords(c), math.log(tf)) for c, tf in self._measured(0) if tf > 0]
+        # a probe that thrashed measured the memory's limit, not its option: it rates no option
+        points = [(self.space.coords(c), math.log(tf)) for c, tf in self._measured(0) if tf > 0 and c not in self.thrashed]
         samples = defaultdict(list)
         for p, lp in points:
             for q, lq in points:

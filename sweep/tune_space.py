@@ -191,6 +191,7 @@ class LevelFit:
         start = start if ceiling is None else min(start, ceiling - 1)
         self.search = MaxBatchSearch(start=max(1, start), capacity_bytes=capacity_bytes)
         self.tflops: dict[int, float] = {}
+        self.thrashed: set[int] = set()  # batches that fit only by the allocator freeing its cache (retries)
 
     def next_batch(self) -> int | None:
         if len(self.search.probes) >= FIT_PROBES or self._hopeless():
@@ -213,7 +214,7 @@ class LevelFit:
         """How much faster than its largest fitting batch any batch could run here (None: unknown). A step
         takes t0 + batch * t1 (a fixed part: optimizer, launches, exposed communication), so 1/speed is a
         line in 1/batch through the two largest fitting batches, and no batch beats 1/t1."""
-        points = sorted(self.tflops.items())[-2:]
+        points = sorted((b, tf) for b, tf in self.tflops.items() if b not in self.thrashed)[-2:]
         if len(points) < 2 or not all(s for _, s in points):
             return None
         (b1, s1), (b2, s2) = points
@@ -223,10 +224,15 @@ class LevelFit:
 
     def record(self, batch: int, status: str, row: dict) -> None:
         peak = row.get("peak_mem_gib")
-        self.search.record(batch, status, peak_mem_bytes=peak * 1024**3 if peak is not None else None,
-                           tokens_per_s=row.get("tokens_per_s_per_gpu"))
+        thrashed = status == "ok" and (row.get("alloc_retries") or 0) > 0
+        # For the search, memory ends where the allocator starts retrying: a larger batch would only thrash
+        # more, so the fit looks for the largest batch without retries, not the largest that squeezes in.
+        self.search.record(batch, "oom" if thrashed else status, tokens_per_s=row.get("tokens_per_s_per_gpu"),
+                           peak_mem_bytes=peak * 1024**3 if peak is not None else None)
         if status == "ok":
             self.tflops[batch] = row.get("tflops_per_gpu") or 0.0
+        if thrashed:
+            self.thrashed.add(batch)
         if self.ceiling is not None:  # after the first probe: before it, the search would not start at `start`
             self.search.failed.setdefault(self.ceiling, "oom")
 
@@ -234,9 +240,13 @@ class LevelFit:
         return max(sorted(self.tflops, reverse=True), key=self.tflops.get, default=None)  # a tie: the larger
 
     def choices(self) -> list[int]:
-        """The batches this level's candidates run: the largest that fits and the fastest (allowed
-        batches: the two largest that fit, a smaller micro-batch being the other split of G)."""
-        top = self.search.largest_ok
+        """The batches this level's candidates run: the largest that fits without allocator retries (else
+        the largest that fits) and the fastest (allowed batches: the two largest that fit, a smaller
+        micro-batch being the other split of G). A batch that fits only by the allocator freeing its cache
+        runs slowly and erratically (on 2xH200 Llama3-8B torchao batch 5: 430 TFLOP/s/GPU, 6 retries, batch 4:
+        817), and any option that adds memory there only thrashes more."""
+        top = self.search.largest_ok  # without retries (record); else the least bad that fitted with them
+        top = top if top is not None else min(self.thrashed, default=None)
         if top is None:
             return []
         if self.allowed is not None:

@@ -7,9 +7,10 @@ the fastest configuration is known and every decision of the search can be check
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -36,6 +37,7 @@ class Machine:
     capacity_gib: float = 40.0
     fixed_gib: float = 4.0
     failing_compile: str | None = None  # this compile mode errors (not memory)
+    thrash_gib: float | None = None  # a peak past this fits only with allocator retries, at half the speed
     ac_speed: dict = field(default_factory=lambda: dict(AC_SPEED))
     options_matter: bool = True  # False: only the batch and ac change the speed
     lost: set[int] = field(default_factory=set)  # attempt numbers lost to the infrastructure
@@ -65,7 +67,10 @@ class Machine:
         if self.peak(t) > self.capacity_gib:
             return {**row, "status": "oom"}, False
         speed = self.tflops(t)
-        row.update(status="ok", tflops_per_gpu=speed, tokens_per_s_per_gpu=speed * 10, peak_mem_gib=self.peak(t))
+        thrashes = self.thrash_gib is not None and self.peak(t) > self.thrash_gib
+        speed *= 0.5 if thrashes else 1.0
+        row.update(status="ok", tflops_per_gpu=speed, tokens_per_s_per_gpu=speed * 10, peak_mem_gib=self.peak(t),
+                   alloc_retries=8 if thrashes else 0)
         if t.profile:  # the trainer's summary of the traced steps
             row.update(profile_gemm_pct=60.0, profile_attention_pct=20.0, profile_comm_exposed_pct=5.0,
                        profile_optimizer_pct=5.0, profile_other_pct=10.0, trace_file="traces/x.json")
@@ -315,6 +320,35 @@ def test_an_oom_candidate_is_tried_at_a_smaller_batch_and_its_limit_serves_its_k
     assert fits and max(fits) < 36 and r.of(step[0])["status"] == "oom"
     first_fit = next(i for i, t in enumerate(step) if r.of(t)["status"] == "ok")
     assert all(t.batch_size <= fits[0] for t in step[first_fit:])  # the rest start where it fitted
+
+
+def test_a_batch_that_thrashes_ends_the_fit_and_a_thrashing_candidate_is_tried_smaller():
+    """A probe that fits only with allocator retries (2xH200: Llama3-8B torchao batch 5 ran at 430 TFLOP/s/GPU
+    with 6 retries, batch 4 at 817) measures the memory's limit: the fit probes no larger batch after it and
+    keeps the largest batch without retries; a candidate that thrashes is tried a batch lower, and rates no
+    option (grad_sync: step keeps whole gradients: it thrashes where micro_batch runs clean)."""
+    m = Machine(capacity_gib=40, thrash_gib=34.0)
+    p = plan(tune={"vary": ALL_OPTIONS, "budget": 40})
+    r = run(p, m)
+    grid_options = config(r.asked[0])._replace(batch_size=0)
+    fit = [t for t in r.asked if config(t)._replace(batch_size=0) == grid_options and (t.warmup_steps, t.measure_steps) == SHORT]
+    first = next(i for i, t in enumerate(fit) if r.of(t).get("alloc_retries"))
+    assert all(t.batch_size < fit[first].batch_size for t in fit[first + 1:]), [t.batch_size for t in fit]
+    assert not any(r.of(t)["status"] == "oom" for t in fit)  # it never went on to the real limit (36)
+    clean = [t.batch_size for t in fit if r.of(t)["status"] == "ok" and not r.of(t)["alloc_retries"]]
+    assert max(clean) == 29  # 4 + 29 GiB: the largest without retries (30 thrashes, 36 is the real limit)
+    # the first candidate that thrashed while exploring was tried smaller; the best ran clean, near the optimum
+    explore = [t for t in r.asked if t not in fit and (t.warmup_steps, t.measure_steps) == SHORT]
+    t = next(t for t in explore if r.of(t).get("alloc_retries"))
+    assert any(config(u)._replace(batch_size=0) == config(t)._replace(batch_size=0) and u.batch_size < t.batch_size
+               for u in explore), f"{t.describe()} thrashed and was not tried smaller"
+    (v,) = p.verdicts()
+    best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
+    every = [replace(best, **dict(zip(Config._fields, values))) for values in itertools.product(
+        range(1, 41), ("none", "selective", "full"), ("none", "regional", "full"), (1, 2, 4, 8), ("fp32", "bf16"),
+        ("micro_batch", "step"), (False, True))]
+    optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
+    assert not r.of(best)["alloc_retries"] and v["tflops_at_best"] >= 0.97 * optimum, (v["best"], optimum)
 
 
 def test_exploring_stops_when_waves_find_nothing_faster():
