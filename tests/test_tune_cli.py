@@ -227,3 +227,8 @@ def test_a_resumed_tune_runs_nothing_again_and_gives_the_same_verdicts(tuned, tm
         b = tuned["verdicts"][v["precision"]]
         assert (v["best_trial_id"], v["baseline_trial_id"], v["probes"]) == (
             b["best_trial_id"], b["baseline_trial_id"], b["probes"])
+    # the folder now holds each search's verdict twice (the first run's and the resumed one's): shown once each
+    shown = sweep("results", "verdicts", out)
+    assert shown.exit_code == 0, shown.output
+    table_rows = [line for line in shown.stdout.splitlines() if line.startswith("│") and "llama-tiny" in line]
+    assert len(table_rows) == 2, shown.stdout

@@ -29,8 +29,9 @@ PROFILE_PARTS = (("gemm_pct", "GEMM"), ("attention_pct", "attention"), ("comm_ex
 def load(directory: Path) -> list[dict]:
     """Every verdict saved under ``directory/_search/`` (oldest run file first), each with ``kind``.
 
-    Files saved before verdicts had a kind hold max-batch verdicts. A file that is not a JSON list of
-    objects is a UserError naming it.
+    A search resumed (``--resume``) saves its verdict again, under the new run: only the latest verdict of
+    each ``search_id`` counts (the earlier one is of the search cut short). Files saved before verdicts had
+    a kind hold max-batch verdicts. A file that is not a JSON list of objects is a UserError naming it.
     """
     verdicts = []
     for path in sorted((Path(directory) / "_search").glob("*.json")):
@@ -41,7 +42,8 @@ def load(directory: Path) -> list[dict]:
         if not isinstance(saved, list) or not all(isinstance(v, dict) for v in saved):
             raise UserError(f"{path}: not a saved search verdict (expected a JSON list of objects)")
         verdicts += [{"kind": "max_batch", **v} for v in saved]
-    return verdicts
+    latest = {v["search_id"]: i for i, v in enumerate(verdicts) if v.get("search_id")}
+    return [v for i, v in enumerate(verdicts) if latest.get(v.get("search_id"), i) == i]
 
 
 def config_text(config: dict | None, against: dict = DEFAULT_CONFIG) -> str:
