@@ -27,6 +27,7 @@ class Outcome:
     infrastructure: bool = False  # a rank process died or never started: worth one retry
     traceback: str | None = None  # the failing rank's Python traceback
     group_trial_index: int = 0  # trials its group ran before this one (0: a fresh group's processes)
+    process_start_s: float | None = None  # a fresh group's first trial: its placement to every rank process up
     note: str | None = None  # why an ok trial's group was retired (memory not back to its baseline)
 
     @property

@@ -96,7 +96,7 @@ def outcome_row(outcome, **base) -> dict:
     row = base_row(trial, **base)
     row.update(status=outcome.status, error=outcome.error, traceback=outcome.traceback, started_at=outcome.started_at,
                finished_at=outcome.finished_at, trial_wall_s=outcome.wall_s, actor_reused=outcome.actor_reused,
-               group_trial_index=outcome.group_trial_index)
+               group_trial_index=outcome.group_trial_index, process_start_s=outcome.process_start_s)
     if outcome.nodes:
         row.update(node_ids=[n.get("node_id") for n in outcome.nodes], hosts=[n.get("hostname") for n in outcome.nodes],
                    hostname=outcome.nodes[0].get("hostname"),
@@ -124,6 +124,9 @@ def outcome_row(outcome, **base) -> dict:
         reserved_mem_gib=reserved / GiB if reserved is not None else None, alloc_retries=max_of("alloc_retries"),
         loss_first=rank0["loss_first"], loss_last=rank0["loss_last"], init_time_s=max_of("init_time_s"),
         compile_time_s=max_of("compile_time_s"), steps_time_s=sum(step_times),
+        # start-up phases as rank 0 saw them (sweep.schema)
+        import_s=rank0.get("import_s"), process_setup_s=rank0.get("process_setup_s"),
+        model_build_s=rank0.get("model_build_s"),
         torch_version=rank0.get("torch_version"), te_version=rank0.get("te_version"),
         torchao_version=rank0.get("torchao_version"), gpu_name=rank0.get("gpu_name"),
         driver_version=rank0.get("driver_version"), cuda_version=rank0.get("cuda_version"),

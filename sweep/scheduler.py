@@ -94,6 +94,7 @@ class _Group:
     trials: int = 0  # trials launched on it: the next one's group_trial_index
     deadline: float = math.inf  # starting: the rank processes must be up by then
     placed_at: float | None = None
+    up_at: float | None = None  # monotonic: every rank process answered node_info (spawned, trainer.worker imported)
     started_at: datetime | None = None
     ready: set = field(default_factory=set)  # refs already seen ready (not waited on again)
     infeasible_since: float | None = None  # when Ray first said no node set can hold the placement group
@@ -108,6 +109,7 @@ class _Attempt:
     since: float  # monotonic: placement (a fresh group's first trial) or launch, for wall_s
     started_at: datetime
     deadline: float
+    process_start_s: float | None  # a fresh group's first trial: placement to its rank processes up, else None
     results: dict = field(default_factory=dict)  # rank -> result
     ready: set = field(default_factory=set)
     failure_final_at: float = math.inf  # a reported error decides then, unless a rank is found dead first
@@ -256,6 +258,7 @@ class Scheduler:
             return self._fail_start(g, "timeout", f"rank processes did not start within {START_TIMEOUT_S:.0f} s; "
                                                   "all ranks killed")
         if all(r in g.ready for r in g.info_refs):
+            g.up_at = now
             for rank, ref in enumerate(g.info_refs):
                 try:
                     g.nodes.append(self.ray.get(ref))
@@ -341,7 +344,8 @@ class Scheduler:
         refs = [actor.run.remote(job) for actor, job in zip(g.actors, jobs)]
         self.attempts.append(_Attempt(
             trial=trial, group=g, index=g.trials, run_refs=refs, since=g.placed_at if fresh else now,
-            started_at=g.started_at if fresh else datetime.now(timezone.utc), deadline=now + trial.timeout_s))
+            started_at=g.started_at if fresh else datetime.now(timezone.utc), deadline=now + trial.timeout_s,
+            process_start_s=g.up_at - g.placed_at if fresh else None))
         g.trials += 1
         g.first = None
         g.state = "running"
@@ -362,7 +366,7 @@ class Scheduler:
         return Outcome(trial=a.trial, status=status, error=error, ranks=ranks, nodes=a.group.nodes,
                        started_at=a.started_at, finished_at=datetime.now(timezone.utc),
                        wall_s=time.monotonic() - a.since, infrastructure=infrastructure, traceback=traceback,
-                       group_trial_index=a.index,
+                       group_trial_index=a.index, process_start_s=a.process_start_s,
                        note=_kept(a.trial, ranks) if warm and a.group.state == "retired" else None)
 
     def _fail_start(self, g: _Group, status: str, error: str, infrastructure: bool = False) -> Outcome:

@@ -12,9 +12,10 @@ import pyarrow as pa
 
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.7"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.8"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
-#                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file
+#                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
+#                          1.8: + process_start_s, import_s, process_setup_s, model_build_s
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -105,6 +106,16 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("actor_reused", pa.bool_(), "ran on rank processes that had run an earlier trial of this run (a warm group); "
                                  "null for unsupported rows and before schema 1.6"),
     ("group_trial_index", pa.int32(), "trials its group ran before it: 0 on fresh processes; null as actor_reused"),
+    # start-up, in phases that follow one another inside trial_wall_s (null before schema 1.8); the in-rank
+    # ones (all but process_start_s) are rank 0's and lie inside init_time_s
+    ("process_start_s", pa.float64(), "driver's clock, a fresh group's first trial: placement ready to every rank "
+                                      "process up (Ray spawns them, they import trainer.worker); null on a warm group"),
+    ("import_s", pa.float64(), "rank 0, a trial that started its process group: importing torch and the trainer; "
+                               "null on a warm group"),
+    ("process_setup_s", pa.float64(), "rank 0, a trial that started its process group: device (CUDA context), "
+                                      "rendezvous, process group (NCCL or gloo), baseline barrier; null when warm"),
+    ("model_build_s", pa.float64(), "rank 0: the trial's own set-up in the trainer, fresh or warm: model built, "
+                                    "converted, wrapped for compile, sharded, optimizer made, ranks ready to step"),
     # where the time goes (`profile: true`): shares of the profiled steps' wall time, adding up to 100 (trainer.profiling)
     *[(f"profile_{kind}_pct", pa.float64(), f"% of the profiled step time {what}; null unless profiled (schema 1.7)")
       for kind, what in (("gemm", "in matrix multiplies"), ("attention", "in fused attention"),

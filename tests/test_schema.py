@@ -28,7 +28,10 @@ def _row(**changes) -> dict:
                                       grad_sync="step"),
                                  _row(trial_id="t5", profile_gemm_pct=50.0, profile_attention_pct=10.0,
                                       profile_comm_exposed_pct=5.0, profile_optimizer_pct=5.0, profile_other_pct=30.0,
-                                      trace_file="cluster=local/run=r1/_traces/t5.pt.trace.json.gz")])
+                                      trace_file="cluster=local/run=r1/_traces/t5.pt.trace.json.gz"),
+                                 _row(trial_id="t6", init_time_s=9.5, trial_wall_s=14.0, process_start_s=2.5,
+                                      import_s=3.0, process_setup_s=1.5, model_build_s=4.0),
+                                 _row(trial_id="t7", group_trial_index=1, actor_reused=True, model_build_s=1.25)])
 def test_round_trip(tmp_path, row):
     path = store.write_row(tmp_path, row)
     assert pq.read_schema(path).metadata[VERSION_KEY] == SCHEMA_VERSION.encode()
@@ -76,7 +79,8 @@ def test_foreign_and_newer_files_are_refused(tmp_path):
 
 
 def test_older_minor_version_reads_with_new_columns_null(tmp_path):
-    newer = ["reserved_mem_gib", "profile_gemm_pct", "trace_file"]  # columns of 1.0's successors (1.7: profiles)
+    newer = ["reserved_mem_gib", "profile_gemm_pct", "trace_file",  # columns of 1.0's successors (1.7: profiles)
+             "process_start_s", "model_build_s"]  # 1.8: start-up phases
     old = to_table([_row()]).drop_columns(newer).replace_schema_metadata({VERSION_KEY: b"1.0"})
     pq.write_table(old, tmp_path / "old.parquet")
     (back,) = store.read_table(tmp_path).to_pylist()

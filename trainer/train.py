@@ -53,6 +53,7 @@ class Measurement:
     losses: list[float]  # every step's loss, warm-up included
     compile_time_s: float  # the first step's time beyond a steady step (compilation, autotuning)
     init_time_s: float  # from `started_at` to the model built, sharded and ready
+    model_build_s: float  # from run_trial's call to the same point: this trial's own set-up, warm or fresh
     n_params: int  # every parameter: the N of the FLOP formula
     params_local: int  # parameter elements this rank holds after sharding
     memory: dict = field(default_factory=dict)  # `trainer.memory.peak_stats`
@@ -61,8 +62,9 @@ class Measurement:
     def report(self) -> dict:
         """The fields the driver turns into a row (`sweep.rows.outcome_row`)."""
         return {"step_times": self.step_times, "warmup_steps": self.warmup_steps, "compile_time_s": self.compile_time_s,
-                "init_time_s": self.init_time_s, "loss_first": self.losses[0], "loss_last": self.losses[-1],
-                "n_params": self.n_params, "params_local": self.params_local, "profile": self.profile, **self.memory}
+                "init_time_s": self.init_time_s, "model_build_s": self.model_build_s, "loss_first": self.losses[0],
+                "loss_last": self.losses[-1], "n_params": self.n_params, "params_local": self.params_local,
+                "profile": self.profile, **self.memory}
 
 
 def learning_rate(d_embd: int) -> float:
@@ -73,8 +75,10 @@ def learning_rate(d_embd: int) -> float:
 
 def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = None) -> Measurement:
     """Train `config` on this rank (every rank of the trial calls it together) and measure it.
-    `started_at` (time.perf_counter) is where init_time_s starts: the call, unless given."""
-    started_at = time.perf_counter() if started_at is None else started_at
+    `started_at` (time.perf_counter) is where init_time_s starts: the call, unless given (model_build_s always
+    starts at the call: a fresh process's earlier start-up is the caller's to time)."""
+    called_at = time.perf_counter()
+    started_at = called_at if started_at is None else started_at
     release(rank.device)
     spec = ModelSpec.model_validate_json(config.model_spec_json)
     plan = precision_plan(config.precision, device_type=rank.device.type, sharded=rank.world_size > 1,
@@ -88,7 +92,7 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
         step = TrainStep(model, optimizer, plan, SyntheticData(spec, config, rank), config.options,
                          compiled=config.compile != "none")
         dist.barrier()
-        init_time_s = time.perf_counter() - started_at
+        ready_at = time.perf_counter()
         schedule = Schedule(config.warmup_steps, config.measure_steps)
         losses = time_steps(step, schedule, rank)
         dist.barrier()
@@ -99,7 +103,8 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
             dist.barrier()
     measured = schedule.measure.times
     return Measurement(step_times=measured, warmup_steps=len(schedule.warmup.times), losses=losses,
-                       init_time_s=init_time_s, n_params=n_params, profile=profile,
+                       init_time_s=ready_at - started_at, model_build_s=ready_at - called_at, n_params=n_params,
+                       profile=profile,
                        compile_time_s=max(0.0, schedule.times[0] - statistics.median(measured)),
                        params_local=_local_numel(model), memory=memory)
 

@@ -159,19 +159,28 @@ class RankWorker:
         return self.rank
 
     def _train(self, job: RankJob, started_at: float) -> dict:
+        # The process's start-up, in phases (rows: import_s, process_setup_s): only a trial that joins pays them.
+        # The driver's module imports nothing of torch (see the docstring above): a rank's first trial imports it.
+        began = time.perf_counter()
+        import torch._dynamo  # noqa: F401 - every trial's release() resets it: the process's import, not a build's
         import torch.distributed as dist
 
         from trainer.train import held_bytes, release, run_trial
 
+        imported = time.perf_counter()
+        joins = self.rank is None
         rank = self._joined(job)
         if self.keep_group and self.baseline_bytes is None:
             dist.barrier()  # what the process group keeps for itself (a communicator's barrier tensor) is baseline
             release(rank.device)
             self.baseline_bytes = held_bytes(rank.device)
+        joined = time.perf_counter()
+        phases = {"import_s": imported - began if joins else None,
+                  "process_setup_s": joined - imported if joins else None}
         measured = run_trial(_this_ranks_share(job), rank, started_at=started_at)
         if job.rank == 0 and os.environ.get("SWEEP_COMPILE_REPORT"):
             _compile_report()
-        result = {**measured.report(), **_versions(), **_device_info(rank.device)}
+        result = {**measured.report(), **phases, **_versions(), **_device_info(rank.device)}
         if self.keep_group:  # what the trial left behind, once its model, optimizer and graphs are gone
             del measured
             release(rank.device)

@@ -37,6 +37,7 @@ class Col:
     header: str
     text: Callable[[dict], str]
     numeric: bool = True
+    optional: bool = False  # left out of a table where no row has a value (rows older than the column, say)
 
 
 SIGNIFICANT = 4  # measurements: 871.9 vs 867.0 TFLOP/s stay apart, 0.01050 and 0.01440 too
@@ -114,6 +115,8 @@ def split_constant(rows: list[dict], cols: list[Col], always: Sequence[str] = ()
     """Drop config columns (but ``always``) with one value across ``rows``; return the rest and a caption."""
     keep, caption = [], []
     for col in cols:
+        if col.optional and all(r.get(col.key) is None for r in rows):
+            continue
         values = {col.text(r) for r in rows}
         if col.key in CONFIG_HEADERS and col.key not in always and len(values) == 1 and len(rows) > 1:
             if not says_nothing(col.key, rows[0].get(col.key)):
@@ -213,6 +216,11 @@ def _measured(row: dict) -> str:
 
 
 MEASURED = Col("steps_time_s", "time measured", _measured)  # reads aggregate.TIMES and step_time_s too
+# The start-up in the order it happens (`sweep.schema`): a fresh group's first trial pays all four, a warm one only
+# its build (the rest "—")
+STARTUP = [Col(key, header, num(key), optional=True) for key, header in (
+    ("process_start_s", "spawn (s)"), ("import_s", "import (s)"), ("process_setup_s", "setup (s)"),
+    ("model_build_s", "build (s)"))]
 
 SHOW_COLS = [
     *config_cols(CONFIG_KEYS),
@@ -221,6 +229,7 @@ SHOW_COLS = [
     Col("mfu", "MFU", MFU),
     Col("step_time_s", "step (s)", STEP),
     MEASURED,
+    *STARTUP,
     Col("peak_mem_gib", "peak mem (GiB)", PEAK_MEM),
     LOSS,
     Col("error", "error", lambda r: short_error(r.get("error")), numeric=False),
