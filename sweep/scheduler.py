@@ -54,8 +54,10 @@ def group_key(trial: Trial) -> tuple:
     stay), the same memory cap (set per trial, but a CPU cap is measured from the process's size, which an
     earlier trial grew), the same precision stack (torchao's float8 patches inductor's code generation for
     the whole process; Transformer Engine keeps process-wide state: a fresh process of the same stack has them
-    too). Not even plain torch then torchao: on 2xH200, torchao FP8 Llama3-8B batch 1 ran at 489 TFLOP/s/GPU
-    twice in a process that had run four bf16 trials, against 511-552 in fresh ones (RESULTS.md, warm groups)."""
+    too). Not even plain torch then torchao, by caution: torchao FP8 Llama3-8B batch 1 on 2xH200 ran at 489
+    TFLOP/s/GPU twice in a process that had run four bf16 trials, against 511-552 in fresh ones, but later at
+    490.0 in a fresh one too (RESULTS.md, sessions 6 and 7): that launch-bound config does not repeat, so the
+    evidence either way is weak. The caution costs one group start per stack (~16 s a rank on 2xH200)."""
     return trial.gpus, trial.memory_cap_bytes, RECIPES[trial.precision].backend
 
 
