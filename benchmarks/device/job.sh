@@ -19,6 +19,13 @@ OUT=${OUT:-/tmp/out}
 results=/tmp/sweep-results/$campaign
 mkdir -p "$OUT" "$results"
 exec > >(tee -a "$OUT/$campaign.log") 2>&1
+# A campaign longer than one job (a tune: ~10 min a search) goes on from the rows an earlier job packed:
+# unpacked here into .device-out/CAMPAIGN and carried, they are copied in and every `sweep run` resumes.
+if [ -d ".device-out/$campaign" ]; then
+  cp -r ".device-out/$campaign/." "$results/"
+  export SWEEP_RUN_ARGS="${SWEEP_RUN_ARGS:-} --resume"
+  echo "job: resuming from $(find "$results" -name '*.parquet' | wc -l) carried result files"
+fi
 # the device command's limit is 600 s: stop sweep (SIGINT: it tears down and keeps its rows) in time to pack
 deadline=$((${JOB_LIMIT_S:-570} + SECONDS))
 
@@ -62,6 +69,11 @@ else
   run "$profile"
   status=$?
 fi
-tar czf "$OUT/$campaign.tgz" -C "$(dirname "$results")" "$campaign"
-echo "job: rows in \$OUT/$campaign.tgz (sweep exit $status)"
+# rows and verdicts in one archive, traces in another: a tune's profiled finals leave megabytes of traces,
+# and an archive past the size the device returns comes back not at all (rows lost with it)
+tar czf "$OUT/$campaign.tgz" --exclude=_traces -C "$(dirname "$results")" "$campaign"
+traces=$(cd "$(dirname "$results")" && find "$campaign" -type d -name _traces)
+[ -z "$traces" ] || tar czf "$OUT/$campaign-traces.tgz" -C "$(dirname "$results")" $traces
+echo "job: rows in \$OUT/$campaign.tgz (sweep exit $status); to go on in the next job: mkdir -p .device-out &&" \
+     "tar xzf $campaign.tgz -C .device-out, then carry .device-out"
 exit $status
