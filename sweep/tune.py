@@ -289,23 +289,26 @@ class GroupSearch:
 
     def _space(self) -> list[Config]:
         """The candidates: every config at its ac level's batches (or where its heavy class is known to
-        fit), and the smaller batches of OOMs."""
+        fit), and the smaller batches of OOMs; each below the batch where one needing its memory thrashed."""
         # in the order their OOMs were asked, not the order those came back in (a wave's runs end in any order)
         fallbacks = [self.fallbacks[c] for c, r in self.asked if r == 0 and c in self.fallbacks]
-        configs = [self._unthrashed(self._rebatched(c)) for c in self.space.configs(self.batches)]
-        return list(dict.fromkeys([*configs, *fallbacks]))
+        configs = [self._rebatched(c) for c in self.space.configs(self.batches)]
+        return list(dict.fromkeys(map(self._unthrashed, [*configs, *fallbacks])))
 
     def _unthrashed(self, c: Config) -> Config:
-        """`c` one batch step smaller when it needs at least the memory of a probe that thrashed: as heavy
-        by `at_least_as_heavy`, or making every change that probe made to the center (but the batch and
-        the accumulation, which adds no memory per micro-batch) at its ac and a batch no smaller (e.g.
-        grad_sync: step with an FP8 head, after grad_sync: step thrashed alone)."""
-        changes = set(self._diff(c))
-        for t in self.thrashed:
-            made = {d for d in self._diff(t) if d[0] not in ("batch_size", "grad_accum")}
-            if at_least_as_heavy(c, t) or (t.ac == c.ac and c.batch_size >= t.batch_size and made <= changes):
-                return self.space.smaller_batch(c) or c
+        """`c` at smaller batches until it needs less memory than every probe that thrashed (`_needs`); at
+        batch 1 (under G, the smallest split) as it is."""
+        while (smaller := self.space.smaller_batch(c)) is not None and any(self._needs(c, t) for t in self.thrashed):
+            c = smaller
         return c
+
+    def _needs(self, c: Config, t: Config) -> bool:
+        """Whether `c` needs at least the memory of `t`: as heavy by `at_least_as_heavy`, or making every
+        change `t` made to the center (but the batch and the accumulation, which adds no memory per
+        micro-batch) at its ac and a batch no smaller (e.g. grad_sync: step with an FP8 head, after
+        grad_sync: step thrashed alone)."""
+        made = {d for d in self._diff(t) if d[0] not in ("ac_batch", "grad_accum")}  # ac and batch: compared below
+        return at_least_as_heavy(c, t) or (t.ac == c.ac and c.batch_size >= t.batch_size and made <= set(self._diff(c)))
 
     def _rebatched(self, c: Config) -> Config:
         """`c` at the largest batch known to fit for configs like it (heavy_class, same ac) when one like

@@ -38,6 +38,7 @@ class Machine:
     fixed_gib: float = 4.0
     failing_compile: str | None = None  # this compile mode errors (not memory)
     thrash_gib: float | None = None  # a peak past this fits only with allocator retries, at half the speed
+    head_gib: float = 0.0  # what an FP8 head adds to the peak (its FP8 copies of the largest weight)
     ac_speed: dict = field(default_factory=lambda: dict(AC_SPEED))
     options_matter: bool = True  # False: only the batch and ac change the speed
     lost: set[int] = field(default_factory=set)  # attempt numbers lost to the infrastructure
@@ -45,7 +46,8 @@ class Machine:
 
     def peak(self, t) -> float:
         # grad_sync: step keeps whole gradients until the step's end: more memory per micro-batch here
-        return self.fixed_gib + t.batch_size * ACTIVATIONS[t.ac] * (1.5 if t.grad_sync == "step" else 1.0)
+        return self.fixed_gib + t.batch_size * ACTIVATIONS[t.ac] * (1.5 if t.grad_sync == "step" else 1.0) + (
+            self.head_gib if t.fp8_lm_head else 0.0)
 
     def tflops(self, t) -> float:
         speed = 100 * (1 - 1 / (t.batch_size + 1)) * self.ac_speed[t.ac]
@@ -81,6 +83,7 @@ class Machine:
 class Run:
     asked: list
     rows: list  # (row, infrastructure) per attempt, in order
+    known: dict = field(default_factory=dict)  # trial_id -> how many rows the plan had when it asked for it
 
     def of(self, t) -> dict:
         return next(r for r, _ in self.rows if r["trial_id"] == t.trial_id)
@@ -91,13 +94,16 @@ def run(plan, machine=None, recorded: dict | None = None, last_first: bool = Fal
     A trial asked twice fails the test (the runner would drop it silently and the search would stall).
     last_first: the latest queued trial first, as concurrent trials may finish in any order."""
     queue, out = deque(plan.initial()), Run([], [])
+    out.known = dict.fromkeys((t.trial_id for t in queue), 0)
     while queue:
         t = queue.pop() if last_first else queue.popleft()
         assert t.trial_id not in {a.trial_id for a in out.asked}, f"asked twice: {t.describe()}"
         out.asked.append(t)
         row, infrastructure = recorded[t.trial_id] if recorded is not None else machine(t)
         out.rows.append((row, infrastructure))
-        queue.extend(plan.on_result(t, row["status"], infrastructure, row))
+        more = plan.on_result(t, row["status"], infrastructure, row)
+        out.known.update(dict.fromkeys((u.trial_id for u in more), len(out.rows)))
+        queue.extend(more)
     return out
 
 
@@ -349,6 +355,29 @@ def test_a_batch_that_thrashes_ends_the_fit_and_a_thrashing_candidate_is_tried_s
         ("micro_batch", "step"), (False, True))]
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
     assert not r.of(best)["alloc_retries"] and v["tflops_at_best"] >= 0.97 * optimum, (v["best"], optimum)
+
+
+@pytest.mark.parametrize("capacity, head", [(60, 5.0), (40, 8.0)])
+def test_no_probe_asked_after_a_thrash_needs_its_memory(capacity, head):
+    """Once a probe thrashed, no probe asked after it makes every change it made to the baseline at its ac and
+    at a batch no smaller: such a one is asked at batches smaller until it does not (here grad_sync: step and
+    an FP8 head both add memory, so the search meets thrashes at several batches and with several options)."""
+    p = plan(capacity_gib=capacity, tune={"vary": ALL_OPTIONS, "budget": 40})
+    r = run(p, Machine(capacity_gib=capacity, thrash_gib=34.0, head_gib=head))
+    (v,) = p.verdicts()
+    base = Config(**v["baseline"])
+
+    def changes(c: Config) -> set:  # the options (but the batch, ac and accumulation) changed from the baseline
+        return {(k, x) for k, x in c._asdict().items()
+                if k not in ("batch_size", "ac", "grad_accum") and x != getattr(base, k)}
+
+    short = [(i, t) for i, t in enumerate(r.asked) if (t.warmup_steps, t.measure_steps) == SHORT]
+    thrashed = [(i, config(t)) for i, t in short if r.of(t).get("alloc_retries")]
+    assert len(thrashed) > 2
+    for i, t in thrashed:
+        heavy = [u.describe() for _, u in short if r.known[u.trial_id] > i and u.ac == t.ac
+                 and u.batch_size >= t.batch_size and changes(t) <= changes(config(u))]
+        assert not heavy, f"{t} thrashed, then {heavy}"
 
 
 def test_exploring_stops_when_waves_find_nothing_faster():
