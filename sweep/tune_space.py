@@ -237,11 +237,13 @@ class LevelFit:
             self.search.failed.setdefault(self.ceiling, "oom")
 
     def fastest(self) -> int | None:
-        return max(sorted(self.tflops, reverse=True), key=self.tflops.get, default=None)  # a tie: the larger
+        """The fastest batch without allocator retries (else the fastest with them); a tie: the larger."""
+        clean = {b: tf for b, tf in self.tflops.items() if b not in self.thrashed} or self.tflops
+        return max(sorted(clean, reverse=True), key=clean.get, default=None)
 
     def choices(self) -> list[int]:
         """The batches this level's candidates run: the largest that fits without allocator retries (else
-        the largest that fits) and the fastest (allowed batches: the two largest that fit, a smaller
+        the smallest that fitted with them) and the fastest (allowed batches: the two largest that fit, a smaller
         micro-batch being the other split of G). A batch that fits only by the allocator freeing its cache
         runs slowly and erratically (on 2xH200 Llama3-8B torchao batch 5: 430 TFLOP/s/GPU, 6 retries, batch 4:
         817), and any option that adds memory there only thrashes more."""

@@ -37,7 +37,8 @@ class Machine:
     capacity_gib: float = 40.0
     fixed_gib: float = 4.0
     failing_compile: str | None = None  # this compile mode errors (not memory)
-    thrash_gib: float | None = None  # a peak past this fits only with allocator retries, at half the speed
+    thrash_gib: float | None = None  # a peak past this fits only with allocator retries...
+    thrash_speed: float = 0.5  # ...at this share of its speed
     head_gib: float = 0.0  # what an FP8 head adds to the peak (its FP8 copies of the largest weight)
     ac_speed: dict = field(default_factory=lambda: dict(AC_SPEED))
     options_matter: bool = True  # False: only the batch and ac change the speed
@@ -70,7 +71,7 @@ class Machine:
             return {**row, "status": "oom"}, False
         speed = self.tflops(t)
         thrashes = self.thrash_gib is not None and self.peak(t) > self.thrash_gib
-        speed *= 0.5 if thrashes else 1.0
+        speed *= self.thrash_speed if thrashes else 1.0
         row.update(status="ok", tflops_per_gpu=speed, tokens_per_s_per_gpu=speed * 10, peak_mem_gib=self.peak(t),
                    alloc_retries=8 if thrashes else 0)
         if t.profile:  # the trainer's summary of the traced steps
@@ -355,6 +356,15 @@ def test_a_batch_that_thrashes_ends_the_fit_and_a_thrashing_candidate_is_tried_s
         ("micro_batch", "step"), (False, True))]
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
     assert not r.of(best)["alloc_retries"] and v["tflops_at_best"] >= 0.97 * optimum, (v["best"], optimum)
+
+
+def test_the_baseline_runs_at_a_batch_without_retries_even_where_one_with_them_read_faster():
+    # a short probe with a few retries may read fast; the fit still ends where memory did (batch 30 thrashes)
+    p = plan(tune={"vary": ALL_OPTIONS, "budget": 40})
+    r = run(p, Machine(capacity_gib=40, thrash_gib=34.0, thrash_speed=1.0))
+    (v,) = p.verdicts()
+    assert v["baseline"]["batch_size"] == 29
+    assert r.of(next(t for t in r.asked if t.trial_id == v["baseline_trial_id"]))["alloc_retries"] == 0
 
 
 @pytest.mark.parametrize("capacity, head", [(60, 5.0), (40, 8.0)])
