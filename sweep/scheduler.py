@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from sweep.grid import Trial
 from sweep.outcome import INFRA_PREFIX, Outcome, deaths, short
 from sweep.placement import bundle, bundle_index, placement, rank_env, rank_jobs
+from sweep.tune_space import AC_MEMORY
 from trainer.job import PG_TIMEOUT_S
 from trainer.recipes import RECIPES
 
@@ -46,7 +47,6 @@ INFEASIBLE_LIMIT_S = 120.0  # a placement no live node set can hold is given up 
 DEATH_GRACE_S = 3.0  # Ray reports a dead process within ~0.1 s of its peers' socket errors; 3 s is ample
 # Placement states (Ray's placement group stats) that mean: not placed now, whatever an idle group does.
 _WAITING = ("NO_RESOURCES", "INFEASIBLE")
-_AC_HEAVINESS = {"none": 2, "selective": 1, "full": 0}  # activations kept for backward: none keeps them all
 
 
 def group_key(trial: Trial) -> tuple:
@@ -67,7 +67,7 @@ def footprint(trial: Trial) -> tuple:
     near the memory limit runs best on processes with the least past: on 2xH200 Llama3-8B bf16 batch 4
     (24-44 allocator retries) read 0.8-5.9 % lower as a group's fourth trial than fresh, in three
     comparisons (RESULTS.md, warm groups), while steady configs agreed within 0.4 %."""
-    return trial.model.n_params(), trial.batch_size * trial.seq_len, _AC_HEAVINESS.get(trial.ac, 0)
+    return trial.model.n_params(), trial.batch_size * trial.seq_len, AC_MEMORY[trial.ac]
 
 
 def returned_to_baseline(ranks: list[dict]) -> bool:
@@ -175,7 +175,8 @@ class Scheduler:
 
         One placement group is requested at a time, for the oldest waiting trial, and nothing behind that
         trial starts on a new group before it is placed (no starvation of a big trial). Should an idle group
-        of its kind turn up meanwhile, it runs there and the request is withdrawn."""
+        of its kind turn up meanwhile, the request is withdrawn and the trial goes back to the queue's front,
+        where the idle group picks the largest of its kind (it, or a larger one; then it is requested again)."""
         placing = next((g for g in self.groups if g.state == "placing"), None)
         if placing is not None and self._idle(placing.first) is not None:
             self.queue.insert(0, placing.first)  # the idle group picks among its kind, this one included
