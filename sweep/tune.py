@@ -20,7 +20,8 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            class (e.g. grad_sync: step) then start at the batch that fitted there. So is one that fit only
            with allocator retries (it thrashed: its speed measures the memory's limit, so it rates no
            option: on 2xH200, Llama3-8B torchao batch 4 x 8 micro-batches, grad_sync: step read 813.5
-           TFLOP/s/GPU with 8 retries against 847.6 without it, and was never tried at batch 3).
+           TFLOP/s/GPU with 8 retries against 847.6 without it, and was never tried at batch 3); a
+           candidate that needs at least a thrashing probe's memory starts below its batch (_needs).
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
            with LONGER steps; no rung where it would keep only the finalists (budgets under 18).
   final    the `finalists` fastest of the rung (without one: of the short probes), and the baseline (the
