@@ -47,7 +47,7 @@ from sweep.cost import fresh_trial_s
 from sweep.errors import UserError
 from sweep.grid import NUMERICS_CHANGING, GridSpec, Trial, TuneSpec
 from sweep.policy import infra_retry
-from sweep.tune_space import AC_MEMORY, Config, LevelFit, Space, at_least_as_heavy, heavy_class
+from sweep.tune_space import AC_MEMORY, Config, LevelFit, Space, at_least_as_heavy, heavy_class, thrashes
 
 SHORT = (2, 3)  # warm-up 2 (a compile), measure 3: enough to rank candidates, cheap on a warm group
 LONGER = (3, 9)  # the rung: three times the measured steps to separate the close ones
@@ -151,7 +151,7 @@ class GroupSearch:
         return self._issue(trial, c, rung) if len(self.owner) < self.caps[rung] else []
 
     def _learn(self, c: Config, status: str, row: dict) -> None:
-        thrashed = status == "ok" and (row.get("alloc_retries") or 0) > 0
+        thrashed = thrashes(status, row)
         if thrashed:
             self.thrashed.add(c)
         if status == "oom" or thrashed:

@@ -68,6 +68,12 @@ def at_least_as_heavy(c: Config, oom: Config) -> bool:
             and c.batch_size >= oom.batch_size)
 
 
+def thrashes(status: str, row: dict) -> bool:
+    """Whether a probe fit only by the allocator freeing its cache and retrying (the row's alloc_retries):
+    it ran, at the memory's limit."""
+    return status == "ok" and (row.get("alloc_retries") or 0) > 0
+
+
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -224,7 +230,7 @@ class LevelFit:
 
     def record(self, batch: int, status: str, row: dict) -> None:
         peak = row.get("peak_mem_gib")
-        thrashed = status == "ok" and (row.get("alloc_retries") or 0) > 0
+        thrashed = thrashes(status, row)
         # For the search, memory ends where the allocator starts retrying: a larger batch would only thrash
         # more, so the fit looks for the largest batch without retries, not the largest that squeezes in.
         self.search.record(batch, "oom" if thrashed else status, tokens_per_s=row.get("tokens_per_s_per_gpu"),
