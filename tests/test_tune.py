@@ -285,6 +285,16 @@ def test_no_probe_needs_the_memory_of_an_earlier_oom_and_an_oom_is_not_retried()
     assert len(ooms) > 3  # the search did reach the limit, in several memory classes
 
 
+def test_an_oom_with_accumulation_does_not_prune_the_same_batch_without_it():
+    # accumulating keeps the earlier micro-batches' gradients through the next backward: one micro-batch
+    # needs less (2xH200: 107.6 GiB against 122.6 at 2, 4 and 8), so only the other direction prunes
+    one = Config(batch_size=4, ac="none", compile="regional", grad_accum=1, reduce_dtype="fp32",
+                 grad_sync="micro_batch", fp8_lm_head=False)
+    eight, two = one._replace(grad_accum=8), one._replace(grad_accum=2)
+    assert not at_least_as_heavy(one, eight) and at_least_as_heavy(eight, one) and at_least_as_heavy(two, eight)
+    assert at_least_as_heavy(one._replace(batch_size=5), one) and not at_least_as_heavy(one, one._replace(batch_size=5))
+
+
 def test_a_full_measurement_with_the_short_probes_steps_is_that_probe_not_a_second_run():
     # grid steps equal to the short probes': the baseline's full measurement is its short probe (the
     # runner would drop a trial asked twice, and the search would wait for it forever)
