@@ -305,11 +305,12 @@ class GroupSearch:
 
     def _needs(self, c: Config, t: Config) -> bool:
         """Whether `c` needs at least the memory of `t`: as heavy by `at_least_as_heavy`, or making every
-        change `t` made to the center (but the batch and the accumulation, which adds no memory per
-        micro-batch) at its ac and a batch no smaller (e.g. grad_sync: step with an FP8 head, after
-        grad_sync: step thrashed alone)."""
-        made = {d for d in self._diff(t) if d[0] not in ("ac_batch", "grad_accum")}  # ac and batch: compared below
-        return at_least_as_heavy(c, t) or (t.ac == c.ac and c.batch_size >= t.batch_size and made <= set(self._diff(c)))
+        change `t` made to the center at its ac and a batch no smaller, with accumulation if `t` had it (how
+        many micro-batches does not matter: `at_least_as_heavy`), e.g. grad_sync: step with an FP8 head,
+        after grad_sync: step thrashed alone."""
+        made = {d for d in self._diff(t) if d[0] not in ("ac_batch", "grad_accum")}  # compared below
+        return at_least_as_heavy(c, t) or (t.ac == c.ac and c.batch_size >= t.batch_size and made <= set(self._diff(c))
+                                           and (c.grad_accum > 1) >= (t.grad_accum > 1))
 
     def _rebatched(self, c: Config) -> Config:
         """`c` at the largest batch known to fit for configs like it (heavy_class, same ac) when one like

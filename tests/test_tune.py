@@ -295,6 +295,17 @@ def test_an_oom_with_accumulation_does_not_prune_the_same_batch_without_it():
     assert at_least_as_heavy(one._replace(batch_size=5), one) and not at_least_as_heavy(one, one._replace(batch_size=5))
 
 
+def test_a_thrash_with_accumulation_does_not_shrink_the_same_change_without_it():
+    p = plan(tune={"vary": ALL_OPTIONS})
+    (search,) = p.searches.values()
+    search.center = one = Config(batch_size=4, ac="none", compile="regional", grad_accum=1, reduce_dtype="fp32",
+                                 grad_sync="micro_batch", fp8_lm_head=False)
+    head_at_8 = one._replace(grad_accum=8, fp8_lm_head=True)
+    assert not search._needs(one._replace(fp8_lm_head=True), head_at_8)  # one micro-batch needs less
+    assert search._needs(head_at_8._replace(grad_accum=2, reduce_dtype="bf16"), head_at_8)
+    assert search._needs(one._replace(grad_accum=4, fp8_lm_head=True, batch_size=5), one._replace(fp8_lm_head=True))
+
+
 def test_a_full_measurement_with_the_short_probes_steps_is_that_probe_not_a_second_run():
     # grid steps equal to the short probes': the baseline's full measurement is its short probe (the
     # runner would drop a trial asked twice, and the search would wait for it forever)
