@@ -50,6 +50,9 @@ from trainer.stopping import StepsSpec
 
 CompileMode = Literal["none", "regional", "full"]
 AcMode = Literal["none", "selective", "full"]
+# Activations kept for the backward pass, in order: none keeps them all, selective some, full only each
+# block's input. A config that runs out of memory does so with less checkpointing too.
+AC_MEMORY = {"none": 2, "selective": 1, "full": 0}
 DEFAULT_TIMEOUT_S = 1800.0  # a trial's limit when neither grid nor profile sets one: a cold 8B compile plus
 #                             measurement fits; a hung collective does not
 

@@ -35,10 +35,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from sweep.grid import Trial
+from sweep.grid import AC_MEMORY, Trial
 from sweep.outcome import INFRA_PREFIX, Outcome, deaths, short
 from sweep.placement import bundle, bundle_index, placement, rank_env, rank_jobs
-from sweep.tune_space import AC_MEMORY
 from trainer.job import PG_TIMEOUT_S
 from trainer.recipes import RECIPES
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from sweep.errors import UserError
-from sweep.grid import TUNABLE, GridSpec, Trial, TuneSpec, fold_options
+from sweep.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec, fold_options
 from sweep.policy import MaxBatchSearch
 
 
@@ -41,9 +41,6 @@ assert Config._fields == TUNABLE  # one list of tunables: the grid's
 ALL_VALUES = {"ac": ("none", "selective", "full"), "compile": ("none", "regional", "full"),
               "grad_accum": (1, 2, 4, 8), "reduce_dtype": ("fp32", "bf16"),
               "grad_sync": ("micro_batch", "step"), "fp8_lm_head": (False, True)}
-# Activations kept for the backward pass, in order: none keeps them all, selective some, full only each
-# block's input. A config that runs out of memory does so with less checkpointing too.
-AC_MEMORY = {"none": 2, "selective": 1, "full": 0}
 FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.policy.MaxBatchSearch)
 _FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")  # the training options among TUNABLE
 
