@@ -100,8 +100,8 @@ class GroupSearch:
         self.pending: set[str] = set()
         self.ooms: list[Config] = []
         self.broken: set[tuple[str, Any]] = set()  # option values that failed on their own
-        self.fallbacks: dict[Config, Config] = {}  # a config that ran out of memory (or thrashed) -> it smaller
-        self.thrashed: set[Config] = set()  # short probes that fit only by the allocator freeing its cache
+        self.fallbacks: dict[Config, Config] = {}  # a config that ran out of memory -> it at a smaller batch
+        self.thrashed: set[Config] = set()  # probes that fit only by the allocator freeing its cache (retries)
         self.explored = False
         self.stale, self.fastest_before = 0, 0.0  # waves in a row without a faster probe; the fastest before
         self.center: Config | None = None  # the baseline (else any candidate): effects are measured from it
@@ -151,12 +151,10 @@ class GroupSearch:
         return self._issue(trial, c, rung) if len(self.owner) < self.caps[rung] else []
 
     def _learn(self, c: Config, status: str, row: dict) -> None:
-        thrashed = thrashes(status, row)
-        if thrashed:
+        if thrashes(status, row):  # the candidates that need its memory shrink below it (_space, _unthrashed)
             self.thrashed.add(c)
-        if status == "oom" or thrashed:
-            if status == "oom":
-                self.ooms.append(c)
+        elif status == "oom":
+            self.ooms.append(c)
             smaller = self.space.smaller_batch(c) if self.stage == "explore" else None
             if smaller is not None:  # e.g. grad_sync: step keeps whole gradients: its own, smaller batch
                 self.fallbacks[c] = smaller
