@@ -120,6 +120,12 @@ def test_a_search_is_told_against_one_fresh_trial_of_its_answer():
               {"status": "oom", "batch_size": 5, "group_trial_index": 3, "init_time_s": None, "trial_wall_s": 10.1}]
     # the warm answer's build swapped for a fresh group's start-up
     assert fresh_trial_s(probes[1], probes) == pytest.approx(7.5 - 0.5 + 12.5)
+    # the start-up is the median of the ok fresh attempts' (not their mean, nor the first's); an attempt that
+    # failed on a fresh group says nothing of a start-up
+    more = [{"status": "ok", "batch_size": 1, "group_trial_index": 0, "init_time_s": 14.5, "trial_wall_s": 26.0},
+            {"status": "ok", "batch_size": 1, "group_trial_index": 0, "init_time_s": 20.0, "trial_wall_s": 31.0},
+            {"status": "oom", "batch_size": 9, "group_trial_index": 0, "init_time_s": 30.0, "trial_wall_s": 40.0}]
+    assert fresh_trial_s(probes[1], probes + more) == pytest.approx(7.5 - 0.5 + 14.5)
     assert fresh_trial_s(probes[0], probes) == 24.3  # it ran fresh: its own wall
     assert fresh_trial_s(probes[1], probes[1:]) is None  # no fresh start-up seen: no estimate
     assert fresh_trial_s({"trial_wall_s": None}, probes) is None
