@@ -85,12 +85,13 @@ def summary_line(rows: Iterable[dict]) -> str | None:
 
 
 def fresh_trial_s(answer: dict, rows: Iterable[dict]) -> float | None:
-    """What measuring `answer` (a search's answer row) once on fresh rank processes costs, in driver wall seconds:
-    its own wall if it ran on a fresh group. Run on a warm group, its wall with its model build swapped for the
-    start-up a fresh group's processes paid in the same search (torch imports, CUDA and process-group set-up,
-    model build: the median init_time_s of the search's ok attempts on fresh groups; placement and the
-    process spawn before it are left out, so the estimate is low and the cost it divides, if anything, high). A search's cost is
-    told against this: against a warm attempt's wall, which has no start-up, any search would look dear."""
+    """What measuring `answer` (a search's answer row) once on fresh rank processes costs, in driver wall
+    seconds: its own wall if it ran on a fresh group. Run on a warm group, its wall with its model build swapped
+    for the start-up a fresh group's processes paid in the same search (torch imports, CUDA and process-group
+    set-up, model build: the median init_time_s of the search's ok attempts on fresh groups; placement and the
+    process spawn before it are left out, so the estimate is low and the cost it divides, if anything, high).
+    A search's cost is told against this: against a warm attempt's wall, which has no start-up, any search
+    would look dear."""
     wall = answer.get("trial_wall_s")
     if not wall:
         return None

@@ -189,8 +189,9 @@ class Scheduler:
     def _keep_idle_busy(self) -> None:
         """An idle group takes the largest waiting trial of its kind (`footprint`), even one behind a trial of
         another kind: on a node with room for one group, two searches (or a grid's precisions) submitted in
-        turn would otherwise retire and restart a group for every trial. It holds up the oldest trial only while trials
-        of an idle group's kind are queued, which are finite (a search's probes come one round at a time)."""
+        turn would otherwise retire and restart a group for every trial. It holds up the oldest trial only
+        while trials of an idle group's kind are queued, which are finite (a search's probes come one round
+        at a time)."""
         for group in [g for g in self.groups if g.state == "idle"]:
             trial = max((t for t in self.queue if group_key(t) == group.key), key=footprint, default=None)
             if trial is not None and self._in_flight() < self.max_concurrent:

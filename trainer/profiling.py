@@ -30,6 +30,8 @@ def recorded_steps(grad_accum: int) -> int:
     """Steps to record: PROFILE_STEPS micro-batches' worth, at least one step. A trace holds every kernel and
     op of every micro-batch, so 3 steps of 8 micro-batches would be 8 times the trace for no more insight."""
     return max(1, -(-PROFILE_STEPS // grad_accum))
+
+
 # The five kinds of work and the summary's key for each
 SHARE_KEYS = {"gemm": "gemm_pct", "attention": "attention_pct", "comm": "comm_exposed_pct",
               "optimizer": "optimizer_pct", "other": "other_pct"}
