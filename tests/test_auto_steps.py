@@ -108,19 +108,16 @@ def test_rows_before_schema_1_5_read_without_a_ci(tmp_path):
     assert back["step_time_ci_pct"] is None and back["step_time_s"] == 0.5
 
 
-
 def test_steps_run_with_automatic_garbage_collection_off_and_collect_between_them():
-    """A collection inside a timed step makes it a straggler: the trainer collects between steps instead."""
+    """A collection inside a timed step makes it a straggler: the trainer collects between steps instead. On a
+    real one-rank gloo group (test_train's), as a worker of world size 1 times its steps."""
     import gc
 
     import torch
 
+    from test_train import _one_rank_group
     from trainer.stopping import Schedule
-    from trainer.train import Rank, time_steps
-
-    class OneRank:
-        def size(self) -> int:
-            return 1
+    from trainer.train import time_steps
 
     class Cycle:  # garbage only the cycle collector frees
         def __init__(self):
@@ -135,7 +132,8 @@ def test_steps_run_with_automatic_garbage_collection_off_and_collect_between_the
 
     schedule = Schedule(1, 3)
     assert gc.isenabled()
-    losses = time_steps(step, schedule, Rank(device=torch.device("cpu"), mesh=OneRank()))
+    with _one_rank_group() as rank:
+        losses = time_steps(step, schedule, rank)
     assert len(losses) == 4 and gc.isenabled()  # on again afterwards
     # off in every step, and the cycle each step left was collected before the next began
     assert seen == [(False, 0)] * 4
