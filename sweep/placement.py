@@ -66,7 +66,8 @@ def rank_env(profile) -> dict[str, str]:
     return env
 
 
-def rank_jobs(trial: Trial, nodes: list[dict], *, device_type: str, pg_timeout_s: float = PG_TIMEOUT_S) -> list[RankJob]:
+def rank_jobs(trial: Trial, nodes: list[dict], *, device_type: str,
+              pg_timeout_s: float = PG_TIMEOUT_S) -> list[RankJob]:
     """What each rank of `trial` is sent, given where its ranks run (`nodes`: node_info per rank, rank 0's
     address and held port becoming the rendezvous). Pure: no Ray."""
     config = TrialConfig(model_spec_json=trial.model.to_json(), precision=trial.precision, compile=trial.compile,

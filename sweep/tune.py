@@ -329,7 +329,8 @@ class GroupSearch:
         against micro_batch at 8: with one micro-batch it folds away and says nothing)."""
         center = self.space.coords(self.center)
         # a probe that thrashed measured the memory's limit, not its option: it rates no option
-        points = [(self.space.coords(c), math.log(tf)) for c, tf in self._measured(0) if tf > 0 and c not in self.thrashed]
+        points = [(self.space.coords(c), math.log(tf)) for c, tf in self._measured(0)
+                  if tf > 0 and c not in self.thrashed]
         samples = defaultdict(list)
         for p, lp in points:
             for q, lq in points:

@@ -67,7 +67,8 @@ def _opt(value, text: Callable[[object], str] = str, missing: str = "–") -> st
 
 
 def print_tables(verdicts: list[dict]) -> None:
-    """Each kind's table, as the search printed it when it ended: max-batch verdicts, then fastest-configuration ones."""
+    """Each kind's table, as the search printed it when it ended: max-batch verdicts, then
+    fastest-configuration ones."""
     max_batch = [v for v in verdicts if v["kind"] == "max_batch"]
     fastest = [v for v in verdicts if v["kind"] == "fastest"]
     if max_batch:
