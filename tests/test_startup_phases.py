@@ -75,11 +75,9 @@ def test_rows_older_than_the_phases_read_null_and_show_without_them(cli, tmp_pat
     import pyarrow.parquet as pq
 
     from sweep.schema import VERSION_KEY, to_table
+    from test_schema import _row
 
-    row = {"run_id": "r1", "trial_id": "t1", "attempt": 1, "cluster": "local", "accelerator": "cpu", "world_size": 1,
-           "model": "gpt-tiny", "precision": "bf16", "compile": "none", "ac": "none", "batch_size": 2, "seq_len": 32,
-           "status": "ok", "step_time_s": 0.5, "tflops_per_gpu": 1.5, "init_time_s": 3.0, "trial_wall_s": 5.0}
-    old = to_table([row]).drop_columns(list(PHASES)).replace_schema_metadata({VERSION_KEY: b"1.7"})
+    old = to_table([_row(init_time_s=3.0, trial_wall_s=5.0)]).drop_columns(list(PHASES)).replace_schema_metadata({VERSION_KEY: b"1.7"})
     pq.write_table(old, tmp_path / "old.parquet")
     (back,) = store.read_table(tmp_path).to_pylist()
     assert [back[p] for p in PHASES] == [None] * len(PHASES) and back["init_time_s"] == 3.0
