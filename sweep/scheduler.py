@@ -65,7 +65,7 @@ def footprint(trial: Trial) -> tuple:
     then the least activation checkpointing first (the earliest of equals: max keeps the first), so that a
     trial near the memory limit gets the processes with the least past. Whether that past matters is not
     settled: on 2xH200 Llama3-8B bf16 batch 4 (24-44 allocator retries) read 0.8-5.9 % lower as a group's
-    fourth trial than fresh in three comparisons and 5.5 % higher in a fourth, and differs as much between
+    fourth trial than fresh in three comparisons and 5.4 % higher in a fourth, and differs as much between
     fresh runs (RESULTS.md, warm groups, sessions 6 and 7); steady configs agreed within 0.4 %."""
     return trial.model.n_params(), trial.batch_size * trial.seq_len, AC_MEMORY[trial.ac]
 
