@@ -2,8 +2,8 @@
 
 The scheduler knows nothing of grids or policies: `submit(trial)` queues an attempt, `poll()` returns
 the attempts that finished as `Outcome`s. A group is one placement group and one actor per rank; it runs
-trials of one kind (`group_key`: ranks, memory cap, precision stack) one after the other without
-restarting its processes: imports, the CUDA context and the process group stay, and each trial builds its
+the trials it may (`sweep.groups`: the same ranks and memory cap; plain torch, then torchao; Transformer
+Engine apart) one after the other without restarting its processes: imports, the CUDA context and the process group stay, and each trial builds its
 own model, optimizer, compiled graphs and precision state (`trainer.train`). A group moves through
 
     placing (placement group requested) → starting (rank actors up, rank 0 picks MASTER_ADDR/PORT)
@@ -20,11 +20,11 @@ A rank process that dies (SIGKILL, segfault, node lost) is an infrastructure fai
 starts with INFRA_PREFIX, which is how a resumed run knows, from the row alone, to retry it. When one
 rank dies its peers fail too ("Connection reset by peer" inside a collective), often in the same instant;
 the dead rank is the cause, so a rank's `error` waits up to DEATH_GRACE_S for a peer's death to show.
-An idle group takes the largest waiting trial of its kind first (`footprint`); otherwise trials start in submission
-order and one placement group is requested at a time, only for the oldest waiting trial, so a big trial
-waiting for GPUs is not overtaken forever by small ones (only by the queued trials of an idle group's
-kind). One that no set of
-live nodes can ever hold (a node lost) is given up as a `timeout` after INFEASIBLE_LIMIT_S (or the trial's
+A group, once up and whenever idle, picks among the waiting trials it may run (`sweep.groups.pick`: plain
+torch before torchao, then the largest first); otherwise trials start in submission order and one placement
+group is requested at a time, only for the oldest waiting trial, so a big trial waiting for GPUs is not
+overtaken forever by small ones (only by the queued trials an idle group may run). One that no set of live
+nodes can ever hold (a node lost) is given up as a `timeout` after INFEASIBLE_LIMIT_S (or the trial's
 timeout, if shorter).
 """
 
@@ -35,11 +35,11 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from sweep.grid import AC_MEMORY, Trial
+from sweep.grid import Trial
+from sweep.groups import fits, group_key, kept_note, pick, returned_to_baseline, stack_stage
 from sweep.outcome import INFRA_PREFIX, Outcome, deaths, short
 from sweep.placement import bundle, bundle_index, placement, rank_env, rank_jobs
 from trainer.job import PG_TIMEOUT_S
-from trainer.recipes import RECIPES
 
 START_TIMEOUT_S = 300.0  # rank processes must come up within this (imports torch, maybe CUDA init)
 INFEASIBLE_LIMIT_S = 120.0  # a placement no live node set can hold is given up after this (or the trial timeout)
@@ -48,52 +48,18 @@ DEATH_GRACE_S = 3.0  # Ray reports a dead process within ~0.1 s of its peers' so
 _WAITING = ("NO_RESOURCES", "INFEASIBLE")
 
 
-def group_key(trial: Trial) -> tuple:
-    """The trials one group can run one after the other: the same ranks (the process group and its placement
-    stay), the same memory cap (set per trial, but a CPU cap is measured from the process's size, which an
-    earlier trial grew), the same precision stack (torchao's float8 patches inductor's code generation for
-    the whole process; Transformer Engine keeps process-wide state: a fresh process of the same stack has them
-    too). Not even plain torch then torchao, by caution: torchao FP8 Llama3-8B batch 1 on 2xH200 ran at 489
-    TFLOP/s/GPU twice in a process that had run four bf16 trials, against 511-552 in fresh ones, but later at
-    490.0 in a fresh one too (RESULTS.md, sessions 6 and 7): that launch-bound config does not repeat, so the
-    evidence either way is weak. The caution costs one group start per stack (~16 s a rank on 2xH200)."""
-    return trial.gpus, trial.memory_cap_bytes, RECIPES[trial.precision].backend
-
-
-def footprint(trial: Trial) -> tuple:
-    """What orders the trials a warm group runs: the largest model, then the most tokens per micro-batch,
-    then the least activation checkpointing first (the earliest of equals: max keeps the first), so that a
-    trial near the memory limit gets the processes with the least past. Whether that past matters is not
-    settled: on 2xH200 Llama3-8B bf16 batch 4 (24-44 allocator retries) read 0.8-5.9 % lower as a group's
-    fourth trial than fresh in three comparisons and 5.4 % higher in a fourth, and differs as much between
-    fresh runs (RESULTS.md, warm groups, sessions 6 and 7); steady configs agreed within 0.4 %."""
-    return trial.model.n_params(), trial.batch_size * trial.seq_len, AC_MEMORY[trial.ac]
-
-
-def returned_to_baseline(ranks: list[dict]) -> bool:
-    """Whether every rank, after its trial, holds no more tensor memory than before its group's first trial
-    (`trainer.worker.RankWorker`: CUDA allocated bytes, or the CPU's live tensor storages)."""
-    return all(r.get("held_bytes") is not None and r["held_bytes"] <= r["baseline_bytes"] for r in ranks)
-
-
-def _kept(trial: Trial, ranks: list[dict]) -> str:
-    """What a group retired for its memory kept: the note the run prints."""
-    kept = max((r.get("held_bytes") or 0) - (r.get("baseline_bytes") or 0) for r in ranks)
-    return (f"{trial.describe()}: a rank kept {kept / 2**20:.1f} MiB of tensor memory beyond what it held before "
-            "its group's first trial; the group is retired and the next trial starts fresh processes")
-
-
 @dataclass(eq=False)
 class _Group:
     key: tuple
     pg: object
     ready_ref: object
-    first: Trial | None  # the trial it was requested for, run as soon as it is up (None once launched)
+    first: Trial | None  # the trial it was requested for, until it is up (then it picks its first one)
     state: str = "placing"
     actors: list = field(default_factory=list)
     info_refs: list = field(default_factory=list)
     nodes: list = field(default_factory=list)
     trials: int = 0  # trials launched on it: the next one's group_trial_index
+    stage: int = 0  # the latest stack stage it ran (sweep.groups.stack_stage): it runs none earlier
     deadline: float = math.inf  # starting: the rank processes must be up by then
     placed_at: float | None = None
     up_at: float | None = None  # monotonic: every rank process answered node_info (spawned, trainer.worker imported)
@@ -133,6 +99,7 @@ class Scheduler:
         self.groups: list[_Group] = []
         self.attempts: list[_Attempt] = []
         self._remote_worker = None
+        self._requests = 0  # placement groups requested
 
     # -- public --------------------------------------------------------------------------------
     @property
@@ -170,37 +137,37 @@ class Scheduler:
 
     # -- which trial runs where ----------------------------------------------------------------
     def _dispatch(self) -> None:
-        """Start waiting trials: each idle group on the largest of its kind (`_keep_idle_busy`), then a new group
+        """Start waiting trials: each idle group on the one it picks (`_keep_idle_busy`), then a new group
         for the oldest trial left, if none is being placed.
 
         One placement group is requested at a time, for the oldest waiting trial, and nothing behind that
         trial starts on a new group before it is placed (no starvation of a big trial). Should an idle group
         of its kind turn up meanwhile, the request is withdrawn and the trial goes back to the queue's front,
-        where the idle group picks the largest of its kind (it, or a larger one; then it is requested again)."""
+        where the idle group picks among those it may run (it, or another; then it is requested again)."""
         placing = next((g for g in self.groups if g.state == "placing"), None)
         if placing is not None and self._idle(placing.first) is not None:
             self.queue.insert(0, placing.first)  # the idle group picks among its kind, this one included
             self._retire(placing)
             placing = None
-        self._keep_idle_busy()  # after it, no idle group has a queued trial of its kind
+        self._keep_idle_busy()  # after it, no idle group has a queued trial it may run
         if self.queue and placing is None and self._in_flight() < self.max_concurrent:
             placing = self._request(self.queue.pop(0))
         self._retire_idle(placing)
 
     def _keep_idle_busy(self) -> None:
-        """An idle group takes the largest waiting trial of its kind (`footprint`), even one behind a trial of
+        """An idle group takes the waiting trial it picks (`sweep.groups.pick`), even one behind a trial of
         another kind: on a node with room for one group, two searches (or a grid's precisions) submitted in
         turn would otherwise retire and restart a group for every trial. It holds up the oldest trial only
         while trials of an idle group's kind are queued, which are finite (a search's probes come one round
         at a time)."""
         for group in [g for g in self.groups if g.state == "idle"]:
-            trial = max((t for t in self.queue if group_key(t) == group.key), key=footprint, default=None)
+            trial = pick(group.key, group.stage, self.queue)
             if trial is not None and self._in_flight() < self.max_concurrent:
                 self.queue.remove(trial)
                 self._launch(group, trial)
 
     def _idle(self, trial: Trial) -> _Group | None:
-        return next((g for g in self.groups if g.state == "idle" and g.key == group_key(trial)), None)
+        return next((g for g in self.groups if g.state == "idle" and fits(g.key, g.stage, trial)), None)
 
     def _in_flight(self) -> int:
         """Trials running or waiting for their new group: what max_concurrent bounds."""
@@ -208,13 +175,11 @@ class Scheduler:
 
     def _retire_idle(self, placing: _Group | None) -> None:
         """Give back what idle groups hold when no queued trial can use them, or when the placement requested
-        for the oldest waiting trial waits for resources (an idle group of its kind would have taken it)."""
+        for the oldest waiting trial waits for resources (an idle group that may run it would have taken it)."""
         idle = [g for g in self.groups if g.state == "idle"]
-        wanted = {group_key(t) for t in self.queue}
-        if idle and placing is not None and self._placement_state(placing) in _WAITING:
-            wanted = set()
+        waits = bool(idle) and placing is not None and self._placement_state(placing) in _WAITING
         for group in idle:
-            if group.key not in wanted:
+            if waits or not any(fits(group.key, group.stage, t) for t in self.queue):
                 self._retire(group)
 
     # -- placement -----------------------------------------------------------------------------
@@ -232,7 +197,8 @@ class Scheduler:
         from ray.util.placement_group import placement_group
 
         bundles, strategy = placement(self.profile, trial.gpus)
-        pg = placement_group(bundles, strategy=strategy, name=f"sweep-{trial.trial_id}")
+        self._requests += 1  # a name of its own: the trial it is requested for may end up on another group
+        pg = placement_group(bundles, strategy=strategy, name=f"sweep-{trial.trial_id}-{self._requests}")
         group = _Group(key=group_key(trial), pg=pg, ready_ref=pg.ready(), first=trial)
         self.groups.append(group)
         return group
@@ -269,7 +235,11 @@ class Scheduler:
                 except Exception as e:  # the process died, or its runtime env could not be set up
                     return self._fail_start(g, "error", f"rank {rank} of {g.key[0]} failed to start: {short(e)}",
                                             infrastructure=True)
-            self._launch(g, g.first)
+            first = pick(g.key, g.stage, [g.first, *self.queue])  # as an idle group picks: the oldest may wait
+            if first is not g.first:
+                self.queue.remove(first)
+                self.queue.insert(0, g.first)
+            self._launch(g, first)
         return None
 
     def _advance(self, a: _Attempt, ready: set) -> Outcome | None:
@@ -351,6 +321,7 @@ class Scheduler:
             started_at=g.started_at if fresh else datetime.now(timezone.utc), deadline=now + trial.timeout_s,
             process_start_s=g.up_at - g.placed_at if fresh else None))
         g.trials += 1
+        g.stage = max(g.stage, stack_stage(trial))
         g.first = None
         g.state = "running"
 
@@ -371,7 +342,7 @@ class Scheduler:
                        started_at=a.started_at, finished_at=datetime.now(timezone.utc),
                        wall_s=time.monotonic() - a.since, infrastructure=infrastructure, traceback=traceback,
                        group_trial_index=a.index, process_start_s=a.process_start_s,
-                       note=_kept(a.trial, ranks) if warm and a.group.state == "retired" else None)
+                       note=kept_note(a.trial, ranks) if warm and a.group.state == "retired" else None)
 
     def _fail_start(self, g: _Group, status: str, error: str, infrastructure: bool = False) -> Outcome:
         """The group never came up: its first trial's outcome, and the group retired."""

@@ -56,9 +56,9 @@ def test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes(ray_se
     # one group, trial after trial, whatever the model: its processes ran them all
     assert [r["group_trial_index"] for r in warm] == [0, 1, 2]
     assert [r["actor_reused"] for r in warm] == [False, True, True]
-    # the first starts the group; the group then takes the larger model first (sweep.scheduler.footprint)
-    assert [r["model"] for r in warm] == ["gpt-tiny", "gpt-wide", "llama-tiny"]
-    assert warm[1]["n_params"] > warm[2]["n_params"]
+    # the group takes the largest model first, its first trial too (sweep.groups.footprint)
+    assert [r["model"] for r in warm] == ["gpt-wide", "gpt-tiny", "llama-tiny"]
+    assert warm[0]["n_params"] > warm[1]["n_params"] > warm[2]["n_params"]
 
     cold = _rows(fresh)
     assert [(r["status"], r["actor_reused"], r["group_trial_index"]) for r in cold] == [("ok", False, 0)] * 3
@@ -94,10 +94,11 @@ def test_grid_reuse_actors_false_gives_every_trial_fresh_processes(ray_session, 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("gpus, limit", [(1, ("--max-concurrent", 1)), (4, ())], ids=["one-at-a-time", "placement-waits"])
 def test_a_warm_group_takes_the_largest_trial_of_its_kind_first(ray_session, cli, write_grid, tmp_path, gpus, limit):
-    """The first trial starts the group (the oldest: placement stays in submission order); the group then runs
-    the rest largest first, so the trial nearest the memory limit has the least past (sweep.scheduler.footprint).
-    Also when the next trial's placement was already requested and waits for the group's CPUs (4-rank trials
-    on 4 CPUs, no --max-concurrent): the group, once idle, still picks the largest, not the waiting one."""
+    """The oldest trial's placement starts the group (placement stays in submission order); the group, once up,
+    runs the trials largest first, its first one too, so the trial nearest the memory limit has the least past
+    (sweep.groups.footprint). Also when the next trial's placement was already requested and waits for the
+    group's CPUs (4-rank trials on 4 CPUs, no --max-concurrent): the group, once idle, still picks the
+    largest, not the waiting one."""
     profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
                          "cpus_per_rank: 1\n", "four-ranks.yaml")
     grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [1, 2, 4, 3]\ncompile: none\nseq_len: 32\n"
@@ -107,21 +108,46 @@ def test_a_warm_group_takes_the_largest_trial_of_its_kind_first(ray_session, cli
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (1, "ok", 0), (4, "ok", 1), (3, "ok", 2), (2, "ok", 3)], [r["error"] for r in rows]
+        (4, "ok", 0), (3, "ok", 1), (2, "ok", 2), (1, "ok", 3)], [r["error"] for r in rows]
 
 
 def test_an_oom_retires_the_group_and_the_next_trial_runs_on_a_fresh_one(ray_session, cli, write_grid, tmp_path):
-    grid = write_grid(f"models: [{WIDE_VOCAB}]\nprecisions: [bf16]\nbatch_sizes: [2, 64, 4]\ncompile: none\n"
-                      "seq_len: 128\ngpus: 2\nsteps: {warmup: 1, measure: 1}\non_oom: {policy: none}\n")
+    """Each group runs its largest trial first, so an OOM in a group's second trial needs a second stage: plain
+    torch's batch 64 runs out of memory on its fresh group, batch 2 starts another, whose second trial (torchao
+    batch 64, plain torch first) runs out too and retires it: torchao batch 2 runs on fresh processes."""
+    grid = write_grid(f"models: [{WIDE_VOCAB}]\nprecisions: [bf16, fp8-torchao-tensorwise]\nbatch_sizes: [2, 64]\n"
+                      "compile: none\nseq_len: 128\ngpus: 2\nsteps: {warmup: 1, measure: 1}\non_oom: {policy: none}\n")
     out = tmp_path / "out"
     result = cli("run", grid, "--cluster", "local", "--memory-cap", "128MiB", "--output", out, "--max-concurrent", 1,
                  "--no-progress")
     assert result.exit_code == 0, result.output
     rows = _rows(out)
-    assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (2, "ok", 0), (64, "oom", 1), (4, "ok", 0)], [r["error"] for r in rows]
-    assert [r["actor_reused"] for r in rows] == [False, True, False]
-    assert "allocat" in rows[1]["error"]
+    assert [(r["precision"], r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
+        ("bf16", 64, "oom", 0), ("bf16", 2, "ok", 0), ("fp8-torchao-tensorwise", 64, "oom", 1),
+        ("fp8-torchao-tensorwise", 2, "ok", 0)], [r["error"] for r in rows]
+    assert [r["actor_reused"] for r in rows] == [False, False, True, False]
+    assert all("allocat" in r["error"] for r in rows if r["status"] == "oom")
+
+
+@pytest.mark.timeout(180)
+def test_plain_torch_then_torchao_share_a_group_with_the_losses_of_fresh_processes(ray_session, cli, write_grid,
+                                                                                  tmp_path):
+    """torchao's float8 conversion patches inductor for its whole process (sweep.groups.STACKS), so a group runs
+    plain torch first, whatever the grid's order, then torchao on the same processes: one group start, not two,
+    and each trial trains as in processes where nothing ran before it."""
+    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp8-torchao-tensorwise, bf16]\nbatch_sizes: [2]\n"
+                      "compile: none\nseq_len: 32\ngpus: 2\nsteps: {warmup: 1, measure: 2}\n")
+    warm_out, fresh_out = tmp_path / "warm", tmp_path / "fresh"
+    for out, option in ((warm_out, "--max-concurrent"), (fresh_out, "--fresh-actors")):
+        result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress",
+                     *((option, 1) if option == "--max-concurrent" else (option,)))
+        assert result.exit_code == 0, result.output
+    warm, fresh = _rows(warm_out), _rows(fresh_out)
+    assert [(r["precision"], r["status"], r["group_trial_index"]) for r in warm] == [
+        ("bf16", "ok", 0), ("fp8-torchao-tensorwise", "ok", 1)], [r["error"] for r in warm]
+    assert [(r["status"], r["group_trial_index"]) for r in fresh] == [("ok", 0)] * 2
+    by_precision = lambda rows: {r["precision"]: (r["loss_first"], r["loss_last"]) for r in rows}  # noqa: E731
+    assert by_precision(warm) == by_precision(fresh)
 
 
 def test_max_batch_finds_the_same_limit_on_warm_and_on_fresh_processes(ray_session, cli, tmp_path):
@@ -151,8 +177,8 @@ def test_max_batch_finds_the_same_limit_on_warm_and_on_fresh_processes(ray_sessi
 @pytest.mark.timeout(150)
 def test_an_idle_group_runs_its_kind_first_then_gives_way_to_a_trial_that_needs_its_cpus(
         ray_session, cli, write_grid, tmp_path):
-    """The session's Ray has 4 CPUs; the trials are queued 1 rank, 4 ranks, 1 rank, 4 ranks. After the first, its
-    idle group takes the other 1-rank trial although a 4-rank one is ahead of it (taking the queue strictly in
+    """The session's Ray has 4 CPUs; the trials are queued 1 rank, 4 ranks, 1 rank, 4 ranks. The first 1-rank
+    group runs the larger 1-rank trial first, then, idle, takes the other one although a 4-rank one is ahead of it (taking the queue strictly in
     order would start a group for every trial); then, nothing of its kind left, it gives way to the 4-rank
     trial it blocks (else the sweep waits for ever), and every trial runs, two groups in all."""
     profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
@@ -164,14 +190,14 @@ def test_an_idle_group_runs_its_kind_first_then_gives_way_to_a_trial_that_needs_
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["seq_len"], r["world_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (32, 1, "ok", 0), (64, 1, "ok", 1), (32, 4, "ok", 0), (64, 4, "ok", 1)], [r["error"] for r in rows]
+        (64, 1, "ok", 0), (32, 1, "ok", 1), (64, 4, "ok", 0), (32, 4, "ok", 1)], [r["error"] for r in rows]
 
 
 @pytest.mark.timeout(180)
 def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid, tmp_path):
     # ~100 steps of a few tens of ms: the kill lands in the second trial's steps, on the warm group
-    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 3]\ncompile: none\nseq_len: 32\n"
-                      "gpus: 2\nsteps: {warmup: 1, measure: 100}\n")
+    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [3, 2]\ncompile: none\nseq_len: 32\n"
+                      "gpus: 2\nsteps: {warmup: 1, measure: 100}\n")  # batch 3 first: the larger
     out = tmp_path / "out"
     results = []
     sweep = threading.Thread(target=lambda: results.append(
@@ -189,7 +215,7 @@ def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid,
     assert results[0].exit_code == 0, results[0].output
     rows = _rows(out)
     assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (2, "ok", 0), (3, "error", 1), (3, "ok", 0)], [r["error"] for r in rows]
+        (3, "ok", 0), (2, "error", 1), (2, "ok", 0)], [r["error"] for r in rows]
     failed, retry = rows[1:]
     assert failed["actor_reused"] and f"of 2 died (pid {victim} on " in failed["error"], failed["error"]
     assert retry["parent_trial_id"] == failed["trial_id"] and not retry["actor_reused"]
@@ -259,21 +285,40 @@ def test_on_a_gpu_each_trial_gives_back_its_allocated_memory(rank_jobs, run_rank
 
 # -- pure rules --------------------------------------------------------------------------------------------
 
-def test_one_group_runs_trials_of_one_shape_cap_and_precision_stack():
+def _trial(**changes):
     from sweep.grid import Trial
-    from sweep.scheduler import group_key
     from trainer.models.specs import REGISTRY
 
-    def trial(**changes):
-        base = dict(cluster="local", model=REGISTRY["gpt-tiny"], precision="bf16", compile="none", ac="none",
-                    batch_size=2, seq_len=32, gpus=2, warmup_steps=1, measure_steps=2)
-        return Trial(**{**base, **changes})
+    base = dict(cluster="local", model=REGISTRY["gpt-tiny"], precision="bf16", compile="none", ac="none",
+                batch_size=2, seq_len=32, gpus=2, warmup_steps=1, measure_steps=2)
+    return Trial(**{**base, **changes})
 
-    same = [trial(), trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"), trial(precision="fp32")]
+
+def test_one_group_runs_trials_of_one_shape_cap_and_process_family():
+    from sweep.groups import group_key
+    from trainer.models.specs import REGISTRY
+
+    same = [_trial(), _trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"), _trial(precision="fp32"),
+            _trial(precision="fp8-torchao-tensorwise")]
     assert len({group_key(t) for t in same}) == 1
-    for other in (trial(gpus=1), trial(memory_cap_bytes=2**30), trial(precision="fp8-torchao-tensorwise"),
-                  trial(precision="fp8-te-delayed")):
-        assert group_key(other) != group_key(trial())
+    for other in (_trial(gpus=1), _trial(memory_cap_bytes=2**30), _trial(precision="fp8-te-delayed")):
+        assert group_key(other) != group_key(_trial())
+    assert group_key(_trial(precision="fp8-te-delayed")) == group_key(_trial(precision="bf16-te"))
+
+
+def test_a_group_picks_plain_torch_before_torchao_then_the_largest_and_never_goes_back():
+    from sweep.groups import group_key, pick
+
+    key = group_key(_trial())
+    small, large = _trial(batch_size=2), _trial(batch_size=8)
+    fp8_small, fp8_large = _trial(precision="fp8-torchao-tensorwise"), _trial(precision="fp8-torchao-tensorwise",
+                                                                             batch_size=16)
+    te = _trial(precision="fp8-te-delayed", batch_size=32)
+    queue = [fp8_large, small, te, fp8_small, large]
+    assert pick(key, 0, queue) is large  # stage 0 first (the larger torchao and TE trials wait), largest first
+    assert pick(key, 0, [fp8_small, fp8_large, te]) is fp8_large
+    assert pick(key, 1, [small, large, te]) is None  # torchao ran in it: plain torch needs fresh processes
+    assert pick(group_key(te), 0, queue) is te
 
 
 @pytest.mark.timeout(240)

@@ -1,0 +1,68 @@
+"""Which trials a warm group of rank processes may run, and in what order. Pure: no Ray, no torch.
+
+A group (`sweep.scheduler`) runs trial after trial in the same processes. It may run a trial when the trial
+has its kind (`group_key`: ranks, memory cap, process family) and does not come at an earlier `stack_stage`
+than a trial the group already ran; among those it takes the lowest stage first, then the largest
+(`pick`). A process that a trial may have changed is not measured on again: the scheduler also retires a
+group after a failed trial and when its memory did not return to the baseline (`returned_to_baseline`).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from sweep.grid import AC_MEMORY, Trial
+from trainer.recipes import RECIPES
+
+# A precision stack's process family and its stage in it. Plain torch and torchao share processes, plain torch
+# first: torchao's float8 conversion patches inductor's Triton min/max code generation for the whole process
+# (torchao.float8._inductor_patch, from convert_to_float8_training), so no plain-torch trial may follow it;
+# torchao after plain torch finds the process as a fresh one would, plus caches. Transformer Engine keeps
+# process-wide FP8 state (its global amax buffers and autocast stack): its own family.
+STACKS = {"torch": ("torch", 0), "torchao": ("torch", 1), "te": ("te", 0)}
+
+
+def group_key(trial: Trial) -> tuple:
+    """The trials one group can run one after the other: the same ranks (the process group and its placement
+    stay), the same memory cap (set per trial, but a CPU cap is measured from the process's size, which an
+    earlier trial grew), the same process family (`STACKS`; within it, `stack_stage` orders them)."""
+    return trial.gpus, trial.memory_cap_bytes, STACKS[RECIPES[trial.precision].backend][0]
+
+
+def stack_stage(trial: Trial) -> int:
+    """The trial's place in its family's order (`STACKS`): a group that ran a later stage runs no earlier one."""
+    return STACKS[RECIPES[trial.precision].backend][1]
+
+
+def fits(key: tuple, stage: int, trial: Trial) -> bool:
+    """Whether a group of `key` that has run up to `stage` may run `trial`."""
+    return group_key(trial) == key and stack_stage(trial) >= stage
+
+
+def footprint(trial: Trial) -> tuple:
+    """What orders the trials of one stage a warm group runs: the largest model, then the most tokens per
+    micro-batch, then the least activation checkpointing first (the earliest of equals: max keeps the first),
+    so that a trial near the memory limit gets the processes with the least past. Whether that past matters
+    is not settled: on 2xH200 Llama3-8B bf16 batch 4 (24-44 allocator retries) read 0.8-5.9 % lower as a
+    group's fourth trial than fresh in three comparisons and 5.4 % higher in a fourth, and differs as much
+    between fresh runs (RESULTS.md, warm groups, sessions 6 and 7); steady configs agreed within 0.4 %."""
+    return trial.model.n_params(), trial.batch_size * trial.seq_len, AC_MEMORY[trial.ac]
+
+
+def pick(key: tuple, stage: int, queue: Iterable[Trial]) -> Trial | None:
+    """The trial a group of `key` at `stage` runs next: of those it may run, the lowest stage (what comes later
+    in the family can still follow), then the largest (`footprint`); None when it may run none."""
+    return max((t for t in queue if fits(key, stage, t)), key=lambda t: (-stack_stage(t), footprint(t)), default=None)
+
+
+def returned_to_baseline(ranks: list[dict]) -> bool:
+    """Whether every rank, after its trial, holds no more tensor memory than before its group's first trial
+    (`trainer.worker.RankWorker`: CUDA allocated bytes, or the CPU's live tensor storages)."""
+    return all(r.get("held_bytes") is not None and r["held_bytes"] <= r["baseline_bytes"] for r in ranks)
+
+
+def kept_note(trial: Trial, ranks: list[dict]) -> str:
+    """What a group retired for its memory kept: the note the run prints."""
+    kept = max((r.get("held_bytes") or 0) - (r.get("baseline_bytes") or 0) for r in ranks)
+    return (f"{trial.describe()}: a rank kept {kept / 2**20:.1f} MiB of tensor memory beyond what it held before "
+            "its group's first trial; the group is retired and the next trial starts fresh processes")
