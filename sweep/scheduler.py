@@ -3,8 +3,9 @@
 The scheduler knows nothing of grids or policies: `submit(trial)` queues an attempt, `poll()` returns
 the attempts that finished as `Outcome`s. A group is one placement group and one actor per rank; it runs
 the trials it may (`sweep.groups`: the same ranks and memory cap; plain torch, then torchao; Transformer
-Engine apart) one after the other without restarting its processes: imports, the CUDA context and the process group stay, and each trial builds its
-own model, optimizer, compiled graphs and precision state (`trainer.train`). A group moves through
+Engine apart) one after the other without restarting its processes: imports, the CUDA context and the
+process group stay, and each trial builds its own model, optimizer, compiled graphs and precision state
+(`trainer.train`). A group moves through
 
     placing (placement group requested) → starting (rank actors up, rank 0 picks MASTER_ADDR/PORT)
     → idle ⇄ running (every rank trains one trial) → retired (actors killed, placement group removed)

@@ -12,9 +12,12 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            ran out of memory at; it goes on from there only if some batch could make up its recomputation
            (LevelFit.batch_gain). Its candidates run its largest fitting batch and the fastest one found
            (under G: the two largest splits that fit). A fixed batch needs no probes here.
-  explore  short probes (SHORT steps): first every neighbour of the baseline (one option changed), then
-           waves of the candidates that the measured one-option effects, added in log speed, rate
-           fastest, until STALE_WAVES waves in a row find nothing faster. Never probed: a candidate as
+  explore  short probes (SHORT steps): first every neighbour of the baseline (one option changed; of
+           accumulation only the most micro-batches), then waves of the candidates that the measured
+           one-option effects, added in log speed, rate fastest, each wave led by a candidate for every
+           option value not yet run clean (_untried: it thrashed, ran out of memory or folded away, so its
+           effect is unknown), until STALE_WAVES waves in a row find nothing faster; a candidate the effects
+           rate below the fastest clean probe is not probed (_promising). Never probed: a candidate as
            heavy as a known OOM (tune_space.at_least_as_heavy), or with an option value that failed on its
            own. A candidate that runs out of memory is tried at a smaller batch, and configs of its heavy
            class (e.g. grad_sync: step) then start at the batch that fitted there. So is one that fit only
@@ -40,13 +43,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Any
 
-from sweep.cost import fresh_trial_s
 from sweep.errors import UserError
-from sweep.grid import NUMERICS_CHANGING, GridSpec, Trial, TuneSpec
+from sweep.grid import GridSpec, Trial, TuneSpec
 from sweep.policy import infra_retry
+from sweep.tune_verdict import fastest_verdict
 from sweep.tune_space import AC_MEMORY, Config, LevelFit, Space, at_least_as_heavy, heavy_class, thrashes
 
 SHORT = (2, 3)  # warm-up 2 (a compile), measure 3: enough to rank candidates, cheap on a warm group
@@ -56,7 +59,6 @@ RUNG_MAX = 6  # ...but at most this many: a rung probe of 8 micro-batches costs 
 WAVE = 4  # explore probes issued together after the neighbours: a cluster can run them side by side
 STALE_WAVES = 2  # explore stops after this many waves in a row without a faster probe
 NOISE = 0.01  # a short probe's speed is this close to another's: no faster
-PROFILE_KEYS = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "other_pct")
 
 
 def group_key(t: Trial) -> tuple:
@@ -223,10 +225,19 @@ class GroupSearch:
         if not self.explored:  # the fits are known: the point every effect is measured from
             self.center = self.baseline or next(iter(self._space()), None)
         todo = self._candidates() if room > 0 and self.center is not None and not self._stale() else []
-        first = [] if self.explored else sorted((c for c in todo if self._distance(c) <= 1), key=self._distance)
+        first = [] if self.explored else self._neighbours(todo)
         self.explored = True
         wave = first[:room] or self._wave(todo, min(WAVE, room))
         return [t for c in wave for t in self._ask(c, 0)]
+
+    def _neighbours(self, todo: list[Config]) -> list[Config]:
+        """The center and its one-option changes, but of accumulation only the most micro-batches: every count
+        above one holds the same gradient memory (at_least_as_heavy) and more amortise the step's fixed work
+        (2xH200, Llama3-8B torchao: 2 / 4 / 8 read 835.4 / 839.6 / 849.3 TFLOP/s/GPU), so the counts between
+        would cost two probes of a small budget to confirm the order."""
+        most = max((c.grad_accum for c in todo), default=1)
+        return sorted((c for c in todo if self._distance(c) == 0 or self._distance(c) == 1 and (
+            self._diff(c)[0][0] != "grad_accum" or c.grad_accum == most)), key=self._distance)
 
     def _stale(self) -> bool:
         """Whether the last STALE_WAVES waves found nothing faster than what was known before them (by more
@@ -238,9 +249,13 @@ class GroupSearch:
         return self.stale >= STALE_WAVES
 
     def _wave(self, todo: list[Config], n: int) -> list[Config]:
-        """The first n candidates, but only one per heavy class whose batch is not yet known to fit there:
-        should it run out of memory, the others learn its limit (_rebatched) rather than fail with it."""
+        """The first n candidates, led by the likeliest of each option value not yet run clean (_untried), but
+        only one per heavy class whose batch is not yet known to fit there: should it run out of memory, the
+        others learn its limit (_rebatched) rather than fail with it."""
         fits = [(heavy_class(c), c.ac, c.batch_size) for c, _ in self._measured(0)]
+        lead = list(dict.fromkeys(c for k, v in self._untried()
+                                  if (c := next((c for c in todo if self.space.coords(c)[k] == v), None))))
+        todo = lead + [c for c in self._promising(todo) if c not in lead]
         wave, unsure = [], set()
         for c in todo:
             sure = any(k == heavy_class(c) and ac == c.ac and b >= c.batch_size for k, ac, b in fits)
@@ -250,6 +265,26 @@ class GroupSearch:
             if len(wave) == n:
                 break
         return wave
+
+    def _promising(self, todo: list[Config]) -> list[Config]:
+        """The candidates that the measured effects (an unmeasured one as none) put within a short probe's noise
+        of the fastest clean probe: one they put below it would spend the budget on the certainty of a loss."""
+        center = self._ok_row(self.center, 0)
+        best = max((tf for f, tf in self._measured(0) if f not in self.thrashed), default=0.0)
+        if center is None or not center["tflops_per_gpu"] or not best:
+            return todo
+        effects, floor = self._effects(), math.log(best * (1 - NOISE) / center["tflops_per_gpu"])
+        return [c for c in todo if sum(effects.get(d, 0.0) for d in self._diff(c)) >= floor]
+
+    def _untried(self) -> list[tuple[str, Any]]:
+        """Option values (besides ac and batch) that no clean short probe ran: known to need memory (their
+        probes thrashed or ran out of it) or folded away so far (grad_sync: step at one micro-batch), but not
+        what they gain, which the measured effects would count as nothing and never rank first."""
+        seen = {kv for c, _ in self._measured(0) if c not in self.thrashed for kv in self.space.coords(c).items()}
+        # (accumulation's counts between those run are in their order: _neighbours)
+        values = (kv for c in self._space() for kv in self.space.coords(c).items() if kv[0] not in ("ac_batch",
+                                                                                                    "grad_accum"))
+        return [kv for kv in dict.fromkeys(values) if kv not in seen and kv not in self.broken]
 
     def _rung_stage(self) -> list[Trial]:
         if self.rung_asked is not None:
@@ -339,50 +374,8 @@ class GroupSearch:
                     samples[(diff[0], p[diff[0]])].append(lp - lq)
         return {k: sum(v) / len(v) for k, v in samples.items()}
 
-    # --- the verdict ---
-
     def verdict(self) -> dict:
-        t, space = self.space.template, self.space
-        finals = [(c, row) for c in self.final_asked or [] if (row := self._ok_row(c, 2))]
-        best, best_row = max(finals, key=lambda x: x[1]["tflops_per_gpu"] or 0.0, default=(None, None))
-        base_row = self._ok_row(self.baseline, 2)
-        at_best = best_row["tflops_per_gpu"] if best_row else None
-        at_base = base_row["tflops_per_gpu"] if base_row else None
-        # against measuring the best once on fresh processes (its final may have run warm)
-        one_trial = fresh_trial_s(best_row, self.results.values()) if best_row else None
-        wall = math.fsum(r.get("trial_wall_s") or 0.0 for r in self.results.values())  # fsum: any order, one sum
-        tried = {c for c, _ in self.asked}
-        return {"kind": "fastest", "search_id": self.sid, "model": t.model.label, "precision": t.precision,
-                "seq_len": t.seq_len, "gpus": t.gpus, "cluster": t.cluster, "allowed": list(space.vary),
-                "numerics_allowed": [o for o in NUMERICS_CHANGING if o in space.vary],
-                "global_batch_tokens": space.tokens, "budget": self.budget,
-                "best": best._asdict() if best else None,
-                "baseline": self.baseline._asdict() if self.baseline else None,
-                "tflops_at_best": at_best, "baseline_tflops": at_base,
-                "speedup": at_best / at_base if at_best and at_base else None,
-                "best_trial_id": self.asked.get((best, 2)) if best else None,
-                "baseline_trial_id": self.asked.get((self.baseline, 2)) if base_row else None,
-                "candidates": len({*self._space(), *tried}), "tried": len(tried),
-                "probes": len(self.results), "search_wall_s": wall,
-                "cost_vs_one_trial": wall / one_trial if one_trial else None,
-                "aborted": None if best else self._why_none(), "profile": _profile(best_row)}
-
-    def _why_none(self) -> str:
-        counts = Counter(row["status"] for row in self.results.values())
-        said = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        if not counts:
-            return "nothing ran: the search was stopped before its first probe"
-        if not counts.get("ok"):
-            return f"nothing fits: every probe ran out of memory ({said})" if set(counts) == {"oom"} else \
-                f"nothing ran: no probe completed ({said})"
-        return f"no full measurement completed ({said})"
-
-
-def _profile(row: dict | None) -> dict | None:
-    """Where the best's step time goes, from its row (profile=True), if the trainer recorded it."""
-    if not row or all(row.get(f"profile_{k}") is None for k in PROFILE_KEYS):
-        return None
-    return {**{k: row.get(f"profile_{k}") for k in PROFILE_KEYS}, "trace_file": row.get("trace_file")}
+        return fastest_verdict(self)
 
 
 class TunePlan:

@@ -388,6 +388,46 @@ def test_the_baseline_runs_at_a_batch_without_retries_even_where_one_with_them_r
     assert r.of(next(t for t in r.asked if t.trial_id == v["baseline_trial_id"]))["alloc_retries"] == 0
 
 
+# the options of issue 16's Llama3-8B runs on 2xH200
+NUMERICS_RUN = ["batch_size", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head"]
+
+
+def _clean(r: Run, t) -> bool:
+    return r.of(t)["status"] == "ok" and not r.of(t).get("alloc_retries")
+
+
+def test_an_option_that_thrashed_at_the_top_batch_runs_clean_lower_within_a_small_budget():
+    """2xH200, Llama3-8B torchao, budget 16 (RESULTS.md, session 8): the FP8 head and grad_sync: step thrashed at
+    batch 4, the fit's top, and the budget went to accumulation's counts one by one and to combinations the
+    measured effects ranked below the fastest probe, so neither option was ever measured clean. On a machine
+    of that shape (a thrash zone; the head adds memory): the head runs clean a batch lower within the same
+    budget, and of accumulation only the most micro-batches is a neighbour (every count holds the same memory)."""
+    p = plan(batch_sizes=[3], tune={"vary": NUMERICS_RUN, "budget": 16})
+    r = run(p, Machine(capacity_gib=40, thrash_gib=34.0, head_gib=2.0))
+    short = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == SHORT]
+    assert any(t.fp8_lm_head and _clean(r, t) for t in short), [(t.describe(), r.of(t)) for t in short]
+    assert not any(t.grad_accum in (2, 4) for t in short)
+    (v,) = p.verdicts()
+    assert v["best"]["fp8_lm_head"] and v["probes"] <= 16
+
+
+def test_grad_sync_step_out_of_memory_at_the_top_batch_is_run_lower_and_the_best_uses_it():
+    """grad_sync: step folds away at one micro-batch, so no neighbour measures it; at the fit's top batch it runs
+    out of memory (whole gradients), a batch lower it thrashes: a search with room for both retries measures
+    it clean and finds what it gains there (the machine's optimum: step, FP8 head, 8 micro-batches, bf16 reduce,
+    at batch 20)."""
+    m = Machine(capacity_gib=40, thrash_gib=34.0)
+    p = plan(batch_sizes=[3], tune={"vary": NUMERICS_RUN, "budget": 24})
+    r = run(p, m)
+    (v,) = p.verdicts()
+    best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
+    every = [replace(best, **dict(zip(NUMERICS_RUN, values))) for values in itertools.product(
+        range(1, 41), (1, 2, 4, 8), ("fp32", "bf16"), ("micro_batch", "step"), (False, True))]
+    optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
+    assert v["best"]["grad_sync"] == "step" and _clean(r, best)
+    assert v["tflops_at_best"] >= 0.985 * optimum, (v["best"], v["tflops_at_best"], optimum)
+
+
 @pytest.mark.parametrize("capacity, head", [(60, 5.0), (40, 8.0)])
 def test_no_probe_asked_after_a_thrash_needs_its_memory(capacity, head):
     """Once a probe thrashed, no probe asked after it makes every change it made to the baseline at its ac and

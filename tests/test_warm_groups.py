@@ -178,7 +178,8 @@ def test_max_batch_finds_the_same_limit_on_warm_and_on_fresh_processes(ray_sessi
 def test_an_idle_group_runs_its_kind_first_then_gives_way_to_a_trial_that_needs_its_cpus(
         ray_session, cli, write_grid, tmp_path):
     """The session's Ray has 4 CPUs; the trials are queued 1 rank, 4 ranks, 1 rank, 4 ranks. The first 1-rank
-    group runs the larger 1-rank trial first, then, idle, takes the other one although a 4-rank one is ahead of it (taking the queue strictly in
+    group runs the larger 1-rank trial first, then, idle, takes the other one although a 4-rank one is ahead
+    of it (taking the queue strictly in
     order would start a group for every trial); then, nothing of its kind left, it gives way to the 4-rank
     trial it blocks (else the sweep waits for ever), and every trial runs, two groups in all."""
     profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
