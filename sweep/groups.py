@@ -2,7 +2,7 @@
 
 A group (`sweep.scheduler`) runs trial after trial in the same processes. It may run a trial when the trial
 has its kind (`group_key`: ranks, memory cap, process family) and does not come at an earlier `stack_stage`
-than a trial the group already ran; among those it takes the lowest stage first, then the largest
+than a trial the group already ran; among those it takes the lowest stage first, then the smallest
 (`pick`). A process that a trial may have changed is not measured on again: the scheduler also retires a
 group after a failed trial and when its memory did not return to the baseline (`returned_to_baseline`).
 """
@@ -40,19 +40,20 @@ def fits(key: tuple, stage: int, trial: Trial) -> bool:
 
 
 def footprint(trial: Trial) -> tuple:
-    """What orders the trials of one stage a warm group runs: the largest model, then the most tokens per
-    micro-batch, then the least activation checkpointing first (the earliest of equals: max keeps the first),
-    so that a trial near the memory limit gets the processes with the least past. Whether that past matters
-    is not settled: on 2xH200 Llama3-8B bf16 batch 4 (24-44 allocator retries) read 0.8-5.9 % lower as a
-    group's fourth trial than fresh in three comparisons and 5.4 % higher in a fourth, and differs as much
-    between fresh runs (RESULTS.md, warm groups, sessions 6 and 7); steady configs agreed within 0.4 %."""
+    """What orders the trials of one stage a warm group runs, smallest first: the model, then the tokens per
+    micro-batch, then the most activation checkpointing. A trial that runs out of memory then comes after
+    those that fit, so the OOM retires a group with the least left to run (each retirement costs a group
+    start), and an on_oom policy (bisect) knows which smaller batches fit. Where in a group a trial runs did
+    not show in its speed on 2xH200: Llama3-8B bf16 batch 4 (24-44 allocator retries) read 1.6 % below
+    fresh as a group's first trial and 5.9 % below to 5.4 % above as its fourth, and varies as much between
+    fresh runs (RESULTS.md, sessions 6-8)."""
     return trial.model.n_params(), trial.batch_size * trial.seq_len, AC_MEMORY[trial.ac]
 
 
 def pick(key: tuple, stage: int, queue: Iterable[Trial]) -> Trial | None:
     """The trial a group of `key` at `stage` runs next: of those it may run, the lowest stage (what comes later
-    in the family can still follow), then the largest (`footprint`); None when it may run none."""
-    return max((t for t in queue if fits(key, stage, t)), key=lambda t: (-stack_stage(t), footprint(t)), default=None)
+    in the family can still follow), then the smallest (`footprint`; of equals the oldest); None when none."""
+    return min((t for t in queue if fits(key, stage, t)), key=lambda t: (stack_stage(t), footprint(t)), default=None)
 
 
 def returned_to_baseline(ranks: list[dict]) -> bool:

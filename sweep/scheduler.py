@@ -22,7 +22,7 @@ starts with INFRA_PREFIX, which is how a resumed run knows, from the row alone, 
 rank dies its peers fail too ("Connection reset by peer" inside a collective), often in the same instant;
 the dead rank is the cause, so a rank's `error` waits up to DEATH_GRACE_S for a peer's death to show.
 A group, once up and whenever idle, picks among the waiting trials it may run (`sweep.groups.pick`: plain
-torch before torchao, then the largest first); otherwise trials start in submission order and one placement
+torch before torchao, then the smallest first); otherwise trials start in submission order and one placement
 group is requested at a time, only for the oldest waiting trial, so a big trial waiting for GPUs is not
 overtaken forever by small ones (only by the queued trials an idle group may run). One that no set of live
 nodes can ever hold (a node lost) is given up as a `timeout` after INFEASIBLE_LIMIT_S (or the trial's

@@ -56,9 +56,9 @@ def test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes(ray_se
     # one group, trial after trial, whatever the model: its processes ran them all
     assert [r["group_trial_index"] for r in warm] == [0, 1, 2]
     assert [r["actor_reused"] for r in warm] == [False, True, True]
-    # the group takes the largest model first, its first trial too (sweep.groups.footprint)
-    assert [r["model"] for r in warm] == ["gpt-wide", "gpt-tiny", "llama-tiny"]
-    assert warm[0]["n_params"] > warm[1]["n_params"] > warm[2]["n_params"]
+    # the group takes the smallest model first, its first trial too (sweep.groups.footprint)
+    assert [r["model"] for r in warm] == ["llama-tiny", "gpt-tiny", "gpt-wide"]
+    assert warm[0]["n_params"] < warm[1]["n_params"] < warm[2]["n_params"]
 
     cold = _rows(fresh)
     assert [(r["status"], r["actor_reused"], r["group_trial_index"]) for r in cold] == [("ok", False, 0)] * 3
@@ -93,28 +93,27 @@ def test_grid_reuse_actors_false_gives_every_trial_fresh_processes(ray_session, 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("gpus, limit", [(1, ("--max-concurrent", 1)), (4, ())], ids=["one-at-a-time", "placement-waits"])
-def test_a_warm_group_takes_the_largest_trial_of_its_kind_first(ray_session, cli, write_grid, tmp_path, gpus, limit):
+def test_a_warm_group_takes_the_smallest_trial_of_its_kind_first(ray_session, cli, write_grid, tmp_path, gpus, limit):
     """The oldest trial's placement starts the group (placement stays in submission order); the group, once up,
-    runs the trials largest first, its first one too, so the trial nearest the memory limit has the least past
-    (sweep.groups.footprint). Also when the next trial's placement was already requested and waits for the
-    group's CPUs (4-rank trials on 4 CPUs, no --max-concurrent): the group, once idle, still picks the
-    largest, not the waiting one."""
+    runs the trials smallest first, its first one too, so the one likeliest to run out of memory (and retire
+    the group) comes last (sweep.groups.footprint). Also when the next trial's placement was already requested
+    and waits for the group's CPUs (4-rank trials on 4 CPUs, no --max-concurrent): the group, once idle, still
+    picks the smallest, not the waiting one."""
     profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
                          "cpus_per_rank: 1\n", "four-ranks.yaml")
-    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [1, 2, 4, 3]\ncompile: none\nseq_len: 32\n"
+    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [4, 2, 1, 3]\ncompile: none\nseq_len: 32\n"
                       f"gpus: {gpus}\nsteps: {{warmup: 1, measure: 1}}\n")
     out = tmp_path / "out"
     result = cli("run", grid, "--cluster", profile, "--output", out, "--no-progress", *limit)
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (4, "ok", 0), (3, "ok", 1), (2, "ok", 2), (1, "ok", 3)], [r["error"] for r in rows]
+        (1, "ok", 0), (2, "ok", 1), (3, "ok", 2), (4, "ok", 3)], [r["error"] for r in rows]
 
 
 def test_an_oom_retires_the_group_and_the_next_trial_runs_on_a_fresh_one(ray_session, cli, write_grid, tmp_path):
-    """Each group runs its largest trial first, so an OOM in a group's second trial needs a second stage: plain
-    torch's batch 64 runs out of memory on its fresh group, batch 2 starts another, whose second trial (torchao
-    batch 64, plain torch first) runs out too and retires it: torchao batch 2 runs on fresh processes."""
+    """A group runs plain torch first, smallest first: batch 2, then 64, which runs out of memory in the group's
+    second trial and retires it; torchao batch 2 then runs on fresh processes (and its 64 runs out there)."""
     grid = write_grid(f"models: [{WIDE_VOCAB}]\nprecisions: [bf16, fp8-torchao-tensorwise]\nbatch_sizes: [2, 64]\n"
                       "compile: none\nseq_len: 128\ngpus: 2\nsteps: {warmup: 1, measure: 1}\non_oom: {policy: none}\n")
     out = tmp_path / "out"
@@ -123,9 +122,9 @@ def test_an_oom_retires_the_group_and_the_next_trial_runs_on_a_fresh_one(ray_ses
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["precision"], r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        ("bf16", 64, "oom", 0), ("bf16", 2, "ok", 0), ("fp8-torchao-tensorwise", 64, "oom", 1),
-        ("fp8-torchao-tensorwise", 2, "ok", 0)], [r["error"] for r in rows]
-    assert [r["actor_reused"] for r in rows] == [False, False, True, False]
+        ("bf16", 2, "ok", 0), ("bf16", 64, "oom", 1), ("fp8-torchao-tensorwise", 2, "ok", 0),
+        ("fp8-torchao-tensorwise", 64, "oom", 1)], [r["error"] for r in rows]
+    assert [r["actor_reused"] for r in rows] == [False, True, False, True]
     assert all("allocat" in r["error"] for r in rows if r["status"] == "oom")
 
 
@@ -177,9 +176,8 @@ def test_max_batch_finds_the_same_limit_on_warm_and_on_fresh_processes(ray_sessi
 @pytest.mark.timeout(150)
 def test_an_idle_group_runs_its_kind_first_then_gives_way_to_a_trial_that_needs_its_cpus(
         ray_session, cli, write_grid, tmp_path):
-    """The session's Ray has 4 CPUs; the trials are queued 1 rank, 4 ranks, 1 rank, 4 ranks. The first 1-rank
-    group runs the larger 1-rank trial first, then, idle, takes the other one although a 4-rank one is ahead
-    of it (taking the queue strictly in
+    """The session's Ray has 4 CPUs; the trials are queued 1 rank, 4 ranks, 1 rank, 4 ranks. After the first, its
+    idle group takes the other 1-rank trial although a 4-rank one is ahead of it (taking the queue strictly in
     order would start a group for every trial); then, nothing of its kind left, it gives way to the 4-rank
     trial it blocks (else the sweep waits for ever), and every trial runs, two groups in all."""
     profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
@@ -191,14 +189,14 @@ def test_an_idle_group_runs_its_kind_first_then_gives_way_to_a_trial_that_needs_
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["seq_len"], r["world_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (64, 1, "ok", 0), (32, 1, "ok", 1), (64, 4, "ok", 0), (32, 4, "ok", 1)], [r["error"] for r in rows]
+        (32, 1, "ok", 0), (64, 1, "ok", 1), (32, 4, "ok", 0), (64, 4, "ok", 1)], [r["error"] for r in rows]
 
 
 @pytest.mark.timeout(180)
 def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid, tmp_path):
     # ~100 steps of a few tens of ms: the kill lands in the second trial's steps, on the warm group
     grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [3, 2]\ncompile: none\nseq_len: 32\n"
-                      "gpus: 2\nsteps: {warmup: 1, measure: 100}\n")  # batch 3 first: the larger
+                      "gpus: 2\nsteps: {warmup: 1, measure: 100}\n")  # batch 2 first: the smaller
     out = tmp_path / "out"
     results = []
     sweep = threading.Thread(target=lambda: results.append(
@@ -216,7 +214,7 @@ def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid,
     assert results[0].exit_code == 0, results[0].output
     rows = _rows(out)
     assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (3, "ok", 0), (2, "error", 1), (2, "ok", 0)], [r["error"] for r in rows]
+        (2, "ok", 0), (3, "error", 1), (3, "ok", 0)], [r["error"] for r in rows]
     failed, retry = rows[1:]
     assert failed["actor_reused"] and f"of 2 died (pid {victim} on " in failed["error"], failed["error"]
     assert retry["parent_trial_id"] == failed["trial_id"] and not retry["actor_reused"]
@@ -307,19 +305,20 @@ def test_one_group_runs_trials_of_one_shape_cap_and_process_family():
     assert group_key(_trial(precision="fp8-te-delayed")) == group_key(_trial(precision="bf16-te"))
 
 
-def test_a_group_picks_plain_torch_before_torchao_then_the_largest_and_never_goes_back():
+def test_a_group_picks_plain_torch_before_torchao_then_the_smallest_and_never_goes_back():
     from sweep.groups import group_key, pick
 
     key = group_key(_trial())
-    small, large = _trial(batch_size=2), _trial(batch_size=8)
-    fp8_small, fp8_large = _trial(precision="fp8-torchao-tensorwise"), _trial(precision="fp8-torchao-tensorwise",
-                                                                             batch_size=16)
-    te = _trial(precision="fp8-te-delayed", batch_size=32)
-    queue = [fp8_large, small, te, fp8_small, large]
-    assert pick(key, 0, queue) is large  # stage 0 first (the larger torchao and TE trials wait), largest first
-    assert pick(key, 0, [fp8_small, fp8_large, te]) is fp8_large
+    small, large = _trial(batch_size=4), _trial(batch_size=8)
+    fp8_tiny, fp8_large = (_trial(precision="fp8-torchao-tensorwise", batch_size=b) for b in (1, 16))
+    te = _trial(precision="fp8-te-delayed", batch_size=1)
+    queue = [fp8_large, large, te, fp8_tiny, small]
+    assert pick(key, 0, queue) is small  # stage 0 first (the smaller torchao and TE trials wait), smallest first
+    assert pick(key, 0, [fp8_large, fp8_tiny, te]) is fp8_tiny
     assert pick(key, 1, [small, large, te]) is None  # torchao ran in it: plain torch needs fresh processes
     assert pick(group_key(te), 0, queue) is te
+    twin = _trial(batch_size=4, seq_len=32)  # the same footprint as `small`: the oldest of equals
+    assert pick(key, 0, [twin, small]) is twin and pick(key, 0, [small, twin]) is small
 
 
 @pytest.mark.timeout(240)
