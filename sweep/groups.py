@@ -2,8 +2,8 @@
 
 A group (`sweep.scheduler`) runs trial after trial in the same processes. It may run a trial when the trial
 has its kind (`group_key`: ranks, memory cap, process family) and does not come at an earlier `stack_stage`
-than a trial the group already ran; among those it takes the lowest stage first, then the smallest
-(`pick`). A process that a trial may have changed is not measured on again: the scheduler also retires a
+than a trial the group already ran. Its first trial is the one it was placed for, stage permitting
+(`opener`); after that it takes the lowest stage first, then the smallest (`pick`). A process that a trial may have changed is not measured on again: the scheduler also retires a
 group after a failed trial and when its memory did not return to the baseline (`returned_to_baseline`).
 """
 
@@ -54,6 +54,14 @@ def pick(key: tuple, stage: int, queue: Iterable[Trial]) -> Trial | None:
     """The trial a group of `key` at `stage` runs next: of those it may run, the lowest stage (what comes later
     in the family can still follow), then the smallest (`footprint`; of equals the oldest); None when none."""
     return min((t for t in queue if fits(key, stage, t)), key=lambda t: (stack_stage(t), footprint(t)), default=None)
+
+
+def opener(first: Trial, queue: Iterable[Trial]) -> Trial:
+    """The trial a new group runs first: the one it was placed for (the oldest waiting: placement keeps
+    submission order), unless a queued trial it may run comes at an earlier stage; then the oldest of the
+    earliest, so that a grid listing torchao before bf16 still runs both on one group."""
+    earlier = [t for t in queue if group_key(t) == group_key(first) and stack_stage(t) < stack_stage(first)]
+    return min(earlier, key=stack_stage) if earlier else first
 
 
 def returned_to_baseline(ranks: list[dict]) -> bool:

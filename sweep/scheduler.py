@@ -21,8 +21,9 @@ A rank process that dies (SIGKILL, segfault, node lost) is an infrastructure fai
 starts with INFRA_PREFIX, which is how a resumed run knows, from the row alone, to retry it. When one
 rank dies its peers fail too ("Connection reset by peer" inside a collective), often in the same instant;
 the dead rank is the cause, so a rank's `error` waits up to DEATH_GRACE_S for a peer's death to show.
-A group, once up and whenever idle, picks among the waiting trials it may run (`sweep.groups.pick`: plain
-torch before torchao, then the smallest first); otherwise trials start in submission order and one placement
+A new group runs the trial it was placed for first (stage permitting: `sweep.groups.opener`); an idle one
+picks among the waiting trials it may run (`sweep.groups.pick`: plain torch before torchao, then the
+smallest first); otherwise trials start in submission order and one placement
 group is requested at a time, only for the oldest waiting trial, so a big trial waiting for GPUs is not
 overtaken forever by small ones (only by the queued trials an idle group may run). One that no set of live
 nodes can ever hold (a node lost) is given up as a `timeout` after INFEASIBLE_LIMIT_S (or the trial's
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from sweep.grid import Trial
-from sweep.groups import fits, group_key, kept_note, pick, returned_to_baseline, stack_stage
+from sweep.groups import fits, group_key, kept_note, opener, pick, returned_to_baseline, stack_stage
 from sweep.outcome import INFRA_PREFIX, Outcome, deaths, short
 from sweep.placement import bundle, bundle_index, placement, rank_env, rank_jobs
 from trainer.job import PG_TIMEOUT_S
@@ -54,7 +55,7 @@ class _Group:
     key: tuple
     pg: object
     ready_ref: object
-    first: Trial | None  # the trial it was requested for, until it is up (then it picks its first one)
+    first: Trial | None  # the trial it was requested for, until it is up (sweep.groups.opener)
     state: str = "placing"
     actors: list = field(default_factory=list)
     info_refs: list = field(default_factory=list)
@@ -236,7 +237,7 @@ class Scheduler:
                 except Exception as e:  # the process died, or its runtime env could not be set up
                     return self._fail_start(g, "error", f"rank {rank} of {g.key[0]} failed to start: {short(e)}",
                                             infrastructure=True)
-            first = pick(g.key, g.stage, [g.first, *self.queue])  # as an idle group picks: the oldest may wait
+            first = opener(g.first, self.queue)
             if first is not g.first:
                 self.queue.remove(first)
                 self.queue.insert(0, g.first)

@@ -56,9 +56,9 @@ def test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes(ray_se
     # one group, trial after trial, whatever the model: its processes ran them all
     assert [r["group_trial_index"] for r in warm] == [0, 1, 2]
     assert [r["actor_reused"] for r in warm] == [False, True, True]
-    # the group takes the smallest model first, its first trial too (sweep.groups.footprint)
-    assert [r["model"] for r in warm] == ["llama-tiny", "gpt-tiny", "gpt-wide"]
-    assert warm[0]["n_params"] < warm[1]["n_params"] < warm[2]["n_params"]
+    # the first starts the group; the group then takes the smaller model first (sweep.groups.footprint)
+    assert [r["model"] for r in warm] == ["gpt-tiny", "llama-tiny", "gpt-wide"]
+    assert warm[1]["n_params"] < warm[2]["n_params"]
 
     cold = _rows(fresh)
     assert [(r["status"], r["actor_reused"], r["group_trial_index"]) for r in cold] == [("ok", False, 0)] * 3
@@ -94,21 +94,21 @@ def test_grid_reuse_actors_false_gives_every_trial_fresh_processes(ray_session, 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("gpus, limit", [(1, ("--max-concurrent", 1)), (4, ())], ids=["one-at-a-time", "placement-waits"])
 def test_a_warm_group_takes_the_smallest_trial_of_its_kind_first(ray_session, cli, write_grid, tmp_path, gpus, limit):
-    """The oldest trial's placement starts the group (placement stays in submission order); the group, once up,
-    runs the trials smallest first, its first one too, so the one likeliest to run out of memory (and retire
-    the group) comes last (sweep.groups.footprint). Also when the next trial's placement was already requested
-    and waits for the group's CPUs (4-rank trials on 4 CPUs, no --max-concurrent): the group, once idle, still
-    picks the smallest, not the waiting one."""
+    """The first trial starts the group (the oldest: placement stays in submission order); the group then runs
+    the rest smallest first, so the one likeliest to run out of memory (and retire the group) comes last
+    (sweep.groups.footprint). Also when the next trial's placement was already requested and waits for the
+    group's CPUs (4-rank trials on 4 CPUs, no --max-concurrent): the group, once idle, still picks the
+    smallest, not the waiting one."""
     profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
                          "cpus_per_rank: 1\n", "four-ranks.yaml")
-    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [4, 2, 1, 3]\ncompile: none\nseq_len: 32\n"
+    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 4, 1, 3]\ncompile: none\nseq_len: 32\n"
                       f"gpus: {gpus}\nsteps: {{warmup: 1, measure: 1}}\n")
     out = tmp_path / "out"
     result = cli("run", grid, "--cluster", profile, "--output", out, "--no-progress", *limit)
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (1, "ok", 0), (2, "ok", 1), (3, "ok", 2), (4, "ok", 3)], [r["error"] for r in rows]
+        (2, "ok", 0), (1, "ok", 1), (3, "ok", 2), (4, "ok", 3)], [r["error"] for r in rows]
 
 
 def test_an_oom_retires_the_group_and_the_next_trial_runs_on_a_fresh_one(ray_session, cli, write_grid, tmp_path):
@@ -132,8 +132,9 @@ def test_an_oom_retires_the_group_and_the_next_trial_runs_on_a_fresh_one(ray_ses
 def test_plain_torch_then_torchao_share_a_group_with_the_losses_of_fresh_processes(ray_session, cli, write_grid,
                                                                                   tmp_path):
     """torchao's float8 conversion patches inductor for its whole process (sweep.groups.STACKS), so a group runs
-    plain torch first, whatever the grid's order, then torchao on the same processes: one group start, not two,
-    and each trial trains as in processes where nothing ran before it."""
+    plain torch first, also the group placed for a torchao trial listed first (sweep.groups.opener), then
+    torchao on the same processes: one group start, not two, and each trial trains as in processes where
+    nothing ran before it."""
     grid = write_grid("models: [gpt-tiny]\nprecisions: [fp8-torchao-tensorwise, bf16]\nbatch_sizes: [2]\n"
                       "compile: none\nseq_len: 32\ngpus: 2\nsteps: {warmup: 1, measure: 2}\n")
     warm_out, fresh_out = tmp_path / "warm", tmp_path / "fresh"
@@ -195,8 +196,8 @@ def test_an_idle_group_runs_its_kind_first_then_gives_way_to_a_trial_that_needs_
 @pytest.mark.timeout(180)
 def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid, tmp_path):
     # ~100 steps of a few tens of ms: the kill lands in the second trial's steps, on the warm group
-    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [3, 2]\ncompile: none\nseq_len: 32\n"
-                      "gpus: 2\nsteps: {warmup: 1, measure: 100}\n")  # batch 2 first: the smaller
+    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 3]\ncompile: none\nseq_len: 32\n"
+                      "gpus: 2\nsteps: {warmup: 1, measure: 100}\n")
     out = tmp_path / "out"
     results = []
     sweep = threading.Thread(target=lambda: results.append(
@@ -319,6 +320,16 @@ def test_a_group_picks_plain_torch_before_torchao_then_the_smallest_and_never_go
     assert pick(group_key(te), 0, queue) is te
     twin = _trial(batch_size=4, seq_len=32)  # the same footprint as `small`: the oldest of equals
     assert pick(key, 0, [twin, small]) is twin and pick(key, 0, [small, twin]) is small
+
+
+def test_a_new_group_runs_what_it_was_placed_for_unless_an_earlier_stage_waits():
+    from sweep.groups import opener
+
+    placed, large, fp8 = _trial(batch_size=8), _trial(batch_size=16), _trial(precision="fp8-torchao-tensorwise")
+    te = _trial(precision="fp8-te-delayed")
+    assert opener(placed, [large, _trial(batch_size=2)]) is placed  # submission order, not the smallest
+    assert opener(fp8, [te, large, placed]) is large  # plain torch first: the oldest of them
+    assert opener(te, [placed, fp8]) is te  # another family: not its to run
 
 
 @pytest.mark.timeout(240)
