@@ -3,8 +3,9 @@
 A group (`sweep.scheduler`) runs trial after trial in the same processes. It may run a trial when the trial
 has its kind (`group_key`: ranks, memory cap, process family) and does not come at an earlier `stack_stage`
 than a trial the group already ran. Its first trial is the one it was placed for, stage permitting
-(`opener`); after that it takes the lowest stage first, then the smallest (`pick`). A process that a trial may have changed is not measured on again: the scheduler also retires a
-group after a failed trial and when its memory did not return to the baseline (`returned_to_baseline`).
+(`opener`); after that it takes the lowest stage first, then the smallest (`pick`). A process that a trial
+may have changed is not measured on again: the scheduler also retires a group after a failed trial and when
+its memory did not return to the baseline (`returned_to_baseline`).
 """
 
 from __future__ import annotations
