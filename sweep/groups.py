@@ -23,16 +23,21 @@ from trainer.recipes import RECIPES
 STACKS = {"torch": ("torch", 0), "torchao": ("torch", 1), "te": ("te", 0)}
 
 
+def _stack(trial: Trial) -> tuple[str, int]:
+    """The trial's process family and its stage in it (`STACKS`)."""
+    return STACKS[RECIPES[trial.precision].backend]
+
+
 def group_key(trial: Trial) -> tuple:
     """The trials one group can run one after the other: the same ranks (the process group and its placement
     stay), the same memory cap (set per trial, but a CPU cap is measured from the process's size, which an
     earlier trial grew), the same process family (`STACKS`; within it, `stack_stage` orders them)."""
-    return trial.gpus, trial.memory_cap_bytes, STACKS[RECIPES[trial.precision].backend][0]
+    return trial.gpus, trial.memory_cap_bytes, _stack(trial)[0]
 
 
 def stack_stage(trial: Trial) -> int:
     """The trial's place in its family's order (`STACKS`): a group that ran a later stage runs no earlier one."""
-    return STACKS[RECIPES[trial.precision].backend][1]
+    return _stack(trial)[1]
 
 
 def fits(key: tuple, stage: int, trial: Trial) -> bool:
@@ -61,7 +66,8 @@ def opener(first: Trial, queue: Iterable[Trial]) -> Trial:
     """The trial a new group runs first: the one it was placed for (the oldest waiting: placement keeps
     submission order), unless a queued trial it may run comes at an earlier stage; then the oldest of the
     earliest, so that a grid listing torchao before bf16 still runs both on one group."""
-    earlier = [t for t in queue if group_key(t) == group_key(first) and stack_stage(t) < stack_stage(first)]
+    key, stage = group_key(first), stack_stage(first)
+    earlier = [t for t in queue if fits(key, 0, t) and stack_stage(t) < stage]
     return min(earlier, key=stack_stage) if earlier else first
 
 

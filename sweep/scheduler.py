@@ -79,7 +79,6 @@ class _Attempt:
     since: float  # monotonic: placement (a fresh group's first trial) or launch, for wall_s
     started_at: datetime
     deadline: float
-    process_start_s: float | None  # a fresh group's first trial: placement to its rank processes up, else None
     results: dict = field(default_factory=dict)  # rank -> result
     ready: set = field(default_factory=set)
     failure_final_at: float = math.inf  # a reported error decides then, unless a rank is found dead first
@@ -320,8 +319,7 @@ class Scheduler:
         refs = [actor.run.remote(job) for actor, job in zip(g.actors, jobs)]
         self.attempts.append(_Attempt(
             trial=trial, group=g, index=g.trials, run_refs=refs, since=g.placed_at if fresh else now,
-            started_at=g.started_at if fresh else datetime.now(timezone.utc), deadline=now + trial.timeout_s,
-            process_start_s=g.up_at - g.placed_at if fresh else None))
+            started_at=g.started_at if fresh else datetime.now(timezone.utc), deadline=now + trial.timeout_s))
         g.trials += 1
         g.stage = max(g.stage, stack_stage(trial))
         g.first = None
@@ -343,7 +341,9 @@ class Scheduler:
         return Outcome(trial=a.trial, status=status, error=error, ranks=ranks, nodes=a.group.nodes,
                        started_at=a.started_at, finished_at=datetime.now(timezone.utc),
                        wall_s=time.monotonic() - a.since, infrastructure=infrastructure, traceback=traceback,
-                       group_trial_index=a.index, process_start_s=a.process_start_s,
+                       group_trial_index=a.index,
+                       # a fresh group's first trial waited for its processes: placement to every rank up
+                       process_start_s=a.group.up_at - a.group.placed_at if a.index == 0 else None,
                        note=kept_note(a.trial, ranks) if warm and a.group.state == "retired" else None)
 
     def _fail_start(self, g: _Group, status: str, error: str, infrastructure: bool = False) -> Outcome:

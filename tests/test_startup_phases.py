@@ -78,7 +78,8 @@ def test_rows_older_than_the_phases_read_null_and_show_without_them(cli, tmp_pat
     from sweep.schema import VERSION_KEY, to_table
     from test_schema import _row
 
-    old = to_table([_row(init_time_s=3.0, trial_wall_s=5.0)]).drop_columns(list(PHASES)).replace_schema_metadata({VERSION_KEY: b"1.7"})
+    old = to_table([_row(init_time_s=3.0, trial_wall_s=5.0)]).drop_columns(list(PHASES))
+    old = old.replace_schema_metadata({VERSION_KEY: b"1.7"})
     pq.write_table(old, tmp_path / "old.parquet")
     (back,) = store.read_table(tmp_path).to_pylist()
     assert [back[p] for p in PHASES] == [None] * len(PHASES) and back["init_time_s"] == 3.0

@@ -138,9 +138,8 @@ def test_plain_torch_then_torchao_share_a_group_with_the_losses_of_fresh_process
     grid = write_grid("models: [gpt-tiny]\nprecisions: [fp8-torchao-tensorwise, bf16]\nbatch_sizes: [2]\n"
                       "compile: none\nseq_len: 32\ngpus: 2\nsteps: {warmup: 1, measure: 2}\n")
     warm_out, fresh_out = tmp_path / "warm", tmp_path / "fresh"
-    for out, option in ((warm_out, "--max-concurrent"), (fresh_out, "--fresh-actors")):
-        result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress",
-                     *((option, 1) if option == "--max-concurrent" else (option,)))
+    for out, options in ((warm_out, ("--max-concurrent", 1)), (fresh_out, ("--fresh-actors",))):
+        result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress", *options)
         assert result.exit_code == 0, result.output
     warm, fresh = _rows(warm_out), _rows(fresh_out)
     assert [(r["precision"], r["status"], r["group_trial_index"]) for r in warm] == [
