@@ -12,19 +12,19 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            ran out of memory at; it goes on from there only if some batch could make up its recomputation
            (LevelFit.batch_gain). Its candidates run its largest fitting batch and the fastest one found
            (under G: the two largest splits that fit). A fixed batch needs no probes here.
-  explore  short probes (SHORT steps): first every neighbour of the baseline (one option changed; of
-           accumulation only the most micro-batches), then waves of the candidates that the measured
-           one-option effects, added in log speed, rate fastest, each wave led by a candidate for every
-           option value not yet run clean (_untried: it thrashed, ran out of memory or folded away, so its
-           effect is unknown), until STALE_WAVES waves in a row find nothing faster; a candidate the effects
-           rate below the fastest clean probe is not probed (_promising). Never probed: a candidate as
-           heavy as a known OOM (tune_space.at_least_as_heavy), or with an option value that failed on its
-           own. A candidate that runs out of memory is tried at a smaller batch, and configs of its heavy
-           class (e.g. grad_sync: step) then start at the batch that fitted there. So is one that fit only
-           with allocator retries (it thrashed: its speed measures the memory's limit, so it rates no
-           option: on 2xH200, Llama3-8B torchao batch 4 x 8 micro-batches, grad_sync: step read 813.5
-           TFLOP/s/GPU with 8 retries against 847.6 without it, and was never tried at batch 3); a
-           candidate that needs at least a thrashing probe's memory starts below its batch (_needs).
+  explore  short probes (SHORT steps, counted in micro-batches: probe_steps): first every neighbour of the
+           baseline (one option changed; of accumulation only the most micro-batches), then waves of the
+           candidates that the measured one-option effects, added in log speed, rate fastest, each wave led
+           by a candidate for every option value not yet run clean (_untried: it thrashed, ran out of memory
+           or folded away, so its effect is unknown), until STALE_WAVES waves in a row find nothing faster; a
+           candidate the effects rate below the fastest clean probe is not probed (_promising). Never probed:
+           a candidate as heavy as a known OOM (tune_space.at_least_as_heavy), or with an option value that
+           failed on its own. A candidate that runs out of memory is tried at a smaller batch, and configs of
+           its heavy class (e.g. grad_sync: step) then start at the batch that fitted there. So is one that
+           fit only with allocator retries (it thrashed: its speed measures the memory's limit, so it rates
+           no option: on 2xH200, Llama3-8B torchao batch 4 x 8 micro-batches, grad_sync: step read 813.5
+           TFLOP/s/GPU with 8 retries against 847.6 without it, and was never tried at batch 3); a candidate
+           that needs at least a thrashing probe's memory starts below its batch (_needs).
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
            with LONGER steps; no rung where it would keep only the finalists (budgets under 18).
   final    the `finalists` fastest of the rung (without one: of the short probes), and the baseline (the
@@ -50,10 +50,9 @@ from sweep.errors import UserError
 from sweep.grid import GridSpec, Trial, TuneSpec
 from sweep.policy import infra_retry
 from sweep.tune_verdict import fastest_verdict
-from sweep.tune_space import AC_MEMORY, Config, LevelFit, Space, at_least_as_heavy, heavy_class, thrashes
+from sweep.tune_space import (AC_MEMORY, LONGER, SHORT, Config, LevelFit, Space, at_least_as_heavy, heavy_class,
+                              probe_steps, thrashes)
 
-SHORT = (2, 3)  # warm-up 2 (a compile), measure 3: enough to rank candidates, cheap on a warm group
-LONGER = (3, 9)  # the rung: three times the measured steps to separate the close ones
 KEEP = 3  # the rung keeps the fastest third of the short probes (successive halving's eta)...
 RUNG_MAX = 6  # ...but at most this many: a rung probe of 8 micro-batches costs a dozen long steps
 WAVE = 4  # explore probes issued together after the neighbours: a cluster can run them side by side
@@ -146,7 +145,8 @@ class GroupSearch:
     def _ask(self, c: Config, rung: int, profile: bool = False) -> list[Trial]:
         """Issue `c` at `rung`'s steps, unless the same trial was issued before (two rungs with the same
         steps: its row serves both; the runner would not run it twice) or the rung's cap is reached."""
-        trial = self.space.trial(c, self.steps[rung], profile=profile, search_id=self.sid)
+        steps = self.steps[rung] if rung == 2 else probe_steps(self.steps[rung], c.grad_accum)
+        trial = self.space.trial(c, steps, profile=profile, search_id=self.sid)
         if trial.trial_id in self.owner:
             self.asked[(c, rung)] = trial.trial_id
             return []

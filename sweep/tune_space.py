@@ -43,6 +43,19 @@ ALL_VALUES = {"ac": ("none", "selective", "full"), "compile": ("none", "regional
               "grad_sync": ("micro_batch", "step"), "fp8_lm_head": (False, True)}
 FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.policy.MaxBatchSearch)
 _FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")  # the training options among TUNABLE
+SHORT = (2, 3)  # a search's short probe: warm-up 2 (a compile), measure 3: enough to rank candidates
+LONGER = (3, 9)  # its rung: three times the measured steps to separate the close ones
+# (both in micro-batches for a candidate that accumulates: probe_steps)
+
+
+def probe_steps(steps: tuple[int, int], grad_accum: int) -> tuple[int, int]:
+    """SHORT or LONGER steps for a candidate of `grad_accum` micro-batches a step: as many micro-batches,
+    whole steps, at least one warm-up and one measured step (two for the rung, so it differs from a short probe).
+    A step of 8 micro-batches is 8 times as long and as steady as one: on 2xH200, Llama3-8B torchao, 4 x 8
+    micro-batches stepped 8.43 s (p10..p90 8.43..8.45 s over its 3 measured steps) and its 5 SHORT steps were
+    ~42 s of the probe's 46.5. A first step compiles on its first micro-batch and runs the others warm."""
+    warmup, measure = (math.ceil(n / grad_accum) for n in steps)
+    return max(1, warmup), max(1 if steps == SHORT else 2, measure)
 
 
 def memory_class(c: Config) -> tuple:

@@ -16,7 +16,7 @@ import pytest
 
 from sweep.errors import UserError
 from sweep.grid import NUMERICS_CHANGING, expand, parse_grid
-from sweep.tune import LONGER, SHORT, TunePlan
+from sweep.tune import LONGER, SHORT, TunePlan, probe_steps
 from sweep.tune_space import Config, at_least_as_heavy
 
 GIB = 1024**3
@@ -120,6 +120,14 @@ def plan(capacity_gib: float | None = 40.0, **extra) -> TunePlan:
     return TunePlan(trials, spec, capacity_bytes=capacity_gib * GIB if capacity_gib else None)
 
 
+def is_short(t) -> bool:
+    return (t.warmup_steps, t.measure_steps) == probe_steps(SHORT, t.grad_accum)
+
+
+def is_longer(t) -> bool:
+    return (t.warmup_steps, t.measure_steps) == probe_steps(LONGER, t.grad_accum)
+
+
 def config(t) -> Config:
     return Config(*(getattr(t, name) for name in Config._fields))
 
@@ -159,7 +167,7 @@ def test_options_that_fold_away_are_one_candidate_and_never_probed_twice():
     r = run(p, Machine())
     assert {(t.reduce_dtype, t.grad_sync, t.fp8_lm_head) for t in r.asked} == {("fp32", "micro_batch", False)}
     (v,) = p.verdicts()
-    batches = {ac: {t.batch_size for t in r.asked if t.ac == ac and t.warmup_steps == SHORT[0]} for ac in ACTIVATIONS}
+    batches = {ac: {t.batch_size for t in r.asked if t.ac == ac and is_short(t)} for ac in ACTIVATIONS}
     assert v["candidates"] <= sum(len(b) for b in batches.values()) * 3 * 4  # ac batches x compile x grad_accum
 
 
@@ -232,8 +240,9 @@ def test_short_probes_then_longer_then_the_grids_own_steps(steps):
     p = plan(steps=steps)
     r = run(p, Machine())
     full = (steps["warmup"], steps["measure"])
-    kinds = {(t.warmup_steps, t.measure_steps) for t in r.asked}
-    assert kinds == {SHORT, LONGER, full}
+    kinds = {("short" if is_short(t) else "longer" if is_longer(t) else (t.warmup_steps, t.measure_steps))
+             for t in r.asked}
+    assert kinds == {"short", "longer", full}
     (v,) = p.verdicts()
     last = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == full]
     assert {t.profile for t in last} == {True}  # the finalists and the baseline: either can be the best
@@ -241,6 +250,23 @@ def test_short_probes_then_longer_then_the_grids_own_steps(steps):
     assert len(last) <= 3  # two finalists and the baseline
     assert {t.search_id for t in r.asked} == {v["search_id"]}
     assert len({t.trial_id for t in r.asked}) == len(r.asked)
+
+
+def test_a_probe_runs_its_steps_in_micro_batches_and_a_rung_probe_stays_longer_than_a_short_one():
+    assert probe_steps(SHORT, 1) == SHORT and probe_steps(LONGER, 1) == LONGER
+    assert probe_steps(SHORT, 2) == (1, 2) and probe_steps(SHORT, 8) == (1, 1)
+    assert probe_steps(LONGER, 4) == (1, 3) and probe_steps(LONGER, 16) == (1, 2)  # never the short probe
+    p = plan(tune={"vary": ["batch_size", "grad_accum"], "budget": 20})
+    r = run(p, Machine())
+    full = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == (3, 10)]
+    probes = [t for t in r.asked if t not in full]
+    assert {t.grad_accum for t in probes} == {1, 8} and any(is_longer(t) for t in probes)
+    for t in probes:  # as many micro-batches as a probe of one, in whole steps
+        rung = SHORT if is_short(t) else LONGER
+        assert is_short(t) or is_longer(t)
+        assert t.warmup_steps * t.grad_accum >= rung[0] and t.measure_steps * t.grad_accum >= rung[1]
+        assert (t.warmup_steps - 1) * t.grad_accum < rung[0] or t.warmup_steps == 1
+    assert full and {t.profile for t in full} == {True}  # the grid's own steps, whatever the accumulation
 
 
 def test_the_search_id_is_the_groups_and_a_resumed_search_asks_for_the_same_trials():
@@ -267,8 +293,8 @@ def test_the_order_results_come_back_in_does_not_change_the_search():
 def test_successive_halving_keeps_the_faster_short_probes():
     r = run(plan(tune={"vary": ALL_OPTIONS, "budget": 40}), Machine())
     short = sorted((r.of(t)["tflops_per_gpu"], config(t)) for t in r.asked
-                   if (t.warmup_steps, t.measure_steps) == SHORT and r.of(t)["status"] == "ok")
-    longer = {config(t) for t in r.asked if (t.warmup_steps, t.measure_steps) == LONGER}
+                   if is_short(t) and r.of(t)["status"] == "ok")
+    longer = {config(t) for t in r.asked if is_longer(t)}
     assert longer == {c for _, c in short[-len(longer):]} and 2 < len(longer) < len(short)
 
 
@@ -332,7 +358,7 @@ def test_more_checkpointing_is_searched_only_where_a_larger_batch_could_make_up_
     # 36 fits without checkpointing; at 36 selective runs 10 % slower, and no batch runs more than ~3 %
     # faster than 36 (the speed saturates): selective and full get their one probe at 36
     slow = run(plan(tune={"vary": ["batch_size", "ac"]}), Machine(capacity_gib=40))
-    fitting = [t for t in slow.asked if t.ac != "none" and (t.warmup_steps, t.measure_steps) == SHORT]
+    fitting = [t for t in slow.asked if t.ac != "none" and is_short(t)]
     assert [(t.ac, t.batch_size) for t in fitting] == [("selective", 36), ("full", 36)]
     # recomputation nearly free: a larger batch may pay, so each level finds its own limit
     cheap = run(plan(tune={"vary": ["batch_size", "ac"]}),
@@ -343,7 +369,7 @@ def test_more_checkpointing_is_searched_only_where_a_larger_batch_could_make_up_
 def test_an_oom_candidate_is_tried_at_a_smaller_batch_and_its_limit_serves_its_kind():
     # grad_sync: step keeps whole gradients: it does not fit at the batch the grid's options fit
     r = run(plan(tune={"vary": ALL_OPTIONS, "budget": 60}), Machine(capacity_gib=40))
-    step = [t for t in r.asked if t.grad_sync == "step" and (t.warmup_steps, t.measure_steps) == SHORT]
+    step = [t for t in r.asked if t.grad_sync == "step" and is_short(t)]
     fits = [t.batch_size for t in step if r.of(t)["status"] == "ok"]
     assert fits and max(fits) < 36 and r.of(step[0])["status"] == "oom"
     first_fit = next(i for i, t in enumerate(step) if r.of(t)["status"] == "ok")
@@ -359,14 +385,14 @@ def test_a_batch_that_thrashes_ends_the_fit_and_a_thrashing_candidate_is_tried_s
     p = plan(tune={"vary": ALL_OPTIONS, "budget": 40})
     r = run(p, m)
     grid_options = config(r.asked[0])._replace(batch_size=0)
-    fit = [t for t in r.asked if config(t)._replace(batch_size=0) == grid_options and (t.warmup_steps, t.measure_steps) == SHORT]
+    fit = [t for t in r.asked if config(t)._replace(batch_size=0) == grid_options and is_short(t)]
     first = next(i for i, t in enumerate(fit) if r.of(t).get("alloc_retries"))
     assert all(t.batch_size < fit[first].batch_size for t in fit[first + 1:]), [t.batch_size for t in fit]
     assert not any(r.of(t)["status"] == "oom" for t in fit)  # it never went on to the real limit (36)
     clean = [t.batch_size for t in fit if r.of(t)["status"] == "ok" and not r.of(t)["alloc_retries"]]
     assert max(clean) == 29  # 4 + 29 GiB: the largest without retries (30 thrashes, 36 is the real limit)
     # the first candidate that thrashed while exploring was tried smaller; the best ran clean, near the optimum
-    explore = [t for t in r.asked if t not in fit and (t.warmup_steps, t.measure_steps) == SHORT]
+    explore = [t for t in r.asked if t not in fit and is_short(t)]
     t = next(t for t in explore if r.of(t).get("alloc_retries"))
     assert any(config(u)._replace(batch_size=0) == config(t)._replace(batch_size=0) and u.batch_size < t.batch_size
                for u in explore), f"{t.describe()} thrashed and was not tried smaller"
@@ -404,7 +430,7 @@ def test_an_option_that_thrashed_at_the_top_batch_runs_clean_lower_within_a_smal
     budget, and of accumulation only the most micro-batches is a neighbour (every count holds the same memory)."""
     p = plan(batch_sizes=[3], tune={"vary": NUMERICS_RUN, "budget": 16})
     r = run(p, Machine(capacity_gib=40, thrash_gib=34.0, head_gib=2.0))
-    short = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == SHORT]
+    short = [t for t in r.asked if is_short(t)]
     assert any(t.fp8_lm_head and _clean(r, t) for t in short), [(t.describe(), r.of(t)) for t in short]
     assert not any(t.grad_accum in (2, 4) for t in short)
     (v,) = p.verdicts()
@@ -442,7 +468,7 @@ def test_no_probe_asked_after_a_thrash_needs_its_memory(capacity, head):
         return {(k, x) for k, x in c._asdict().items()
                 if k not in ("batch_size", "ac", "grad_accum") and x != getattr(base, k)}
 
-    short = [(i, t) for i, t in enumerate(r.asked) if (t.warmup_steps, t.measure_steps) == SHORT]
+    short = [(i, t) for i, t in enumerate(r.asked) if is_short(t)]
     thrashed = [(i, config(t)) for i, t in short if r.of(t).get("alloc_retries")]
     assert len(thrashed) > 2
     for i, t in thrashed:
@@ -544,4 +570,4 @@ def test_without_a_capacity_more_checkpointing_does_not_gallop_past_a_batch_that
     r = run(p, Machine(capacity_gib=1e9))
     largest = max(t.batch_size for t in r.asked if t.ac == "none")
     assert max(t.batch_size for t in r.asked) == largest
-    assert len([t for t in r.asked if t.ac != "none" and t.warmup_steps == SHORT[0]]) == 2  # one check each
+    assert len([t for t in r.asked if t.ac != "none" and is_short(t)]) == 2  # one check each
