@@ -1,7 +1,7 @@
 """`search: fastest`: the fastest configuration of each (model, precision, seq_len, ranks) group, within a
 budget of probes. Pure: no torch, no Ray (tests/test_tune.py drives it with a simulated runner).
 
-The candidates are the configurations of `sweep.tune_space.Space`. Each group's search has four stages;
+The candidates are the configurations of `sweep.tune_space.Space`. Each group's search has five stages;
 a stage decides only once every probe it issued has answered, from results it sorts itself, so the order
 in which answers arrive (concurrent trials, or rows reused by --resume) does not change the search:
 
@@ -26,17 +26,18 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            TFLOP/s/GPU with 8 retries against 847.6 without it, and was never tried at batch 3); a candidate
            that needs at least a thrashing probe's memory starts below its batch (_needs).
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
-           with LONGER steps; no rung where it would keep only the finalists (budgets under 18).
-  final    the `finalists` fastest of the rung (without one: of the short probes), and the baseline (the
-           grid's options at the fastest batch their fit found; under G the split with the largest
-           micro-batch that fits) unless its short probe failed, all with the grid's own steps and
-           profile=True. The best is the fastest of these full measurements.
+           with LONGER steps; no rung where it would keep only the finalists (budgets under 19).
+  final    the `finalists` fastest of the rung (without one: of the short probes), and the baseline (the grid's
+           options at the fastest batch their fit found; under G the split with the largest micro-batch that
+           fits) unless its short probe failed, with the grid's own steps. The best is the fastest of these.
+  profile  the best (if a final ran ok) with a short probe's steps and profile=True: the verdict's trace. A profiled
+           trial retires its warm group (the profiler's hooks stay in it): only the best, last, costs no group start.
 
 Budget bound: a stage issues a trial only while the trials issued so far (OOMs, errors, infrastructure
-retries, everything) are under its cap: budget - (finalists + 1) - rung size for fit and explore,
-budget - (finalists + 1) for the rung, budget for the finals, which need at most finalists + 1. So a
-group never makes more than `budget` attempts; a retry past its stage's cap is not made (the attempt
-stays failed). A budget without room for one short probe, the baseline and one finalist is refused.
+retries, everything) are under its cap: budget - (finalists + 2) - rung size for fit and explore,
+budget - (finalists + 2) for the rung, budget - 1 for the finals (at most finalists + 1), budget for the
+profile. So a group never makes more than `budget` attempts; a retry past its stage's cap is not made (the
+attempt stays failed). A budget without room for one short probe, two finals and the profile is refused.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from typing import Any
 from sweep.errors import UserError
 from sweep.grid import GridSpec, Trial, TuneSpec
 from sweep.policy import infra_retry
-from sweep.tune_verdict import fastest_verdict
+from sweep.tune_verdict import best_final, fastest_verdict
 from sweep.tune_space import (AC_MEMORY, LONGER, SHORT, Config, LevelFit, Space, at_least_as_heavy, heavy_class,
                               probe_steps, thrashes)
 
@@ -72,21 +73,21 @@ def search_id(t: Trial, tune: TuneSpec) -> str:
 
 
 class GroupSearch:
-    """The search of one group: stages fit, explore, rung, final (module docstring)."""
+    """The search of one group: stages fit, explore, rung, final, profile (module docstring)."""
 
     def __init__(self, space: Space, *, budget: int, capacity_bytes: float | None, sid: str, final_steps: tuple):
         self.space, self.budget, self.capacity, self.sid = space, budget, capacity_bytes, sid
         self.finalists = 2 if budget >= 8 else 1
-        reserve = self.finalists + 1  # the finals: finalists and the baseline
+        reserve = self.finalists + 2  # the finalists, the baseline and the best's profile
         rung = min(RUNG_MAX, (budget - reserve) // 5)  # a fifth of the rest at most: most of it explores
         self.rung_size = rung if rung > self.finalists else 0  # a rung that keeps only the finalists is moot
-        self.caps = {0: budget - reserve - self.rung_size, 1: budget - reserve, 2: budget}
+        self.caps = {0: budget - reserve - self.rung_size, 1: budget - reserve, 2: budget - 1, 3: budget}
         t = space.template
-        if self.caps[0] < 1:
+        if self.caps[0] < 1:  # budgets under 8 have one finalist: reserve 3
             raise UserError(f"tune.budget: {budget} probes cannot find and fully measure a baseline and one "
-                            f"finalist for {t.model.label} {t.precision} (one short probe, then two full "
-                            f"measurements); give budget: 3 or more")
-        self.steps = {0: SHORT, 1: LONGER, 2: final_steps}
+                            f"finalist for {t.model.label} {t.precision} (one short probe, two full measurements "
+                            f"and the best's profile); give budget: 4 or more")
+        self.steps = {0: SHORT, 1: LONGER, 2: final_steps, 3: SHORT}  # 3: the best's profile (a short probe's)
         self.stage = "fit"
         allowed = space.batch_choices()
         fixed = allowed is not None and len(allowed) == 1
@@ -95,7 +96,7 @@ class GroupSearch:
         self.baseline: Config | None = space.baseline(space.grid.ac, allowed[0]) if fixed else None
         self.fit: LevelFit | None = None  # the level being fitted
         self.fits: dict[str, LevelFit] = {}  # the levels fitted
-        self.asked: dict[tuple[Config, int], str] = {}  # (config, rung) -> trial_id of its latest attempt
+        self.asked: dict[tuple[Config, int], str] = {}  # (config, rung; 3: profile) -> trial_id of its latest attempt
         self.owner: dict[str, tuple[Config, int]] = {}  # every trial issued -> (config, rung)
         self.results: dict[str, dict] = {}  # trial_id -> its row: one per attempt (a retry has its own id)
         self.pending: set[str] = set()
@@ -127,7 +128,7 @@ class GroupSearch:
     def _advance(self) -> list[Trial]:
         """The next stage's probes, once none is out."""
         stages = {"fit": self._fit_stage, "explore": self._explore_stage, "rung": self._rung_stage,
-                  "final": self._final_stage}
+                  "final": self._final_stage, "profile": self._profile_stage}
         order = [*stages, "done"]
         while not self.pending and self.stage != "done":
             out = stages[self.stage]()
@@ -142,11 +143,11 @@ class GroupSearch:
         self.pending.add(trial.trial_id)
         return [trial]
 
-    def _ask(self, c: Config, rung: int, profile: bool = False) -> list[Trial]:
-        """Issue `c` at `rung`'s steps, unless the same trial was issued before (two rungs with the same
-        steps: its row serves both; the runner would not run it twice) or the rung's cap is reached."""
+    def _ask(self, c: Config, rung: int) -> list[Trial]:
+        """Issue `c` at `rung`'s steps (rung 3: profiled, its own trial id), unless the same trial was issued before
+        (two rungs with the same steps: its row serves both; the runner runs a trial once) or its cap is reached."""
         steps = self.steps[rung] if rung == 2 else probe_steps(self.steps[rung], c.grad_accum)
-        trial = self.space.trial(c, steps, profile=profile, search_id=self.sid)
+        trial = self.space.trial(c, steps, profile=rung == 3, search_id=self.sid)
         if trial.trial_id in self.owner:
             self.asked[(c, rung)] = trial.trial_id
             return []
@@ -301,8 +302,11 @@ class GroupSearch:
         ran = {c for c, _ in self._measured(0)}  # a baseline that failed its short probe would fail again
         extra = [self.baseline] if self.baseline in ran and self.baseline not in finalists else []
         self.final_asked = finalists + extra
-        # the baseline is profiled too: it can win its full measurement, and the verdict cites the best's profile
-        return [t for c in self.final_asked for t in self._ask(c, 2, profile=True)]
+        return [t for c in self.final_asked for t in self._ask(c, 2)]
+
+    def _profile_stage(self) -> list[Trial]:
+        best, _ = best_final(self)  # every final has answered: the verdict's best
+        return [] if best is None or (best, 3) in self.asked else self._ask(best, 3)
 
     # --- the candidates, and what the short probes say about them ---
 
@@ -385,13 +389,12 @@ class TunePlan:
 
     def __init__(self, seeds: list[Trial], spec: GridSpec, *, capacity_bytes: float | None):
         tune = spec.tune or TuneSpec()
-        final_steps = (spec.steps.warmup, spec.steps.measure)
         self.searches: dict[tuple, GroupSearch] = {}
         for t in seeds:
             if group_key(t) not in self.searches:
                 self.searches[group_key(t)] = GroupSearch(
                     Space(t, spec, tune), budget=tune.budget, capacity_bytes=capacity_bytes,
-                    sid=search_id(t, tune), final_steps=final_steps)
+                    sid=search_id(t, tune), final_steps=(spec.steps.warmup, spec.steps.measure))
 
     def initial(self) -> list[Trial]:
         return [t for s in self.searches.values() for t in s.start()]

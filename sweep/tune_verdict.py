@@ -12,11 +12,18 @@ from sweep.grid import NUMERICS_CHANGING
 PROFILE_KEYS = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "other_pct")
 
 
-def fastest_verdict(search) -> dict:
-    """A search's verdict (README, Tune): its best and baseline fully measured, what it tried and cost."""
-    t, space = search.space.template, search.space
+def best_final(search) -> tuple:
+    """(config, row) of the fastest final that ran ok (a tie: the one asked first), else (None, None): the best,
+    for the verdict and for the search's profile stage alike."""
     finals = [(c, row) for c in search.final_asked or [] if (row := search._ok_row(c, 2))]
-    best, best_row = max(finals, key=lambda x: x[1]["tflops_per_gpu"] or 0.0, default=(None, None))
+    return max(finals, key=lambda x: x[1]["tflops_per_gpu"] or 0.0, default=(None, None))
+
+
+def fastest_verdict(search) -> dict:
+    """A search's verdict (README, Tune): its best and baseline fully measured, what it tried and cost (every
+    attempt's row, the best's profile trial too: GPU time the search spent)."""
+    t, space = search.space.template, search.space
+    best, best_row = best_final(search)
     base_row = search._ok_row(search.baseline, 2)
     at_best = best_row["tflops_per_gpu"] if best_row else None
     at_base = base_row["tflops_per_gpu"] if base_row else None
@@ -37,7 +44,8 @@ def fastest_verdict(search) -> dict:
             "candidates": len({*search._space(), *tried}), "tried": len(tried),
             "probes": len(search.results), "search_wall_s": wall,
             "cost_vs_one_trial": wall / one_trial if one_trial else None,
-            "aborted": None if best else _why_none(search), "profile": _profile(best_row)}
+            "aborted": None if best else _why_none(search), "profile": _profile(search._ok_row(best, 3))}
+
 
 def _why_none(search) -> str:
     counts = Counter(row["status"] for row in search.results.values())
@@ -51,7 +59,8 @@ def _why_none(search) -> str:
 
 
 def _profile(row: dict | None) -> dict | None:
-    """Where the best's step time goes, from its row (profile=True), if the trainer recorded it."""
+    """Where the best's step time goes, from its profile trial's row (rung 3: a short probe's steps, profile=True;
+    its TFLOP/s are never the best's figure, the final's are), if the trainer recorded it."""
     if not row or all(row.get(f"profile_{k}") is None for k in PROFILE_KEYS):
         return None
     return {**{k: row.get(f"profile_{k}") for k in PROFILE_KEYS}, "trace_file": row.get("trace_file")}

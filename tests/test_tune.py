@@ -43,6 +43,7 @@ class Machine:
     ac_speed: dict = field(default_factory=lambda: dict(AC_SPEED))
     options_matter: bool = True  # False: only the batch and ac change the speed
     lost: set[int] = field(default_factory=set)  # attempt numbers lost to the infrastructure
+    failing_steps: tuple | None = None  # trials of these (warm-up, measured) steps error (not memory)
     attempts: int = 0
 
     def peak(self, t) -> float:
@@ -65,18 +66,18 @@ class Machine:
                "peak_mem_gib": None}
         if self.attempts in self.lost:
             return {**row, "status": "error", "error": "rank process died"}, True
-        if t.compile == self.failing_compile:
+        if t.compile == self.failing_compile or (t.warmup_steps, t.measure_steps) == self.failing_steps:
             return {**row, "status": "error", "error": "compile failed"}, False
         if self.peak(t) > self.capacity_gib:
             return {**row, "status": "oom"}, False
         speed = self.tflops(t)
         thrashes = self.thrash_gib is not None and self.peak(t) > self.thrash_gib
-        speed *= self.thrash_speed if thrashes else 1.0
+        speed *= (self.thrash_speed if thrashes else 1.0) * (0.98 if t.profile else 1.0)  # a profile's short reading
         row.update(status="ok", tflops_per_gpu=speed, tokens_per_s_per_gpu=speed * 10, peak_mem_gib=self.peak(t),
                    alloc_retries=8 if thrashes else 0)
         if t.profile:  # the trainer's summary of the traced steps
             row.update(profile_gemm_pct=60.0, profile_attention_pct=20.0, profile_comm_exposed_pct=5.0,
-                       profile_optimizer_pct=5.0, profile_other_pct=10.0, trace_file="traces/x.json")
+                       profile_optimizer_pct=5.0, profile_other_pct=10.0, trace_file=f"traces/{t.trial_id}.json")
         return row, False
 
 
@@ -121,7 +122,8 @@ def plan(capacity_gib: float | None = 40.0, **extra) -> TunePlan:
 
 
 def is_short(t) -> bool:
-    return (t.warmup_steps, t.measure_steps) == probe_steps(SHORT, t.grad_accum)
+    """A short probe: the best's profile trial has its steps but is no probe (it is profiled)."""
+    return (t.warmup_steps, t.measure_steps) == probe_steps(SHORT, t.grad_accum) and not t.profile
 
 
 def is_longer(t) -> bool:
@@ -217,7 +219,7 @@ def test_a_global_batch_no_split_can_hold_is_a_user_error(extra, words):
 # 3. bounded cost
 
 
-@pytest.mark.parametrize("budget", [3, 5, 8, 13, 20, 40])
+@pytest.mark.parametrize("budget", [4, 5, 8, 13, 20, 40])
 def test_attempts_never_exceed_the_budget(budget):
     # OOMs, an option that always fails, and attempts lost to the infrastructure (retried) all count
     spec, trials = grid(precisions=["bf16", "fp8-torchao-tensorwise"], tune={"vary": ALL_OPTIONS, "budget": budget})
@@ -227,12 +229,18 @@ def test_attempts_never_exceed_the_budget(budget):
         attempts = [t for t in r.asked if t.precision == v["precision"]]
         assert len(attempts) == v["probes"] <= budget
         assert v["best"] is not None if budget >= 8 else (v["best"] is not None or v["aborted"])
+        # the finals leave the best's profile its attempt
+        assert [t.profile for t in attempts].count(True) == (v["best"] is not None)
 
 
-def test_a_budget_without_room_for_the_baseline_and_a_finalist_is_a_user_error():
-    with pytest.raises(UserError, match="budget: 2"):
-        plan(tune={"budget": 2})
-    plan(tune={"budget": 3})
+def test_a_budget_without_room_for_the_baseline_a_finalist_and_the_profile_is_a_user_error():
+    with pytest.raises(UserError, match="budget: 3 probes") as e:
+        plan(tune={"budget": 3})
+    assert "give budget: 4 or more" in str(e.value)
+    p = plan(tune={"budget": 4})
+    run(p, Machine())
+    (v,) = p.verdicts()  # one short probe, one final (the baseline), its profile
+    assert v["best"] == v["baseline"] and v["profile"] is not None and v["probes"] == 3
 
 
 @pytest.mark.parametrize("steps", [{"warmup": 3, "measure": 10}, {"warmup": "auto", "measure": "auto"}])
@@ -241,13 +249,19 @@ def test_short_probes_then_longer_then_the_grids_own_steps(steps):
     r = run(p, Machine())
     full = (steps["warmup"], steps["measure"])
     kinds = {("short" if is_short(t) else "longer" if is_longer(t) else (t.warmup_steps, t.measure_steps))
-             for t in r.asked}
+             for t in r.asked if not t.profile}
     assert kinds == {"short", "longer", full}
     (v,) = p.verdicts()
     last = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == full]
-    assert {t.profile for t in last} == {True}  # the finalists and the baseline: either can be the best
-    assert all(not t.profile for t in r.asked if (t.warmup_steps, t.measure_steps) != full)
-    assert len(last) <= 3  # two finalists and the baseline
+    assert {t.profile for t in last} == {False} and len(last) <= 3  # two finalists and the baseline, unprofiled
+    # then one profiled trial, the search's last, asked once every final had answered: the best, at a short
+    # probe's steps (profile=True is in its trial id: it is not the short probe of the same config)
+    (profiled,) = [t for t in r.asked if t.profile]
+    assert profiled is r.asked[-1] and r.known[profiled.trial_id] > max(r.asked.index(t) for t in last)
+    best = max(last, key=lambda t: r.of(t)["tflops_per_gpu"])
+    assert config(profiled) == config(best) and v["best_trial_id"] == best.trial_id
+    assert (profiled.warmup_steps, profiled.measure_steps) == probe_steps(SHORT, profiled.grad_accum)
+    assert any(config(t) == config(best) and is_short(t) for t in r.asked)
     assert {t.search_id for t in r.asked} == {v["search_id"]}
     assert len({t.trial_id for t in r.asked}) == len(r.asked)
 
@@ -259,14 +273,14 @@ def test_a_probe_runs_its_steps_in_micro_batches_and_a_rung_probe_stays_longer_t
     p = plan(tune={"vary": ["batch_size", "grad_accum"], "budget": 20})
     r = run(p, Machine())
     full = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == (3, 10)]
-    probes = [t for t in r.asked if t not in full]
+    probes = [t for t in r.asked if t not in full and not t.profile]
     assert {t.grad_accum for t in probes} == {1, 8} and any(is_longer(t) for t in probes)
     for t in probes:  # as many micro-batches as a probe of one, in whole steps
         rung = SHORT if is_short(t) else LONGER
         assert is_short(t) or is_longer(t)
         assert t.warmup_steps * t.grad_accum >= rung[0] and t.measure_steps * t.grad_accum >= rung[1]
         assert (t.warmup_steps - 1) * t.grad_accum < rung[0] or t.warmup_steps == 1
-    assert full and {t.profile for t in full} == {True}  # the grid's own steps, whatever the accumulation
+    assert full and {t.profile for t in full} == {False}  # the grid's own steps, whatever the accumulation
 
 
 def test_the_search_id_is_the_groups_and_a_resumed_search_asks_for_the_same_trials():
@@ -278,6 +292,7 @@ def test_the_search_id_is_the_groups_and_a_resumed_search_asks_for_the_same_tria
     again = run(again_plan, recorded=recorded)  # no machine: every trial must be one already recorded
     assert [t.trial_id for t in again.asked] == [t.trial_id for t in first.asked]
     assert again_plan.verdicts() == first_plan.verdicts()
+    assert len([t for t in again.asked if t.profile]) == 1 and again_plan.verdicts()[0]["profile"] is not None
     other = plan(precisions=["bf16"], tune={"vary": ALL_OPTIONS}).initial()[0]
     assert other.search_id != first.asked[0].search_id
 
@@ -501,17 +516,20 @@ def test_the_best_is_the_fastest_full_measurement_and_the_baseline_is_measured_i
     full = finals(r)
     best = max(full, key=lambda t: r.of(t)["tflops_per_gpu"])
     assert v["best_trial_id"] == best.trial_id and v["best"] == config(best)._asdict()
-    assert v["tflops_at_best"] == r.of(best)["tflops_per_gpu"]
+    (profiled,) = [t for t in r.asked if t.profile]
+    # the final's full measurement, never the profile trial's short reading (the Machine reads it 2 % lower)
+    assert v["tflops_at_best"] == r.of(best)["tflops_per_gpu"] != r.of(profiled)["tflops_per_gpu"]
     base = next(t for t in full if t.trial_id == v["baseline_trial_id"])
     grid_options = {"ac": "none", "compile": "regional", "grad_accum": 1, "reduce_dtype": "fp32",
                     "grad_sync": "micro_batch", "fp8_lm_head": False}
     assert {k: v["baseline"][k] for k in grid_options} == grid_options == {k: getattr(base, k) for k in grid_options}
     assert v["speedup"] == pytest.approx(v["tflops_at_best"] / v["baseline_tflops"]) and v["speedup"] > 1.1
+    # the profile trial is GPU time the search spent: in probes and wall (its config is the best's: no new one tried)
     assert v["probes"] == len(r.asked) and v["tried"] == len({config(t) for t in r.asked})
     assert v["search_wall_s"] == pytest.approx(sum(row["trial_wall_s"] for row, _ in r.rows))
     assert v["cost_vs_one_trial"] == pytest.approx(v["search_wall_s"] / r.of(best)["trial_wall_s"])
     assert v["profile"] == {"gemm_pct": 60.0, "attention_pct": 20.0, "comm_exposed_pct": 5.0, "optimizer_pct": 5.0,
-                            "other_pct": 10.0, "trace_file": "traces/x.json"}
+                            "other_pct": 10.0, "trace_file": f"traces/{profiled.trial_id}.json"}
     assert v["numerics_allowed"] == list(NUMERICS_CHANGING) and v["allowed"] == ALL_OPTIONS
 
 
@@ -541,8 +559,34 @@ def test_when_the_grids_own_options_fail_the_search_stops_and_says_so():
     p = plan(tune={"vary": ["batch_size", "ac"]})
     r = run(p, Machine(failing_compile="regional"))  # the grid's compile
     (v,) = p.verdicts()
-    assert len(r.asked) == v["probes"] == 1 and v["best"] is None
+    assert len(r.asked) == v["probes"] == 1 and v["best"] is None and v["profile"] is None
     assert v["aborted"] == "nothing ran: no probe completed (1 error)"
+
+
+def test_no_profile_trial_when_no_final_ran_ok():
+    # every full measurement errors (the grid's steps), the short and rung probes run: nothing to profile
+    p = plan(tune={"vary": ALL_OPTIONS})
+    r = run(p, Machine(failing_steps=(3, 10)))
+    (v,) = p.verdicts()
+    assert finals(r) and not any(t.profile for t in r.asked)
+    assert v["best"] is None and v["profile"] is None and v["aborted"].startswith("no full measurement completed")
+
+
+@pytest.mark.parametrize("budget,room", [(12, False), (40, True)])
+def test_a_profile_trial_lost_to_the_infrastructure_is_retried_only_within_the_budget(budget, room):
+    first = run(p := plan(tune={"budget": budget}), Machine())
+    (v,) = p.verdicts()
+    n = len(first.asked)  # the profile trial is the last attempt
+    assert first.asked[-1].profile and (n < budget) == room  # 12: the search spends all of it
+    again = run(q := plan(tune={"budget": budget}), Machine(lost={n}))
+    (w,) = q.verdicts()
+    profiled = [t for t in again.asked if t.profile]
+    assert w["probes"] == len(again.asked) <= budget and w["tflops_at_best"] == v["tflops_at_best"]
+    if room:  # retried, as any stage's attempt under its cap; the verdict cites the retry's trace
+        assert [t.retry for t in profiled] == [0, 1]
+        assert w["profile"]["trace_file"] == f"traces/{profiled[1].trial_id}.json"
+    else:  # no room: the attempt stays failed, and the verdict has no profile
+        assert [t.retry for t in profiled] == [0] and w["profile"] is None
 
 
 def test_nothing_fits_is_a_verdict_not_a_hang():

@@ -5,7 +5,8 @@ verdicts from <output>/_search/*.json. The search itself (stages, pruning, budge
 simulated runner in tests/test_tune.py; here the claims are the ones a user can check in what was written:
 one verdict per precision within its budget, the best is the fastest full measurement, the baseline was
 measured in the same search, options that change numerics move only when named, every probe holds the
-global batch, the finalists carry a trace, and a tune that cannot work stops before anything runs.
+global batch, the best alone carries a trace (one profiled trial after the finals, none of them profiled), and a
+tune that cannot work stops before anything runs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import yaml
+
+from sweep.tune_space import SHORT, probe_steps
 
 pytestmark = pytest.mark.integration
 
@@ -114,19 +117,23 @@ def test_numerics_changing_options_stay_fixed_unless_named(tuned):
     assert {r["grad_accum"] for r in probes} > {1}  # probes where grad_sync: step would have changed something
 
 
-def test_finalists_carry_a_profile_and_the_verdict_cites_the_best_ones(tuned):
+def test_the_best_alone_is_profiled_after_the_finals_and_the_verdict_cites_its_trace(tuned):
     out = tuned["out"]
     for v in tuned["verdicts"].values():
         probes = [r for r in tuned["rows"] if r["search_id"] == v["search_id"]]
-        traced = {r["trial_id"]: r for r in probes if r["trace_file"] is not None}
-        # profiled: every full measurement (the finalists and the baseline), no short probe
-        finals = {r["trial_id"] for r in probes if (r["warmup_steps"], r["measure_steps"]) == FINAL}
-        assert set(traced) == finals and v["baseline_trial_id"] in finals
-        for r in traced.values():
-            assert (out / r["trace_file"]).is_file(), r["trace_file"]
-            assert sum(r[f"profile_{k}"] for k in SHARES) == pytest.approx(100)
-        best = traced[v["best_trial_id"]]  # whichever wins, the verdict cites its profile
-        assert v["profile"] == {**{k: best[f"profile_{k}"] for k in SHARES}, "trace_file": best["trace_file"]}
+        # one trace: the best's profile trial, at a short probe's steps; no full measurement is profiled
+        (traced,) = [r for r in probes if r["trace_file"] is not None]
+        assert config(traced) == v["best"] and traced["status"] == "ok"
+        assert (traced["warmup_steps"], traced["measure_steps"]) == probe_steps(SHORT, traced["grad_accum"])
+        assert (out / traced["trace_file"]).is_file(), traced["trace_file"]
+        assert sum(traced[f"profile_{k}"] for k in SHARES) == pytest.approx(100)
+        assert v["profile"] == {**{k: traced[f"profile_{k}"] for k in SHARES}, "trace_file": traced["trace_file"]}
+        # the best's figure is its full measurement's, not the profile trial's short reading
+        (best,) = [r for r in probes if r["trial_id"] == v["best_trial_id"]]
+        assert (best["warmup_steps"], best["measure_steps"]) == FINAL and best["trace_file"] is None
+        assert v["tflops_at_best"] == best["tflops_per_gpu"] and traced["trial_id"] != best["trial_id"]
+        # the search's last trial: it started once every other attempt of its search had ended
+        assert traced["started_at"] >= max(r["finished_at"] for r in probes if r is not traced)
 
 
 def test_results_verdicts_and_compare_best_read_the_tune(tuned):
@@ -150,14 +157,15 @@ def test_results_verdicts_and_compare_best_read_the_tune(tuned):
 
 def test_a_named_numerics_option_is_probed_and_the_verdict_says_it_was_allowed(ray_session, tmp_path):
     out = tmp_path / "out"
+    # budget 5: room for two short probes (fp32, the baseline, and bf16), the finals and the best's profile
     result = sweep("tune", "--model", "llama-tiny", "--precision", "bf16", "--vary", "reduce_dtype", "--start", 4,
-                   "--budget", 4, *COMMON, "--output", out)
+                   "--budget", 5, *COMMON, "--output", out)
     assert result.exit_code == 0, result.output
     (v,) = verdicts(out)
     assert v["allowed"] == ["reduce_dtype"] and v["numerics_allowed"] == ["reduce_dtype"]
     probes = rows(out)
     assert {r["reduce_dtype"] for r in probes} == {"fp32", "bf16"}
-    assert len(probes) == v["probes"] <= 4
+    assert len(probes) == v["probes"] <= 5
     assert v["baseline"]["reduce_dtype"] == "fp32"  # the grid's own value, whatever the best is
 
 
