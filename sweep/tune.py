@@ -16,7 +16,9 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            baseline (one option changed; of accumulation only the most micro-batches), then waves of the
            candidates that the measured one-option effects, added in log speed, rate fastest, each wave led
            by a candidate for every option value not yet run clean (_untried: it thrashed, ran out of memory
-           or folded away, so its effect is unknown), until STALE_WAVES waves in a row find nothing faster; a
+           or folded away, so its effect is unknown), until STALE_WAVES waves in a row find nothing faster
+           (then only those leads, until each such value ran clean or the budget ends: on 2xH200, Llama3-8B
+           bf16, the waves went stale with grad_sync: step thrashed at batch 3 and 5 of 16 probes unspent); a
            candidate the effects rate below the fastest clean probe is not probed (_promising). Never probed:
            a candidate as heavy as a known OOM (tune_space.at_least_as_heavy), or with an option value that
            failed on its own. A candidate that runs out of memory is tried at a smaller batch, and configs of
@@ -225,10 +227,13 @@ class GroupSearch:
         room = self.caps[0] - len(self.owner)
         if not self.explored:  # the fits are known: the point every effect is measured from
             self.center = self.baseline or next(iter(self._space()), None)
-        todo = self._candidates() if room > 0 and self.center is not None and not self._stale() else []
+        live = room > 0 and self.center is not None
+        todo = self._candidates() if live else []
+        # stale waves end the ranked ones, not the probes of option values whose gain is still unknown
+        stale = live and self._stale()
         first = [] if self.explored else self._neighbours(todo)
         self.explored = True
-        wave = first[:room] or self._wave(todo, min(WAVE, room))
+        wave = first[:room] or self._wave(todo, min(WAVE, room), ranked=not stale)
         return [t for c in wave for t in self._ask(c, 0)]
 
     def _neighbours(self, todo: list[Config]) -> list[Config]:
@@ -249,14 +254,14 @@ class GroupSearch:
         self.fastest_before = max(fastest, self.fastest_before)
         return self.stale >= STALE_WAVES
 
-    def _wave(self, todo: list[Config], n: int) -> list[Config]:
-        """The first n candidates, led by the likeliest of each option value not yet run clean (_untried), but
-        only one per heavy class whose batch is not yet known to fit there: should it run out of memory, the
-        others learn its limit (_rebatched) rather than fail with it."""
+    def _wave(self, todo: list[Config], n: int, ranked: bool = True) -> list[Config]:
+        """The first n candidates, led by the likeliest of each option value not yet run clean (_untried), then
+        (if `ranked`) the promising ones, but only one per heavy class whose batch is not yet known to fit there:
+        should it run out of memory, the others learn its limit (_rebatched) rather than fail with it."""
         fits = [(heavy_class(c), c.ac, c.batch_size) for c, _ in self._measured(0)]
         lead = list(dict.fromkeys(c for k, v in self._untried()
                                   if (c := next((c for c in todo if self.space.coords(c)[k] == v), None))))
-        todo = lead + [c for c in self._promising(todo) if c not in lead]
+        todo = lead + [c for c in self._promising(todo) if c not in lead] if ranked else lead
         wave, unsure = [], set()
         for c in todo:
             sure = any(k == heavy_class(c) and ac == c.ac and b >= c.batch_size for k, ac, b in fits)
