@@ -14,19 +14,14 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            (under G: the two largest splits that fit). A fixed batch needs no probes here.
   explore  short probes (SHORT steps, counted in micro-batches: probe_steps): first every neighbour of the
            baseline (one option changed; of accumulation only the most micro-batches), then waves of the
-           candidates that the measured one-option effects, added in log speed, rate fastest, each wave led
-           by a candidate for every option value not yet run clean (_untried: it thrashed, ran out of memory
-           or folded away, so its effect is unknown), until STALE_WAVES waves in a row find nothing faster
-           (then only those leads, until each such value ran clean or the budget ends: on 2xH200, Llama3-8B
-           bf16, the waves went stale with grad_sync: step thrashed at batch 3 and 5 of 16 probes unspent); a
-           candidate the effects rate below the fastest clean probe is not probed (_promising). Never probed:
-           a candidate as heavy as a known OOM (tune_space.at_least_as_heavy), or with an option value that
-           failed on its own. A candidate that runs out of memory is tried at a smaller batch, and configs of
-           its heavy class (e.g. grad_sync: step) then start at the batch that fitted there. So is one that
-           fit only with allocator retries (it thrashed: its speed measures the memory's limit, so it rates
-           no option: on 2xH200, Llama3-8B torchao batch 4 x 8 micro-batches, grad_sync: step read 813.5
-           TFLOP/s/GPU with 8 retries against 847.6 without it, and was never tried at batch 3); a candidate
-           that needs at least a thrashing probe's memory starts below its batch (_needs).
+           candidates the measured one-option effects, added in log speed, rate fastest (none rated below the
+           fastest clean probe: _promising), each led by a candidate for every option value not yet run clean
+           (_untried), until STALE_WAVES waves in a row find nothing faster; then only those leads, while the
+           budget lasts. Each candidate runs where its memory is predicted to fit (_placed, sweep.tune_memory).
+           Never probed: a candidate as heavy as a known OOM (tune_space.at_least_as_heavy), or with an option
+           value that failed on its own. One that runs out of memory, or thrashes (allocator retries: its speed
+           measures the memory's limit, so it rates no option), is tried at a smaller batch, and so is every
+           candidate that needs its memory (_rebatched, _unthrashed, _needs).
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
            with LONGER steps; no rung where it would keep only the finalists (budgets under 19).
   final    the `finalists` fastest of the rung (without one: of the short probes), and the baseline (the grid's
@@ -44,14 +39,14 @@ attempt stays failed). A budget without room for one short probe, two finals and
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import defaultdict
 from typing import Any
 
 from sweep.errors import UserError
-from sweep.grid import GridSpec, Trial, TuneSpec
+from sweep.grid import Trial
 from sweep.policy import infra_retry
+from sweep.tune_memory import GIB, fitted, memory_effects, with_headroom
 from sweep.tune_verdict import best_final, fastest_verdict
 from sweep.tune_space import (AC_MEMORY, LONGER, SHORT, Config, LevelFit, Space, at_least_as_heavy, heavy_class,
                               probe_steps, thrashes)
@@ -61,17 +56,6 @@ RUNG_MAX = 6  # ...but at most this many: a rung probe of 8 micro-batches costs 
 WAVE = 4  # explore probes issued together after the neighbours: a cluster can run them side by side
 STALE_WAVES = 2  # explore stops after this many waves in a row without a faster probe
 NOISE = 0.01  # a short probe's speed is this close to another's: no faster
-
-
-def group_key(t: Trial) -> tuple:
-    return t.cluster, t.model.to_json(), t.precision, t.seq_len, t.gpus
-
-
-def search_id(t: Trial, tune: TuneSpec) -> str:
-    """The search of one group for what it may vary and the global batch: a resumed search keeps its id
-    and its probes, also with a larger budget (the same search, continued)."""
-    what = (group_key(t), tune.vary, tune.global_batch_tokens)
-    return hashlib.sha256(repr(what).encode()).hexdigest()[:12]
 
 
 class GroupSearch:
@@ -163,8 +147,8 @@ class GroupSearch:
             smaller = self.space.smaller_batch(c) if self.stage == "explore" else None
             if smaller is not None:  # e.g. grad_sync: step keeps whole gradients: its own, smaller batch
                 self.fallbacks[c] = smaller
-        elif status != "ok" and self.stage == "explore" and self._distance(c) == 1:
-            self.broken.update(self._diff(c))  # e.g. compile: full fails for this model: not tried again
+        elif status != "ok" and self.stage == "explore" and len(self._changes(c)) == 1:
+            self.broken.update(self._changes(c))  # e.g. compile: full fails for this model: not tried again
         if self.stage == "fit":  # its probes are all short ones
             self.fit.record(c.batch_size, status, row)
 
@@ -240,10 +224,13 @@ class GroupSearch:
         """The center and its one-option changes, but of accumulation only the most micro-batches: every count
         above one holds the same gradient memory (at_least_as_heavy) and more amortise the step's fixed work
         (2xH200, Llama3-8B torchao: 2 / 4 / 8 read 835.4 / 839.6 / 849.3 TFLOP/s/GPU), so the counts between
-        would cost two probes of a small budget to confirm the order."""
+        would cost two probes of a small budget to confirm the order. Each where memory places it (_placed)."""
         most = max((c.grad_accum for c in todo), default=1)
-        return sorted((c for c in todo if self._distance(c) == 0 or self._distance(c) == 1 and (
-            self._diff(c)[0][0] != "grad_accum" or c.grad_accum == most)), key=self._distance)
+        center = self.center
+        at_center = dict.fromkeys(self.space.at_batch(c, center.batch_size) for c in todo if c.ac == center.ac)
+        near = [c for c in at_center if not (d := self._diff(c)) or len(d) == 1 and (
+            d[0][0] != "grad_accum" or c.grad_accum == most)]
+        return list(dict.fromkeys(self._placed(c, first=True) for c in sorted(near, key=self._distance)))
 
     def _stale(self) -> bool:
         """Whether the last STALE_WAVES waves found nothing faster than what was known before them (by more
@@ -323,6 +310,37 @@ class GroupSearch:
     def _distance(self, c: Config) -> int:
         return len(self._diff(c))
 
+    def _changes(self, c: Config) -> list[tuple[str, Any]]:
+        """`_diff`, less the batch if memory alone moved `c` off the center's (`_placed`)."""
+        d, center = self._diff(c), self.center
+        moved = d and d[0][0] == "ac_batch" and c.ac == center.ac and c.batch_size < center.batch_size
+        return d[1:] if moved and self._placed(self.space.at_batch(c, center.batch_size), first=True) == c else d
+
+    def _placed(self, c: Config, first: bool = False, memory: tuple | None = None) -> Config:
+        """`c` where sweep.tune_memory predicts it fits in memory (`fitted`: lower if it would not); as a
+        neighbour (`first`) that changes the compile mode, whose memory is unmeasured, where the fit left room.
+        `memory`: what `_memory` says, for a caller placing many."""
+        params, effects = memory or self._memory()
+        ref = self.space.baseline(c.ac, c.batch_size)
+        c = fitted(self.space, c, ref, self._peaks(ref), effects, capacity=self.capacity, params_local=params,
+                   snap=first)
+        return with_headroom(self.space, c, self.center, self._peaks, capacity=self.capacity) if first else c
+
+    def _memory(self) -> tuple[float | None, dict]:
+        """The most parameters a rank holds (any row's); the options' measured bytes per sample (memory_effects)."""
+        params = next((max(r["params_local"]) for r in self.results.values() if r.get("params_local")), None)
+        probes = [(f, p) for f, _ in self._measured(0) if f not in self.thrashed and (p := self._peak(f))]
+        return params, memory_effects(self.space, probes, self.space.grid)
+
+    def _peak(self, c: Config) -> float | None:
+        row = self._ok_row(c, 0)
+        return row["peak_mem_gib"] * GIB if row and row.get("peak_mem_gib") else None
+
+    def _peaks(self, c: Config) -> dict[int, float]:
+        """Batch -> peak bytes of the clean short probes of `c`'s options at any batch."""
+        return {f.batch_size: p for f, _ in self._measured(0) if f not in self.thrashed
+                and f == self.space.at_batch(c, f.batch_size) and (p := self._peak(f))}
+
     def _candidates(self) -> list[Config]:
         """Configs not yet probed nor pruned, the likely fastest first (then the fewest changes)."""
         probed = {c for c, r in self.asked if r == 0}
@@ -335,7 +353,8 @@ class GroupSearch:
         fit), and the smaller batches of OOMs; each below the batch where one needing its memory thrashed."""
         # in the order their OOMs were asked, not the order those came back in (a wave's runs end in any order)
         fallbacks = [self.fallbacks[c] for c, r in self.asked if r == 0 and c in self.fallbacks]
-        configs = [self._rebatched(c) for c in self.space.configs(self.batches)]
+        memory = self._memory()
+        configs = [self._placed(self._rebatched(c), memory=memory) for c in self.space.configs(self.batches)]
         return list(dict.fromkeys(map(self._unthrashed, [*configs, *fallbacks])))
 
     def _unthrashed(self, c: Config) -> Config:
@@ -385,27 +404,3 @@ class GroupSearch:
 
     def verdict(self) -> dict:
         return fastest_verdict(self)
-
-
-class TunePlan:
-    """One GroupSearch per (model, precision, seq_len, ranks) group of the grid's trials; the plan protocol
-    of sweep.policy (initial, on_result, verdicts). Each seed is one group's first trial: the grid's
-    single batch and its options at their first values."""
-
-    def __init__(self, seeds: list[Trial], spec: GridSpec, *, capacity_bytes: float | None):
-        tune = spec.tune or TuneSpec()
-        self.searches: dict[tuple, GroupSearch] = {}
-        for t in seeds:
-            if group_key(t) not in self.searches:
-                self.searches[group_key(t)] = GroupSearch(
-                    Space(t, spec, tune), budget=tune.budget, capacity_bytes=capacity_bytes,
-                    sid=search_id(t, tune), final_steps=(spec.steps.warmup, spec.steps.measure))
-
-    def initial(self) -> list[Trial]:
-        return [t for s in self.searches.values() for t in s.start()]
-
-    def on_result(self, trial: Trial, status: str, infrastructure: bool = False, row: dict | None = None) -> list[Trial]:
-        return self.searches[group_key(trial)].on_result(trial, status, infrastructure, row or {})
-
-    def verdicts(self) -> list[dict]:
-        return [s.verdict() for s in self.searches.values()]

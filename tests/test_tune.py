@@ -16,7 +16,8 @@ import pytest
 
 from sweep.errors import UserError
 from sweep.grid import NUMERICS_CHANGING, expand, parse_grid
-from sweep.tune import LONGER, SHORT, TunePlan, probe_steps
+from sweep.tune import LONGER, SHORT, probe_steps
+from sweep.tune_plan import TunePlan
 from sweep.tune_space import Config, at_least_as_heavy
 
 GIB = 1024**3
@@ -44,14 +45,17 @@ class Machine:
     options_matter: bool = True  # False: only the batch and ac change the speed
     # what each option value multiplies the speed by (accumulation: 1 + this per doubling of micro-batches)
     gains: dict = field(default_factory=lambda: {"bf16": 1.05, "step": 1.04, "head": 1.03, "accum": 0.03})
+    accum_gib: float = 0.0  # what accumulating keeps: fp32 gradients (rows: params_local = this / 4 B a rank)
+    compile_gib: dict = field(default_factory=dict)  # compile mode -> GiB per sample it adds
     lost: set[int] = field(default_factory=set)  # attempt numbers lost to the infrastructure
     failing_steps: tuple | None = None  # trials of these (warm-up, measured) steps error (not memory)
     attempts: int = 0
 
     def peak(self, t) -> float:
         # grad_sync: step keeps whole gradients until the step's end: more memory per micro-batch here
-        return self.fixed_gib + t.batch_size * ACTIVATIONS[t.ac] * (1.5 if t.grad_sync == "step" else 1.0) + (
-            self.head_gib if t.fp8_lm_head else 0.0)
+        return self.fixed_gib + t.batch_size * (ACTIVATIONS[t.ac] * (1.5 if t.grad_sync == "step" else 1.0) + (
+            self.compile_gib.get(t.compile, 0.0))) + (self.head_gib if t.fp8_lm_head else 0.0) + (
+            self.accum_gib if t.grad_accum > 1 else 0.0)
 
     def tflops(self, t) -> float:
         speed = 100 * (1 - 1 / (t.batch_size + 1)) * self.ac_speed[t.ac]
@@ -66,7 +70,7 @@ class Machine:
         self.attempts += 1
         row = {"trial_id": t.trial_id, "trial_wall_s": 10.0 + t.batch_size / 10, "warmup_steps": t.warmup_steps,
                "measure_steps": t.measure_steps, "tflops_per_gpu": None, "tokens_per_s_per_gpu": None,
-               "peak_mem_gib": None}
+               "peak_mem_gib": None, "params_local": [self.accum_gib * GIB / 4] * t.gpus if self.accum_gib else None}
         if self.attempts in self.lost:
             return {**row, "status": "error", "error": "rank process died"}, True
         if t.compile == self.failing_compile or (t.warmup_steps, t.measure_steps) == self.failing_steps:
@@ -489,6 +493,31 @@ def test_an_option_never_run_clean_is_probed_lower_even_after_waves_found_nothin
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
     assert v["best"]["grad_sync"] == "step" and v["tflops_at_best"] >= 0.985 * optimum, (v["best"], optimum)
     assert len(r.asked) <= 16
+
+
+def test_accumulation_and_a_compile_mode_are_first_probed_where_memory_is_known_to_hold_them():
+    """2xH200, GPT-1.5B torchao (session 9): the fit topped at batch 66 with 1.9 GiB of 141 free, and the
+    neighbours there all ran out of memory (8 micro-batches, compile none, compile full after 170 s of
+    compiling), then none at 49: 39 % of the search's GPU time, and no final before the job's limit. The same
+    shape here: accumulation's gradients (params_local x 4 B) are known to need more than the top leaves, and a
+    compile mode's memory is unknown until probed: none of them runs out of memory outside the fit."""
+    m = Machine(capacity_gib=40.0, accum_gib=3.0, compile_gib={"none": 0.3, "full": 0.05})
+    vary = ["batch_size", "grad_accum", "compile"]
+    p = plan(batch_sizes=[16], compile=["regional"], tune={"vary": vary, "budget": 16})
+    r = run(p, m)
+    grid_options = ("regional", 1)
+    fit = [t for t in r.asked if (t.compile, t.grad_accum) == grid_options and is_short(t)]
+    others = [t for t in r.asked if t not in fit]
+    assert max(t.batch_size for t in fit if r.of(t)["status"] == "ok") == 36  # at the memory's edge
+    assert [r.of(t)["status"] for t in others if r.of(t)["status"] != "ok"] == []
+    assert {t.compile for t in others if r.of(t)["status"] == "ok"} == {"none", "regional", "full"}
+    assert any(t.grad_accum == 8 and r.of(t)["status"] == "ok" for t in others)
+    (v,) = p.verdicts()
+    best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
+    every = [replace(best, batch_size=b, grad_accum=a, compile=c)
+             for b, a, c in itertools.product(range(1, 41), (1, 2, 4, 8), ("none", "regional", "full"))]
+    optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.capacity_gib)
+    assert v["tflops_at_best"] >= 0.985 * optimum, (v["best"], v["tflops_at_best"], optimum)
 
 
 @pytest.mark.parametrize("capacity, head", [(60, 5.0), (40, 8.0)])

@@ -161,7 +161,7 @@ def make_plan(spec, trials, profile, *, step: int = 1):
     if spec.search == "max_batch":
         return MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
     if spec.search == "fastest":
-        from sweep.tune import TunePlan
+        from sweep.tune_plan import TunePlan
 
         return TunePlan(trials, spec, capacity_bytes=_capacity(profile, trials))
     return GridPlan(trials, spec.on_oom)

@@ -1,0 +1,87 @@
+"""Where a tune's candidate fits in memory, from what the search's probes measured. Pure: no torch, no Ray.
+
+A probe that runs out of memory costs its group of rank processes (the scheduler retires it: a new group
+starts, imports and compiles again) and, under `compile: full`, minutes of compilation first: on 2xH200,
+GPT-1.5B torchao's tune spent 39 % of its GPU time on five such probes (session 9: batch 66 x 8 micro-batches,
+`compile: none` at 66 and at 49, `compile: full` at 66 after 170 s of compiling), all at or below the batch its
+fit had found with 1.9 GiB of 141 to spare. Two things are known before such a probe runs:
+
+- accumulation (`fitted`): more than one micro-batch per step keeps the sharded fp32 gradients of one
+  micro-batch's backward through the next one's forward, which a single micro-batch has freed by then: the
+  peak of its twin with one micro-batch plus GRAD_BYTES per local parameter (measured on 2xH200: +15.0 GiB =
+  4 B x 4.0e9 local parameters for Llama3-8B over 2 ranks, +5.8 GiB = 4 B x 1.56e9 for GPT-1.5B on one);
+- a compile mode's memory, until a probe measures it (`with_headroom`), can be a lot more: `compile: none`
+  +18.5 % on GPT-1.5B bf16 at batch 32 (`full` +4.5 %), and a compile probe lost to memory is the costliest
+  (`full` compiles for minutes first). Its first probe (a neighbour of the baseline) runs where the fit left
+  HEADROOM of the memory free; its effect is measured against the fit's probe at that batch, and the waves
+  may take it higher after. (The FP8 head adds as much, +16.8 % on Llama3-8B torchao at batch 4, but there
+  it thrashed rather than failed, a cheap probe after which the search tries it lower: sweep.tune, explore.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Callable
+
+from sweep.tune_space import Config, Space
+
+GIB = 1024**3
+GRAD_BYTES = 4  # an fp32 gradient element (the master weights' dtype) per local parameter
+HEADROOM = 0.2  # above the largest one-option memory change measured (compile: none, +18.5 %)
+UNKNOWN_MEMORY = ("compile",)  # options whose memory a first probe measures with headroom
+
+Peaks = Callable[[Config], dict[int, float]]  # a config -> {batch: peak bytes} of its clean short probes
+
+
+def memory_effects(space: Space, probes: list[tuple[Config, float]], ref: Config) -> dict[tuple[str, Any], float]:
+    """Bytes per sample each option value adds to the peak against `ref`'s value, from pairs of clean probes
+    (config, peak bytes) at one batch and ac that differ in that option alone (the mean over pairs)."""
+    samples = defaultdict(list)
+    ref_coords = space.coords(ref)
+    for p, peak_p in probes:
+        for q, peak_q in probes:
+            cp, cq = space.coords(p), space.coords(q)
+            diff = [k for k in cp if cp[k] != cq[k]]
+            if len(diff) == 1 and diff[0] not in ("ac_batch", "grad_accum") and cq[diff[0]] == ref_coords[diff[0]]:
+                samples[(diff[0], cp[diff[0]])].append((peak_p - peak_q) / p.batch_size)
+    return {k: sum(v) / len(v) for k, v in samples.items()}
+
+
+def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], effects: dict, *,
+           capacity: float | None, params_local: float | None, snap: bool = False) -> Config:
+    """`c` at the largest batch where its predicted peak is within the capacity, if it is not at its own: the
+    peak of `ref` (the grid's options at c's ac) on the line through its two largest clean probes, plus the
+    measured bytes per sample of each option `c` changes (an unmeasured one as none: the prediction is then a
+    bound from below), plus GRAD_BYTES per local parameter with accumulation. `c` as it is where nothing is
+    known (no capacity, fewer than two clean probes of `ref`) and under global_batch_tokens (there the batch
+    and accumulation come in splits; pruning by OOMs covers them). `snap`: only to a batch `ref` ran at (a
+    first probe of an option: its effect is measured against that probe)."""
+    if capacity is None or space.samples or len(ref_peaks) < 2:
+        return c
+    (b0, m0), (b1, m1) = sorted(ref_peaks.items())[-2:]
+    slope = (m1 - m0) / (b1 - b0)
+    coords, ref_coords = space.coords(c), space.coords(ref)
+    per_sample = slope + sum(effects.get((k, v), 0.0) for k, v in coords.items() if v != ref_coords[k])
+    fixed = m1 - slope * b1 + (GRAD_BYTES * params_local if c.grad_accum > 1 and params_local else 0.0)
+    if per_sample <= 0 or fixed + per_sample * c.batch_size <= capacity:
+        return c
+    batch = min(c.batch_size - 1, math.floor((capacity - fixed) / per_sample))
+    if snap:
+        batch = max((b for b in ref_peaks if b <= batch), default=0)
+    return space.at_batch(c, batch) if batch >= 1 else c
+
+
+def with_headroom(space: Space, c: Config, center: Config, peaks: Peaks, *, capacity: float | None) -> Config:
+    """A neighbour `c` of `center` that changes an option in UNKNOWN_MEMORY, at the largest batch where the
+    center's options peaked (clean) within the capacity less HEADROOM, when the center's own batch is above
+    that; `c` as it is otherwise."""
+    changed = {k for k, v in c._asdict().items() if getattr(center, k) != v} - {"batch_size", "grad_accum"}
+    if capacity is None or not changed & set(UNKNOWN_MEMORY):
+        return c
+    mine = peaks(center)
+    line = capacity * (1 - HEADROOM)
+    if mine.get(center.batch_size, 0.0) <= line:
+        return c
+    safe = [b for b, peak in mine.items() if b < c.batch_size and peak <= line]
+    return space.at_batch(c, max(safe)) if safe else c
