@@ -3,6 +3,8 @@
 #
 #   SWEEP_GIT_SHA=<commit> bash benchmarks/device/tune.sh NAME [sweep tune options, --resume to go on]
 #
+# Until the machine has what the search needs it says which folder to carry next, as job.sh does: .whl, and
+# for a Transformer Engine precision .te1 ... .te5, .tefinal (a fresh machine starts again from .whl).
 # writes rows into /tmp/sweep-results/NAME, which stays while the machine is warm (a call within its idle
 # window resumes a search the last one's limit cut), and packs them without the profiler's traces into
 # $OUT/NAME.tgz (and the traces into $OUT/NAME-traces.tgz); the log is $OUT/NAME.log. Stops sweep with SIGINT
@@ -17,6 +19,15 @@ results=/tmp/sweep-results/$name
 mkdir -p "$OUT" "$results"
 exec > >(tee -a "$OUT/$name.log") 2>&1
 bash benchmarks/device/install.sh || exit 1
+# what the search needs that this machine lacks yet: say which folder to carry next (as job.sh does)
+python3 -c 'import ray, torchao, pydantic' 2>/dev/null || { echo "tune: cannot run yet; call this again carrying .whl"; exit 0; }
+if [[ " $* " =~ [[:space:]](fp8-te-[a-z]+|bf16-te)[[:space:]] ]] && ! python3 -c 'import transformer_engine.pytorch' 2>/dev/null; then
+  for i in 0 1 2 3 4; do
+    [ -f /tmp/stage/part$i ] || { echo "tune: cannot run yet; call this again carrying .te$((i + 1))"; exit 0; }
+  done
+  echo "tune: cannot run yet; call this again carrying .tefinal"
+  exit 0
+fi
 date -u +%FT%TZ
 timeout --signal=INT --kill-after=20 "${JOB_LIMIT_S:-560}" $SWEEP tune "$@" --output "$results" --no-progress
 status=$?
