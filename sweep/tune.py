@@ -228,8 +228,8 @@ class GroupSearch:
         most = max((c.grad_accum for c in todo), default=1)
         center = self.center
         at_center = dict.fromkeys(self.space.at_batch(c, center.batch_size) for c in todo if c.ac == center.ac)
-        near = [c for c in at_center if not (d := self._diff(c)) or len(d) == 1 and (
-            d[0][0] != "grad_accum" or c.grad_accum == most)]
+        near = [c for c in at_center if not self._pruned(c) and (not (d := self._diff(c)) or len(d) == 1 and (
+            d[0][0] != "grad_accum" or c.grad_accum == most))]
         return list(dict.fromkeys(self._placed(c, first=True) for c in sorted(near, key=self._distance)))
 
     def _stale(self) -> bool:
