@@ -71,12 +71,21 @@ def heavy_class(c: Config) -> tuple:
     return (c.grad_sync,)
 
 
+# An fp32 reduce needs no less memory than a bf16 one: FSDP2 reduces (and under grad_sync: step accumulates
+# the unsharded gradients) in the reduce dtype. 2xH200, 8 micro-batches with step: bf16 ran and fp32 ran out of
+# memory at the same batch (Llama3-8B torchao batch 4, bf16 batch 3); once per micro-batch the two peaked alike.
+REDUCE_MEMORY = {"bf16": 0, "fp32": 1}
+
+
 def at_least_as_heavy(c: Config, oom: Config) -> bool:
-    """Whether `c` needs at least the memory of `oom` (so it would run out of memory too). More than one
-    micro-batch per step needs more than one, however many: the gradients of the micro-batches before stay
-    through the next one's backward (2xH200, Llama3-8B torchao batch 4: 122.6 GiB at 2, 4 and 8, 107.6 at 1)."""
-    return (memory_class(c) == memory_class(oom) and AC_MEMORY[c.ac] >= AC_MEMORY[oom.ac]
-            and c.batch_size >= oom.batch_size and (c.grad_accum > 1) >= (oom.grad_accum > 1))
+    """Whether `c` needs at least the memory of `oom` (so it would run out of memory too): the same memory
+    class but for a reduce dtype no lighter (REDUCE_MEMORY). More than one micro-batch per step needs more
+    than one, however many: the gradients of the micro-batches before stay through the next one's backward
+    (2xH200, Llama3-8B torchao batch 4: 122.6 GiB at 2, 4 and 8, 107.6 at 1)."""
+    return (memory_class(c._replace(reduce_dtype=oom.reduce_dtype)) == memory_class(oom)
+            and REDUCE_MEMORY[c.reduce_dtype] >= REDUCE_MEMORY[oom.reduce_dtype]
+            and AC_MEMORY[c.ac] >= AC_MEMORY[oom.ac] and c.batch_size >= oom.batch_size
+            and (c.grad_accum > 1) >= (oom.grad_accum > 1))
 
 
 def thrashes(status: str, row: dict) -> bool:

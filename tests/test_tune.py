@@ -333,6 +333,14 @@ def test_no_probe_needs_the_memory_of_an_earlier_oom_and_an_oom_is_not_retried()
     assert len(ooms) > 3  # the search did reach the limit, in several memory classes
 
 
+def test_an_fp32_reduce_needs_at_least_the_memory_of_a_bf16_one():
+    step = Config(4, "none", "regional", 8, "bf16", "step", False)
+    assert at_least_as_heavy(step._replace(reduce_dtype="fp32"), step)  # 2xH200: bf16 ran, fp32 ran out of memory
+    assert not at_least_as_heavy(step, step._replace(reduce_dtype="fp32"))
+    assert not at_least_as_heavy(step._replace(reduce_dtype="fp32", grad_sync="micro_batch"), step)
+    assert not at_least_as_heavy(step._replace(reduce_dtype="fp32", batch_size=3), step)
+
+
 def test_an_oom_with_accumulation_does_not_prune_the_same_batch_without_it():
     # accumulating keeps the earlier micro-batches' gradients through the next backward: one micro-batch
     # needs less (2xH200: 107.6 GiB against 122.6 at 2, 4 and 8), so only the other direction prunes

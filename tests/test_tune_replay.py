@@ -42,16 +42,17 @@ def _rows(name: str) -> dict[tuple, dict]:
 
 
 def _replay(name: str, grid: dict) -> tuple[list, list]:
-    """The probes the search asks for, answered from the rows, up to the first one the GPUs never ran; and
-    the probes asked with it and not yet answered (its wave: [] if the search ended on the rows)."""
+    """The probes the search asks for, answered from the rows, up to the first one the GPUs never ran, as
+    (trial, recorded status); and the probes asked with that one, not yet answered (its wave: [] if the search
+    ended on the rows)."""
     spec = parse_grid({"search": "fastest", "steps": {"warmup": "auto", "measure": "auto"}, **grid})
     plan = TunePlan(expand(spec, cluster="h200x2"), spec, capacity_bytes=H200_GIB * GIB)
     rows, asked = _rows(name), []
     queue = list(plan.initial())
     while queue:
         t = queue.pop(0)
-        asked.append(t)
         row = rows.get((t.precision, *(getattr(t, k) for k in OPTIONS)))
+        asked.append((t, row and row["status"]))
         if row is None:
             return asked, [t, *queue]
         queue += plan.on_result(t, row["status"], False, {**row, "trial_id": t.trial_id})
@@ -72,6 +73,9 @@ def test_the_llama_searches_now_ask_for_grad_sync_step_a_batch_lower(name, preci
     first_new = wave[0]
     assert (first_new.batch_size, first_new.grad_accum, first_new.reduce_dtype, first_new.grad_sync) == missed
     assert not first_new.profile and len(asked) <= 16
+    # recorded: grad_sync: step with an fp32 reduce ran out of memory at the top batch x 8, after the bf16
+    # reduce had run there with retries (an fp32 reduce needs no less: tune_space.REDUCE_MEMORY); not asked now
+    assert [status for _, status in asked if status == "oom"] == []
 
 
 def test_the_gpt_torchao_search_makes_none_of_its_recorded_out_of_memory_neighbours():
@@ -79,7 +83,7 @@ def test_the_gpt_torchao_search_makes_none_of_its_recorded_out_of_memory_neighbo
             "seq_len": 1024, "compile": "regional",
             "tune": {"vary": ["batch_size", "grad_accum", "compile"], "budget": 12}}
     asked, wave = _replay("tune-gpt", grid)
-    fit = [(t.batch_size, t.compile, t.grad_accum) for t in asked[:4]]
+    fit = [(t.batch_size, t.compile, t.grad_accum) for t, _ in asked[:4]]
     assert fit == [(32, "regional", 1), (59, "regional", 1), (67, "regional", 1), (66, "regional", 1)]  # as recorded
     # recorded: 66 x 8, compile none and full at 66 ran out of memory (the fit's top left 1.9 GiB of 141 free).
     # Now: accumulation where the grid options' peak leaves its gradients room (59: 125.2 + 5.8 GiB), each compile
