@@ -53,8 +53,8 @@ def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], ef
     """`c` at the largest batch where its predicted peak is within the capacity, if it is not at its own: the
     peak of `ref` (the grid's options at c's ac) on the line through its two largest clean probes, plus the
     measured bytes per sample of each option `c` changes (an unmeasured one as none: the prediction is then a
-    bound from below), plus GRAD_BYTES per local parameter with accumulation. `c` as it is where nothing is
-    known (no capacity, fewer than two clean probes of `ref`) and under global_batch_tokens (there the batch
+    bound from below), plus GRAD_BYTES per local parameter if `c` accumulates and `ref` does not. `c` as it is
+    where nothing is known (no capacity, fewer than two clean probes of `ref`) and under global_batch_tokens (there the batch
     and accumulation come in splits; pruning by OOMs covers them). `snap`: only to a batch `ref` ran at (a
     first probe of an option: its effect is measured against that probe)."""
     if capacity is None or space.samples or len(ref_peaks) < 2:
@@ -63,7 +63,8 @@ def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], ef
     slope = (m1 - m0) / (b1 - b0)
     coords, ref_coords = space.coords(c), space.coords(ref)
     per_sample = slope + sum(effects.get((k, v), 0.0) for k, v in coords.items() if v != ref_coords[k])
-    fixed = m1 - slope * b1 + (GRAD_BYTES * params_local if c.grad_accum > 1 and params_local else 0.0)
+    accumulates = c.grad_accum > 1 and ref.grad_accum == 1 and params_local  # (else `ref`'s peaks hold them)
+    fixed = m1 - slope * b1 + (GRAD_BYTES * params_local if accumulates else 0.0)
     if per_sample <= 0 or fixed + per_sample * c.batch_size <= capacity:
         return c
     batch = min(c.batch_size - 1, math.floor((capacity - fixed) / per_sample))

@@ -17,8 +17,9 @@ import pytest
 from sweep.errors import UserError
 from sweep.grid import NUMERICS_CHANGING, expand, parse_grid
 from sweep.tune import LONGER, SHORT, probe_steps
+from sweep.tune_memory import fitted
 from sweep.tune_plan import TunePlan
-from sweep.tune_space import Config, at_least_as_heavy
+from sweep.tune_space import Config, Space, at_least_as_heavy
 
 GIB = 1024**3
 ACTIVATIONS = {"none": 1.0, "selective": 0.5, "full": 0.2}  # GiB per sample kept for the backward pass
@@ -331,6 +332,20 @@ def test_no_probe_needs_the_memory_of_an_earlier_oom_and_an_oom_is_not_retried()
         if row["status"] == "oom":
             ooms.append(config(t))
     assert len(ooms) > 3  # the search did reach the limit, in several memory classes
+
+
+def test_accumulation_is_placed_where_its_gradients_fit_unless_the_grids_peaks_already_hold_them():
+    spec, trials = grid(tune={"vary": ["batch_size", "grad_accum"]})
+    space = Space(trials[0], spec, spec.tune)
+    ref = space.baseline("none", 10)
+    peaks = {8: 12 * GIB, 10: 14 * GIB}  # 4 GiB + 1 GiB a sample
+    eight = space.at_batch(ref._replace(grad_accum=8), 10)
+    place = dict(capacity=16 * GIB, params_local=3 * GIB / 4)  # 3 GiB of fp32 gradients
+    assert fitted(space, eight, ref, peaks, {}, **place).batch_size == 9  # 4 + 9 + 3 = 16
+    assert fitted(space, eight, ref, peaks, {}, **place, snap=True).batch_size == 8  # where ref ran: its pair
+    assert fitted(space, eight, ref._replace(grad_accum=2), peaks, {}, **place) == eight  # ref's peaks hold them
+    assert fitted(space, ref, ref, peaks, {}, **place) == ref
+    assert fitted(space, eight, ref, peaks, {}, capacity=None, params_local=3 * GIB / 4) == eight
 
 
 def test_an_fp32_reduce_needs_at_least_the_memory_of_a_bf16_one():
