@@ -50,13 +50,13 @@ def memory_effects(space: Space, probes: list[tuple[Config, float]], ref: Config
 
 def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], effects: dict, *,
            capacity: float | None, params_local: float | None, snap: bool = False) -> Config:
-    """`c` at the largest batch where its predicted peak is within the capacity, if it is not at its own: the
-    peak of `ref` (the grid's options at c's ac) on the line through its two largest clean probes, plus the
-    measured bytes per sample of each option `c` changes (an unmeasured one as none: the prediction is then a
-    bound from below), plus GRAD_BYTES per local parameter if `c` accumulates and `ref` does not. `c` as it is
-    where nothing is known (no capacity, fewer than two clean probes of `ref`) and under global_batch_tokens (there the batch
-    and accumulation come in splits; pruning by OOMs covers them). `snap`: only to a batch `ref` ran at (a
-    first probe of an option: its effect is measured against that probe)."""
+    """`c` at the largest batch where its predicted peak is within the capacity, if it is not at its own: the peak of
+    `ref` (the grid's options at c's ac) on the line through its two largest clean probes, plus the measured bytes
+    per sample of each option `c` changes (an unmeasured one as none: the prediction is then a bound from below),
+    plus GRAD_BYTES per local parameter if `c` accumulates and `ref` does not. `c` as it is where nothing is known
+    (no capacity, fewer than two clean probes of `ref`) and under global_batch_tokens (there the batch and
+    accumulation come in splits; pruning by OOMs covers them). `snap`: only to a batch `ref` ran at (a first probe
+    of an option: its effect is measured against that probe)."""
     if capacity is None or space.samples or len(ref_peaks) < 2:
         return c
     (b0, m0), (b1, m1) = sorted(ref_peaks.items())[-2:]
