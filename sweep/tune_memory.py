@@ -2,9 +2,9 @@
 
 A probe that runs out of memory costs its group of rank processes (the scheduler retires it: a new group
 starts, imports and compiles again) and, under `compile: full`, minutes of compilation first: on 2xH200,
-GPT-1.5B torchao's tune spent 39 % of its GPU time on five such probes (session 9: batch 66 x 8 micro-batches,
-`compile: none` at 66 and at 49, `compile: full` at 66 after 170 s of compiling), all at or below the batch its
-fit had found with 1.9 GiB of 141 to spare. Two things are known before such a probe runs:
+GPT-1.5B torchao's tune spent 248 of its 351 s of attempts on such probes (session 9): the fit's own at 67,
+then four around the batch it had found with 1.9 GiB of 141 to spare, 66 (66 x 8 micro-batches, `compile: none`
+at 66 and at 49, `compile: full` at 66 after 170 s of compiling). Two things are known before such a probe runs:
 
 - accumulation (`fitted`): more than one micro-batch per step keeps the sharded fp32 gradients of one
   micro-batch's backward through the next one's forward, which a single micro-batch has freed by then: the

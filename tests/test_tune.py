@@ -521,7 +521,7 @@ def test_an_option_never_run_clean_is_probed_lower_even_after_waves_found_nothin
 def test_accumulation_and_a_compile_mode_are_first_probed_where_memory_is_known_to_hold_them():
     """2xH200, GPT-1.5B torchao (session 9): the fit topped at batch 66 with 1.9 GiB of 141 free, and the
     neighbours there all ran out of memory (8 micro-batches, compile none, compile full after 170 s of
-    compiling), then none at 49: 39 % of the search's GPU time, and no final before the job's limit. The same
+    compiling), then none at 49: 248 of the search's 351 s, and no final before the job's limit. The same
     shape here: accumulation's gradients (params_local x 4 B) are known to need more than the top leaves, and a
     compile mode's memory is unknown until probed: none of them runs out of memory outside the fit."""
     m = Machine(capacity_gib=40.0, accum_gib=3.0, compile_gib={"none": 0.3, "full": 0.05})
