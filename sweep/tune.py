@@ -40,7 +40,6 @@ attempt stays failed). A budget without room for one short probe, two finals and
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any
 
 from sweep.errors import UserError
@@ -49,7 +48,7 @@ from sweep.policy import infra_retry
 from sweep.tune_memory import GIB, fitted, memory_effects, with_headroom
 from sweep.tune_verdict import best_final, fastest_verdict
 from sweep.tune_space import (AC_MEMORY, LONGER, REDUCE_MEMORY, SHORT, Config, LevelFit, Space, at_least_as_heavy,
-                              heavy_class, probe_steps, thrashes)
+                              heavy_class, one_option_effects, probe_steps, thrashes)
 
 KEEP = 3  # the rung keeps the fastest third of the short probes (successive halving's eta)...
 RUNG_MAX = 6  # ...but at most this many: a rung probe of 8 micro-batches costs a dozen long steps
@@ -391,17 +390,10 @@ class GroupSearch:
         """Each option value's measured effect against the center's value (mean log speed ratio), from
         pairs of short probes that differ in that option alone (e.g. grad_sync: step at 8 micro-batches
         against micro_batch at 8: with one micro-batch it folds away and says nothing)."""
-        center = self.space.coords(self.center)
         # a probe that thrashed measured the memory's limit, not its option: it rates no option
         points = [(self.space.coords(c), math.log(tf)) for c, tf in self._measured(0)
                   if tf > 0 and c not in self.thrashed]
-        samples = defaultdict(list)
-        for p, lp in points:
-            for q, lq in points:
-                diff = [k for k in p if p[k] != q[k]]
-                if len(diff) == 1 and q[diff[0]] == center[diff[0]]:
-                    samples[(diff[0], p[diff[0]])].append(lp - lq)
-        return {k: sum(v) / len(v) for k, v in samples.items()}
+        return one_option_effects(points, self.space.coords(self.center))
 
     def verdict(self) -> dict:
         return fastest_verdict(self)

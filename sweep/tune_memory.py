@@ -21,10 +21,9 @@ at 66 and at 49, `compile: full` at 66 after 170 s of compiling). Two things are
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any, Callable
 
-from sweep.tune_space import Config, Space
+from sweep.tune_space import Config, Space, one_option_effects
 
 GIB = 1024**3
 GRAD_BYTES = 4  # an fp32 gradient element (the master weights' dtype) per local parameter
@@ -36,16 +35,10 @@ Peaks = Callable[[Config], dict[int, float]]  # a config -> {batch: peak bytes} 
 
 def memory_effects(space: Space, probes: list[tuple[Config, float]], ref: Config) -> dict[tuple[str, Any], float]:
     """Bytes per sample each option value adds to the peak against `ref`'s value, from pairs of clean probes
-    (config, peak bytes) at one batch and ac that differ in that option alone (the mean over pairs)."""
-    samples = defaultdict(list)
-    ref_coords = space.coords(ref)
-    for p, peak_p in probes:
-        for q, peak_q in probes:
-            cp, cq = space.coords(p), space.coords(q)
-            diff = [k for k in cp if cp[k] != cq[k]]
-            if len(diff) == 1 and diff[0] not in ("ac_batch", "grad_accum") and cq[diff[0]] == ref_coords[diff[0]]:
-                samples[(diff[0], cp[diff[0]])].append((peak_p - peak_q) / p.batch_size)
-    return {k: sum(v) / len(v) for k, v in samples.items()}
+    (config, peak bytes) at one batch and ac that differ in that option alone (the mean over pairs; accumulation's
+    bytes are not per sample: `fitted` adds them)."""
+    points = [(space.coords(c), peak / c.batch_size) for c, peak in probes]
+    return one_option_effects(points, space.coords(ref), skip=("ac_batch", "grad_accum"))
 
 
 def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], effects: dict, *,

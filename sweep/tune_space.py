@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import defaultdict
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -86,6 +87,18 @@ def at_least_as_heavy(c: Config, oom: Config) -> bool:
             and REDUCE_MEMORY[c.reduce_dtype] >= REDUCE_MEMORY[oom.reduce_dtype]
             and AC_MEMORY[c.ac] >= AC_MEMORY[oom.ac] and c.batch_size >= oom.batch_size
             and (c.grad_accum > 1) >= (oom.grad_accum > 1))
+
+
+def one_option_effects(points: list[tuple[dict, float]], ref: dict, skip: tuple = ()) -> dict[tuple[str, Any], float]:
+    """Each option value's mean effect on a quantity against `ref`'s value of that option, from every pair of
+    points (a config's coordinates, the quantity) that differ in that option alone (not one in `skip`)."""
+    samples = defaultdict(list)
+    for p, vp in points:
+        for q, vq in points:
+            diff = [k for k in p if p[k] != q[k]]
+            if len(diff) == 1 and diff[0] not in skip and q[diff[0]] == ref[diff[0]]:
+                samples[(diff[0], p[diff[0]])].append(vp - vq)
+    return {k: sum(v) / len(v) for k, v in samples.items()}
 
 
 def thrashes(status: str, row: dict) -> bool:
