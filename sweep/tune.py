@@ -40,6 +40,7 @@ attempt stays failed). A budget without room for one short probe, two finals and
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import Any
 
 from sweep.errors import UserError
@@ -319,26 +320,24 @@ class GroupSearch:
         """`c` where sweep.tune_memory predicts it fits in memory (`fitted`: lower if it would not); as a
         neighbour (`first`) that changes the compile mode, whose memory is unmeasured, where the fit left room.
         `memory`: what `_memory` says, for a caller placing many."""
-        params, effects = memory or self._memory()
+        params, effects, peaks = memory or self._memory()
         ref = self.space.baseline(c.ac, c.batch_size)
-        c = fitted(self.space, c, ref, self._peaks(ref), effects, capacity=self.capacity, params_local=params,
+        c = fitted(self.space, c, ref, peaks.get(c.ac, {}), effects, capacity=self.capacity, params_local=params,
                    snap=first)
-        return with_headroom(self.space, c, self.center, self._peaks, capacity=self.capacity) if first else c
+        center_peaks = peaks.get(self.center.ac, {})
+        return with_headroom(self.space, c, self.center, center_peaks, capacity=self.capacity) if first else c
 
-    def _memory(self) -> tuple[float | None, dict]:
-        """The most parameters a rank holds (any row's); the options' measured bytes per sample (memory_effects)."""
+    def _memory(self) -> tuple[float | None, dict, dict[str, dict[int, float]]]:
+        """What the clean short probes say of memory: the most parameters a rank holds (any row's), the options'
+        bytes per sample (memory_effects), and per ac level the grid options' peak bytes by batch."""
         params = next((max(r["params_local"]) for r in self.results.values() if r.get("params_local")), None)
-        probes = [(f, p) for f, _ in self._measured(0) if f not in self.thrashed and (p := self._peak(f))]
-        return params, memory_effects(self.space, probes, self.space.grid)
-
-    def _peak(self, c: Config) -> float | None:
-        row = self._ok_row(c, 0)
-        return row["peak_mem_gib"] * GIB if row and row.get("peak_mem_gib") else None
-
-    def _peaks(self, c: Config) -> dict[int, float]:
-        """Batch -> peak bytes of the clean short probes of `c`'s options at any batch."""
-        return {f.batch_size: p for f, _ in self._measured(0) if f not in self.thrashed
-                and f == self.space.at_batch(c, f.batch_size) and (p := self._peak(f))}
+        probes = [(f, row["peak_mem_gib"] * GIB) for f, _ in self._measured(0)
+                  if f not in self.thrashed and (row := self._ok_row(f, 0)).get("peak_mem_gib")]
+        peaks: dict[str, dict[int, float]] = defaultdict(dict)
+        for f, peak in probes:
+            if f == self.space.baseline(f.ac, f.batch_size):
+                peaks[f.ac][f.batch_size] = peak
+        return params, memory_effects(self.space, probes, self.space.grid), peaks
 
     def _candidates(self) -> list[Config]:
         """Configs not yet probed nor pruned, the likely fastest first (then the fewest changes)."""

@@ -21,7 +21,7 @@ at 66 and at 49, `compile: full` at 66 after 170 s of compiling). Two things are
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 from sweep.tune_space import Config, Space, one_option_effects
 
@@ -29,8 +29,6 @@ GIB = 1024**3
 GRAD_BYTES = 4  # an fp32 gradient element (the master weights' dtype) per local parameter
 HEADROOM = 0.2  # above the largest one-option memory change measured (compile: none, +18.5 %)
 UNKNOWN_MEMORY = ("compile",)  # options whose memory a first probe measures with headroom
-
-Peaks = Callable[[Config], dict[int, float]]  # a config -> {batch: peak bytes} of its clean short probes
 
 
 def memory_effects(space: Space, probes: list[tuple[Config, float]], ref: Config) -> dict[tuple[str, Any], float]:
@@ -66,14 +64,14 @@ def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], ef
     return space.at_batch(c, batch) if batch >= 1 else c
 
 
-def with_headroom(space: Space, c: Config, center: Config, peaks: Peaks, *, capacity: float | None) -> Config:
+def with_headroom(space: Space, c: Config, center: Config, mine: dict[int, float], *,
+                  capacity: float | None) -> Config:
     """A neighbour `c` of `center` that changes an option in UNKNOWN_MEMORY, at the largest batch where the
-    center's options peaked (clean) within the capacity less HEADROOM, when the center's own batch is above
-    that; `c` as it is otherwise."""
+    center's options peaked (clean; `mine`: batch -> peak bytes) within the capacity less HEADROOM, when the
+    center's own batch is above that; `c` as it is otherwise."""
     changed = {k for k, v in c._asdict().items() if getattr(center, k) != v} - {"batch_size", "grad_accum"}
     if capacity is None or not changed & set(UNKNOWN_MEMORY):
         return c
-    mine = peaks(center)
     line = capacity * (1 - HEADROOM)
     if mine.get(center.batch_size, 0.0) <= line:
         return c
