@@ -48,8 +48,8 @@ from sweep.grid import Trial
 from sweep.policy import infra_retry
 from sweep.tune_memory import GIB, fitted, memory_effects, with_headroom
 from sweep.tune_verdict import best_final, fastest_verdict
-from sweep.tune_space import (AC_MEMORY, LONGER, REDUCE_MEMORY, SHORT, Config, LevelFit, Space, at_least_as_heavy,
-                              heavy_class, one_option_effects, probe_steps, thrashes)
+from sweep.tune_space import (AC_MEMORY, LONGER, SHORT, Config, LevelFit, Space, at_least_as_heavy, heavy_class,
+                              no_lighter, one_option_effects, probe_steps, thrashes)
 
 KEEP = 3  # the rung keeps the fastest third of the short probes (successive halving's eta)...
 RUNG_MAX = 6  # ...but at most this many: a rung probe of 8 micro-batches costs a dozen long steps
@@ -367,10 +367,10 @@ class GroupSearch:
         change `t` made to the center at its ac and a batch no smaller, with accumulation if `t` had it (how
         many micro-batches does not matter: `at_least_as_heavy`), e.g. grad_sync: step with an FP8 head,
         after grad_sync: step thrashed alone."""
-        made = {d for d in self._diff(t) if d[0] not in ("ac_batch", "grad_accum")  # compared below
-                and not (d[0] == "reduce_dtype" and REDUCE_MEMORY[c.reduce_dtype] >= REDUCE_MEMORY[d[1]])}
-        return at_least_as_heavy(c, t) or (t.ac == c.ac and c.batch_size >= t.batch_size and made <= set(self._diff(c))
-                                           and (c.grad_accum > 1) >= (t.grad_accum > 1))
+        made = [d for d in self._diff(t) if d[0] not in ("ac_batch", "grad_accum")]  # compared below
+        mine = self.space.coords(c)
+        return at_least_as_heavy(c, t) or (t.ac == c.ac and c.batch_size >= t.batch_size and (c.grad_accum > 1) >= (
+            t.grad_accum > 1) and all(no_lighter(k, mine[k], v) for k, v in made))
 
     def _rebatched(self, c: Config) -> Config:
         """`c` at the largest batch known to fit for configs like it (heavy_class, same ac) when one like

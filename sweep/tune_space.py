@@ -59,16 +59,15 @@ def probe_steps(steps: tuple[int, int], grad_accum: int) -> tuple[int, int]:
     return max(1, warmup), max(1 if steps == SHORT else 2, measure)
 
 
-def memory_class(c: Config) -> tuple:
-    """What, besides batch, ac and accumulation, sets a micro-batch's footprint (grad_sync: step, which keeps
-    gradients unsharded, is its own class). Accumulation is ordered by `at_least_as_heavy`."""
-    return c.compile, c.reduce_dtype, c.grad_sync, c.fp8_lm_head
+# What, besides batch, ac and accumulation, sets a micro-batch's footprint (grad_sync: step keeps gradients
+# unsharded). Accumulation is ordered by `at_least_as_heavy`.
+MEMORY_CLASS = ("compile", "reduce_dtype", "grad_sync", "fp8_lm_head")
 
 
 def heavy_class(c: Config) -> tuple:
     """The memory class without the options whose effect on memory is small (compile, reduce_dtype,
     fp8_lm_head): a batch limit found for one value of those is a good first guess for the others (a
-    guess only: pruning needs the same memory_class). grad_sync: step keeps whole gradients."""
+    guess only: pruning needs each option of MEMORY_CLASS no lighter). grad_sync: step keeps whole gradients."""
     return (c.grad_sync,)
 
 
@@ -78,13 +77,18 @@ def heavy_class(c: Config) -> tuple:
 REDUCE_MEMORY = {"bf16": 0, "fp32": 1}
 
 
+def no_lighter(option: str, value: Any, than: Any) -> bool:
+    """Whether `option` at `value` needs at least the memory it needs at `than`: the same value, or for the
+    reduce dtype one no lighter (REDUCE_MEMORY)."""
+    return REDUCE_MEMORY[value] >= REDUCE_MEMORY[than] if option == "reduce_dtype" else value == than
+
+
 def at_least_as_heavy(c: Config, oom: Config) -> bool:
-    """Whether `c` needs at least the memory of `oom` (so it would run out of memory too): the same memory
-    class but for a reduce dtype no lighter (REDUCE_MEMORY). More than one micro-batch per step needs more
-    than one, however many: the gradients of the micro-batches before stay through the next one's backward
-    (2xH200, Llama3-8B torchao batch 4: 122.6 GiB at 2, 4 and 8, 107.6 at 1)."""
-    return (memory_class(c._replace(reduce_dtype=oom.reduce_dtype)) == memory_class(oom)
-            and REDUCE_MEMORY[c.reduce_dtype] >= REDUCE_MEMORY[oom.reduce_dtype]
+    """Whether `c` needs at least the memory of `oom` (so it would run out of memory too): each option of its
+    memory class no lighter (`no_lighter`). More than one micro-batch per step needs more than one, however
+    many: the gradients of the micro-batches before stay through the next one's backward (2xH200, Llama3-8B
+    torchao batch 4: 122.6 GiB at 2, 4 and 8, 107.6 at 1)."""
+    return (all(no_lighter(k, getattr(c, k), getattr(oom, k)) for k in MEMORY_CLASS)
             and AC_MEMORY[c.ac] >= AC_MEMORY[oom.ac] and c.batch_size >= oom.batch_size
             and (c.grad_accum > 1) >= (oom.grad_accum > 1))
 
