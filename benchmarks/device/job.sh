@@ -30,15 +30,10 @@ fi
 deadline=$((${JOB_LIMIT_S:-570} + SECONDS))
 
 bash benchmarks/device/install.sh || exit 1
-missing() {  # what to carry next, or nothing when the campaign can run
-  python3 -c 'import ray, torchao, pydantic' 2>/dev/null || { echo .whl; return; }
-  python3 -c 'import duckdb' 2>/dev/null || { echo .whl-results; return; }
-  if grep -qE '^precisions:.*-te\b' "benchmarks/campaigns/$campaign"/*.yaml && ! python3 -c 'import transformer_engine.pytorch' 2>/dev/null; then
-    for i in 0 1 2 3 4; do [ -f /tmp/stage/part$i ] || { echo ".te$((i + 1))"; return; }; done
-    echo .tefinal
-  fi
-}
-next=$(missing)
+source benchmarks/device/lib.sh
+needs_te=0
+grep -qE '^precisions:.*-te\b' "benchmarks/campaigns/$campaign"/*.yaml && needs_te=1
+next=$(next_carry 1 $needs_te)
 if [ -n "$next" ]; then
   echo "job: $campaign cannot run yet; call this again carrying $next (a fresh machine starts from .whl)"
   exit 0
@@ -69,11 +64,7 @@ else
   run "$profile"
   status=$?
 fi
-# rows and verdicts in one archive, traces in another: a tune's profiled finals leave megabytes of traces,
-# and an archive past the size the device returns comes back not at all (rows lost with it)
-tar czf "$OUT/$campaign.tgz" --exclude=_traces -C "$(dirname "$results")" "$campaign"
-traces=$(cd "$(dirname "$results")" && find "$campaign" -type d -name _traces)
-[ -z "$traces" ] || tar czf "$OUT/$campaign-traces.tgz" -C "$(dirname "$results")" $traces
+pack "$results"
 echo "job: rows in \$OUT/$campaign.tgz (sweep exit $status); to go on in the next job: mkdir -p .device-out &&" \
      "tar xzf $campaign.tgz -C .device-out, then carry .device-out"
 exit $status

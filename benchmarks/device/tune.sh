@@ -19,20 +19,14 @@ results=/tmp/sweep-results/$name
 mkdir -p "$OUT" "$results"
 exec > >(tee -a "$OUT/$name.log") 2>&1
 bash benchmarks/device/install.sh || exit 1
-# what the search needs that this machine lacks yet: say which folder to carry next (as job.sh does)
-python3 -c 'import ray, torchao, pydantic' 2>/dev/null || { echo "tune: cannot run yet; call this again carrying .whl"; exit 0; }
-if [[ " $* " =~ [[:space:]](fp8-te-[a-z]+|bf16-te)[[:space:]] ]] && ! python3 -c 'import transformer_engine.pytorch' 2>/dev/null; then
-  for i in 0 1 2 3 4; do
-    [ -f /tmp/stage/part$i ] || { echo "tune: cannot run yet; call this again carrying .te$((i + 1))"; exit 0; }
-  done
-  echo "tune: cannot run yet; call this again carrying .tefinal"
-  exit 0
-fi
+source benchmarks/device/lib.sh
+needs_te=0
+[[ " $* " =~ [[:space:]](fp8-te-[a-z]+|bf16-te)[[:space:]] ]] && needs_te=1
+next=$(next_carry 0 $needs_te)
+[ -z "$next" ] || { echo "tune: cannot run yet; call this again carrying $next"; exit 0; }
 date -u +%FT%TZ
 timeout --signal=INT --kill-after=20 "${JOB_LIMIT_S:-560}" $SWEEP tune "$@" --output "$results" --no-progress
 status=$?
-tar czf "$OUT/$name.tgz" --exclude=_traces -C /tmp/sweep-results "$name"
-traces=$(cd /tmp/sweep-results && find "$name" -type d -name _traces)
-[ -z "$traces" ] || tar czf "$OUT/$name-traces.tgz" -C /tmp/sweep-results $traces
+pack "$results"
 echo "tune: rows in \$OUT/$name.tgz (sweep exit $status)"
 exit $status

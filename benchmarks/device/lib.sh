@@ -1,0 +1,20 @@
+# Sourced by benchmarks/device/job.sh and tune.sh: what a job on the lent H200 machine still lacks, and how
+# it packs its rows.
+
+next_carry() {  # next_carry NEEDS_RESULTS NEEDS_TE (0/1): the folder to carry next, or nothing when ready
+  python3 -c 'import ray, torchao, pydantic' 2>/dev/null || { echo .whl; return; }
+  [ "$1" = 1 ] && ! python3 -c 'import duckdb' 2>/dev/null && { echo .whl-results; return; }
+  if [ "$2" = 1 ] && ! python3 -c 'import transformer_engine.pytorch' 2>/dev/null; then
+    for i in 0 1 2 3 4; do [ -f /tmp/stage/part$i ] || { echo ".te$((i + 1))"; return; }; done
+    echo .tefinal
+  fi
+}
+
+pack() {  # pack DIR: DIR's rows and verdicts into $OUT/NAME.tgz, its profiler traces into $OUT/NAME-traces.tgz
+  # (a tune's traces can make an archive too big to come back, and the rows would be lost with it)
+  local parent name traces
+  parent=$(dirname "$1") name=$(basename "$1")
+  tar czf "$OUT/$name.tgz" --exclude=_traces -C "$parent" "$name"
+  traces=$(cd "$parent" && find "$name" -type d -name _traces)
+  [ -z "$traces" ] || tar czf "$OUT/$name-traces.tgz" -C "$parent" $traces
+}
