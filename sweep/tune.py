@@ -298,6 +298,7 @@ class GroupSearch:
 
     def _profile_stage(self) -> list[Trial]:
         best, _ = best_final(self)  # every final has answered: the verdict's best
+        # once: asked again, _ask would point it back at an attempt an infrastructure retry replaced
         return [] if best is None or (best, 3) in self.asked else self._ask(best, 3)
 
     # --- the candidates, and what the short probes say about them ---
