@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
+import types
 
 import pytest
 
@@ -280,6 +282,48 @@ def test_on_a_gpu_each_trial_gives_back_its_allocated_memory(rank_jobs, run_rank
     reports = [result for _, result in run_ranks(_warm_rank, [[jobs[0] for jobs in trials]], timeout=300)]
     assert [r["status"] for r in reports] == ["ok"] * 3, [r.get("error") for r in reports]
     assert [r["held_bytes"] - r["baseline_bytes"] for r in reports] == [0, 0, 0]
+
+
+def test_release_frees_the_workspaces_transformer_engine_caches(monkeypatch):
+    """TE keeps its cuBLAS workspaces in `functools.lru_cache`s of `transformer_engine.pytorch.cpp_extensions.gemm`
+    (TE 2.20): release() clears them, or every TE trial would leave its group 32 MiB above the baseline. TE
+    does not import without CUDA: a module laid out as TE's stands in for it here; the GPU test below runs TE."""
+    import functools
+
+    import torch
+
+    from trainer.train import held_bytes, release
+
+    gemm = types.ModuleType("transformer_engine.pytorch.cpp_extensions.gemm")
+    workspace = functools.lru_cache(maxsize=None)(lambda device: torch.empty(1 << 22, dtype=torch.uint8))
+    gemm.get_cublas_workspace = workspace
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", types.ModuleType("transformer_engine.pytorch"))
+    monkeypatch.setitem(sys.modules, gemm.__name__, gemm)
+    cpu = torch.device("cpu")
+    release(cpu)
+    before = held_bytes(cpu)
+    gemm.get_cublas_workspace(0)
+    assert held_bytes(cpu) >= before + (1 << 22)
+    release(cpu)
+    assert gemm.get_cublas_workspace.cache_info().currsize == 0 and held_bytes(cpu) <= before
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_transformer_engine_trials_give_back_their_memory(rank_jobs, run_ranks):
+    """Two TE trials on one warm rank each end at the baseline: before release() cleared TE's cached cuBLAS
+    workspaces, each ended 32.0 MiB above it on an H200 and retired its group (RESULTS.md, session 10)."""
+    import torch
+
+    from trainer.models.specs import REGISTRY
+
+    if not torch.cuda.is_available() or torch.version.hip:
+        pytest.skip("needs an NVIDIA GPU")
+    spec = REGISTRY["llama-tiny"]
+    trials = [rank_jobs(spec, "fp8-te-delayed", device_type="cuda", compile="regional", seq_len=128),
+              rank_jobs(spec, "bf16-te", device_type="cuda", seq_len=128)]
+    reports = [result for _, result in run_ranks(_warm_rank, [[jobs[0] for jobs in trials]], timeout=300)]
+    assert [r["status"] for r in reports] == ["ok"] * 2, [r.get("error") for r in reports]
+    assert [r["held_bytes"] - r["baseline_bytes"] for r in reports] == [0, 0]
 
 
 # -- pure rules --------------------------------------------------------------------------------------------

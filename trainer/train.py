@@ -128,14 +128,21 @@ def release(device: torch.device) -> None:
 
 
 def _reset_te() -> None:
-    """Transformer Engine's process-wide FP8 state, if an earlier trial imported it (its module moved in 2.x)."""
+    """Transformer Engine's process-wide state, if an earlier trial imported it: its FP8 globals (their module
+    moved in 2.x), and the cuBLAS workspaces its GEMMs keep in `functools.lru_cache`s (32 MiB + 1 KiB per
+    device on Hopper, TE 2.20 `cpp_extensions/gemm.py`), which held a warm group above its baseline after
+    every TE trial on 2xH200, so each TE trial started fresh processes (RESULTS.md, session 10)."""
     if "transformer_engine.pytorch" not in sys.modules:
         return
     for module in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8"):
         manager = getattr(sys.modules.get(module), "FP8GlobalStateManager", None)
         if manager is not None:
             manager.reset()
-            return
+            break
+    gemm = sys.modules.get("transformer_engine.pytorch.cpp_extensions.gemm")
+    for cached in list(vars(gemm).values()) if gemm is not None else ():
+        if callable(getattr(cached, "cache_clear", None)):  # sizes are recomputed, workspaces reallocated
+            cached.cache_clear()
 
 
 def held_bytes(device: torch.device) -> int:

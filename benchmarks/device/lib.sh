@@ -14,7 +14,9 @@ pack() {  # pack DIR: DIR's rows and verdicts into $OUT/NAME.tgz, its profiler t
   # (a tune's traces can make an archive too big to come back, and the rows would be lost with it)
   local parent name traces
   parent=$(dirname "$1") name=$(basename "$1")
-  tar czf "$OUT/$name.tgz" --exclude=_traces -C "$parent" "$name"
+  # written aside, then renamed: a call cut while packing leaves the last whole archive
+  tar czf "$OUT/.$name.tgz" --exclude=_traces -C "$parent" "$name" && mv "$OUT/.$name.tgz" "$OUT/$name.tgz"
   traces=$(cd "$parent" && find "$name" -type d -name _traces)
-  [ -z "$traces" ] || tar czf "$OUT/$name-traces.tgz" -C "$parent" $traces
+  [ -z "$traces" ] || { tar czf "$OUT/.$name-traces.tgz" -C "$parent" $traces &&
+                          mv "$OUT/.$name-traces.tgz" "$OUT/$name-traces.tgz"; }
 }

@@ -8,7 +8,9 @@
 # writes rows into /tmp/sweep-results/NAME, which stays while the machine is warm (a call within its idle
 # window resumes a search the last one's limit cut), and packs them without the profiler's traces into
 # $OUT/NAME.tgz (and the traces into $OUT/NAME-traces.tgz); the log is $OUT/NAME.log. Stops sweep with SIGINT
-# (it tears down and keeps its rows) before the device command's 600 s limit.
+# (it tears down and keeps its rows) so that it ends within JOB_LIMIT_S (540) of this script's start, leaving the
+# device command's 600 s limit room to pack; the rows are packed every minute too, so a call cut anyway keeps them
+# (session 10 lost a TE search's rows: its install took 40 s, and 560 s of sweep after it ran past 600).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: bash benchmarks/device/tune.sh NAME [sweep tune options]" >&2; exit 2; }
 name=$1
@@ -25,8 +27,13 @@ needs_te=0
 next=$(next_carry 0 $needs_te)
 [ -z "$next" ] || { echo "tune: cannot run yet; call this again carrying $next"; exit 0; }
 date -u +%FT%TZ
-timeout --signal=INT --kill-after=20 "${JOB_LIMIT_S:-560}" $SWEEP tune "$@" --output "$results" --no-progress
+(while sleep 60; do pack "$results"; done) &
+packer=$!
+timeout --signal=INT --kill-after=20 "$(( ${JOB_LIMIT_S:-540} - SECONDS - 20 ))" \
+  $SWEEP tune "$@" --output "$results" --no-progress
 status=$?
+kill $packer 2>/dev/null
+wait $packer 2>/dev/null
 pack "$results"
 echo "tune: rows in \$OUT/$name.tgz (sweep exit $status)"
 exit $status
