@@ -314,6 +314,7 @@ def test_on_a_gpu_transformer_engine_trials_give_back_their_memory(rank_jobs, ru
     workspaces, each ended 32.0 MiB above it on an H200 and retired its group (RESULTS.md, session 10)."""
     import torch
 
+    from sweep.groups import KEPT_BYTES_ALLOWED
     from trainer.models.specs import REGISTRY
 
     if not torch.cuda.is_available() or torch.version.hip:
@@ -323,7 +324,8 @@ def test_on_a_gpu_transformer_engine_trials_give_back_their_memory(rank_jobs, ru
               rank_jobs(spec, "bf16-te", device_type="cuda", seq_len=128)]
     reports = [result for _, result in run_ranks(_warm_rank, [[jobs[0] for jobs in trials]], timeout=300)]
     assert [r["status"] for r in reports] == ["ok"] * 2, [r.get("error") for r in reports]
-    assert [r["held_bytes"] - r["baseline_bytes"] for r in reports] == [0, 0]
+    # TE keeps a few scale bytes process-wide (3072 and 512 B on an H200, session 10): within what a group may keep
+    assert all(0 <= r["held_bytes"] - r["baseline_bytes"] <= KEPT_BYTES_ALLOWED for r in reports), reports
 
 
 # -- pure rules --------------------------------------------------------------------------------------------
@@ -335,6 +337,17 @@ def _trial(**changes):
     base = dict(cluster="local", model=REGISTRY["gpt-tiny"], precision="bf16", compile="none", ac="none",
                 batch_size=2, seq_len=32, gpus=2, warmup_steps=1, measure_steps=2)
     return Trial(**{**base, **changes})
+
+
+def test_a_group_stays_warm_over_a_library_cache_but_not_over_a_trials_leftovers():
+    from sweep.groups import KEPT_BYTES_ALLOWED, returned_to_baseline
+
+    base = 5 << 30
+    assert returned_to_baseline([{"baseline_bytes": base, "held_bytes": base + 3072},
+                                 {"baseline_bytes": base, "held_bytes": base + KEPT_BYTES_ALLOWED}])
+    assert not returned_to_baseline([{"baseline_bytes": base, "held_bytes": base},
+                                     {"baseline_bytes": base, "held_bytes": base + 32 * 2**20 + 1024}])
+    assert not returned_to_baseline([{"baseline_bytes": base, "held_bytes": None}])  # a rank that could not say
 
 
 def test_one_group_runs_trials_of_one_shape_cap_and_process_family():
