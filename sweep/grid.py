@@ -17,9 +17,9 @@
     on_oom: {policy: halve, min_batch: 1}
     search: max_batch                 # optional: max_batch (the largest / fastest batch per precision), or
                                       # fastest (the fastest configuration: see tune below)
-    tune: {vary: [batch_size, ac, grad_accum, compile], budget: 40, global_batch_tokens: 1048576}
-                                      # search: fastest: the options it may change, its probe budget, and
-                                      # an optional global batch every probe keeps (sweep.tune)
+    tune: {vary: [batch_size, ac, grad_accum, compile], budget: 40, global_batch_tokens: 1048576, max_cost: 10}
+                                      # search: fastest: the options it may change, its probe budget, an
+                                      # optional global batch every probe keeps, its GPU time in trials (sweep.tune)
     profile: false                    # true: a torch.profiler trace of a few steps after the measured ones
     timeout_s: 1800                   # per trial
     memory_cap: 80GiB                 # optional per-rank cap (a real allocation failure past it)
@@ -120,6 +120,9 @@ class TuneSpec(BaseModel):
     budget: int = Field(default=40, gt=0, description="probes (trial attempts) at most, per model and precision")
     global_batch_tokens: int | None = Field(
         default=None, gt=0, description="micro-batch x grad_accum x ranks x seq_len held at this, if given")
+    max_cost: float | None = Field(
+        default=10.0, gt=1, description="GPU time at most, in fresh measured trials of the fastest probe (finals "
+                                        "included): a probe predicted past it is skipped; null: no cap")
 
     @field_validator("vary")
     @classmethod

@@ -21,10 +21,12 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            Never probed: a candidate as heavy as a known OOM (tune_space.at_least_as_heavy), or with an option
            value that failed on its own. One that runs out of memory, or thrashes (allocator retries: its speed
            measures the memory's limit, so it rates no option), is tried at a smaller batch, and so is every
-           candidate that needs its memory (_rebatched, _unthrashed, _needs).
+           candidate that needs its memory (_rebatched, _unthrashed, _needs). A probe predicted to take the search
+           past `max_cost` one-trial costs, its finals' included, is skipped for good (_affordable, sweep.tune_cost).
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
            with LONGER steps; no rung where it would keep only the finalists (budgets under 19).
-  final    the `finalists` fastest of the rung (without one: of the short probes), and the baseline (the grid's
+  final    the `finalists` fastest of the rung (without one: of the short probes; a runner-up only within
+           FINAL_MARGIN of the fastest: a probe reads within 0.4 % of its final), and the baseline (the grid's
            options at the fastest batch their fit found; under G the split with the largest micro-batch that
            fits) unless its short probe failed, with the grid's own steps. The best is the fastest of these.
   profile  the best (if a final ran ok) with a short probe's steps and profile=True: the verdict's trace. A profiled
@@ -40,13 +42,13 @@ attempt stays failed). A budget without room for one short probe, two finals and
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any
 
 from sweep.errors import UserError
 from sweep.grid import Trial
 from sweep.policy import infra_retry
-from sweep.tune_memory import GIB, fitted, memory_effects, with_headroom
+from sweep.tune_cost import affordable
+from sweep.tune_memory import fitted, measured, with_headroom
 from sweep.tune_verdict import best_final, fastest_verdict
 from sweep.tune_space import (AC_MEMORY, LONGER, SHORT, Config, LevelFit, Space, at_least_as_heavy, heavy_class,
                               no_lighter, one_option_effects, probe_steps, thrashes)
@@ -56,13 +58,18 @@ RUNG_MAX = 6  # ...but at most this many: a rung probe of 8 micro-batches costs 
 WAVE = 4  # explore probes issued together after the neighbours: a cluster can run them side by side
 STALE_WAVES = 2  # explore stops after this many waves in a row without a faster probe
 NOISE = 0.01  # a short probe's speed is this close to another's: no faster
+# A runner-up slower than the fastest by more than this is not measured in full: on 2xH200 short probes read
+# within 0.4 % of their finals (827.8/831.1, 820.8/822.5, 608.2/606.1, 561.2/562.6, 544.8/544.5; RESULTS.md,
+# sessions 9-10), and the GPT-1.5B torchao search spent 96 s on a runner-up 2.9 % behind.
+FINAL_MARGIN = 0.02
 
 
 class GroupSearch:
     """The search of one group: stages fit, explore, rung, final, profile (module docstring)."""
 
-    def __init__(self, space: Space, *, budget: int, capacity_bytes: float | None, sid: str, final_steps: tuple):
-        self.space, self.budget, self.capacity, self.sid = space, budget, capacity_bytes, sid
+    def __init__(self, space: Space, *, budget: int, capacity_bytes: float | None, sid: str, final_steps: tuple,
+                 max_cost: float | None = None):
+        self.space, self.budget, self.capacity, self.sid, self.max_cost = space, budget, capacity_bytes, sid, max_cost
         self.finalists = 2 if budget >= 8 else 1
         reserve = self.finalists + 2  # the finalists, the baseline and the best's profile
         rung = min(RUNG_MAX, (budget - reserve) // 5)  # a fifth of the rest at most: most of it explores
@@ -90,6 +97,7 @@ class GroupSearch:
         self.broken: set[tuple[str, Any]] = set()  # option values that failed on their own
         self.fallbacks: dict[Config, Config] = {}  # a config that ran out of memory -> it at a smaller batch
         self.thrashed: set[Config] = set()  # probes that fit only by the allocator freeing its cache (retries)
+        self.unaffordable: list[Config] = []  # skipped: predicted past max_cost (_affordable)
         self.explored = False
         self.stale, self.fastest_before = 0, 0.0  # waves in a row without a faster probe; the fastest before
         self.center: Config | None = None  # the baseline (else any candidate): effects are measured from it
@@ -157,6 +165,10 @@ class GroupSearch:
         row = self.results.get(self.asked.get((c, rung)))
         return row if row and row["status"] == "ok" else None
 
+    def _clean(self) -> list[tuple[Config, dict]]:
+        """The short probes that ran ok without thrashing, fastest first, with their rows."""
+        return [(c, self._ok_row(c, 0)) for c, _ in self._measured(0) if c not in self.thrashed]
+
     def _measured(self, rung: int) -> list[tuple[Config, float]]:
         """The configs measured at `rung`, fastest first (a tie: the one asked first)."""
         out = [(c, row["tflops_per_gpu"] or 0.0) for (c, r) in self.asked
@@ -217,8 +229,22 @@ class GroupSearch:
         stale = live and self._stale()
         first = [] if self.explored else self._neighbours(todo)
         self.explored = True
-        wave = first[:room] or self._wave(todo, min(WAVE, room), ranked=not stale)
-        return [t for c in wave for t in self._ask(c, 0)]
+        while True:  # a wave the cost cap empties is followed by the next candidates'
+            wave = first[:room] or self._wave(todo, min(WAVE, room), ranked=not stale)
+            kept = self._affordable(wave, 0)
+            if kept or not wave:
+                return [t for c in kept for t in self._ask(c, 0)]
+            first, todo = [], [c for c in todo if c not in self.unaffordable]
+
+    def _affordable(self, wave: list[Config], rung: int) -> list[Config]:
+        """The probes of `wave` the cost cap allows (sweep.tune_cost.affordable); the others are skipped for good."""
+        kept, skipped = affordable(wave, [probe_steps(self.steps[rung], c.grad_accum) for c in wave],
+                                   leader=next(iter(self._clean()), None), finals=self.finalists + 1,
+                                   max_cost=self.max_cost,
+                                   probes=[(self.owner[t][0], r) for t, r in self.results.items()],
+                                   final_steps=self.steps[2])
+        self.unaffordable += skipped
+        return kept
 
     def _neighbours(self, todo: list[Config]) -> list[Config]:
         """The center and its one-option changes, but of accumulation only the most micro-batches: every count
@@ -284,13 +310,15 @@ class GroupSearch:
             return []
         pool = [c for c, _ in self._measured(0)]
         n = min(self.rung_size, max(self.finalists + 1, math.ceil(len(pool) / KEEP)), self.caps[1] - len(self.owner))
-        self.rung_asked = pool[:n] if len(pool[:n]) > self.finalists else []
+        rung = self._affordable(pool[:n], 1)
+        self.rung_asked = rung if len(rung) > self.finalists else []
         return [t for c in self.rung_asked for t in self._ask(c, 1)]
 
     def _final_stage(self) -> list[Trial]:
         if self.final_asked is not None:
             return []
-        finalists = [c for c, _ in self._measured(1 if self.rung_asked else 0)][:self.finalists]
+        measured = self._measured(1 if self.rung_asked else 0)[:self.finalists]
+        finalists = [c for c, tf in measured if tf >= measured[0][1] * (1 - FINAL_MARGIN)]
         ran = {c for c, _ in self._measured(0)}  # a baseline that failed its short probe would fail again
         extra = [self.baseline] if self.baseline in ran and self.baseline not in finalists else []
         self.final_asked = finalists + extra
@@ -329,16 +357,8 @@ class GroupSearch:
         return with_headroom(self.space, c, self.center, center_peaks, capacity=self.capacity) if first else c
 
     def _memory(self) -> tuple[float | None, dict, dict[str, dict[int, float]]]:
-        """What the clean short probes say of memory: the most parameters a rank holds (any row's), the options'
-        bytes per sample (memory_effects), and per ac level the grid options' peak bytes by batch."""
-        params = next((max(r["params_local"]) for r in self.results.values() if r.get("params_local")), None)
-        probes = [(f, row["peak_mem_gib"] * GIB) for f, _ in self._measured(0)
-                  if f not in self.thrashed and (row := self._ok_row(f, 0)).get("peak_mem_gib")]
-        peaks: dict[str, dict[int, float]] = defaultdict(dict)
-        for f, peak in probes:
-            if f == self.space.baseline(f.ac, f.batch_size):
-                peaks[f.ac][f.batch_size] = peak
-        return params, memory_effects(self.space, probes, self.space.grid), peaks
+        """What the clean short probes say of memory (sweep.tune_memory.measured)."""
+        return measured(self.space, self._clean(), self.results.values())
 
     def _candidates(self) -> list[Config]:
         """Configs not yet probed nor pruned, the likely fastest first (then the fewest changes)."""
@@ -384,7 +404,8 @@ class GroupSearch:
         return self.space.at_batch(c, max(fits)) if fits else c
 
     def _pruned(self, c: Config) -> bool:
-        return any(at_least_as_heavy(c, o) for o in self.ooms) or any(d in self.broken for d in self._diff(c))
+        return (any(at_least_as_heavy(c, o) for o in self.ooms) or any(d in self.broken for d in self._diff(c))
+                or c in self.unaffordable)
 
     def _effects(self) -> dict[tuple[str, Any], float]:
         """Each option value's measured effect against the center's value (mean log speed ratio), from

@@ -21,7 +21,8 @@ at 66 and at 49, `compile: full` at 66 after 170 s of compiling). Two things are
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections import defaultdict
+from typing import Any, Iterable
 
 from sweep.tune_space import Config, Space, one_option_effects
 
@@ -77,3 +78,15 @@ def with_headroom(space: Space, c: Config, center: Config, mine: dict[int, float
         return c
     safe = [b for b, peak in mine.items() if b < c.batch_size and peak <= line]
     return space.at_batch(c, max(safe)) if safe else c
+
+
+def measured(space: Space, clean: list[tuple[Config, dict]], rows: Iterable[dict]) -> tuple[float | None, dict, dict]:
+    """What a search's clean short probes (config, row) say of memory: the most parameters a rank holds (any
+    row's), the options' bytes per sample (memory_effects), and per ac level the grid options' peak bytes by batch."""
+    params = next((max(r["params_local"]) for r in rows if r.get("params_local")), None)
+    probes = [(f, row["peak_mem_gib"] * GIB) for f, row in clean if row.get("peak_mem_gib")]
+    peaks: dict[str, dict[int, float]] = defaultdict(dict)
+    for f, peak in probes:
+        if f == space.baseline(f.ac, f.batch_size):
+            peaks[f.ac][f.batch_size] = peak
+    return params, memory_effects(space, probes, space.grid), peaks

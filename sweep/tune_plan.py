@@ -33,7 +33,8 @@ class TunePlan:
             if group_key(t) not in self.searches:
                 self.searches[group_key(t)] = GroupSearch(
                     Space(t, spec, tune), budget=tune.budget, capacity_bytes=capacity_bytes,
-                    sid=search_id(t, tune), final_steps=(spec.steps.warmup, spec.steps.measure))
+                    sid=search_id(t, tune), final_steps=(spec.steps.warmup, spec.steps.measure),
+                    max_cost=tune.max_cost)
 
     def initial(self) -> list[Trial]:
         return [t for s in self.searches.values() for t in s.start()]

@@ -34,7 +34,7 @@ def fastest_verdict(search) -> dict:
     return {"kind": "fastest", "search_id": search.sid, "model": t.model.label, "precision": t.precision,
             "seq_len": t.seq_len, "gpus": t.gpus, "cluster": t.cluster, "allowed": list(space.vary),
             "numerics_allowed": [o for o in NUMERICS_CHANGING if o in space.vary],
-            "global_batch_tokens": space.tokens, "budget": search.budget,
+            "global_batch_tokens": space.tokens, "budget": search.budget, "max_cost": search.max_cost,
             "best": best._asdict() if best else None,
             "baseline": search.baseline._asdict() if search.baseline else None,
             "tflops_at_best": at_best, "baseline_tflops": at_base,
@@ -42,6 +42,7 @@ def fastest_verdict(search) -> dict:
             "best_trial_id": search.asked.get((best, 2)) if best else None,
             "baseline_trial_id": search.asked.get((search.baseline, 2)) if base_row else None,
             "candidates": len({*search._space(), *tried}), "tried": len(tried),
+            "skipped_for_cost": [c._asdict() for c in search.unaffordable],
             "probes": len(search.results), "search_wall_s": wall,
             "cost_vs_one_trial": wall / one_trial if one_trial else None,
             "aborted": None if best else _why_none(search), "profile": _profile(search._ok_row(best, 3))}

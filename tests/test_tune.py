@@ -27,7 +27,8 @@ AC_SPEED = {"none": 1.0, "selective": 0.9, "full": 0.75}  # recomputation costs 
 COMPILE_SPEED = {"none": 0.8, "regional": 1.0, "full": 1.05}
 ALL_OPTIONS = ["batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head"]
 VERDICT_KEYS = {"kind", "search_id", "model", "precision", "seq_len", "gpus", "cluster", "allowed", "numerics_allowed",
-                "global_batch_tokens", "budget", "best", "baseline", "tflops_at_best", "baseline_tflops", "speedup",
+                "global_batch_tokens", "budget", "max_cost", "best", "baseline", "tflops_at_best", "baseline_tflops",
+                "speedup", "skipped_for_cost",
                 "best_trial_id", "baseline_trial_id", "candidates", "tried", "probes", "search_wall_s",
                 "cost_vs_one_trial", "aborted", "profile"}
 
@@ -646,13 +647,15 @@ def test_no_profile_trial_when_no_final_ran_ok():
     assert v["best"] is None and v["profile"] is None and v["aborted"].startswith("no full measurement completed")
 
 
-@pytest.mark.parametrize("budget,room", [(12, False), (40, True)])
+@pytest.mark.parametrize("budget,room", [(13, False), (40, True)])
 def test_a_profile_trial_lost_to_the_infrastructure_is_retried_only_within_the_budget(budget, room):
-    first = run(p := plan(tune={"budget": budget}), Machine())
+    # accumulation gains little here: the runner-up's final is within FINAL_MARGIN and runs, so 13 is all spent
+    close = {"gains": {"bf16": 1.05, "step": 1.04, "head": 1.03, "accum": 0.005}}
+    first = run(p := plan(tune={"budget": budget}), Machine(**close))
     (v,) = p.verdicts()
     n = len(first.asked)  # the profile trial is the last attempt
-    assert first.asked[-1].profile and (n < budget) == room  # 12: the search spends all of it
-    again = run(q := plan(tune={"budget": budget}), Machine(lost={n}))
+    assert first.asked[-1].profile and (n < budget) == room  # 13: the search spends all of it
+    again = run(q := plan(tune={"budget": budget}), Machine(lost={n}, **close))
     (w,) = q.verdicts()
     profiled = [t for t in again.asked if t.profile]
     assert w["probes"] == len(again.asked) <= budget and w["tflops_at_best"] == v["tflops_at_best"]
@@ -689,3 +692,19 @@ def test_without_a_capacity_more_checkpointing_does_not_gallop_past_a_batch_that
     largest = max(t.batch_size for t in r.asked if t.ac == "none")
     assert max(t.batch_size for t in r.asked) == largest
     assert len([t for t in r.asked if t.ac != "none" and is_short(t)]) == 2  # one check each
+
+
+@pytest.mark.parametrize("accum_gain, runner_up", [(0.03, False), (0.005, True)])
+def test_a_runner_up_is_fully_measured_only_within_final_margin_of_the_fastest(accum_gain, runner_up):
+    from sweep.tune import FINAL_MARGIN
+
+    gains = {"bf16": 1.05, "step": 1.04, "head": 1.03, "accum": accum_gain}
+    r = run(p := plan(tune={"budget": 13}), Machine(gains=gains))
+    (v,) = p.verdicts()
+    base = Config(**v["baseline"])
+    ranked = sorted(((r.of(t)["tflops_per_gpu"], config(t)) for t in r.asked
+                     if is_short(t) and r.of(t)["status"] == "ok"), reverse=True)
+    (top, best), (second, other) = ranked[0], next(x for x in ranked[1:] if x[1] != ranked[0][1])
+    assert (second >= top * (1 - FINAL_MARGIN)) == runner_up  # the two machines differ in this alone
+    measured = {config(t) for t in finals(r)}
+    assert best in measured and base in measured and (other in measured or other == base) == runner_up

@@ -217,6 +217,33 @@ def test_a_budget_too_small_for_a_baseline_and_a_finalist_stops_before_anything_
     assert not out.exists()
 
 
+def test_a_search_skips_what_its_max_cost_cannot_pay_for_and_says_so(ray_session, tmp_path):
+    # max_cost 2 one-trial costs cannot pay for the finals (the baseline and two finalists: 3): once the fit
+    # has measured what a trial costs, every exploring probe is predicted past it and skipped
+    grid = write(tmp_path, {"vary": ["batch_size", "grad_accum"], "budget": 12, "max_cost": 2})
+    out = tmp_path / "out"
+    result = sweep("run", grid, "--cluster", "local", "--output", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    (v,) = verdicts(out)
+    assert v["max_cost"] == 2 and v["aborted"] is None and v["skipped_for_cost"], v
+    probes = rows(out)
+    assert {r["grad_accum"] for r in probes} == {1}  # no accumulation probed
+    assert {(c["grad_accum"] > 1) for c in v["skipped_for_cost"]} == {True}
+    assert "not probed (predicted past max_cost 2x one trial): batch" in " ".join(result.stdout.split())
+
+
+def test_a_max_cost_of_one_trial_or_less_stops_before_anything_runs(ray_session, tmp_path):
+    uncapped = sweep("plan", write(tmp_path, {"vary": ["batch_size"], "budget": 8, "max_cost": None}), "--cluster",
+                     "local")
+    assert uncapped.exit_code == 0, uncapped.output  # null: no cap
+    grid = write(tmp_path, {"vary": ["batch_size"], "budget": 8, "max_cost": 1})
+    one_line_error(sweep("plan", grid, "--cluster", "local"), "tune.max_cost", "greater than 1")
+    out = tmp_path / "out"
+    one_line_error(sweep("tune", "--model", "llama-tiny", "--precision", "bf16", "--max-cost", 0.5, *COMMON,
+                         "--output", out), "tune.max_cost", "greater than 1")
+    assert not out.exists()
+
+
 def test_a_resumed_tune_runs_nothing_again_and_gives_the_same_verdicts(tuned, tmp_path):
     # a search cut short (a job's time limit) goes on with --resume: here nothing is missing, so nothing runs
     import shutil

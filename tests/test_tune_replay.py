@@ -23,40 +23,52 @@ H200_GIB = 141  # clusters/accelerators.yaml: what `sweep tune --cluster h200x2`
 OPTIONS = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")
 
 
+def _kind(profile: bool, warmup: int | str, measure: int | str) -> str:
+    """What a probe is: the best's profile, a short probe (at most SHORT's steps), or a longer measurement."""
+    short = warmup != "auto" and measure != "auto" and warmup <= 2 and measure <= 3
+    return "profile" if profile else "short" if short else "long"
+
+
 def _rows(name: str) -> dict[tuple, dict]:
-    """The short probes of one recorded search, by their options, as the runner hands a plan its rows."""
+    """The attempts of one recorded search, by their kind (_kind) and options, as the runner hands a plan its
+    rows (the last of each: an OOM's smaller retry has other options)."""
     out = {}
-    with open(HISTORY / f"rows-2026-11-30-s9-{name}.csv", newline="") as f:
+    with open(HISTORY / f"rows-2026-11-30-{name}.csv", newline="") as f:
         for r in csv.DictReader(f):
-            if int(r["warmup_steps"]) > 2 or r["trace_file"]:
-                continue  # the finals and the profiled trials: a replay stops before them
-            key = (r["precision"], int(r["batch_size"]), r["ac"], r["compile"], int(r["grad_accum"]),
-                   r["reduce_dtype"], r["grad_sync"], r["fp8_lm_head"].lower() == "true")
+            key = (_kind(bool(r["trace_file"]), int(r["warmup_steps"]), int(r["measure_steps"])), r["precision"],
+                   int(r["batch_size"]), r["ac"], r["compile"], int(r["grad_accum"]), r["reduce_dtype"],
+                   r["grad_sync"], r["fp8_lm_head"].lower() == "true")
             number = lambda k: float(r[k]) if r[k] else None  # noqa: E731
             out[key] = {"status": r["status"], "tflops_per_gpu": number("tflops_per_gpu"),
                         "tokens_per_s_per_gpu": number("tokens_per_s_per_gpu"), "peak_mem_gib": number("peak_mem_gib"),
                         "alloc_retries": int(r["alloc_retries"]) if r["alloc_retries"] else None,
                         "params_local": [int(x) for x in r["params_local"].split(";")] if r["params_local"] else None,
-                        "trial_wall_s": number("trial_wall_s")}
+                        "trial_wall_s": number("trial_wall_s"), "step_time_s": number("step_time_s"),
+                        "compile_time_s": number("compile_time_s"), "init_time_s": number("init_time_s"),
+                        "warmup_steps": int(r["warmup_steps"]), "measure_steps": int(r["measure_steps"]),
+                        "group_trial_index": int(r["group_trial_index"]) if r["group_trial_index"] else None,
+                        "trace_file": r["trace_file"] or None,
+                        **{k: number(k) for k in r if k.startswith("profile_")}}
     return out
 
 
-def _replay(name: str, grid: dict) -> tuple[list, list]:
+def _replay(name: str, grid: dict) -> tuple[list, list, TunePlan]:
     """The probes the search asks for, answered from the rows, up to the first one the GPUs never ran, as
-    (trial, recorded status); and the probes asked with that one, not yet answered (its wave: [] if the search
-    ended on the rows)."""
+    (trial, recorded status); the probes asked with that one, not yet answered (its wave: [] if the search
+    ended on the rows); and the plan."""
     spec = parse_grid({"search": "fastest", "steps": {"warmup": "auto", "measure": "auto"}, **grid})
     plan = TunePlan(expand(spec, cluster="h200x2"), spec, capacity_bytes=H200_GIB * GIB)
     rows, asked = _rows(name), []
     queue = list(plan.initial())
     while queue:
         t = queue.pop(0)
-        row = rows.get((t.precision, *(getattr(t, k) for k in OPTIONS)))
+        row = rows.get((_kind(t.profile, t.warmup_steps, t.measure_steps), t.precision,
+                        *(getattr(t, k) for k in OPTIONS)))
         asked.append((t, row and row["status"]))
         if row is None:
-            return asked, [t, *queue]
+            return asked, [t, *queue], plan
         queue += plan.on_result(t, row["status"], False, {**row, "trial_id": t.trial_id})
-    return asked, []
+    return asked, [], plan
 
 
 LLAMA = {"models": ["llama3-8b"], "gpus": 2, "seq_len": 4096, "compile": "regional",
@@ -64,11 +76,11 @@ LLAMA = {"models": ["llama3-8b"], "gpus": 2, "seq_len": 4096, "compile": "region
 
 
 @pytest.mark.parametrize("name, precision, start, missed", [
-    ("tune-llama-torchao", "fp8-torchao-tensorwise", 3, (3, 8, "bf16", "step")),  # hand-found 873.3 there
-    ("tune-llama-bf16", "bf16", 2, (2, 8, "bf16", "step")),  # hand-found 627.7 there
+    ("s9-tune-llama-torchao", "fp8-torchao-tensorwise", 3, (3, 8, "bf16", "step")),  # hand-found 873.3 there
+    ("s9-tune-llama-bf16", "bf16", 2, (2, 8, "bf16", "step")),  # hand-found 627.7 there
 ])
 def test_the_llama_searches_now_ask_for_grad_sync_step_a_batch_lower(name, precision, start, missed):
-    asked, wave = _replay(name, {**LLAMA, "precisions": [precision], "batch_sizes": [start]})
+    asked, wave, _ = _replay(name, {**LLAMA, "precisions": [precision], "batch_sizes": [start]})
     assert wave, "the search ended on the recorded rows"
     first_new = wave[0]
     assert (first_new.batch_size, first_new.grad_accum, first_new.reduce_dtype, first_new.grad_sync) == missed
@@ -82,11 +94,36 @@ def test_the_gpt_torchao_search_makes_none_of_its_recorded_out_of_memory_neighbo
     grid = {"models": ["gpt2-1.5b"], "precisions": ["fp8-torchao-tensorwise"], "batch_sizes": [32], "gpus": 1,
             "seq_len": 1024, "compile": "regional",
             "tune": {"vary": ["batch_size", "grad_accum", "compile"], "budget": 12}}
-    asked, wave = _replay("tune-gpt", grid)
+    asked, wave, _ = _replay("s9-tune-gpt", grid)
     fit = [(t.batch_size, t.compile, t.grad_accum) for t, _ in asked[:4]]
     assert fit == [(32, "regional", 1), (59, "regional", 1), (67, "regional", 1), (66, "regional", 1)]  # as recorded
     # recorded: 66 x 8, compile none and full at 66 ran out of memory (the fit's top left 1.9 GiB of 141 free).
     # Now: accumulation where the grid options' peak leaves its gradients room (59: 125.2 + 5.8 GiB), each compile
-    # mode where the fit left 20 % free (32: 76.0 GiB), each against the fit's probe at that batch
+    # mode where the fit left 20 % free (32: 76.0 GiB), each against the fit's probe at that batch; but compile:
+    # full, predicted at 10x regional's compile, is skipped for cost (test_a_whole_model_compile_...)
     neighbours = {(t.batch_size, t.compile, t.grad_accum) for t in wave}
-    assert neighbours == {(59, "regional", 8), (32, "none", 1), (32, "full", 1)}, neighbours
+    assert neighbours == {(59, "regional", 8), (32, "none", 1)}, neighbours
+
+
+GPT = {"models": ["gpt2-1.5b"], "batch_sizes": [32], "gpus": 1, "seq_len": 1024, "compile": "regional",
+       "tune": {"vary": ["batch_size", "grad_accum", "compile"], "budget": 12}}
+
+
+def test_a_whole_model_compile_is_not_probed_where_its_cost_would_take_the_search_past_max_cost():
+    """Session 10 (one H200): GPT-1.5B torchao's search probed `compile: full`, which compiled for 167.5 s (its
+    other probes took 10-47 s), and then fully measured a runner-up that its short probe had put 2.9 % behind
+    (96 s); it cost 14.1x one trial against max_cost's 10. Replayed on its rows, the search now skips `full`
+    (predicted at 10x regional's 22.0 s compile: tune_cost.COMPILE_VS_REGIONAL) and that final, finds the same
+    best, and ends on recorded rows within max_cost."""
+    asked, wave, plan = _replay("s10-tune-gpt-torchao", {**GPT, "precisions": ["fp8-torchao-tensorwise"]})
+    assert wave == [], "the search asked for a probe the GPUs never ran"
+    (v,) = plan.verdicts()
+    assert not any(t.compile == "full" for t, _ in asked)
+    assert {"batch_size": 32, "compile": "full", "grad_accum": 1} in [
+        {k: c[k] for k in ("batch_size", "compile", "grad_accum")} for c in v["skipped_for_cost"]]
+    finals = [(t.batch_size, t.grad_accum) for t, _ in asked if t.warmup_steps == "auto"]
+    assert finals == [(66, 1)]  # the best and the baseline in one; 59 x 8 read 544.8 against 561.2: not measured
+    assert v["best"]["batch_size"] == 66 and v["tflops_at_best"] == pytest.approx(562.6, abs=0.1)
+    assert v["profile"] is not None and v["cost_vs_one_trial"] <= v["max_cost"] == 10
+    # recorded: 11 attempts, 500.3 s; replayed: 9 of them
+    assert v["probes"] == 9 and v["search_wall_s"] == pytest.approx(226.0, abs=1.0), v["search_wall_s"]

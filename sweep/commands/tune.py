@@ -48,6 +48,10 @@ def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
          global_batch_tokens: Annotated[Optional[int], typer.Option(
              min=1, help="Hold micro-batch x grad_accum x ranks x seq_len at this: the best split of one global batch.")]
          = None,
+         max_cost: Annotated[float, typer.Option(
+             help="GPU time at most, in fresh measured trials of the fastest probe so far (its finals included): "
+                  "a probe predicted past it is skipped, and the verdict lists it.")]
+         = TuneSpec.model_fields["max_cost"].default,
          start: StartOpt = 1,
          warmup: Annotated[str, typer.Option(parser=_steps, help=f"Warm-up steps: {_STEPS_HELP}.")] = "auto",
          measure: Annotated[str, typer.Option(parser=_steps, help=f"Measured steps: {_STEPS_HELP}.")] = "auto",
@@ -58,7 +62,7 @@ def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
          = False) -> None:
     """Find the fastest configuration (batch, activation checkpointing, accumulation, ...) per model and precision."""
     tune_block = {"vary": [v.value for v in vary or []] or list(DEFAULT_VARY), "budget": budget,
-                  "global_batch_tokens": global_batch_tokens}
+                  "global_batch_tokens": global_batch_tokens, "max_cost": max_cost}
     extra = {"search": "fastest", "tune": tune_block, "steps": {"warmup": warmup, "measure": measure}}
     profile, spec, trials = _prepare_search("tune", cluster, memory_cap, axes, start, extra)
     _execute(make_plan(spec, trials, profile), trials, profile, output, progress=progress, resume=resume,

@@ -133,6 +133,8 @@ def tune_table(verdicts: list[dict]) -> None:
     for v in verdicts:
         if v.get("profile"):
             console.print(escape(profile_line(v)), soft_wrap=True)
+        if v.get("skipped_for_cost"):
+            console.print(escape(skipped_line(v)), soft_wrap=True)
 
 
 def profile_line(v: dict) -> str:
@@ -141,6 +143,15 @@ def profile_line(v: dict) -> str:
     shares = ", ".join(f"{name} {_opt(p.get(key), lambda x: sig(x, RATIO_SIGNIFICANT), DASH)} %" for key, name in PROFILE_PARTS)
     trace = f" · trace {p['trace_file']}" if p.get("trace_file") else ""
     return f"{v['model']} {v['precision']} T{v['seq_len']} ×{v['gpus']}, the best's step: {shares}{trace}"
+
+
+def skipped_line(v: dict) -> str:
+    """'gpt2-1.5b fp8-torchao-tensorwise T1024 ×1, not probed (predicted past max_cost 10x one trial): batch 32 ·
+    compile full': what a fastest search skipped for cost (sweep.tune_cost)."""
+    base = {**DEFAULT_CONFIG, **(v.get("baseline") or {})}
+    said = "; ".join(config_text(c, base) for c in v["skipped_for_cost"])
+    return (f"{v['model']} {v['precision']} T{v['seq_len']} ×{v['gpus']}, not probed (predicted past max_cost "
+            f"{v.get('max_cost'):g}x one trial): {said}")
 
 
 def finalists(verdicts: list[dict]) -> list[tuple[str, str]]:

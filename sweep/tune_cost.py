@@ -1,0 +1,82 @@
+"""What a `search: fastest` probe will cost before it runs, against what the search may spend (`tune.max_cost`,
+in measured trials of its leader). GPU time is the user's money, and one probe can cost ten of another: on one
+H200 the GPT-1.5B torchao search's probe of `compile: full` compiled for 167.5 s where its other probes took
+10-47 s, and took the search to 14.1x one trial (RESULTS.md, session 10). Pure: no torch, no Ray.
+
+A probe's seconds are predicted as its compile plus its steps:
+  compile  the most a probe of its compile mode compiled in this search (the first compile is the dear one: later
+           ones load inductor's cache), else regional's most times COMPILE_VS_REGIONAL (a mode not run yet);
+  steps    its warm-up and measured steps, each the leader's step time scaled by the samples a step trains.
+One trial: the leader (the fastest clean short probe) measured once on fresh processes (sweep.cost.fresh_trial_s)
+at the finals' steps (`auto`: at least AUTO_LEAST). Unknown (rows without step times) means no cap.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from sweep.cost import fresh_trial_s
+from sweep.tune_space import SHORT, Config
+
+# A compile mode's first compile against regional's. On one H200, GPT-1.5B: full 70.1 s against regional 11.8 s
+# in bf16 (5.9x), 167.5 against 22.0 and ~170 against 17.2 in torchao FP8 (7.6x, 9.9x) (RESULTS.md, sessions 9
+# and 10): the most measured, rounded up. `none` compiles nothing.
+COMPILE_VS_REGIONAL = {"none": 0.0, "regional": 1.0, "full": 10.0}
+AUTO_LEAST = (3, 5)  # `auto` steps run at least this many (warm-up, measured): sweep.grid.Steps
+
+
+def _steps(steps: tuple) -> int:
+    return sum(AUTO_LEAST[i] if s == "auto" else s for i, s in enumerate(steps))
+
+
+def one_trial_s(leader: dict | None, rows: Iterable[dict], final_steps: tuple) -> float | None:
+    """Seconds to measure the leader's row once on fresh processes at the finals' steps; None if unknown."""
+    fresh = fresh_trial_s(leader, rows) if leader else None
+    if fresh is None or not leader.get("step_time_s") or leader.get("warmup_steps") is None:
+        return None
+    ran = leader["warmup_steps"] + leader["measure_steps"]
+    return fresh + max(0, _steps(final_steps) - ran) * leader["step_time_s"]
+
+
+def probe_s(c: Config, steps: tuple, leader: tuple[Config, dict], probes: list[tuple[Config, dict]]) -> float | None:
+    """Predicted seconds of probing `c` at `steps`, from the leader's step time and the compiles of `probes`
+    (config, row: every attempt with a compile time); None if nothing says."""
+    lead, row = leader
+    if not row.get("step_time_s"):
+        return None
+    compiled = {}
+    for p, r in probes:
+        if r.get("compile_time_s") is not None:
+            compiled[p.compile] = max(compiled.get(p.compile, 0.0), r["compile_time_s"])
+    if c.compile in compiled:
+        compile_s = compiled[c.compile]
+    elif "regional" in compiled:
+        compile_s = compiled["regional"] * COMPILE_VS_REGIONAL[c.compile]
+    else:
+        return None
+    samples = (c.batch_size * c.grad_accum) / (lead.batch_size * lead.grad_accum)
+    return compile_s + _steps(steps) * row["step_time_s"] * samples
+
+
+def affordable(wave: list[Config], steps: list[tuple], *, leader: tuple[Config, dict] | None, finals: int,
+               max_cost: float | None, probes: list[tuple[Config, dict]], final_steps: tuple) -> tuple[list, list]:
+    """(kept, skipped): the probes of `wave` (each at its `steps`) in order while their predicted seconds leave
+    room, under `max_cost` one-trial costs of the leader, for what every attempt so far took (`probes`: config
+    and row of each; the verdict's search_wall_s), the `finals` full measurements and the leader's profile. All
+    kept when nothing says what a trial costs (no leader, no step times, no cap)."""
+    rows = [r for _, r in probes]
+    unit = one_trial_s(leader[1], rows, final_steps) if leader and max_cost else None
+    if unit is None:
+        return wave, []
+    profile = probe_s(leader[0], SHORT, leader, probes) or 0.0
+    room = max_cost * unit - math.fsum(r.get("trial_wall_s") or 0.0 for r in rows) - finals * unit - profile
+    kept, skipped = [], []
+    for c, at in zip(wave, steps):
+        cost = probe_s(c, at, leader, probes) or 0.0
+        if cost > room:
+            skipped.append(c)
+        else:
+            room -= cost
+            kept.append(c)
+    return kept, skipped
