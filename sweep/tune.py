@@ -349,16 +349,16 @@ class GroupSearch:
         """`c` where sweep.tune_memory predicts it fits in memory (`fitted`: lower if it would not); as a
         neighbour (`first`) that changes the compile mode, whose memory is unmeasured, where the fit left room.
         `memory`: what `_memory` says, for a caller placing many."""
-        params, effects, peaks = memory or self._memory()
+        params, effects, peaks, room = memory or self._memory()
         ref = self.space.baseline(c.ac, c.batch_size)
-        c = fitted(self.space, c, ref, peaks.get(c.ac, {}), effects, capacity=self.capacity, params_local=params,
-                   snap=first)
+        c = fitted(self.space, c, ref, peaks.get(c.ac, {}), effects, capacity=room.get(c.ac, self.capacity),
+                   params_local=params, snap=first)
         center_peaks = peaks.get(self.center.ac, {})
         return with_headroom(self.space, c, self.center, center_peaks, capacity=self.capacity) if first else c
 
-    def _memory(self) -> tuple[float | None, dict, dict[str, dict[int, float]]]:
+    def _memory(self) -> tuple[float | None, dict, dict[str, dict[int, float]], dict[str, float | None]]:
         """What the clean short probes say of memory (sweep.tune_memory.measured)."""
-        return measured(self.space, self._clean(), self.results.values())
+        return measured(self.space, self._clean(), self.results.values(), self.ooms, capacity=self.capacity)
 
     def _candidates(self) -> list[Config]:
         """Configs not yet probed nor pruned, the likely fastest first (then the fewest changes)."""

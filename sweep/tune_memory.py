@@ -80,13 +80,32 @@ def with_headroom(space: Space, c: Config, center: Config, mine: dict[int, float
     return space.at_batch(c, max(safe)) if safe else c
 
 
-def measured(space: Space, clean: list[tuple[Config, dict]], rows: Iterable[dict]) -> tuple[float | None, dict, dict]:
-    """What a search's clean short probes (config, row) say of memory: the most parameters a rank holds (any
-    row's), the options' bytes per sample (memory_effects), and per ac level the grid options' peak bytes by batch."""
+def measured(space: Space, clean: list[tuple[Config, dict]], rows: Iterable[dict], ooms: list[Config], *,
+             capacity: float | None) -> tuple[float | None, dict, dict, dict]:
+    """What a search's clean short probes (config, row), its attempts' rows and its out-of-memory probes say of
+    memory: the most parameters a rank holds (any row's), the options' bytes per sample (memory_effects), per ac
+    level the grid options' peak bytes by batch, and per ac level the memory a rank may use (`usable`)."""
     params = next((max(r["params_local"]) for r in rows if r.get("params_local")), None)
     probes = [(f, row["peak_mem_gib"] * GIB) for f, row in clean if row.get("peak_mem_gib")]
     peaks: dict[str, dict[int, float]] = defaultdict(dict)
     for f, peak in probes:
         if f == space.baseline(f.ac, f.batch_size):
             peaks[f.ac][f.batch_size] = peak
-    return params, memory_effects(space, probes, space.grid), peaks
+    failed = defaultdict(list)
+    for o in ooms:
+        if o == space.baseline(o.ac, o.batch_size):
+            failed[o.ac].append(o.batch_size)
+    room = {ac: usable(capacity, peaks[ac], failed[ac]) for ac in peaks}
+    return params, memory_effects(space, probes, space.grid), peaks, room
+
+
+def usable(capacity: float | None, ref_peaks: dict[int, float], oom_batches: list[int]) -> float | None:
+    """What a rank may use: the device's capacity, or less where the grid options ran out of memory at a batch
+    whose peak their line (`fitted`) puts under it. A device's memory_gib is its datasheet's (an H200's 141 GiB
+    is 140.4 to torch: clusters/accelerators.yaml), and the CUDA context and NCCL's buffers take some of that:
+    on one H200, GPT-1.5B torchao ran out of memory at batch 67, where the line put 139.7 GiB, and then at
+    64 x 8 micro-batches, which `fitted` had put at 140.1 under 141 (RESULTS.md, session 10)."""
+    if capacity is None or len(ref_peaks) < 2 or not oom_batches:
+        return capacity
+    (b0, m0), (b1, m1) = sorted(ref_peaks.items())[-2:]
+    return min(capacity, m1 + (m1 - m0) / (b1 - b0) * (min(oom_batches) - b1))

@@ -335,6 +335,17 @@ def test_no_probe_needs_the_memory_of_an_earlier_oom_and_an_oom_is_not_retried()
     assert len(ooms) > 3  # the search did reach the limit, in several memory classes
 
 
+def test_where_the_grid_options_ran_out_of_memory_bounds_what_a_rank_may_use():
+    from sweep.tune_memory import usable
+
+    peaks = {59: 125.2 * GIB, 66: 137.9 * GIB}  # GPT-1.5B torchao on one H200, session 10: 1.81 GiB a sample
+    assert usable(141 * GIB, peaks, [67]) / GIB == pytest.approx(139.7, abs=0.05)  # under the datasheet's 141
+    assert usable(141 * GIB, peaks, [70, 67]) == usable(141 * GIB, peaks, [67])  # the smallest OOM bounds it
+    assert usable(135 * GIB, peaks, [67]) == 135 * GIB  # never above the capacity
+    assert usable(141 * GIB, peaks, []) == usable(141 * GIB, {66: 137.9 * GIB}, [67]) == 141 * GIB  # unknown
+    assert usable(None, peaks, [67]) is None
+
+
 def test_accumulation_is_placed_where_its_gradients_fit_unless_the_grids_peaks_already_hold_them():
     spec, trials = grid(tune={"vary": ["batch_size", "grad_accum"]})
     space = Space(trials[0], spec, spec.tune)
