@@ -9,6 +9,7 @@ the first run would have, and those that are recorded too are skipped in turn.
 from __future__ import annotations
 
 import secrets
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -43,6 +44,7 @@ class RunReport:
     rows: list[dict] = field(default_factory=list)  # rows written by this run
     reused_rows: list[dict] = field(default_factory=list)  # attempts found already recorded (resume)
     interrupted: bool = False
+    teardown_s: float | None = None  # stopping the rank processes and Ray, after the last attempt
 
     @property
     def reused(self) -> int:
@@ -112,7 +114,9 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
         except KeyboardInterrupt:
             report.interrupted = True
         finally:
+            began = time.perf_counter()
             run.close()  # kill actors, remove placement groups, shut the embedded Ray: nothing is orphaned
+            report.teardown_s = time.perf_counter() - began
     return report
 
 

@@ -29,6 +29,19 @@ def test_a_sweep_whose_every_trial_is_unsupported_exits_3_and_says_so(cli, write
     assert sorted(r["status"] for r in rows) == ["unsupported", "unsupported"], "the rows are still written"
 
 
+@pytest.mark.parametrize("teardown_s, said", [(36.2, True), (0.4, False), (None, False)])
+def test_a_long_teardown_is_said_after_the_run(capsys, tmp_path, teardown_s, said):
+    """The rank processes and Ray are stopped after the last attempt, the GPUs held meanwhile: a teardown over
+    TEARDOWN_NOTE_S is printed with its seconds, one under it is not."""
+    from sweep.commands.run import _finish
+    from sweep.runner import RunReport
+
+    _finish(RunReport(run_id="r1", teardown_s=teardown_s), tmp_path, plan=object())
+    err = capsys.readouterr().err
+    assert ("teardown: 36.2 s to stop the rank processes and Ray after the last attempt" in err) == said
+    assert "results: " in err
+
+
 @pytest.mark.integration
 def test_a_sweep_that_measured_something_exits_0(ray_session, cli, write_grid, tmp_path):
     grid = write_grid(TINY + "precisions: [fp32, fp8-te-delayed]\n")

@@ -16,6 +16,9 @@ from sweep.commands._common import dataclass_options, user_errors
 app = typer.Typer()
 
 NOTHING_MEASURED = 3  # exit status of a sweep whose every attempt was oom, error, timeout or unsupported
+# A teardown longer than this is printed (the GPUs stay held through it): on one H200 a GPT-1.5B tune's process
+# was still running 35 s after its last attempt ended (RESULTS.md, session 10); this line says if that was it.
+TEARDOWN_NOTE_S = 5.0
 
 
 class Compile(str, Enum):
@@ -270,6 +273,8 @@ def _finish(report, output: Path, plan) -> None:
     if gpu_time:
         typer.echo(gpu_time)
     console = Console(stderr=True)
+    if (report.teardown_s or 0.0) > TEARDOWN_NOTE_S:  # the GPUs are held until it ends: say what it cost
+        console.print(f"teardown: {report.teardown_s:.1f} s to stop the rank processes and Ray after the last attempt")
     if report.interrupted:
         console.print(f"interrupted: {len(rows)} attempts written to {output}; rerun with --resume to finish")
         raise typer.Exit(130)
