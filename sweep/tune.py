@@ -21,8 +21,9 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            Never probed: a candidate as heavy as a known OOM (tune_space.at_least_as_heavy), or with an option
            value that failed on its own. One that runs out of memory, or thrashes (allocator retries: its speed
            measures the memory's limit, so it rates no option), is tried at a smaller batch, and so is every
-           candidate that needs its memory (_rebatched, _unthrashed, _needs). A probe predicted to take the search
-           past `max_cost` one-trial costs, its finals' included, is skipped for good (_affordable, sweep.tune_cost).
+           candidate that needs its memory (tune_memory: rebatched, unthrashed, needs). A probe predicted to take
+           the search past `max_cost` one-trial costs, its finals' included, is skipped for good (_affordable,
+           sweep.tune_cost).
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
            with LONGER steps; no rung where it would keep only the finalists (budgets under 19).
   final    the `finalists` fastest of the rung (without one: of the short probes; a runner-up only within
@@ -48,10 +49,10 @@ from sweep.errors import UserError
 from sweep.grid import Trial
 from sweep.policy import infra_retry
 from sweep.tune_cost import affordable
-from sweep.tune_memory import fitted, measured, with_headroom
+from sweep.tune_memory import fitted, measured, rebatched, unthrashed, with_headroom
 from sweep.tune_verdict import best_final, fastest_verdict
 from sweep.tune_space import (AC_MEMORY, LONGER, SHORT, Config, LevelFit, Space, at_least_as_heavy, heavy_class,
-                              no_lighter, one_option_effects, probe_steps, thrashes)
+                              one_option_effects, probe_steps, thrashes)
 
 KEEP = 3  # the rung keeps the fastest third of the short probes (successive halving's eta)...
 RUNG_MAX = 6  # ...but at most this many: a rung probe of 8 micro-batches costs a dozen long steps
@@ -148,7 +149,7 @@ class GroupSearch:
         return self._issue(trial, c, rung) if len(self.owner) < self.caps[rung] else []
 
     def _learn(self, c: Config, status: str, row: dict) -> None:
-        if thrashes(status, row):  # the candidates that need its memory shrink below it (_space, _unthrashed)
+        if thrashes(status, row):  # the candidates that need its memory shrink below it (_space, unthrashed)
             self.thrashed.add(c)
         elif status == "oom":
             self.ooms.append(c)
@@ -270,7 +271,7 @@ class GroupSearch:
     def _wave(self, todo: list[Config], n: int, ranked: bool = True) -> list[Config]:
         """The first n candidates, led by the likeliest of each option value not yet run clean (_untried), then
         (if `ranked`) the promising ones, but only one per heavy class whose batch is not yet known to fit there:
-        should it run out of memory, the others learn its limit (_rebatched) rather than fail with it."""
+        should it run out of memory, the others learn its limit (rebatched) rather than fail with it."""
         fits = [(heavy_class(c), c.ac, c.batch_size) for c, _ in self._measured(0)]
         lead = list(dict.fromkeys(c for k, v in self._untried()
                                   if (c := next((c for c in todo if self.space.coords(c)[k] == v), None))))
@@ -373,35 +374,11 @@ class GroupSearch:
         # in the order their OOMs were asked, not the order those came back in (a wave's runs end in any order)
         fallbacks = [self.fallbacks[c] for c, r in self.asked if r == 0 and c in self.fallbacks]
         memory = self._memory()
-        configs = [self._placed(self._rebatched(c), memory=memory) for c in self.space.configs(self.batches)]
-        return list(dict.fromkeys(map(self._unthrashed, [*configs, *fallbacks])))
-
-    def _unthrashed(self, c: Config) -> Config:
-        """`c` at smaller batches until it needs less memory than every probe that thrashed (`_needs`); at
-        batch 1 (under G, the smallest split) as it is."""
-        while (smaller := self.space.smaller_batch(c)) is not None and any(self._needs(c, t) for t in self.thrashed):
-            c = smaller
-        return c
-
-    def _needs(self, c: Config, t: Config) -> bool:
-        """Whether `c` needs at least the memory of `t`: as heavy by `at_least_as_heavy`, or making every
-        change `t` made to the center at its ac and a batch no smaller, with accumulation if `t` had it (how
-        many micro-batches does not matter: `at_least_as_heavy`), e.g. grad_sync: step with an FP8 head,
-        after grad_sync: step thrashed alone."""
-        made = [d for d in self._diff(t) if d[0] not in ("ac_batch", "grad_accum")]  # compared below
-        mine = self.space.coords(c)
-        return at_least_as_heavy(c, t) or (t.ac == c.ac and c.batch_size >= t.batch_size and (c.grad_accum > 1) >= (
-            t.grad_accum > 1) and all(no_lighter(k, mine[k], v) for k, v in made))
-
-    def _rebatched(self, c: Config) -> Config:
-        """`c` at the largest batch known to fit for configs like it (heavy_class, same ac) when one like
-        it ran out of memory at its batch or below; as it is otherwise."""
-        like = [o.batch_size for o in self.ooms if heavy_class(o) == heavy_class(c) and o.ac == c.ac]
-        if not like or c.batch_size < min(like):
-            return c
-        fits = [f.batch_size for f, _ in self._measured(0)
-                if heavy_class(f) == heavy_class(c) and f.ac == c.ac and f.batch_size < min(like)]
-        return self.space.at_batch(c, max(fits)) if fits else c
+        fits = [f for f, _ in self._measured(0)]
+        configs = [self._placed(rebatched(c, self.ooms, fits, self.space), memory=memory)
+                   for c in self.space.configs(self.batches)]
+        return list(dict.fromkeys(unthrashed(c, self.thrashed, self.center, self.space)
+                                  for c in [*configs, *fallbacks]))
 
     def _pruned(self, c: Config) -> bool:
         return (any(at_least_as_heavy(c, o) for o in self.ooms) or any(d in self.broken for d in self._diff(c))

@@ -24,7 +24,7 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable
 
-from sweep.tune_space import Config, Space, one_option_effects
+from sweep.tune_space import Config, Space, at_least_as_heavy, heavy_class, no_lighter, one_option_effects
 
 GIB = 1024**3
 GRAD_BYTES = 4  # an fp32 gradient element (the master weights' dtype) per local parameter
@@ -109,3 +109,33 @@ def usable(capacity: float | None, ref_peaks: dict[int, float], oom_batches: lis
         return capacity
     (b0, m0), (b1, m1) = sorted(ref_peaks.items())[-2:]
     return min(capacity, m1 + (m1 - m0) / (b1 - b0) * (min(oom_batches) - b1))
+
+
+def needs(c: Config, t: Config, center: Config, space: Space) -> bool:
+    """Whether `c` needs at least the memory of `t`: as heavy by `at_least_as_heavy`, or making every change `t`
+    made to `center` at its ac and a batch no smaller, with accumulation if `t` had it (how many micro-batches
+    does not matter: `at_least_as_heavy`), e.g. grad_sync: step with an FP8 head, after grad_sync: step thrashed
+    alone."""
+    mine, theirs, base = space.coords(c), space.coords(t), space.coords(center)
+    made = [(k, v) for k, v in theirs.items() if v != base[k] and k not in ("ac_batch", "grad_accum")]
+    return at_least_as_heavy(c, t) or (t.ac == c.ac and c.batch_size >= t.batch_size and (c.grad_accum > 1) >= (
+        t.grad_accum > 1) and all(no_lighter(k, mine[k], v) for k, v in made))
+
+
+def unthrashed(c: Config, thrashed: Iterable[Config], center: Config, space: Space) -> Config:
+    """`c` at smaller batches until it needs less memory than every probe that thrashed (`needs`); at batch 1
+    (under G, the smallest split) as it is."""
+    while (smaller := space.smaller_batch(c)) is not None and any(needs(c, t, center, space) for t in thrashed):
+        c = smaller
+    return c
+
+
+def rebatched(c: Config, ooms: list[Config], fits: list[Config], space: Space) -> Config:
+    """`c` at the largest batch that one like it (heavy_class, same ac) ran clean at (`fits`) below the smallest
+    at which one like it ran out of memory, when that is at `c`'s batch or below; as it is otherwise."""
+    like = [o.batch_size for o in ooms if heavy_class(o) == heavy_class(c) and o.ac == c.ac]
+    if not like or c.batch_size < min(like):
+        return c
+    below = [f.batch_size for f in fits
+             if heavy_class(f) == heavy_class(c) and f.ac == c.ac and f.batch_size < min(like)]
+    return space.at_batch(c, max(below)) if below else c

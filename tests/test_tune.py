@@ -17,7 +17,7 @@ import pytest
 from sweep.errors import UserError
 from sweep.grid import NUMERICS_CHANGING, expand, parse_grid
 from sweep.tune import LONGER, SHORT, probe_steps
-from sweep.tune_memory import fitted
+from sweep.tune_memory import fitted, needs
 from sweep.tune_plan import TunePlan
 from sweep.tune_space import Config, Space, at_least_as_heavy
 
@@ -381,12 +381,13 @@ def test_an_oom_with_accumulation_does_not_prune_the_same_batch_without_it():
 def test_a_thrash_with_accumulation_does_not_shrink_the_same_change_without_it():
     p = plan(tune={"vary": ALL_OPTIONS})
     (search,) = p.searches.values()
-    search.center = one = Config(batch_size=4, ac="none", compile="regional", grad_accum=1, reduce_dtype="fp32",
-                                 grad_sync="micro_batch", fp8_lm_head=False)
+    one = Config(batch_size=4, ac="none", compile="regional", grad_accum=1, reduce_dtype="fp32",
+                 grad_sync="micro_batch", fp8_lm_head=False)
     head_at_8 = one._replace(grad_accum=8, fp8_lm_head=True)
-    assert not search._needs(one._replace(fp8_lm_head=True), head_at_8)  # one micro-batch needs less
-    assert search._needs(head_at_8._replace(grad_accum=2, reduce_dtype="bf16"), head_at_8)
-    assert search._needs(one._replace(grad_accum=4, fp8_lm_head=True, batch_size=5), one._replace(fp8_lm_head=True))
+    space = search.space
+    assert not needs(one._replace(fp8_lm_head=True), head_at_8, one, space)  # one micro-batch needs less
+    assert needs(head_at_8._replace(grad_accum=2, reduce_dtype="bf16"), head_at_8, one, space)
+    assert needs(one._replace(grad_accum=4, fp8_lm_head=True, batch_size=5), one._replace(fp8_lm_head=True), one, space)
 
 
 def test_a_full_measurement_with_the_short_probes_steps_is_that_probe_not_a_second_run():
