@@ -16,6 +16,10 @@ at 66 and at 49, `compile: full` at 66 after 170 s of compiling). Two things are
   HEADROOM of the memory free; its effect is measured against the fit's probe at that batch, and the waves
   may take it higher after. (The FP8 head adds as much, +16.8 % on Llama3-8B torchao at batch 4, but there
   it thrashed rather than failed, a cheap probe after which the search tries it lower: sweep.tune, explore.)
+
+What the search has measured (`measured`) gives the rest: what a rank may use (`usable`: the device's memory,
+or less where the grid's options ran out of memory), and the candidates moved below a batch that ran out of
+memory (`rebatched`) or thrashed (`unthrashed`, `needs`).
 """
 
 from __future__ import annotations
