@@ -39,16 +39,28 @@ def one_trial_s(leader: dict | None, rows: Iterable[dict], final_steps: tuple) -
     return fresh + max(0, _steps(final_steps) - ran) * leader["step_time_s"]
 
 
-def probe_s(c: Config, steps: tuple, leader: tuple[Config, dict], probes: list[tuple[Config, dict]]) -> float | None:
-    """Predicted seconds of probing `c` at `steps`, from the leader's step time and the compiles of `probes`
-    (config, row: every attempt with a compile time); None if nothing says."""
-    lead, row = leader
-    if not row.get("step_time_s"):
-        return None
-    compiled = {}
+def spent_s(rows: Iterable[dict]) -> float:
+    """What a search's attempts took (driver wall seconds; fsum: one sum in any order): its verdict's
+    search_wall_s, and what `affordable` counts as spent."""
+    return math.fsum(r.get("trial_wall_s") or 0.0 for r in rows)
+
+
+def compile_times(probes: list[tuple[Config, dict]]) -> dict[str, float]:
+    """The most any attempt (config, row) of each compile mode compiled for: its first compile's, since later
+    ones load inductor's cache."""
+    compiled: dict[str, float] = {}
     for p, r in probes:
         if r.get("compile_time_s") is not None:
             compiled[p.compile] = max(compiled.get(p.compile, 0.0), r["compile_time_s"])
+    return compiled
+
+
+def probe_s(c: Config, steps: tuple, leader: tuple[Config, dict], compiled: dict[str, float]) -> float | None:
+    """Predicted seconds of probing `c` at `steps`, from the leader's step time and the compile times measured
+    (`compile_times`); None if nothing says."""
+    lead, row = leader
+    if not row.get("step_time_s"):
+        return None
     if c.compile in compiled:
         compile_s = compiled[c.compile]
     elif "regional" in compiled:
@@ -69,11 +81,12 @@ def affordable(wave: list[Config], steps: list[tuple], *, leader: tuple[Config, 
     unit = one_trial_s(leader[1], rows, final_steps) if leader and max_cost else None
     if unit is None:
         return wave, []
-    profile = probe_s(leader[0], SHORT, leader, probes) or 0.0
-    room = max_cost * unit - math.fsum(r.get("trial_wall_s") or 0.0 for r in rows) - finals * unit - profile
+    compiled = compile_times(probes)
+    profile = probe_s(leader[0], SHORT, leader, compiled) or 0.0
+    room = max_cost * unit - spent_s(rows) - finals * unit - profile
     kept, skipped = [], []
     for c, at in zip(wave, steps):
-        cost = probe_s(c, at, leader, probes) or 0.0
+        cost = probe_s(c, at, leader, compiled) or 0.0
         if cost > room:
             skipped.append(c)
         else:

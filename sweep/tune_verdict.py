@@ -3,10 +3,10 @@ cost. Pure: no torch, no Ray."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from sweep.cost import fresh_trial_s
+from sweep.tune_cost import spent_s
 from sweep.grid import NUMERICS_CHANGING
 
 PROFILE_KEYS = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "other_pct")
@@ -29,7 +29,7 @@ def fastest_verdict(search) -> dict:
     at_base = base_row["tflops_per_gpu"] if base_row else None
     # against measuring the best once on fresh processes (its final may have run warm)
     one_trial = fresh_trial_s(best_row, search.results.values()) if best_row else None
-    wall = math.fsum(r.get("trial_wall_s") or 0.0 for r in search.results.values())  # fsum: any order, one sum
+    wall = spent_s(search.results.values())
     tried = {c for c, _ in search.asked}
     return {"kind": "fastest", "search_id": search.sid, "model": t.model.label, "precision": t.precision,
             "seq_len": t.seq_len, "gpus": t.gpus, "cluster": t.cluster, "allowed": list(space.vary),

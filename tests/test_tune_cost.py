@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.tune_cost import COMPILE_VS_REGIONAL, affordable, one_trial_s, probe_s
+from sweep.tune_cost import COMPILE_VS_REGIONAL, affordable, compile_times, one_trial_s, probe_s
 from sweep.tune_space import SHORT, Config
 
 
@@ -33,18 +33,19 @@ def test_one_trial_is_the_leader_fresh_at_the_finals_steps():
 
 def test_a_probe_costs_its_compile_and_its_steps():
     leader = (cfg(66), row(36.0, step=1.2, compile_s=16.0))
-    probes = [(cfg(32), row(47.0, compile_s=22.0)), leader]
+    compiled = compile_times([(cfg(32), row(47.0, compile_s=22.0)), leader])
     # regional measured: its most (the first compile; later ones load the cache), plus 5 steps scaled by samples
-    assert probe_s(cfg(33), SHORT, leader, probes) == pytest.approx(22.0 + 5 * 1.2 * 33 / 66)
+    assert probe_s(cfg(33), SHORT, leader, compiled) == pytest.approx(22.0 + 5 * 1.2 * 33 / 66)
     # full never ran: regional's compile times COMPILE_VS_REGIONAL; none compiles nothing
-    assert probe_s(cfg(32, "full"), SHORT, leader, probes) == pytest.approx(
+    assert probe_s(cfg(32, "full"), SHORT, leader, compiled) == pytest.approx(
         22.0 * COMPILE_VS_REGIONAL["full"] + 5 * 1.2 * 32 / 66)
-    assert probe_s(cfg(32, "none"), SHORT, leader, probes) == pytest.approx(5 * 1.2 * 32 / 66)
+    assert probe_s(cfg(32, "none"), SHORT, leader, compiled) == pytest.approx(5 * 1.2 * 32 / 66)
     # once full has run, its own compile counts; a step of 8 micro-batches trains 8 times the samples
-    ran_full = probes + [(cfg(32, "full"), row(178.0, compile_s=167.5))]
+    ran_full = compile_times([(cfg(32), row(47.0, compile_s=22.0)), leader,
+                              (cfg(32, "full"), row(178.0, compile_s=167.5))])
     assert probe_s(cfg(59, "full"), SHORT, leader, ran_full) == pytest.approx(167.5 + 5 * 1.2 * 59 / 66)
-    assert probe_s(cfg(59, accum=8), (1, 1), leader, probes) == pytest.approx(22.0 + 2 * 1.2 * 59 * 8 / 66)
-    assert probe_s(cfg(32, "full"), SHORT, leader, [leader[0:1] + ({"trial_wall_s": 1.0},)]) is None
+    assert probe_s(cfg(59, accum=8), (1, 1), leader, compiled) == pytest.approx(22.0 + 2 * 1.2 * 59 * 8 / 66)
+    assert probe_s(cfg(32, "full"), SHORT, leader, compile_times([(cfg(66), {"trial_wall_s": 1.0})])) is None
 
 
 def test_probes_are_kept_in_order_while_the_finals_keep_their_room():
