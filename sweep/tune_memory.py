@@ -55,18 +55,24 @@ def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], ef
     of an option: its effect is measured against that probe)."""
     if capacity is None or space.samples or len(ref_peaks) < 2:
         return c
-    (b0, m0), (b1, m1) = sorted(ref_peaks.items())[-2:]
-    slope = (m1 - m0) / (b1 - b0)
+    slope, intercept = _peak_line(ref_peaks)
     coords, ref_coords = space.coords(c), space.coords(ref)
     per_sample = slope + sum(effects.get((k, v), 0.0) for k, v in coords.items() if v != ref_coords[k])
     accumulates = c.grad_accum > 1 and ref.grad_accum == 1 and params_local  # (else `ref`'s peaks hold them)
-    fixed = m1 - slope * b1 + (GRAD_BYTES * params_local if accumulates else 0.0)
+    fixed = intercept + (GRAD_BYTES * params_local if accumulates else 0.0)
     if per_sample <= 0 or fixed + per_sample * c.batch_size <= capacity:
         return c
     batch = min(c.batch_size - 1, math.floor((capacity - fixed) / per_sample))
     if snap:
         batch = max((b for b in ref_peaks if b <= batch), default=0)
     return space.at_batch(c, batch) if batch >= 1 else c
+
+
+def _peak_line(ref_peaks: dict[int, float]) -> tuple[float, float]:
+    """(bytes per sample, bytes at batch 0) of the line through the two largest batches' peaks (two or more)."""
+    (b0, m0), (b1, m1) = sorted(ref_peaks.items())[-2:]
+    slope = (m1 - m0) / (b1 - b0)
+    return slope, m1 - slope * b1
 
 
 def with_headroom(space: Space, c: Config, center: Config, mine: dict[int, float], *,
@@ -111,8 +117,8 @@ def usable(capacity: float | None, ref_peaks: dict[int, float], oom_batches: lis
     64 x 8 micro-batches, which `fitted` had put at 140.1 under 141 (RESULTS.md, session 10)."""
     if capacity is None or len(ref_peaks) < 2 or not oom_batches:
         return capacity
-    (b0, m0), (b1, m1) = sorted(ref_peaks.items())[-2:]
-    return min(capacity, m1 + (m1 - m0) / (b1 - b0) * (min(oom_batches) - b1))
+    slope, intercept = _peak_line(ref_peaks)
+    return min(capacity, intercept + slope * min(oom_batches))
 
 
 def needs(c: Config, t: Config, center: Config, space: Space) -> bool:
