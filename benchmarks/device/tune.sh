@@ -27,13 +27,15 @@ needs_te=0
 next=$(next_carry 0 $needs_te)
 [ -z "$next" ] || { echo "tune: cannot run yet; call this again carrying $next"; exit 0; }
 date -u +%FT%TZ
-(while sleep 60; do pack "$results"; done) &
+# the packer: on TERM it finishes the tar it is in (a trap runs once the foreground command ends) and exits,
+# so no orphaned tar writes the archive while the last pack below does
+(trap 'exit 0' TERM; while :; do sleep 60 & wait $!; pack "$results"; done) &
 packer=$!
 timeout --signal=INT --kill-after=20 "$(( ${JOB_LIMIT_S:-540} - SECONDS - 20 ))" \
   $SWEEP tune "$@" --output "$results" --no-progress
 status=$?
 kill $packer 2>/dev/null
-wait $packer 2>/dev/null
+wait $packer 2>/dev/null  # (at most the tar it was in)
 pack "$results"
 echo "tune: rows in \$OUT/$name.tgz (sweep exit $status)"
 exit $status
