@@ -10,7 +10,7 @@
 # $OUT/NAME.tgz (and the traces into $OUT/NAME-traces.tgz); the log is $OUT/NAME.log. Stops sweep with SIGINT
 # (it tears down and keeps its rows) so that it ends within JOB_LIMIT_S (540) of this script's start, leaving the
 # device command's 600 s limit room to pack; the rows are packed every minute too, so a call cut anyway keeps them
-# (session 10 lost a TE search's rows: its install took 40 s, and 560 s of sweep after it ran past 600).
+# (session 10 lost a TE search's rows: 560 s of sweep, counted after the TE install, ran past 600).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: bash benchmarks/device/tune.sh NAME [sweep tune options]" >&2; exit 2; }
 name=$1
