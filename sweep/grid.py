@@ -222,6 +222,7 @@ class Trial(TrainingOptions):
     retry: int = 0  # infrastructure retries of the same config
     search_id: str | None = None
     profile: bool = False  # a trace of a few steps after the measured ones (does not change the measurement)
+    auto_max: tuple[int, int] | None = None  # the most warm-up and measured steps `auto` may run: a tune's finals
 
     @property
     def trial_id(self) -> str:
@@ -231,6 +232,8 @@ class Trial(TrainingOptions):
                "memory_cap": self.memory_cap_bytes, "retry": self.retry}
         # Keys added later enter the hash only when not at their default, so earlier trial ids stay valid.
         key.update(self.changed())
+        if self.auto_max is not None:  # fewer steps at most: another measurement
+            key["auto_max"] = list(self.auto_max)
         if self.profile:  # a profiled attempt is its own row (it has a trace): --resume does not stand one for the other
             key["profile"] = True
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

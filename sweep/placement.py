@@ -74,7 +74,7 @@ def rank_jobs(trial: Trial, nodes: list[dict], *, device_type: str,
                          ac=trial.ac, batch_size=trial.batch_size, seq_len=trial.seq_len,
                          warmup_steps=trial.warmup_steps, measure_steps=trial.measure_steps,
                          options=trial.options(), memory_cap_bytes=trial.memory_cap_bytes,
-                         profile=trial.profile)
+                         profile=trial.profile, auto_max=trial.auto_max)
     seen: dict[str, int] = {}
     jobs = []
     for rank, info in enumerate(nodes):  # local rank = index among the ranks on the same node

@@ -27,9 +27,11 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
            with LONGER steps; no rung where it would keep only the finalists (budgets under 19).
   final    the `finalists` fastest of the rung (without one: of the short probes; a runner-up only within
-           FINAL_MARGIN of the fastest: a probe reads within 0.4 % of its final), and the baseline (the grid's
+           FINAL_MARGIN of the fastest, a probe reads within 0.4 % of its final, and within the cost cap, which
+           keeps room for two finals: the best's and the baseline's), and the baseline (the grid's
            options at the fastest batch their fit found; under G the split with the largest micro-batch that
-           fits) unless its short probe failed, with the grid's own steps. The best is the fastest of these.
+           fits) unless its short probe failed, with the grid's own steps (`auto`: at most final_auto_max, as the
+           cost cap reserves). The best is the fastest of these.
   profile  the best (if a final ran ok) with a short probe's steps and profile=True: the verdict's trace. A profiled
            trial retires its warm group (the profiler's hooks stay in it): only the best, last, costs no group start.
 
@@ -48,7 +50,7 @@ from typing import Any
 from sweep.errors import UserError
 from sweep.grid import Trial
 from sweep.policy import infra_retry
-from sweep.tune_cost import affordable
+from sweep.tune_cost import affordable, final_auto_max
 from sweep.tune_memory import fitted, measured, rebatched, unthrashed, with_headroom
 from sweep.tune_verdict import best_final, fastest_verdict
 from sweep.tune_space import (AC_MEMORY, LONGER, SHORT, Config, LevelFit, Space, at_least_as_heavy, heavy_class,
@@ -142,7 +144,8 @@ class GroupSearch:
         """Issue `c` at `rung`'s steps (rung 3: profiled, its own trial id), unless the same trial was issued before
         (two rungs with the same steps: its row serves both; the runner runs a trial once) or its cap is reached."""
         steps = self.steps[rung] if rung == 2 else probe_steps(self.steps[rung], c.grad_accum)
-        trial = self.space.trial(c, steps, profile=rung == 3, search_id=self.sid)
+        most = final_auto_max(c.grad_accum) if rung == 2 and "auto" in steps else None  # as the cost cap reserved
+        trial = self.space.trial(c, steps, profile=rung == 3, search_id=self.sid, auto_max=most)
         if trial.trial_id in self.owner:
             self.asked[(c, rung)] = trial.trial_id
             return []
@@ -239,8 +242,9 @@ class GroupSearch:
 
     def _affordable(self, wave: list[Config], rung: int) -> list[Config]:
         """The probes of `wave` the cost cap allows (sweep.tune_cost.affordable); the others are skipped for good."""
-        kept, skipped = affordable(wave, [probe_steps(self.steps[rung], c.grad_accum) for c in wave],
-                                   leader=next(iter(self._clean()), None), finals=self.finalists + 1,
+        steps = [self.steps[2] if rung == 2 else probe_steps(self.steps[rung], c.grad_accum) for c in wave]
+        # the room kept is the best's and the baseline's finals': a runner-up's final is made only if it fits then
+        kept, skipped = affordable(wave, steps, leader=next(iter(self._clean()), None), finals=2,
                                    max_cost=self.max_cost,
                                    probes=[(self.owner[t][0], r) for t, r in self.results.items()],
                                    final_steps=self.steps[2])
@@ -319,7 +323,8 @@ class GroupSearch:
         if self.final_asked is not None:
             return []
         measured = self._measured(1 if self.rung_asked else 0)[:self.finalists]
-        finalists = [c for c, tf in measured if tf >= measured[0][1] * (1 - FINAL_MARGIN)]
+        close = [c for c, tf in measured if tf >= measured[0][1] * (1 - FINAL_MARGIN)]
+        finalists = close[:1] + self._affordable(close[1:], 2)
         ran = {c for c, _ in self._measured(0)}  # a baseline that failed its short probe would fail again
         extra = [self.baseline] if self.baseline in ran and self.baseline not in finalists else []
         self.final_asked = finalists + extra

@@ -9,6 +9,8 @@ A probe's seconds are predicted as its compile plus its steps:
   steps    its warm-up and measured steps, each the leader's step time scaled by the samples a step trains.
 One trial: the leader (the fastest clean short probe) measured once on fresh processes (sweep.cost.fresh_trial_s)
 at the finals' steps (`auto`: at least AUTO_LEAST). Unknown (rows without step times) means no cap.
+The finals are reserved at the most they may take: `auto` steps run at most final_auto_max in a tune's final (the
+trainer stops there: trainer.stopping.Schedule), so the cap holds however noisy a final's steps are.
 """
 
 from __future__ import annotations
@@ -24,10 +26,21 @@ from sweep.tune_space import SHORT, Config
 # and 10): the most measured, rounded up. `none` compiles nothing.
 COMPILE_VS_REGIONAL = {"none": 0.0, "regional": 1.0, "full": 10.0}
 AUTO_LEAST = (3, 5)  # `auto` steps run at least this many (warm-up, measured): sweep.grid.Steps
+# ...and in a tune's final at most this many micro-batches' worth (final_auto_max). The most any final has taken on
+# 2xH200 is 4 + 12 steps of one micro-batch (Llama3-8B TE, bf16 reduce); the same search's fp32-reduce baseline
+# final then ran past 170 s, probably at the trainer's own maxima (50 + 100 steps), and took the search's GPU time
+# past its cap (RESULTS.md, session 11). Twice the most seen; a step of 8 micro-batches is as steady as 8 steps
+# (tune_space.probe_steps), so it runs AUTO_LEAST. The row keeps the confidence interval a maximum cut short.
+FINAL_AUTO_MAX = (8, 16)
 
 
-def _steps(steps: tuple) -> int:
-    return sum(AUTO_LEAST[i] if s == "auto" else s for i, s in enumerate(steps))
+def final_auto_max(grad_accum: int) -> tuple[int, int]:
+    """The most warm-up and measured steps an `auto` final of `grad_accum` micro-batches a step runs."""
+    return tuple(max(least, math.ceil(most / grad_accum)) for least, most in zip(AUTO_LEAST, FINAL_AUTO_MAX))
+
+
+def _steps(steps: tuple, auto: tuple = AUTO_LEAST) -> int:
+    return sum(auto[i] if s == "auto" else s for i, s in enumerate(steps))
 
 
 def one_trial_s(leader: dict | None, rows: Iterable[dict], final_steps: tuple) -> float | None:
@@ -37,6 +50,15 @@ def one_trial_s(leader: dict | None, rows: Iterable[dict], final_steps: tuple) -
         return None
     ran = leader["warmup_steps"] + leader["measure_steps"]
     return fresh + max(0, _steps(final_steps) - ran) * leader["step_time_s"]
+
+
+def final_s(leader: tuple[Config, dict], rows: Iterable[dict], final_steps: tuple) -> float | None:
+    """The most a final of the leader (config, row) may take: one trial with its `auto` steps at their most
+    (final_auto_max)."""
+    lead, row = leader
+    least = one_trial_s(row, rows, final_steps)
+    extra = _steps(final_steps, final_auto_max(lead.grad_accum)) - _steps(final_steps)
+    return None if least is None else least + extra * row["step_time_s"]
 
 
 def spent_s(rows: Iterable[dict]) -> float:
@@ -68,14 +90,16 @@ def probe_s(c: Config, steps: tuple, leader: tuple[Config, dict], compiled: dict
     else:
         return None
     samples = (c.batch_size * c.grad_accum) / (lead.batch_size * lead.grad_accum)
-    return compile_s + _steps(steps) * row["step_time_s"] * samples
+    # `auto` steps are a final's (a runner-up's): at their most
+    return compile_s + _steps(steps, final_auto_max(c.grad_accum)) * row["step_time_s"] * samples
 
 
 def affordable(wave: list[Config], steps: list[tuple], *, leader: tuple[Config, dict] | None, finals: int,
                max_cost: float | None, probes: list[tuple[Config, dict]], final_steps: tuple) -> tuple[list, list]:
     """(kept, skipped): the probes of `wave` (each at its `steps`) in order while their predicted seconds leave
     room, under `max_cost` one-trial costs of the leader, for what every attempt so far took (`probes`: config
-    and row of each; the verdict's search_wall_s), the `finals` full measurements and the leader's profile. All
+    and row of each; the verdict's search_wall_s), the `finals` full measurements (at their most: final_s) and the
+    leader's profile. All
     kept when nothing says what a trial costs (no leader, no step times, no cap)."""
     rows = [r for _, r in probes]
     unit = one_trial_s(leader[1], rows, final_steps) if leader and max_cost else None
@@ -83,7 +107,7 @@ def affordable(wave: list[Config], steps: list[tuple], *, leader: tuple[Config, 
         return wave, []
     compiled = compile_times(probes)
     profile = probe_s(leader[0], SHORT, leader, compiled) or 0.0
-    room = max_cost * unit - spent_s(rows) - finals * unit - profile
+    room = max_cost * unit - spent_s(rows) - finals * final_s(leader, rows, final_steps) - profile
     kept, skipped = [], []
     for c, at in zip(wave, steps):
         cost = probe_s(c, at, leader, compiled) or 0.0

@@ -219,9 +219,10 @@ class Space:
         rest = sorted((a for a in self.values["ac"] if a != self.grid.ac), key=lambda a: -AC_MEMORY[a])
         return [self.grid.ac, *rest]
 
-    def trial(self, c: Config, steps: tuple, *, profile: bool, search_id: str) -> Trial:
+    def trial(self, c: Config, steps: tuple, *, profile: bool, search_id: str,
+              auto_max: tuple[int, int] | None = None) -> Trial:
         return replace(self.template, **c._asdict(), warmup_steps=steps[0], measure_steps=steps[1],
-                       profile=profile, search_id=search_id)
+                       profile=profile, search_id=search_id, auto_max=auto_max)
 
 
 class LevelFit:

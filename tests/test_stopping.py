@@ -120,3 +120,28 @@ def test_schedule_auto_and_a_follower_end_on_the_same_step():
     assert (len(leader.warmup.times), len(leader.measure.times)) == (5, 6)
     assert (len(follower.warmup.times), len(follower.measure.times)) == (5, 6)
     assert leader.times == [20.0, 1.2, 1.0, 1.0, 1.0] + [1.0] * 6
+
+
+def test_schedule_auto_max_stops_noisy_steps_there_and_leaves_counts_alone():
+    noisy = [1.0, 1.3] * 200  # warm-up never agrees, measurement never tightens: the rules' maxima (50, 100)
+    s = Schedule("auto", "auto")
+    while s.phase != "done":
+        s.add(noisy[len(s.times)])
+    assert (len(s.warmup.times), len(s.measure.times)) == (50, 100)
+    capped = Schedule("auto", "auto", auto_max=(8, 16))  # a tune's final (sweep.tune_cost.final_auto_max)
+    while capped.phase != "done":
+        capped.add(noisy[len(capped.times)])
+    assert (len(capped.warmup.times), len(capped.measure.times)) == (8, 16)
+    # stable steps stop before the maxima as before; a maximum under a rule's minimum keeps the minimum
+    stable = Schedule("auto", "auto", auto_max=(8, 16))
+    while stable.phase != "done":
+        stable.add(1.0)
+    assert (len(stable.warmup.times), len(stable.measure.times)) == (3, 6)
+    least = Schedule("auto", "auto", auto_max=(1, 1))
+    while least.phase != "done":
+        least.add(noisy[len(least.times)])
+    assert (len(least.warmup.times), len(least.measure.times)) == (3, 5)
+    fixed = Schedule(2, 30, auto_max=(8, 16))  # counts are what they say
+    while fixed.phase != "done":
+        fixed.add(1.0)
+    assert (len(fixed.warmup.times), len(fixed.measure.times)) == (2, 30)

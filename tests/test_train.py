@@ -93,3 +93,16 @@ def test_two_trials_run_one_after_the_other_in_one_process(rank_jobs, run_ranks)
     (fresh,) = run_ranks(_fresh_process, [[second.trial]], timeout=120)
     assert results[1].losses == fresh.losses
     assert (results[1].n_params, results[1].params_local) == (fresh.n_params, fresh.params_local)
+
+
+def test_a_trials_auto_max_reaches_the_ranks_schedule(rank_jobs):
+    """A tune's final runs `auto` steps at most `auto_max` (sweep.tune_cost.final_auto_max), from its Trial through
+    its rank's job to the trainer's schedule: at the rules' own minima (3 warm-up, 5 measured) it runs exactly
+    those, where `auto` alone measures at least 6 (a median's interval needs 6 steps)."""
+    from trainer.train import run_trial
+
+    (capped,) = rank_jobs(REGISTRY["gpt-tiny"], "fp32", warmup_steps="auto", measure_steps="auto", auto_max=(3, 5))
+    assert capped.trial.auto_max == (3, 5)
+    with _one_rank_group() as rank:
+        result = run_trial(capped.trial, rank)
+    assert (result.warmup_steps, len(result.step_times)) == (3, 5)

@@ -17,6 +17,7 @@ import pytest
 from sweep.errors import UserError
 from sweep.grid import NUMERICS_CHANGING, expand, parse_grid
 from sweep.tune import LONGER, SHORT, probe_steps
+from sweep.tune_cost import final_auto_max
 from sweep.tune_memory import fitted, needs
 from sweep.tune_plan import TunePlan
 from sweep.tune_space import Config, Space, at_least_as_heavy
@@ -51,6 +52,7 @@ class Machine:
     compile_gib: dict = field(default_factory=dict)  # compile mode -> GiB per sample it adds
     lost: set[int] = field(default_factory=set)  # attempt numbers lost to the infrastructure
     failing_steps: tuple | None = None  # trials of these (warm-up, measured) steps error (not memory)
+    timed: bool = False  # rows say what a step and a start-up take: the cost cap (sweep.tune_cost) has its numbers
     attempts: int = 0
 
     def peak(self, t) -> float:
@@ -84,6 +86,10 @@ class Machine:
         speed *= (self.thrash_speed if thrashes else 1.0) * (0.98 if t.profile else 1.0)  # a profile's short reading
         row.update(status="ok", tflops_per_gpu=speed, tokens_per_s_per_gpu=speed * 10, peak_mem_gib=self.peak(t),
                    alloc_retries=8 if thrashes else 0)
+        if self.timed:  # every attempt on fresh processes: its wall is a start-up, a compile, and its steps
+            step = t.batch_size * t.grad_accum / speed
+            row.update(step_time_s=step, compile_time_s=5.0, init_time_s=2.0, group_trial_index=0,
+                       trial_wall_s=2.0 + 5.0 + (t.warmup_steps + t.measure_steps) * step)
         if t.profile:  # the trainer's summary of the traced steps
             row.update(profile_gemm_pct=60.0, profile_attention_pct=20.0, profile_comm_exposed_pct=5.0,
                        profile_optimizer_pct=5.0, profile_other_pct=10.0, trace_file=f"traces/{t.trial_id}.json")
@@ -263,6 +269,9 @@ def test_short_probes_then_longer_then_the_grids_own_steps(steps):
     (v,) = p.verdicts()
     last = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == full]
     assert {t.profile for t in last} == {False} and len(last) <= 3  # two finalists and the baseline, unprofiled
+    # `auto` finals run at most final_auto_max steps, as the cost cap reserves; counts are what they say
+    assert all(t.auto_max == (final_auto_max(t.grad_accum) if "auto" in full else None) for t in last)
+    assert all(t.auto_max is None for t in r.asked if t not in last)
     # then one profiled trial, the search's last, asked once every final had answered: the best, at a short
     # probe's steps (profile=True is in its trial id: it is not the short probe of the same config)
     (profiled,) = [t for t in r.asked if t.profile]
@@ -685,6 +694,23 @@ def test_a_profile_trial_lost_to_the_infrastructure_is_retried_only_within_the_b
         assert w["profile"]["trace_file"] == f"traces/{profiled[1].trial_id}.json"
     else:  # no room: the attempt stays failed, and the verdict has no profile
         assert [t.retry for t in profiled] == [0] and w["profile"] is None
+
+
+@pytest.mark.parametrize("max_cost, runner_up", [(None, True), (40, True), (8, False)])
+def test_a_runner_up_is_fully_measured_only_if_the_cost_cap_has_room_for_it(max_cost, runner_up):
+    # the runner-up is within FINAL_MARGIN (accumulation gains 0.5 %): uncapped, or with room, it is measured in full;
+    # the cap keeps room for two finals only (the best's, the baseline's), so under a tight one it is skipped, said
+    gains = {"bf16": 1.05, "step": 1.04, "head": 1.03, "accum": 0.005}
+    r = run(p := plan(tune={"budget": 13, "max_cost": max_cost}), Machine(gains=gains, timed=True))
+    (v,) = p.verdicts()
+    best, base = Config(**v["best"]), Config(**v["baseline"])
+    measured = {config(t) for t in finals(r)}
+    others = measured - {best, base}
+    assert best in measured and base in measured and bool(others) == runner_up
+    if max_cost is not None:
+        assert v["cost_vs_one_trial"] <= max_cost
+    if not runner_up:
+        assert [c for c in v["skipped_for_cost"] if Config(**c) not in measured]
 
 
 def test_nothing_fits_is_a_verdict_not_a_hang():

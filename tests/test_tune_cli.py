@@ -218,8 +218,9 @@ def test_a_budget_too_small_for_a_baseline_and_a_finalist_stops_before_anything_
 
 
 def test_a_search_skips_what_its_max_cost_cannot_pay_for_and_says_so(ray_session, tmp_path):
-    # max_cost 2 one-trial costs cannot pay for the finals (the baseline and two finalists: 3): once the fit
-    # has measured what a trial costs, every exploring probe is predicted past it and skipped
+    # max_cost 2 one-trial costs cannot pay for the two finals it keeps room for (the best's and the baseline's, at
+    # their most steps) and the profile: once the fit has measured what a trial costs, every exploring probe is
+    # predicted past it and skipped
     grid = write(tmp_path, {"vary": ["batch_size", "grad_accum"], "budget": 12, "max_cost": 2})
     out = tmp_path / "out"
     result = sweep("run", grid, "--cluster", "local", "--output", out, "--no-progress")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.tune_cost import COMPILE_VS_REGIONAL, affordable, compile_times, one_trial_s, probe_s
+from sweep.tune_cost import (COMPILE_VS_REGIONAL, FINAL_AUTO_MAX, affordable, compile_times, final_auto_max, final_s,
+                             one_trial_s, probe_s)
 from sweep.tune_space import SHORT, Config
 
 
@@ -31,6 +32,19 @@ def test_one_trial_is_the_leader_fresh_at_the_finals_steps():
     assert one_trial_s(None, [], (3, 10)) is None
 
 
+def test_a_final_is_reserved_at_the_most_auto_steps_it_may_run():
+    fresh = row(40.0, step=2.0)
+    # at most FINAL_AUTO_MAX (8 + 16) micro-batches' steps: 16 more than one trial's least (3 + 5)
+    assert FINAL_AUTO_MAX == (8, 16) and final_auto_max(1) == (8, 16)
+    assert final_s((cfg(), fresh), [fresh], ("auto", "auto")) == pytest.approx(40.0 + 3 * 2.0 + 16 * 2.0)
+    assert final_s((cfg(), fresh), [fresh], (3, 10)) == one_trial_s(fresh, [fresh], (3, 10))  # counts are counts
+    assert final_s((cfg(), fresh), [fresh], (2, "auto")) == pytest.approx(40.0 + (2 + 16 - 5) * 2.0)
+    # a step of 8 micro-batches averages 8: it runs no more than auto's least, 2 x 4 no more than 4 + 8
+    assert final_auto_max(8) == (3, 5) and final_auto_max(2) == (4, 8)
+    assert final_s((cfg(accum=8), fresh), [fresh], ("auto", "auto")) == one_trial_s(fresh, [fresh], ("auto", "auto"))
+    assert final_s((cfg(), None), [], ("auto", "auto")) is None
+
+
 def test_a_probe_costs_its_compile_and_its_steps():
     leader = (cfg(66), row(36.0, step=1.2, compile_s=16.0))
     compiled = compile_times([(cfg(32), row(47.0, compile_s=22.0)), leader])
@@ -46,6 +60,8 @@ def test_a_probe_costs_its_compile_and_its_steps():
     assert probe_s(cfg(59, "full"), SHORT, leader, ran_full) == pytest.approx(167.5 + 5 * 1.2 * 59 / 66)
     assert probe_s(cfg(59, accum=8), (1, 1), leader, compiled) == pytest.approx(22.0 + 2 * 1.2 * 59 * 8 / 66)
     assert probe_s(cfg(32, "full"), SHORT, leader, compile_times([(cfg(66), {"trial_wall_s": 1.0})])) is None
+    # `auto` steps are a final's (a runner-up's, _final_stage): at their most, 8 + 16 of one micro-batch
+    assert probe_s(cfg(66), ("auto", "auto"), leader, compiled) == pytest.approx(22.0 + 24 * 1.2)
 
 
 def test_probes_are_kept_in_order_while_the_finals_keep_their_room():
@@ -53,11 +69,19 @@ def test_probes_are_kept_in_order_while_the_finals_keep_their_room():
     probes = [leader]  # 36 s spent; one trial: 36 + 3 steps = 39 s
     wave = [cfg(32, "none"), cfg(32, "full"), cfg(59, accum=8), cfg(30, "none")]
     steps = [SHORT, SHORT, (1, 1), SHORT]
+    kept, skipped = affordable(wave, steps, leader=leader, finals=2, max_cost=10, probes=probes,
+                               final_steps=("auto", "auto"))
+    # room: 390 - 36 - 2 finals at their most (39 + 16 steps) - the profile (20 + 5) = 219 s: full (200 + 2.4)
+    # fits, 59 x 8 (20 + 14.3) then not, 30 x none (2.3) does
+    assert kept == [cfg(32, "none"), cfg(32, "full"), cfg(30, "none")] and skipped == [cfg(59, accum=8)]
+    kept, skipped = affordable(wave, steps, leader=leader, finals=2, max_cost=12, probes=probes,
+                               final_steps=("auto", "auto"))
+    assert kept == wave and skipped == []  # 468 - 36 - 110 - 25 = 297 s: all 241.4 s of them
+    # a third final reserved (finals=3): 55 s less, and full no longer fits
     kept, skipped = affordable(wave, steps, leader=leader, finals=3, max_cost=10, probes=probes,
                                final_steps=("auto", "auto"))
-    # room: 390 - 36 - 3 x 39 - the profile (20 + 5) = 212 s; full (200 + 2.4) fits, 59 x 8 (20 + 14.3) then not
-    assert kept == [cfg(32, "none"), cfg(32, "full"), cfg(30, "none")] and skipped == [cfg(59, accum=8)]
-    kept, skipped = affordable(wave, steps, leader=leader, finals=3, max_cost=5, probes=probes,
+    assert skipped == [cfg(32, "full")]
+    kept, skipped = affordable(wave, steps, leader=leader, finals=2, max_cost=5, probes=probes,
                                final_steps=("auto", "auto"))
     assert cfg(32, "full") in skipped and cfg(32, "none") in kept
     # nothing says what a trial costs, or no cap: all kept

@@ -9,6 +9,10 @@ nvbench do:
 - measurement (`Measure`): until the 95 % confidence interval of the median step time lies within ±1 %
   of the median, at least 5 and at most 100 steps, or until the measured steps have taken `time_cap_s`.
 
+`Schedule(..., auto_max=(w, m))` lowers those maxima to w warm-up and m measured steps: a tune's finals, whose
+GPU time its cost cap has to know in advance (sweep.tune_cost.FINAL_AUTO_MAX). A noisy step then stops at the
+maximum with the confidence interval it reached, which its row keeps (step_time_ci_pct).
+
 `Fixed(n)` has the same interface, so that a loop need not care which it has. `Schedule` chains a
 warm-up rule and a measurement rule; in a multi-rank trial only rank 0 feeds it (`add`) and the others
 `follow` the phase rank 0 broadcasts, so that every rank stops on the same step.
@@ -142,10 +146,14 @@ def rule(spec: StepsSpec, phase: Literal["warmup", "measure"]) -> Fixed:
 
 class Schedule:
     """Warm-up, then measurement, then done. `add` decides from this rank's step times (rank 0);
-    `follow` records a step and takes the phase decided elsewhere (the other ranks)."""
+    `follow` records a step and takes the phase decided elsewhere (the other ranks). `auto_max`: the most
+    warm-up and measured steps an `auto` phase may run (None: the rules' own maxima)."""
 
-    def __init__(self, warmup: StepsSpec, measure: StepsSpec) -> None:
+    def __init__(self, warmup: StepsSpec, measure: StepsSpec, auto_max: Optional[tuple[int, int]] = None) -> None:
         self.warmup, self.measure = rule(warmup, "warmup"), rule(measure, "measure")
+        for phase, spec, most in zip((self.warmup, self.measure), (warmup, measure), auto_max or (None, None)):
+            if spec == "auto" and most is not None:  # a fixed count is what it says
+                phase.n = max(min(phase.n, most), phase.min_steps)
         self.adaptive = "auto" in (warmup, measure)  # fixed counts need no decision shared between ranks
         self.phase = "warmup"
         self._advance()

@@ -93,7 +93,7 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
                          compiled=config.compile != "none")
         dist.barrier()
         ready_at = time.perf_counter()
-        schedule = Schedule(config.warmup_steps, config.measure_steps)
+        schedule = Schedule(config.warmup_steps, config.measure_steps, config.auto_max)
         losses = time_steps(step, schedule, rank)
         dist.barrier()
         memory = peak_stats(rank.device)
