@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from sweep.grid import expand, parse_grid
+from sweep.tune_cost import compile_times, final_s, one_trial_s, probe_s, spent_s
 from sweep.tune_plan import TunePlan
+from sweep.tune_space import SHORT
 
 HISTORY = Path(__file__).resolve().parent.parent / "benchmarks" / "history"
 GIB = 1024**3
@@ -126,3 +128,26 @@ def test_a_whole_model_compile_is_not_probed_where_its_cost_would_take_the_searc
     assert {"batch_size": 32, "compile": "full", "grad_accum": 1} in [
         {k: c[k] for k in ("batch_size", "compile", "grad_accum")} for c in v["skipped_for_cost"]]
     assert v["max_cost"] == 10 and v["search_wall_s"] == pytest.approx(149.2, abs=0.1)  # 500.3 s recorded
+
+
+def test_the_te_search_measures_its_baseline_at_most_final_auto_max_steps_within_its_cap():
+    """Session 11 (2xH200): Llama3-8B fp8-te-delayed's search made 9 attempts in 340.9 s, its best's final
+    (batch 4, bf16 reduce: 860.0) 4 + 12 steps; then its baseline's final (batch 4, fp32 reduce, `auto` steps)
+    ran past 170 s, twice, cut by the call's limit each time: most likely the trainer's own maxima (50 + 100
+    steps of ~1.06 s), where the cost cap had reserved the least `auto` runs (3 + 5). Replayed on its rows, the
+    search asks the same 9, then that final at most final_auto_max's 8 + 16 steps; the search's worst case
+    (what it spent, that final at its most, the profile) is within max_cost one-trial costs."""
+    asked, wave, plan = _replay("s11-tune-llama-te", {**LLAMA, "precisions": ["fp8-te-delayed"], "batch_sizes": [2]})
+    assert [(t.batch_size, t.grad_accum, t.reduce_dtype, t.fp8_lm_head, status) for t, status in asked] == [
+        (2, 1, "fp32", False, "ok"), (3, 1, "fp32", False, "ok"), (5, 1, "fp32", False, "ok"),
+        (4, 1, "fp32", False, "ok"), (4, 1, "fp32", True, "ok"), (4, 1, "bf16", False, "ok"),
+        (4, 8, "fp32", False, "ok"), (3, 1, "bf16", True, "ok"), (4, 1, "bf16", False, "ok"),  # the best's final
+        (4, 1, "fp32", False, None)]  # the baseline's final: never recorded
+    (final,) = wave
+    assert (final.warmup_steps, final.measure_steps, final.auto_max) == ("auto", "auto", (8, 16))
+    search = next(iter(plan.searches.values()))
+    rows, leader = list(search.results.values()), next(iter(search._clean()))
+    compiled = compile_times([(search.owner[t][0], r) for t, r in search.results.items()])
+    worst = spent_s(rows) + final_s(leader, rows, ("auto", "auto")) + probe_s(leader[0], SHORT, leader, compiled)
+    assert spent_s(rows) == pytest.approx(340.9, abs=0.1)
+    assert worst <= 10 * one_trial_s(leader[1], rows, ("auto", "auto"))  # 444.3 s <= 490.5
