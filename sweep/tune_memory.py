@@ -110,15 +110,17 @@ def measured(space: Space, clean: list[tuple[Config, dict]], rows: Iterable[dict
 
 
 def usable(capacity: float | None, ref_peaks: dict[int, float], oom_batches: list[int]) -> float | None:
-    """What a rank may use: the device's capacity, or less where the grid options ran out of memory at a batch
-    whose peak their line (`fitted`) puts under it. A device's memory_gib is its datasheet's (an H200's 141 GiB
-    is 140.4 to torch: clusters/accelerators.yaml), and the CUDA context and NCCL's buffers take some of that:
-    on one H200, GPT-1.5B torchao ran out of memory at batch 67, where the line put 139.7 GiB, and then at
-    64 x 8 micro-batches, which `fitted` had put at 140.1 under 141 (RESULTS.md, session 10)."""
-    if capacity is None or len(ref_peaks) < 2 or not oom_batches:
+    """What a rank may use: the device's capacity, or, where the grid options ran out of memory, the most they
+    peaked at clean below that batch: the limit lies between that peak, which ran, and the one their line puts at
+    the batch that failed, which did not. A device's memory_gib is its datasheet's (an H200's 141 GiB is 140.4 to
+    torch: clusters/accelerators.yaml), less the CUDA context and NCCL's buffers. On one H200, GPT-1.5B torchao
+    ran out of memory at batch 67, where the line puts 139.7 GiB, and 66 peaked at 137.9; then at 64 x 8
+    micro-batches, predicted at 140.1 under 141 (RESULTS.md, session 10), and at 63 x 2, predicted at 138.3 under
+    the line's 139.7 (session 11): a micro-batch's peak alone says nothing of the allocator's fragments."""
+    below = [peak for b, peak in ref_peaks.items() if oom_batches and b < min(oom_batches)]
+    if capacity is None or not below:
         return capacity
-    slope, intercept = _peak_line(ref_peaks)
-    return min(capacity, intercept + slope * min(oom_batches))
+    return min(capacity, max(below))
 
 
 def needs(c: Config, t: Config, center: Config, space: Space) -> bool:
