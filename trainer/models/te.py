@@ -86,10 +86,18 @@ def _device() -> str:
     return "meta" if torch.get_default_device().type == "meta" else "cuda"
 
 
-def _layer(te, spec: ModelSpec, i: int, device: str, **arch) -> nn.Module:
+def _layer(te, spec: ModelSpec, device: str, **arch) -> nn.Module:
+    """One block, built exactly as every other: `compile: regional` compiles each block in place and identical
+    blocks share one graph, but dynamo guards on the constants a forward reads. TE names each module it is not
+    given a name for `Layer_<count>` and its attention reads that name (TE 2.20: MultiheadAttention.forward ->
+    _update_output_quantizer_roles), so every block was a recompile: on 2xH200, Llama3-8B fp8-te-delayed hit
+    dynamo's recompile limit (8) on every trial, compiled 22-32 s each time and ran 24 of 32 blocks uncompiled
+    (benchmarks/RESULTS.md, session 11). One name for all ("block"; TE uses it for debugging and quantizer
+    roles' labels), and no layer_number: in training TE reads it only for NVTE_APPLY_QK_LAYER_SCALING (off by
+    default) and for inference's KV cache."""
     return te.TransformerLayer(
         hidden_size=spec.d_embd, num_attention_heads=spec.n_heads, layernorm_epsilon=spec.norm_eps,
-        hidden_dropout=0.0, attention_dropout=0.0, layer_number=i + 1, self_attn_mask_type="causal",
+        hidden_dropout=0.0, attention_dropout=0.0, self_attn_mask_type="causal", name="block",
         fuse_qkv_params=True, attn_input_format="bshd", params_dtype=torch.float32, device=device, **arch)
 
 
@@ -100,9 +108,9 @@ class TELlama(nn.Module):
         self.spec, self.fp8_lm_head = spec, fp8_lm_head
         self.tok_embd = nn.Embedding(spec.vocab_size, spec.d_embd)
         self.blocks = nn.ModuleList(
-            _layer(te, spec, i, device, ffn_hidden_size=spec.ffn_hidden, num_gqa_groups=spec.n_kv_heads,
+            _layer(te, spec, device, ffn_hidden_size=spec.ffn_hidden, num_gqa_groups=spec.n_kv_heads,
                    normalization="RMSNorm", activation="swiglu", bias=False)
-            for i in range(spec.n_layers))
+            for _ in range(spec.n_layers))
         self.output = te.LayerNormLinear(spec.d_embd, spec.vocab_size, eps=spec.norm_eps, bias=False,
                                          normalization="RMSNorm", params_dtype=torch.float32, device=device)
         # RoPE angles (T, 1, 1, D), fp32. Not persistent: filled by init_weights on the real device.
@@ -136,9 +144,9 @@ class TEGPT(nn.Module):
         self.tok_embd = nn.Embedding(spec.vocab_size, spec.d_embd)
         self.pos_embd = nn.Embedding(spec.max_seq_len, spec.d_embd)
         self.blocks = nn.ModuleList(
-            _layer(te, spec, i, device, ffn_hidden_size=4 * spec.d_embd, normalization="LayerNorm",
+            _layer(te, spec, device, ffn_hidden_size=4 * spec.d_embd, normalization="LayerNorm",
                    activation="gelu", bias=True)
-            for i in range(spec.n_layers))
+            for _ in range(spec.n_layers))
         self.out_norm = nn.LayerNorm(spec.d_embd, eps=spec.norm_eps)
 
     def init_weights(self) -> None:
