@@ -20,6 +20,13 @@ OUT=${OUT:-/tmp/out}
 results=/tmp/sweep-results/$name
 mkdir -p "$OUT" "$results"
 exec > >(tee -a "$OUT/$name.log") 2>&1
+# A search cut on a machine released since (session 11: the next call came 64 s after a long one, past the 30 s
+# idle window) goes on from its rows on a fresh one: unpack NAME.tgz into .device-out/ here, carry .device-out
+# with .whl in the first call, and pass --resume.
+if [ -d ".device-out/$name" ] && [ -z "$(find "$results" -name '*.parquet' -print -quit)" ]; then
+  cp -r ".device-out/$name/." "$results/"
+  echo "tune: $(find "$results" -name '*.parquet' | wc -l) carried result files in $results"
+fi
 bash benchmarks/device/install.sh || exit 1
 source benchmarks/device/lib.sh
 needs_te=0
