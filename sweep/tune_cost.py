@@ -99,8 +99,7 @@ def affordable(wave: list[Config], steps: list[tuple], *, leader: tuple[Config, 
     """(kept, skipped): the probes of `wave` (each at its `steps`) in order while their predicted seconds leave
     room, under `max_cost` one-trial costs of the leader, for what every attempt so far took (`probes`: config
     and row of each; the verdict's search_wall_s), the `finals` full measurements (at their most: final_s) and the
-    leader's profile. All
-    kept when nothing says what a trial costs (no leader, no step times, no cap)."""
+    leader's profile. All kept when nothing says what a trial costs (no leader, no step times, no cap)."""
     rows = [r for _, r in probes]
     unit = one_trial_s(leader[1], rows, final_steps) if leader and max_cost else None
     if unit is None:

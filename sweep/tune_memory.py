@@ -117,10 +117,10 @@ def usable(capacity: float | None, ref_peaks: dict[int, float], oom_batches: lis
     ran out of memory at batch 67, where the line puts 139.7 GiB, and 66 peaked at 137.9; then at 64 x 8
     micro-batches, predicted at 140.1 under 141 (RESULTS.md, session 10), and at 63 x 2, predicted at 138.3 under
     the line's 139.7 (session 11): a micro-batch's peak alone says nothing of the allocator's fragments."""
-    below = [peak for b, peak in ref_peaks.items() if oom_batches and b < min(oom_batches)]
-    if capacity is None or not below:
+    if capacity is None or not oom_batches:
         return capacity
-    return min(capacity, max(below))
+    below = [peak for b, peak in ref_peaks.items() if b < min(oom_batches)]
+    return min(capacity, max(below)) if below else capacity
 
 
 def needs(c: Config, t: Config, center: Config, space: Space) -> bool:

@@ -92,10 +92,9 @@ def _layer(te, spec: ModelSpec, device: str, **arch) -> nn.Module:
     given a name for `Layer_<count>` and its attention reads that name (TE 2.20: MultiheadAttention.forward ->
     _update_output_quantizer_roles), so every block was a recompile: on 2xH200, Llama3-8B fp8-te-delayed hit
     dynamo's recompile limit (8) on every trial, compiled 22-32 s each time and ran the attention of 24 of 32
-    blocks uncompiled
-    (benchmarks/RESULTS.md, session 11). One name for all ("block"; TE uses it for debugging and quantizer
-    roles' labels), and no layer_number: in training TE reads it only for NVTE_APPLY_QK_LAYER_SCALING (off by
-    default) and for inference's KV cache."""
+    blocks uncompiled (benchmarks/RESULTS.md, session 11). One name for all ("block"; TE uses it for debugging
+    and quantizer roles' labels), and no layer_number: in training TE reads it only for
+    NVTE_APPLY_QK_LAYER_SCALING (off by default) and for inference's KV cache."""
     return te.TransformerLayer(
         hidden_size=spec.d_embd, num_attention_heads=spec.n_heads, layernorm_epsilon=spec.norm_eps,
         hidden_dropout=0.0, attention_dropout=0.0, self_attn_mask_type="causal", name="block",
