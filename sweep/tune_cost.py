@@ -30,13 +30,16 @@ AUTO_LEAST = (3, 5)  # `auto` steps run at least this many (warm-up, measured): 
 # 2xH200 is 4 + 12 steps of one micro-batch (Llama3-8B TE, bf16 reduce); the same search's fp32-reduce baseline
 # final then ran past 170 s, probably at the trainer's own maxima (50 + 100 steps), and took the search's GPU time
 # past its cap (RESULTS.md, session 11). Twice the most seen; a step of 8 micro-batches is as steady as 8 steps
-# (tune_space.probe_steps), so it runs AUTO_LEAST. The row keeps the confidence interval a maximum cut short.
+# (tune_space.probe_steps), so it runs auto's least, but 6 measured steps, the fewest a median's 95 % interval
+# has (trainer.stopping.median_ci): the row keeps the interval reached, and says how far a maximum cut it short.
 FINAL_AUTO_MAX = (8, 16)
+CI_LEAST = 6
 
 
 def final_auto_max(grad_accum: int) -> tuple[int, int]:
     """The most warm-up and measured steps an `auto` final of `grad_accum` micro-batches a step runs."""
-    return tuple(max(least, math.ceil(most / grad_accum)) for least, most in zip(AUTO_LEAST, FINAL_AUTO_MAX))
+    warmup, measure = (math.ceil(most / grad_accum) for most in FINAL_AUTO_MAX)
+    return max(AUTO_LEAST[0], warmup), max(CI_LEAST, measure)
 
 
 def _steps(steps: tuple, auto: tuple = AUTO_LEAST) -> int:

@@ -39,9 +39,11 @@ def test_a_final_is_reserved_at_the_most_auto_steps_it_may_run():
     assert final_s((cfg(), fresh), [fresh], ("auto", "auto")) == pytest.approx(40.0 + 3 * 2.0 + 16 * 2.0)
     assert final_s((cfg(), fresh), [fresh], (3, 10)) == one_trial_s(fresh, [fresh], (3, 10))  # counts are counts
     assert final_s((cfg(), fresh), [fresh], (2, "auto")) == pytest.approx(40.0 + (2 + 16 - 5) * 2.0)
-    # a step of 8 micro-batches averages 8: it runs no more than auto's least, 2 x 4 no more than 4 + 8
-    assert final_auto_max(8) == (3, 5) and final_auto_max(2) == (4, 8)
-    assert final_s((cfg(accum=8), fresh), [fresh], ("auto", "auto")) == one_trial_s(fresh, [fresh], ("auto", "auto"))
+    # a step of 8 micro-batches averages 8: it runs auto's least warm-up, and the 6 measured steps a median's
+    # interval needs (one more than auto's least); 2 micro-batches no more than 4 + 8
+    assert final_auto_max(8) == (3, 6) and final_auto_max(2) == (4, 8) and final_auto_max(16) == (3, 6)
+    assert final_s((cfg(accum=8), fresh), [fresh], ("auto", "auto")) == pytest.approx(
+        one_trial_s(fresh, [fresh], ("auto", "auto")) + 2.0)
     assert final_s((cfg(), None), [], ("auto", "auto")) is None
 
 
