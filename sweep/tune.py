@@ -50,7 +50,7 @@ from typing import Any
 from sweep.errors import UserError
 from sweep.grid import Trial
 from sweep.policy import infra_retry
-from sweep.tune_cost import affordable, final_auto_max
+from sweep.tune_cost import affordable, final_auto_max, time_limit_s
 from sweep.tune_memory import fitted, measured, rebatched, unthrashed, with_headroom
 from sweep.tune_verdict import best_final, fastest_verdict
 from sweep.tune_space import (AC_MEMORY, LONGER, SHORT, Config, LevelFit, Space, at_least_as_heavy, heavy_class,
@@ -145,7 +145,8 @@ class GroupSearch:
         (two rungs with the same steps: its row serves both; the runner runs a trial once) or its cap is reached."""
         steps = self.steps[rung] if rung == 2 else probe_steps(self.steps[rung], c.grad_accum)
         most = final_auto_max(c.grad_accum) if rung == 2 and "auto" in steps else None  # as the cost cap reserved
-        trial = self.space.trial(c, steps, profile=rung == 3, search_id=self.sid, auto_max=most)
+        limit = time_limit_s(c, steps, *self._spent(), final_steps=self.steps[2])  # a hang costs this, not 30 min
+        trial = self.space.trial(c, steps, profile=rung == 3, search_id=self.sid, auto_max=most, time_limit_s=limit)
         if trial.trial_id in self.owner:
             self.asked[(c, rung)] = trial.trial_id
             return []
@@ -243,13 +244,16 @@ class GroupSearch:
     def _affordable(self, wave: list[Config], rung: int) -> list[Config]:
         """The probes of `wave` the cost cap allows (sweep.tune_cost.affordable); the others are skipped for good."""
         steps = [self.steps[2] if rung == 2 else probe_steps(self.steps[rung], c.grad_accum) for c in wave]
+        leader, probes = self._spent()
         # the room kept is the best's and the baseline's finals': a runner-up's final is made only if it fits then
-        kept, skipped = affordable(wave, steps, leader=next(iter(self._clean()), None), finals=2,
-                                   max_cost=self.max_cost,
-                                   probes=[(self.owner[t][0], r) for t, r in self.results.items()],
+        kept, skipped = affordable(wave, steps, leader=leader, finals=2, max_cost=self.max_cost, probes=probes,
                                    final_steps=self.steps[2])
         self.unaffordable += skipped
         return kept
+
+    def _spent(self) -> tuple[tuple[Config, dict] | None, list[tuple[Config, dict]]]:
+        """What the cost model reads: the leader (the fastest clean short probe, with its row) and every attempt."""
+        return next(iter(self._clean()), None), [(self.owner[t][0], r) for t, r in self.results.items()]
 
     def _neighbours(self, todo: list[Config]) -> list[Config]:
         """The center and its one-option changes, but of accumulation only the most micro-batches: every count

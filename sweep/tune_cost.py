@@ -97,6 +97,25 @@ def probe_s(c: Config, steps: tuple, leader: tuple[Config, dict], compiled: dict
     return compile_s + _steps(steps, final_auto_max(c.grad_accum)) * row["step_time_s"] * samples
 
 
+# A probe is stopped (status timeout: a row, and the search goes on) past HANG_X times the seconds predicted for it
+# on fresh processes (one trial of the leader, plus its own compile and steps), and never before HANG_FLOOR_S, where
+# the grid's timeout_s (default 30 min) would hold a hung group for half an hour. The most any probe has exceeded
+# its prediction so far is a first `compile: full` (178 s against 22 x 10 + steps predicted: RESULTS.md, session 10).
+HANG_X = 3.0
+HANG_FLOOR_S = 300.0
+
+
+def time_limit_s(c: Config, steps: tuple, leader: tuple[Config, dict] | None, probes: list[tuple[Config, dict]],
+                 final_steps: tuple) -> float | None:
+    """How long probing `c` at `steps` may run before it is stopped; None when nothing says what it costs (no clean
+    probe yet, no step times): the grid's timeout_s then."""
+    if leader is None:
+        return None
+    unit = one_trial_s(leader[1], [r for _, r in probes], final_steps)
+    own = probe_s(c, steps, leader, compile_times(probes))
+    return None if unit is None or own is None else max(HANG_FLOOR_S, HANG_X * (unit + own))
+
+
 def affordable(wave: list[Config], steps: list[tuple], *, leader: tuple[Config, dict] | None, finals: int,
                max_cost: float | None, probes: list[tuple[Config, dict]], final_steps: tuple) -> tuple[list, list]:
     """(kept, skipped): the probes of `wave` (each at its `steps`) in order while their predicted seconds leave

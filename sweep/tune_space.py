@@ -220,9 +220,11 @@ class Space:
         return [self.grid.ac, *rest]
 
     def trial(self, c: Config, steps: tuple, *, profile: bool, search_id: str,
-              auto_max: tuple[int, int] | None = None) -> Trial:
+              auto_max: tuple[int, int] | None = None, time_limit_s: float | None = None) -> Trial:
+        """`c` as a trial; `time_limit_s` lowers the grid's timeout_s (not part of the trial id)."""
+        limit = min(self.template.timeout_s, time_limit_s or math.inf)
         return replace(self.template, **c._asdict(), warmup_steps=steps[0], measure_steps=steps[1],
-                       profile=profile, search_id=search_id, auto_max=auto_max)
+                       profile=profile, search_id=search_id, auto_max=auto_max, timeout_s=limit)
 
 
 class LevelFit:

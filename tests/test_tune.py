@@ -11,11 +11,12 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 
 from sweep.errors import UserError
-from sweep.grid import NUMERICS_CHANGING, expand, parse_grid
+from sweep.grid import DEFAULT_TIMEOUT_S, NUMERICS_CHANGING, expand, parse_grid
 from sweep.tune import LONGER, SHORT, probe_steps
 from sweep.tune_cost import final_auto_max
 from sweep.tune_memory import fitted, needs
@@ -53,6 +54,7 @@ class Machine:
     lost: set[int] = field(default_factory=set)  # attempt numbers lost to the infrastructure
     failing_steps: tuple | None = None  # trials of these (warm-up, measured) steps error (not memory)
     timed: bool = False  # rows say what a step and a start-up take: the cost cap (sweep.tune_cost) has its numbers
+    hangs: Any = None  # trial -> bool: it hangs until its timeout_s (the scheduler then kills it: status timeout)
     attempts: int = 0
 
     def peak(self, t) -> float:
@@ -79,6 +81,8 @@ class Machine:
             return {**row, "status": "error", "error": "rank process died"}, True
         if t.compile == self.failing_compile or (t.warmup_steps, t.measure_steps) == self.failing_steps:
             return {**row, "status": "error", "error": "compile failed"}, False
+        if self.hangs and self.hangs(t):
+            return {**row, "status": "timeout", "trial_wall_s": t.timeout_s}, False
         if self.peak(t) > self.capacity_gib:
             return {**row, "status": "oom"}, False
         speed = self.tflops(t)
@@ -714,6 +718,24 @@ def test_a_runner_up_is_fully_measured_only_if_the_cost_cap_has_room_for_it(max_
         assert v["cost_vs_one_trial"] <= max_cost
     if not runner_up:
         assert [c for c in v["skipped_for_cost"] if Config(**c) not in measured]
+
+
+def test_a_probe_that_hangs_costs_a_few_times_its_prediction_not_the_grids_timeout_and_the_search_goes_on():
+    from sweep.tune_cost import HANG_FLOOR_S
+
+    def hangs(t) -> bool:  # every accumulating probe hangs (on a GPU: until the scheduler's deadline)
+        return t.grad_accum > 1
+
+    r = run(p := plan(tune={"budget": 13}), Machine(timed=True, hangs=hangs))
+    (v,) = p.verdicts()
+    hung = [t for t in r.asked if hangs(t)]
+    assert hung and {r.of(t)["status"] for t in hung} == {"timeout"}
+    # the grid's 30 min before anything says what a probe costs; after, a few times the prediction (the floor here)
+    assert r.asked[0].timeout_s == DEFAULT_TIMEOUT_S
+    assert all(t.timeout_s == HANG_FLOOR_S for t in hung)
+    assert v["best"] is not None and v["aborted"] is None and v["probes"] == len(r.asked) <= 13
+    # the limit is no part of what a trial measures: its id is the same under any limit
+    assert replace(hung[0], timeout_s=DEFAULT_TIMEOUT_S).trial_id == hung[0].trial_id
 
 
 def test_nothing_fits_is_a_verdict_not_a_hang():

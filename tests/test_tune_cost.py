@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.tune_cost import (COMPILE_VS_REGIONAL, FINAL_AUTO_MAX, affordable, compile_times, final_auto_max, final_s,
-                             one_trial_s, probe_s)
+from sweep.tune_cost import (COMPILE_VS_REGIONAL, FINAL_AUTO_MAX, HANG_FLOOR_S, HANG_X, affordable, compile_times,
+                             final_auto_max, final_s, one_trial_s, probe_s, time_limit_s)
 from sweep.tune_space import SHORT, Config
 
 
@@ -90,3 +90,19 @@ def test_probes_are_kept_in_order_while_the_finals_keep_their_room():
     for leader_, cap in ((None, 10), (leader, None), ((cfg(66), {**leader[1], "step_time_s": None}), 10)):
         assert affordable(wave, steps, leader=leader_, finals=3, max_cost=cap, probes=probes,
                           final_steps=("auto", "auto")) == (wave, [])
+
+
+def test_a_probe_may_run_a_few_times_its_prediction_on_fresh_processes_before_it_is_stopped():
+    leader = (cfg(66), row(36.0, step=1.2, compile_s=16.0))
+    probes = [(cfg(32), row(47.0, compile_s=22.0)), leader]
+    unit = one_trial_s(leader[1], [r for _, r in probes], ("auto", "auto"))  # 36 + 3 x 1.2
+    # a first compile: full, predicted at regional's 22 s x 10 plus its steps, on top of one fresh trial
+    full = probe_s(cfg(32, "full"), SHORT, leader, compile_times(probes))
+    assert time_limit_s(cfg(32, "full"), SHORT, leader, probes, ("auto", "auto")) == pytest.approx(
+        HANG_X * (unit + full))
+    assert HANG_X * (unit + full) > 178.3  # session 10's such probe, all of it (RESULTS.md)
+    # a cheap probe: the floor
+    assert time_limit_s(cfg(32, "none"), SHORT, leader, probes, ("auto", "auto")) == HANG_FLOOR_S
+    # nothing known: the grid's timeout_s stands
+    assert time_limit_s(cfg(32), SHORT, None, probes, ("auto", "auto")) is None
+    assert time_limit_s(cfg(32), SHORT, (cfg(66), {**leader[1], "step_time_s": None}), probes, ("auto", "auto")) is None
