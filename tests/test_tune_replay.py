@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.grid import expand, parse_grid
+from sweep.grid import DEFAULT_TIMEOUT_S, expand, parse_grid
 from sweep.tune_cost import compile_times, final_s, one_trial_s, probe_s, spent_s
 from sweep.tune_plan import TunePlan
 from sweep.tune_space import SHORT
@@ -54,6 +54,11 @@ def _rows(name: str) -> dict[tuple, dict]:
     return out
 
 
+def _key(t) -> tuple:
+    """What a trial is in `_rows`: its kind and options."""
+    return (_kind(t.profile, t.warmup_steps, t.measure_steps), t.precision, *(getattr(t, k) for k in OPTIONS))
+
+
 def _replay(name: str, grid: dict) -> tuple[list, list, TunePlan]:
     """The probes the search asks for, answered from the rows, up to the first one the GPUs never ran, as
     (trial, recorded status); the probes asked with that one, not yet answered (its wave: [] if the search
@@ -64,8 +69,7 @@ def _replay(name: str, grid: dict) -> tuple[list, list, TunePlan]:
     queue = list(plan.initial())
     while queue:
         t = queue.pop(0)
-        row = rows.get((_kind(t.profile, t.warmup_steps, t.measure_steps), t.precision,
-                        *(getattr(t, k) for k in OPTIONS)))
+        row = rows.get(_key(t))
         asked.append((t, row and row["status"]))
         if row is None:
             return asked, [t, *queue], plan
@@ -163,3 +167,23 @@ def test_the_te_search_measures_its_baseline_at_most_final_auto_max_steps_within
     worst = spent_s(rows) + final_s(leader, rows, ("auto", "auto")) + probe_s(leader[0], SHORT, leader, compiled)
     assert spent_s(rows) == pytest.approx(340.9, abs=0.1)
     assert worst <= 10 * one_trial_s(leader[1], rows, ("auto", "auto"))  # 444.3 s <= 490.5
+
+
+GPT_TORCHAO = {**GPT, "precisions": ["fp8-torchao-tensorwise"]}
+
+
+@pytest.mark.parametrize("name, grid", [
+    ("s9-tune-llama-torchao", {**LLAMA, "precisions": ["fp8-torchao-tensorwise"], "batch_sizes": [3]}),
+    ("s9-tune-llama-bf16", {**LLAMA, "precisions": ["bf16"], "batch_sizes": [2]}),
+    ("s9-tune-gpt", GPT_TORCHAO), ("s10-tune-gpt-torchao", GPT_TORCHAO), ("s11-tune-gpt-torchao", GPT_TORCHAO),
+    ("s11-tune-llama-te", {**LLAMA, "precisions": ["fp8-te-delayed"], "batch_sizes": [2]}),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_every_recorded_attempt_ran_within_the_time_limit_the_search_now_gives_it(name, grid):
+    """A tune's probe is stopped past 3x its predicted seconds (at least 5 min: tune_cost.time_limit_s). On the
+    GPUs' rows, no attempt the search asks for again took longer than that: the limit stops hangs, not probes."""
+    asked, _, _ = _replay(name, grid)
+    rows = _rows(name)
+    limited = [(t, rows[_key(t)]["trial_wall_s"]) for t, status in asked
+               if status is not None and t.timeout_s < DEFAULT_TIMEOUT_S]
+    assert len(limited) >= len(asked) // 2  # all but the first probes, before anything says what a trial costs
+    assert all(wall <= t.timeout_s for t, wall in limited), [(t.describe(), wall, t.timeout_s) for t, wall in limited]
