@@ -100,7 +100,7 @@ def probe_s(c: Config, steps: tuple, leader: tuple[Config, dict], compiled: dict
 # A probe is stopped (status timeout: a row, and the search goes on) past HANG_X times the seconds predicted for it
 # on fresh processes (one trial of the leader, plus its own compile and steps), and never before HANG_FLOOR_S, where
 # the grid's timeout_s (default 30 min) would hold a hung group for half an hour. Every attempt of the tunes recorded
-# on 2xH200 that the search still makes ran within its limit, the nearest at 16 % of it (tests/test_tune_replay.py);
+# on 2xH200 that the search still makes ran within its limit (tests/test_tune_replay.py);
 # the longest attempt recorded, a first `compile: full` (178.3 s, RESULTS.md session 10), is predicted at regional's
 # compile x 10 and would be stopped only past 3x that.
 HANG_X = 3.0
