@@ -21,16 +21,15 @@ mkdir -p "$OUT" "$results"
 exec > >(tee -a "$OUT/$campaign.log") 2>&1
 # A campaign longer than one job (a tune: ~10 min a search) goes on from the rows an earlier job packed:
 # unpacked here into .device-out/CAMPAIGN and carried, they are copied in and every `sweep run` resumes.
+source benchmarks/device/lib.sh
 if [ -d ".device-out/$campaign" ]; then
-  cp -r ".device-out/$campaign/." "$results/"
+  carry_in "$results"
   export SWEEP_RUN_ARGS="${SWEEP_RUN_ARGS:-} --resume"
-  echo "job: resuming from $(find "$results" -name '*.parquet' | wc -l) carried result files"
 fi
 # the device command's limit is 600 s: stop sweep (SIGINT: it tears down and keeps its rows) in time to pack
 deadline=$((${JOB_LIMIT_S:-570} + SECONDS))
 
 bash benchmarks/device/install.sh || exit 1
-source benchmarks/device/lib.sh
 needs_te=0
 grep -qE '^precisions:.*-te\b' "benchmarks/campaigns/$campaign"/*.yaml && needs_te=1
 next=$(next_carry 1 $needs_te)

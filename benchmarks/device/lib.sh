@@ -20,3 +20,12 @@ pack() {  # pack DIR: DIR's rows and verdicts into $OUT/NAME.tgz, its profiler t
   [ -z "$traces" ] || { tar czf "$OUT/.$name-traces.tgz" -C "$parent" $traces &&
                           mv "$OUT/.$name-traces.tgz" "$OUT/$name-traces.tgz"; }
 }
+
+carry_in() {  # carry_in DIR: the rows an earlier job packed, unpacked here into .device-out/NAME (NAME: DIR's
+  # name) and carried, copied into DIR unless it has rows already (a machine kept warm); false if none were
+  local name
+  name=$(basename "$1")
+  [ -d ".device-out/$name" ] && [ -z "$(find "$1" -name '*.parquet' -print -quit)" ] || return 1
+  cp -r ".device-out/$name/." "$1/"
+  echo "$(basename "$0" .sh): $(find "$1" -name '*.parquet' | wc -l) carried result files in $1"
+}

@@ -23,12 +23,9 @@ exec > >(tee -a "$OUT/$name.log") 2>&1
 # A search cut on a machine released since (session 11: the next call came 64 s after a long one, past the 30 s
 # idle window) goes on from its rows on a fresh one: unpack NAME.tgz into .device-out/ here, carry .device-out
 # with .whl in the first call, and pass --resume.
-if [ -d ".device-out/$name" ] && [ -z "$(find "$results" -name '*.parquet' -print -quit)" ]; then
-  cp -r ".device-out/$name/." "$results/"
-  echo "tune: $(find "$results" -name '*.parquet' | wc -l) carried result files in $results"
-fi
-bash benchmarks/device/install.sh || exit 1
 source benchmarks/device/lib.sh
+carry_in "$results"
+bash benchmarks/device/install.sh || exit 1
 needs_te=0
 [[ " $* " =~ [[:space:]](fp8-te-[a-z]+|bf16-te)[[:space:]] ]] && needs_te=1
 next=$(next_carry 0 $needs_te)
