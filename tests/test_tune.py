@@ -780,3 +780,21 @@ def test_a_runner_up_is_fully_measured_only_within_final_margin_of_the_fastest(a
     assert (second >= top * (1 - FINAL_MARGIN)) == runner_up  # the two machines differ in this alone
     measured = {config(t) for t in finals(r)}
     assert best in measured and base in measured and (other in measured or other == base) == runner_up
+
+
+@pytest.mark.parametrize("budget", [16, 24])  # without a rung, and with one
+def test_a_probe_that_thrashed_is_never_fully_measured_even_where_its_short_reading_was_the_fastest(budget):
+    """2xH200, Llama3-8B TE (RESULTS.md, session 12): batch 4 x 8 read 841.6 in its short probe with 5 allocator
+    retries, the fastest, and was the final; its final thrashed (34 retries) at 794.0 and took 105 s where the
+    cost cap had kept the leader's 67. A probe that thrashed measured the allocator, not its options: no rung
+    probe or final measures it again, and the best is one that ran clean."""
+    p = plan(tune={"vary": NUMERICS_RUN, "budget": budget})
+    r = run(p, Machine(capacity_gib=40, thrash_gib=30.0, thrash_speed=1.2, timed=True))
+    thrashed = {config(t) for t in r.asked if is_short(t) and r.of(t).get("alloc_retries")}
+    fastest = max((t for t in r.asked if is_short(t) and r.of(t)["status"] == "ok"),
+                  key=lambda t: r.of(t)["tflops_per_gpu"])
+    assert config(fastest) in thrashed  # the case: the fastest short reading is a thrashing one
+    again = [t for t in r.asked if not is_short(t) and not t.profile and config(t) in thrashed]
+    assert again == [], [t.describe() for t in again]
+    (v,) = p.verdicts()
+    assert v["best"] is not None and Config(**v["best"]) not in thrashed

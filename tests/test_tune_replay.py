@@ -172,13 +172,35 @@ def test_the_te_search_measures_its_baseline_at_most_final_auto_max_steps_within
 
 
 GPT_TORCHAO = {**GPT, "precisions": ["fp8-torchao-tensorwise"]}
+TE = {**LLAMA, "precisions": ["fp8-te-delayed"], "batch_sizes": [2]}
+TE_COMPILE = {**TE, "tune": {**LLAMA["tune"], "vary": [*LLAMA["tune"]["vary"], "compile"]}}
+
+
+def test_the_te_search_no_longer_fully_measures_a_probe_that_thrashed_and_its_finals_are_the_ones_reserved():
+    """Session 12 (2xH200, compile varied too): batch 4 x 8 read fastest short (841.6) with 5 allocator retries,
+    and was the final, not the leader the cost cap had reserved (batch 4, bf16 reduce): it thrashed again (34
+    retries, 794.0) for 105.5 s where 66.9 were kept, and the search ended at 11.4x one trial. Replayed, the
+    search asks the same 10 probes, then the leader's final and the baseline's, as the cap reserved: its worst
+    case is the cap, give or take the last probe's miss (compile: none's 3 x 2 took 8.7 s, predicted 5.3)."""
+    asked, wave, plan = _replay("s12-tune-llama-te", TE_COMPILE)
+    assert len(asked) == 11 and all(status == "ok" for _, status in asked[:10])
+    assert [(t.batch_size, t.grad_accum, t.reduce_dtype, t.warmup_steps) for t in wave] == [
+        (4, 1, "bf16", "auto"), (4, 1, "fp32", "auto")]  # recorded: 4 x 8's final, then the baseline's
+    search = next(iter(plan.searches.values()))
+    rows, leader = list(search.results.values()), next(iter(search._clean()))
+    assert (leader[0].batch_size, leader[0].grad_accum, leader[0].reduce_dtype) == (4, 1, "bf16")
+    compiled = compile_times([(search.owner[t][0], r) for t, r in search.results.items()])
+    worst = spent_s(rows) + 2 * final_s(leader, rows, ("auto", "auto")) + probe_s(leader[0], SHORT, leader, compiled)
+    assert worst == pytest.approx(499.2, abs=0.1)
+    assert 10 * one_trial_s(leader[1], rows, ("auto", "auto")) == pytest.approx(497.6, abs=0.1)
 
 
 @pytest.mark.parametrize("name, grid", [
     ("s9-tune-llama-torchao", {**LLAMA, "precisions": ["fp8-torchao-tensorwise"], "batch_sizes": [3]}),
     ("s9-tune-llama-bf16", {**LLAMA, "precisions": ["bf16"], "batch_sizes": [2]}),
     ("s9-tune-gpt", GPT_TORCHAO), ("s10-tune-gpt-torchao", GPT_TORCHAO), ("s11-tune-gpt-torchao", GPT_TORCHAO),
-    ("s11-tune-llama-te", {**LLAMA, "precisions": ["fp8-te-delayed"], "batch_sizes": [2]}),
+    ("s11-tune-llama-te", TE), ("s12-tune-gpt-torchao", GPT_TORCHAO), ("s12-tune-llama-te", TE_COMPILE),
+    ("s12-tune-llama-te-none", {**TE, "compile": "none"}),
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_every_recorded_attempt_ran_within_the_time_limit_the_search_now_gives_it(name, grid):
     """A tune's probe is stopped past 3x its predicted seconds (at least 5 min: tune_cost.time_limit_s). On the
