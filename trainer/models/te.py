@@ -94,7 +94,10 @@ def _layer(te, spec: ModelSpec, device: str, **arch) -> nn.Module:
     dynamo's recompile limit (8) on every trial, compiled 22-32 s each time and ran the attention of 24 of 32
     blocks uncompiled (benchmarks/RESULTS.md, session 11). One name for all ("block"; TE uses it for debugging
     and quantizer roles' labels), and no layer_number: in training TE reads it only for
-    NVTE_APPLY_QK_LAYER_SCALING (off by default) and for inference's KV cache."""
+    NVTE_APPLY_QK_LAYER_SCALING (off by default) and for inference's KV cache. Not enough for FP8 on its own
+    (session 12): with delayed scaling dynamo then guards on TE's global amax buffer, which grows by one entry per
+    layer on the first forward, and still compiles one graph per block up to its limit (19-31 s a trial); for TE,
+    `compile: none` measured faster to reach and to run (README, Tune)."""
     return te.TransformerLayer(
         hidden_size=spec.d_embd, num_attention_heads=spec.n_heads, layernorm_epsilon=spec.norm_eps,
         hidden_dropout=0.0, attention_dropout=0.0, self_attn_mask_type="causal", name="block",
