@@ -327,10 +327,9 @@ class GroupSearch:
     def _final_stage(self) -> list[Trial]:
         if self.final_asked is not None:
             return []
-        # not a probe that thrashed: its reading was the allocator's (2xH200, TE: 841.6 short, 794.0 final at
-        # 34 retries, 105 s where the cap had kept the leader's 67: RESULTS.md session 12)
-        measured = [(c, tf) for c, tf in self._measured(1 if self.rung_asked else 0) if c not in self.thrashed]
-        measured = measured[:self.finalists]
+        # none that thrashed: it read the allocator (RESULTS.md session 12: 841.6 short, 794.0 final, 105 s)
+        rung = 1 if self.rung_asked else 0
+        measured = [m for m in self._measured(rung) if m[0] not in self.thrashed][:self.finalists]
         close = [c for c, tf in measured if tf >= measured[0][1] * (1 - FINAL_MARGIN)]
         finalists = close[:1] + self._affordable(close[1:], 2)
         ran = {c for c, _ in self._measured(0)}  # a baseline that failed its short probe would fail again
