@@ -173,12 +173,13 @@ class GroupSearch:
 
     def _clean(self) -> list[tuple[Config, dict]]:
         """The short probes that ran ok without thrashing, fastest first, with their rows."""
-        return [(c, self._ok_row(c, 0)) for c, _ in self._measured(0) if c not in self.thrashed]
+        return [(c, self._ok_row(c, 0)) for c, _ in self._measured(0, clean=True)]
 
-    def _measured(self, rung: int) -> list[tuple[Config, float]]:
-        """The configs measured at `rung`, fastest first (a tie: the one asked first)."""
+    def _measured(self, rung: int, clean: bool = False) -> list[tuple[Config, float]]:
+        """The configs measured at `rung`, fastest first (a tie: the one asked first); `clean`: not those that
+        thrashed (their speed measured the allocator, not their options)."""
         out = [(c, row["tflops_per_gpu"] or 0.0) for (c, r) in self.asked
-               if r == rung and (row := self._ok_row(c, r))]
+               if r == rung and (row := self._ok_row(c, r)) and not (clean and c in self.thrashed)]
         return sorted(out, key=lambda x: -x[1])
 
     # --- stages: each returns its next probes, [] when it is over ---
@@ -299,7 +300,7 @@ class GroupSearch:
         """The candidates that the measured effects (an unmeasured one as none) put within a short probe's noise
         of the fastest clean probe: one they put below it would spend the budget on the certainty of a loss."""
         center = self._ok_row(self.center, 0)
-        best = max((tf for f, tf in self._measured(0) if f not in self.thrashed), default=0.0)
+        best = max((tf for _, tf in self._measured(0, clean=True)), default=0.0)
         if center is None or not center["tflops_per_gpu"] or not best:
             return todo
         effects, floor = self._effects(), math.log(best * (1 - NOISE) / center["tflops_per_gpu"])
@@ -309,7 +310,7 @@ class GroupSearch:
         """Option values (besides ac and batch) that no clean short probe ran: known to need memory (their
         probes thrashed or ran out of it) or folded away so far (grad_sync: step at one micro-batch), but not
         what they gain, which the measured effects would count as nothing and never rank first."""
-        seen = {kv for c, _ in self._measured(0) if c not in self.thrashed for kv in self.space.coords(c).items()}
+        seen = {kv for c, _ in self._measured(0, clean=True) for kv in self.space.coords(c).items()}
         # (accumulation's counts between those run are in their order: _neighbours)
         values = (kv for c in self._space() for kv in self.space.coords(c).items() if kv[0] not in ("ac_batch",
                                                                                                     "grad_accum"))
@@ -327,9 +328,8 @@ class GroupSearch:
     def _final_stage(self) -> list[Trial]:
         if self.final_asked is not None:
             return []
-        # none that thrashed: it read the allocator (RESULTS.md session 12: 841.6 short, 794.0 final, 105 s)
-        rung = 1 if self.rung_asked else 0
-        measured = [m for m in self._measured(rung) if m[0] not in self.thrashed][:self.finalists]
+        # none that thrashed (RESULTS.md session 12: one read 841.6 short, then 794.0 in a 105 s final)
+        measured = self._measured(1 if self.rung_asked else 0, clean=True)[:self.finalists]
         close = [c for c, tf in measured if tf >= measured[0][1] * (1 - FINAL_MARGIN)]
         finalists = close[:1] + self._affordable(close[1:], 2)
         ran = {c for c, _ in self._measured(0)}  # a baseline that failed its short probe would fail again
@@ -401,8 +401,7 @@ class GroupSearch:
         pairs of short probes that differ in that option alone (e.g. grad_sync: step at 8 micro-batches
         against micro_batch at 8: with one micro-batch it folds away and says nothing)."""
         # a probe that thrashed measured the memory's limit, not its option: it rates no option
-        points = [(self.space.coords(c), math.log(tf)) for c, tf in self._measured(0)
-                  if tf > 0 and c not in self.thrashed]
+        points = [(self.space.coords(c), math.log(tf)) for c, tf in self._measured(0, clean=True) if tf > 0]
         return one_option_effects(points, self.space.coords(self.center))
 
     def verdict(self) -> dict:
