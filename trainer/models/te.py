@@ -87,17 +87,13 @@ def _device() -> str:
 
 
 def _layer(te, spec: ModelSpec, device: str, **arch) -> nn.Module:
-    """One block, built exactly as every other: `compile: regional` compiles each block in place and identical
-    blocks share one graph, but dynamo guards on the constants a forward reads. TE names each module it is not
-    given a name for `Layer_<count>` and its attention reads that name (TE 2.20: MultiheadAttention.forward ->
-    _update_output_quantizer_roles), so every block was a recompile: on 2xH200, Llama3-8B fp8-te-delayed hit
-    dynamo's recompile limit (8) on every trial, compiled 22-32 s each time and ran the attention of 24 of 32
-    blocks uncompiled (benchmarks/RESULTS.md, session 11). One name for all ("block"; TE uses it for debugging
-    and quantizer roles' labels), and no layer_number: in training TE reads it only for
-    NVTE_APPLY_QK_LAYER_SCALING (off by default) and for inference's KV cache. Not enough for FP8 on its own
-    (session 12): with delayed scaling dynamo then guards on TE's global amax buffer, which grows by one entry per
-    layer on the first forward, and still compiles one graph per block up to its limit (19-31 s a trial); for TE,
-    `compile: none` measured faster to reach and to run (README, Tune)."""
+    """One block, built exactly as every other, so that `compile: regional` need not recompile per block:
+    dynamo guards on what a forward reads, and TE's attention reads the module's name (`Layer_<count>` unless
+    given one: TE 2.20, MultiheadAttention.forward) — on 2xH200 every Llama3-8B TE trial hit the recompile limit
+    (RESULTS.md, session 11). So one name, and no layer_number (training reads it only for the off-by-default
+    NVTE_APPLY_QK_LAYER_SCALING and inference's KV cache). Not enough with delayed scaling: dynamo then guards on
+    TE's global amax buffer, one entry longer per layer, and still compiles per block (session 12); for TE,
+    `compile: none` measured faster (README, Tune)."""
     return te.TransformerLayer(
         hidden_size=spec.d_embd, num_attention_heads=spec.n_heads, layernorm_epsilon=spec.norm_eps,
         hidden_dropout=0.0, attention_dropout=0.0, self_attn_mask_type="causal", name="block",
