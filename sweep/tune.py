@@ -319,7 +319,7 @@ class GroupSearch:
     def _rung_stage(self) -> list[Trial]:
         if self.rung_asked is not None:
             return []
-        pool = [c for c, _ in self._clean()]
+        pool = [c for c, _ in self._measured(0, clean=True)]
         n = min(self.rung_size, max(self.finalists + 1, math.ceil(len(pool) / KEEP)), self.caps[1] - len(self.owner))
         rung = self._affordable(pool[:n], 1)
         self.rung_asked = rung if len(rung) > self.finalists else []
