@@ -221,3 +221,20 @@ def test_every_recorded_attempt_ran_within_the_time_limit_the_search_now_gives_i
                if status is not None and t.timeout_s < DEFAULT_TIMEOUT_S]
     assert len(limited) >= len(asked) // 2  # all but the first probes, before anything says what a trial costs
     assert all(wall <= t.timeout_s for t, wall in limited), [(t.describe(), wall, t.timeout_s) for t, wall in limited]
+
+
+@pytest.mark.parametrize("name, held, startup, warmup, oom", [
+    ("s13-tune-llama-torchao", 649, 19, 26, 0), ("s13-tune-llama-bf16", 497, 23, 28, 0),
+    ("s13-tune-gpt-bf16", 341, 21, 19, 20)])
+def test_the_gpu_time_session_13_reports_is_what_its_recorded_rows_give(name, held, startup, warmup, oom):
+    """RESULTS.md session 13 cites each search's start-up and warm-up shares (and GPT-1.5B's OOM attempts) from
+    `sweep tune`'s 'GPU time' line; the same line again, from the rows kept in benchmarks/history."""
+    from sweep.cost import summary_line
+
+    number = lambda v: float(v) if v else None  # noqa: E731
+    with open(HISTORY / f"rows-2026-12-01-{name}.csv", newline="") as f:
+        rows = [{**r, **{k: number(r[k]) for k in ("trial_wall_s", "compile_time_s", "step_time_s", "steps_time_s")},
+                 "warmup_steps": int(r["warmup_steps"]), "world_size": int(r["world_size"])} for r in csv.DictReader(f)]
+    line = summary_line(rows)
+    assert line.startswith(f"GPU time: {held} GPU-s held"), line
+    assert f"warm-up {warmup} %" in line and f"start-up {startup} %" in line and f"OOM attempts {oom} %" in line, line
