@@ -126,7 +126,9 @@ def validation_message(err: ValidationError, model: type[BaseModel]) -> str:
     Unknown keys come first, with the closest valid key: a misspelt key also makes the key it meant
     "missing", and that consequence is left out rather than shown as a second mistake.
     """
-    unknown, other, missing, meant = [], [], set(), set()
+    unknown: dict[str, list[str]] = {}  # each mapping's unknown keys, in order, by the path to that mapping
+    unmatched: dict[str, list[str]] = {}  # the valid keys of each mapping with an unknown key that matched none
+    other, missing, meant = [], set(), set()
     for e in err.errors():
         # pydantic marks a dict key's own error with a trailing "[key]"; the key already names it.
         loc = tuple(p for p in e["loc"] if p != "[key]")
@@ -138,8 +140,11 @@ def validation_message(err: ValidationError, model: type[BaseModel]) -> str:
             valid = _keys_at(model, loc)
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
             meant.update((*loc[:-1], c) for c in close)
-            text = unknown_name("key", loc[-1], valid).replace("; valid:", "; valid keys:")
-            unknown.append(f"{parent}: {text}" if parent else text)
+            if close:
+                unknown.setdefault(parent, []).append(unknown_name("key", loc[-1], valid))
+            else:  # the valid keys are listed once per mapping, after its unknown keys (not after each)
+                unknown.setdefault(parent, []).append(f"unknown key {loc[-1]!r}")
+                unmatched[parent] = valid
         elif e["type"] == "missing":
             other.append((loc, f"{field}: required key is missing"))
             missing.add(loc)
@@ -153,4 +158,7 @@ def validation_message(err: ValidationError, model: type[BaseModel]) -> str:
             if isinstance(e["input"], bool) and e["type"] in ("literal_error", "string_type"):
                 got = f" (got {shown}: YAML reads an unquoted on/off/yes/no as a boolean; quote it)"
             other.append((loc, f"{field}: {message}{got}"))
-    return "; ".join(unknown + [text for loc, text in other if loc not in missing & meant])
+    unknown_text = [f"{parent}: {text}" if parent else text
+                    for parent, texts in unknown.items()
+                    for text in texts + ([f"valid keys: {', '.join(unmatched[parent])}"] if parent in unmatched else [])]
+    return "; ".join(unknown_text + [text for loc, text in other if loc not in missing & meant])

@@ -127,6 +127,9 @@ class TuneSpec(BaseModel):
     @field_validator("vary")
     @classmethod
     def _no_repeats(cls, value: list[str]) -> list[str]:
+        if not value:  # nothing to vary: the search would measure its one configuration over and over
+            raise ValueError(f"no option to vary: name at least one of {', '.join(TUNABLE)}; to measure "
+                             f"one configuration, leave out search: fastest")
         if len(set(value)) != len(value):
             raise ValueError(f"an option is named twice: {value}")
         return value

@@ -41,6 +41,7 @@ from sweep.grid import Trial
 from sweep.groups import fits, group_key, kept_note, opener, pick, returned_to_baseline, stack_stage
 from sweep.outcome import INFRA_PREFIX, Outcome, deaths, short
 from sweep.placement import bundle, bundle_index, placement, rank_env, rank_jobs
+from sweep.text import seconds
 from trainer.job import PG_TIMEOUT_S
 
 START_TIMEOUT_S = 300.0  # rank processes must come up within this (imports torch, maybe CUDA init)
@@ -226,7 +227,7 @@ class Scheduler:
                 return None
             return self._unplaceable(g, now)
         if now > g.deadline:
-            return self._fail_start(g, "timeout", f"rank processes did not start within {START_TIMEOUT_S:.0f} s; "
+            return self._fail_start(g, "timeout", f"rank processes did not start within {seconds(START_TIMEOUT_S)}; "
                                                   "all ranks killed")
         if all(r in g.ready for r in g.info_refs):
             g.up_at = now
@@ -272,7 +273,7 @@ class Scheduler:
             return self._finish(a, "ok", None)
         if now > a.deadline:  # checked after reading results: a trial that finished in time is not lost
             limit = a.trial.timeout_s
-            return self._finish(a, "timeout", f"trial ran past the {limit:.0f} s limit; all ranks killed")
+            return self._finish(a, "timeout", f"trial ran past the {seconds(limit)} limit; all ranks killed")
         return None
 
     def _unplaceable(self, g: _Group, now: float) -> Outcome | None:
@@ -288,7 +289,7 @@ class Scheduler:
         if now - g.infeasible_since < limit:
             return None
         _, strategy = placement(self.profile, g.key[0])
-        return self._fail_start(g, "timeout", f"could not be placed for {limit:.0f} s: the cluster's live nodes "
+        return self._fail_start(g, "timeout", f"could not be placed for {seconds(limit)}: the cluster's live nodes "
                                               f"cannot hold {g.key[0]} x {bundle(self.profile)} ({strategy})")
 
     def _start_actors(self, g: _Group) -> None:

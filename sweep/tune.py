@@ -51,6 +51,7 @@ from typing import Any
 from sweep.errors import UserError
 from sweep.grid import Trial
 from sweep.policy import infra_retry
+from sweep.text import plural
 from sweep.tune_cost import affordable, final_auto_max, time_limit_s
 from sweep.tune_memory import fitted, measured, rebatched, unthrashed, with_headroom
 from sweep.tune_verdict import best_final, fastest_verdict
@@ -81,7 +82,7 @@ class GroupSearch:
         self.caps = {0: budget - reserve - self.rung_size, 1: budget - reserve, 2: budget - 1, 3: budget}
         t = space.template
         if self.caps[0] < 1:  # budgets under 8 have one finalist: reserve 3
-            raise UserError(f"tune.budget: {budget} probes cannot find and fully measure a baseline and one "
+            raise UserError(f"tune.budget: {plural(budget, 'probe')} cannot find and fully measure a baseline and one "
                             f"finalist for {t.model.label} {t.precision} (one short probe, two full measurements "
                             f"and the best's profile); give budget: 4 or more")
         self.steps = {0: SHORT, 1: LONGER, 2: final_steps, 3: SHORT}  # 3: the best's profile (a short probe's)

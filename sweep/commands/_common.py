@@ -36,6 +36,13 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def flag(*param_decls: str, help: str) -> typer.models.OptionInfo:
+    """A bool option: it takes no value (`--resume`, or `--progress/--no-progress` when no name is given).
+    Typer puts a `<bool>` metavar beside every bool option in the help, as if it took one; an empty metavar
+    shows none."""
+    return typer.Option(*param_decls, help=help, metavar="")
+
+
 def dataclass_options(skip: Collection[str] = ()) -> Callable[[F], F]:
     """Give a command the options a dataclass declares: its parameter annotated with that dataclass becomes,
     in that place, one option per field (each field typed ``Annotated[..., typer.Option(...)]``, its default

@@ -43,7 +43,9 @@ def list_clusters() -> None:
     """List the shipped cluster profiles."""
     from clusters import load_profile, profile_names
 
-    table = Table(caption="dim memory: the accelerator's datasheet figure")
+    # in words: "dim" (the style of a datasheet figure) means nothing without colour, or in a pasted table
+    table = Table(caption="memory: the profile's memory_per_device, else the datasheet figure",
+                  caption_justify="left")
     for header in ("name", "accelerator", "nodes × gpus", "memory", "ray address", "$/GPU-h"):
         table.add_column(header, no_wrap=True)
     for name in profile_names():

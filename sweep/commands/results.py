@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from sweep.commands._common import user_errors
+from sweep.commands._common import flag, user_errors
 from sweep.errors import UserError
 from trainer.flops import CONVENTIONS
 
@@ -25,7 +25,7 @@ Where = Annotated[Optional[list[str]], typer.Option(
     "--where", "-w", metavar="EXPR", show_default=False,
     help="Filter COLUMN OP VALUE with OP one of = != > >= < <= (precision=bf16, batch_size>=4, status!=ok, "
          "precision=bf16,fp8-te). Repeatable; all apply.")]
-SkipBad = Annotated[bool, typer.Option(
+SkipBad = Annotated[bool, flag(
     "--skip-bad", help="Read the other files when a .parquet file is unreadable or not a sweep result (a warning "
                        "names each one skipped). Without it, such a file is an error.")]
 
@@ -134,7 +134,7 @@ def compare(
              "micro_batch; --by cluster needs one.")] = None,
     by: Annotated[By, typer.Option("--by", help="The config key that varies: everything else stays the same "
                                                "(precisions on one cluster, clusters for one precision, ...).")] = By.precision,
-    best: Annotated[bool, typer.Option(
+    best: Annotated[bool, flag(
         "--best", help="Each precision at its best against the baseline's best, per model × seq_len × GPUs × cluster, "
                        "whatever their batch and options: a fastest search's measured best where one ran "
                        "(_search/*.json), else the fastest ok config.")] = False,

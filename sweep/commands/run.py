@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from sweep.commands._common import dataclass_options, user_errors
+from sweep.commands._common import dataclass_options, flag, user_errors
 
 # `sweep run`, `sweep plan`, `sweep max-batch`: sweep.cli adds these commands at the top level
 app = typer.Typer()
@@ -27,16 +27,17 @@ class Compile(str, Enum):
     full = "full"
 
 
-GridArg = Annotated[Optional[Path], typer.Argument(help="Grid YAML. Options below add to or override its axes.",
-                                                   show_default=False)]
+GridArg = Annotated[Optional[Path], typer.Argument(
+    help="Grid YAML. An axis option below (--model, --precision, ...) replaces that axis of the grid: it does not "
+         "add to it.", show_default=False)]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster profile name or YAML path.")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Result dataset folder.")]
 CapOpt = Annotated[Optional[str], typer.Option("--memory-cap", help="Per-rank memory cap, e.g. 80GiB: "
                                                "allocations past it really fail (what fits on a smaller card?).")]
-ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
-FreshOpt = Annotated[bool, typer.Option("--fresh-actors", help="New rank processes for every trial, instead of warm "
+ProgressOpt = Annotated[bool, flag(help="Show a progress bar.")]
+FreshOpt = Annotated[bool, flag("--fresh-actors", help="New rank processes for every trial, instead of warm "
                                         "ones that run trials of one kind one after the other.")]
-ProfileOpt = Annotated[bool, typer.Option("--profile", help="After the measured steps, trace a few more with "
+ProfileOpt = Annotated[bool, flag("--profile", help="After the measured steps, trace a few more with "
                                           "torch.profiler: a trace file beside each row, and where the step time goes.")]
 StartOpt = Annotated[int, typer.Option(min=1, help="First batch to probe.")]
 
@@ -121,10 +122,10 @@ def _prepare_search(command: str, cluster: str, memory_cap: str | None, axes: Ax
 @dataclass_options()
 def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(),
         output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
-        resume: Annotated[bool, typer.Option(help="Skip attempts already recorded in --output.")] = False,
+        resume: Annotated[bool, flag(help="Skip attempts already recorded in --output.")] = False,
         max_concurrent: Annotated[Optional[int], typer.Option(min=1, help="At most this many trials at once.")] = None,
         progress: ProgressOpt = True, fresh_actors: FreshOpt = False, profile_steps: ProfileOpt = False,
-        yes: Annotated[bool, typer.Option("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False) -> None:
+        yes: Annotated[bool, flag("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False) -> None:
     """Run a grid of trials and write one Parquet row per attempt."""
     from sweep.advice import LARGE_GRID, needs_confirmation
     from sweep.errors import UserError
@@ -146,13 +147,14 @@ def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(
     from rich.console import Console
 
     from sweep.results import render
+    from sweep.text import plural
 
     profile, spec, trials = _prepare(grid, cluster, memory_cap, axes)
     make_plan(spec, trials, profile)  # a search's own checks (a tune budget or global batch that cannot work)
     rows, reasons = _plan_rows(trials, profile)
     search = {"max_batch": " — max-batch search", "fastest": " — fastest-configuration search"}.get(spec.search, "")
-    render.plan_table(rows, f"{len(trials)} trial{'s' * (len(trials) != 1)} on {profile.name} ({profile.accelerator}, "
-                            f"{profile.total_ranks} ranks)" + search, reasons)
+    render.plan_table(rows, f"{plural(len(trials), 'trial')} on {profile.name} ({profile.accelerator}, "
+                            f"{plural(profile.total_ranks, 'rank')})" + search, reasons)
     _print_warnings(trials, profile, Console())
 
 
@@ -229,6 +231,7 @@ def _print_warnings(trials, profile, console=None) -> None:
 def check_output(output: Path) -> None:
     """Refuse an --output that cannot take rows before any Ray or GPU time is spent (a measurement that
     cannot be written is lost). Writes nothing: the folder itself is made when the first row lands."""
+    import errno
     import os
     import tempfile
 
@@ -243,7 +246,11 @@ def check_output(output: Path) -> None:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as e:
-        raise UserError(f"--output {output}: cannot write in {existing} ({os.strerror(e.errno) if e.errno else e})") from None
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        if e.errno == errno.ENOENT:  # "no such file" of a folder that is there: /proc, /sys make no new files
+            reason = f"{existing} refuses new files ({reason})"
+        what = f"cannot write in {path}" if existing == path else f"cannot create the folder {path}"
+        raise UserError(f"--output {output}: {what}: {reason}") from None
 
 
 def _capacity(profile, trials) -> float | None:
@@ -262,10 +269,11 @@ def _finish(report, output: Path, plan) -> None:
 
     from sweep import cost
     from sweep.results import render
+    from sweep.text import plural
 
     rows = report.rows
     if rows:
-        render.rich_table(rows, render.SHOW_COLS, f"run {report.run_id}: {len(rows)} attempts" +
+        render.rich_table(rows, render.SHOW_COLS, f"run {report.run_id}: {plural(len(rows), 'attempt')}" +
                           (f" ({report.reused} reused from earlier runs)" if report.reused else ""))
     if hasattr(plan, "verdicts"):  # probes reused by --resume count too
         _write_verdicts(output, report.run_id, plan.verdicts(), rows + report.reused_rows)
@@ -276,9 +284,12 @@ def _finish(report, output: Path, plan) -> None:
     if (report.teardown_s or 0.0) > TEARDOWN_NOTE_S:  # the GPUs are held until it ends: say what it cost
         console.print(f"teardown: {report.teardown_s:.1f} s to stop the rank processes and Ray after the last attempt")
     if report.interrupted:
-        console.print(f"interrupted: {len(rows)} attempts written to {output}; rerun with --resume to finish")
+        console.print(f"interrupted: {plural(len(rows), 'attempt')} written to {output}; rerun with --resume to finish")
         raise typer.Exit(130)
-    console.print(f"results: {output} (run {report.run_id})")
+    if rows:
+        console.print(f"results: {output} (run {report.run_id})")
+    else:  # --resume with nothing left: no row carries this run's id, so it is not named
+        console.print(f"results: {output} (all {plural(report.reused, 'trial')} already recorded; nothing to run)")
     attempts = rows + report.reused_rows
     if attempts and not any(r["status"] == "ok" for r in attempts):
         # a sweep that measured nothing is a failure to a script or CI job, whatever it wrote

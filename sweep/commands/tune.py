@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from sweep.commands._common import dataclass_options, user_errors
+from sweep.commands._common import dataclass_options, flag, user_errors
 from sweep.commands.run import (Axes, CapOpt, ClusterOpt, FreshOpt, OutputOpt, ProgressOpt, StartOpt, _execute,
                                 _prepare_search, make_plan)
 from sweep.grid import DEFAULT_VARY, TUNABLE, TuneSpec
@@ -57,7 +57,7 @@ def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
          measure: Annotated[str, typer.Option(parser=_steps, help=f"Measured steps: {_STEPS_HELP}.")] = "auto",
          output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True,
          fresh_actors: FreshOpt = False,
-         resume: Annotated[bool, typer.Option(help="Go on from the attempts already recorded in --output: the "
+         resume: Annotated[bool, flag(help="Go on from the attempts already recorded in --output: the "
                                               "search asks for what it asked then, and runs only what is missing.")]
          = False) -> None:
     """Find the fastest configuration (batch, activation checkpointing, accumulation, ...) per model and precision."""

@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class ModelSpec(BaseModel):
@@ -30,6 +30,16 @@ class ModelSpec(BaseModel):
     max_seq_len: int = Field(default=8192, gt=0, description="longest seq_len: gpt's learned positions, llama's RoPE table")
     rope_theta: float = Field(default=500000.0, gt=0, description="llama: RoPE base (Llama3: 500000)")
     norm_eps: float = Field(default=1e-5, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _no_outer_spaces(cls, value: str | None) -> str | None:
+        # the name is the `model` column: `--where model=...` (stripped) could never select ' mine '
+        if value is not None and not value.strip():
+            raise ValueError("only spaces: give the model a name, or leave name out")
+        if value is not None and value != value.strip():
+            raise ValueError(f"leading or trailing spaces: write it {value.strip()!r}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
