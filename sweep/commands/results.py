@@ -103,7 +103,7 @@ def show(
     tokens = aggregate.common_loss_tokens(table)  # over every selected row, not only those printed
     rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in table.slice(0, limit).to_pylist()]
     more = "" if total <= limit else f"--limit {limit}; narrow with --where"
-    losses_at = render.loss_at_note({tokens} - {None}, "every ok row")
+    losses_at = loss_at.note({tokens} - {None}, "every ok row")
     notes = (recount.caption(flops.value), intervals.ci_note(rows), losses_at, more)
     render.rich_table(rows, render.SHOW_COLS, f"{directory}: {len(rows)} of {total} rows",
                       note=" · ".join(p for p in notes if p))
@@ -160,7 +160,7 @@ def compare(
     With --best, each stack at its best instead: the fastest configuration of each precision, with its batch and
     options, against the baseline precision's fastest.
     """
-    from sweep.results import aggregate, provenance, recount, render
+    from sweep.results import aggregate, loss_at, provenance, recount, render
 
     if best:
         return _compare_best(directory, baseline or aggregate.COMPARE_BY["precision"], by, where, fmt, limit, flops,
@@ -182,7 +182,7 @@ def compare(
     with_cost = costs is not None and len(unknown) < len(costs)
     note = " · ".join([recount.caption(flops.value)]
                       + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else [])
-                      + ([render.loss_at_note(tokens)] if tokens else []))
+                      + ([loss_at.note(tokens)] if tokens else []))
     cols = render.compare_cols(by.value, baseline, with_cost, tokens_column=len(tokens) > 1)
     title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
     _emit(pairs, cols, fmt, title, note, always=(by.value,), limit=limit,

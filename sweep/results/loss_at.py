@@ -90,6 +90,9 @@ def compare(side: Sequence[Curve], base: Sequence[Curve]) -> LossAt:
     return LossAt(tokens, median_at(side, tokens), median_at(base, tokens))
 
 
-def tokens_text(tokens: int) -> str:
-    """61,440 tokens as a caption or header says it: the count whole (a loss is read at exactly this count)."""
-    return f"{tokens:,}"
+def note(tokens: set[int], reached_by: str = "both sides") -> str:
+    """What a table's `loss @ tokens` means: the one count every row was read at, or its `at tokens` column's."""
+    if not tokens:
+        return ""
+    at = f"{next(iter(tokens)):,} tokens trained" if len(tokens) == 1 else "the `at tokens` column's count"
+    return f"loss @ tokens: at {at}, the most {reached_by} reached (interpolated between steps)"

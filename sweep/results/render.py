@@ -19,7 +19,6 @@ from typing import Callable, Sequence
 
 from sweep.cost import measured_share
 from sweep.results.aggregate import BATCH_GROUP, FAILURES
-from sweep.results.loss_at import tokens_text
 from sweep.results.query import CONFIG_KEYS
 from sweep.schema import TRAINING_DEFAULTS
 
@@ -208,7 +207,7 @@ def _loss(row: dict) -> str:
 
 
 LOSS = Col("loss_last", "loss first → last", _loss)  # reads loss_first too
-# each row's loss at the one token count the command chose (`loss_at`; the note says which): `show`, `compare`
+# each row's loss at the one token count the command chose (`loss_at`; `loss_at.note` says which): `show`, `compare`
 LOSS_AT = Col("loss_at", "loss @ tokens", num("loss_at"), optional=True)
 MISSED = "!"  # after a step time's interval: `steps: auto` stopped short of its target (`intervals.ci_note`)
 
@@ -223,14 +222,6 @@ def _ci(row: dict) -> str:
 
 # beside the step time: the median's 95 % confidence interval (left out when no row has one: fixed counts under 6)
 STEP_CI = Col("step_time_ci_pct", "step ±CI", _ci, optional=True)
-
-
-def loss_at_note(tokens: set[int], reached_by: str = "both sides") -> str:
-    """What `loss @ tokens` means: the one count every row was read at, or the `at tokens` column's."""
-    if not tokens:
-        return ""
-    at = f"{tokens_text(next(iter(tokens)))} tokens trained" if len(tokens) == 1 else "the `at tokens` column's count"
-    return f"loss @ tokens: at {at}, the most {reached_by} reached (interpolated between steps)"
 
 
 def _measured(row: dict) -> str:
@@ -333,7 +324,7 @@ def base_tflops(row: dict) -> str:
 
 
 def compare_cols(by: str, baseline: str, with_cost: bool, tokens_column: bool = False) -> list[Col]:
-    """`tokens_column`: the pairs were read at different tokens trained (`loss_at_note`), so each says at how many."""
+    """`tokens_column`: the pairs were read at different tokens trained (`loss_at.note`), so each says at how many."""
     keys = [k for k in CONFIG_HEADERS if k != by] + [by]
     cols = [
         *config_cols(keys),
