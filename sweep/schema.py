@@ -87,9 +87,9 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("step_time_p90_s", pa.float64(), "90th percentile step time"),
     ("step_time_ci_pct", pa.float64(), "half-width of the median step time's 95 % confidence interval (order "
                                        "statistics), % of the median; null under 6 steps and before schema 1.5"),
-    ("ci_target_met", pa.bool_(), "steps: {measure: auto}: step_time_ci_pct within auto's ±1 % target (false: it "
-                                  "stopped at its most steps or 300 s first); null for a fixed measure count, for "
-                                  "rows that ran no steps and before schema 1.9"),
+    ("ci_target_met", pa.bool_(), "steps: {measure: auto}: step_time_ci_pct within auto's ±1 % target (false: short "
+                                  "of it, as when auto stops at its most steps or 300 s first); null for a fixed "
+                                  "measure count, for rows that ran no steps and before schema 1.9"),
     ("tokens_per_s_per_gpu", pa.float64(), "grad_accum * batch_size * seq_len / step_time_s"),
     ("tflops_per_gpu", pa.float64(), "flops_per_token * tokens_per_s_per_gpu / 1e12"),
     ("mfu", pa.float64(), "tflops_per_gpu / peak_tflops"),

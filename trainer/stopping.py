@@ -11,7 +11,7 @@ nvbench do:
 
 `Schedule(..., auto_max=(w, m))` lowers those maxima to w warm-up and m measured steps: a tune's finals, whose
 GPU time its cost cap has to know in advance (sweep.tune_cost.FINAL_AUTO_MAX). A noisy step then stops at the
-maximum with the confidence interval it reached, which its row keeps (step_time_ci_pct).
+maximum with the confidence interval it reached, which its row keeps (step_time_ci_pct; ci_target_met false).
 
 `Fixed(n)` has the same interface, so that a loop need not care which it has. `Schedule` chains a
 warm-up rule and a measurement rule; in a multi-rank trial only rank 0 feeds it (`add`) and the others
