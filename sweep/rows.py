@@ -18,7 +18,7 @@ from functools import lru_cache
 from sweep.grid import Trial
 from trainer.flops import spec_flops_per_token
 from trainer.recipes import RECIPES
-from trainer.stopping import ci_half_width_pct
+from trainer.stopping import ci_half_width_pct, ci_target_met
 
 GiB = 1024**3
 
@@ -114,9 +114,11 @@ def outcome_row(outcome, **base) -> dict:
     peak = row["peak_tflops"]
     max_of = lambda key: max((r[key] for r in ranks if r.get(key) is not None), default=None)  # noqa: E731
     peak_mem, reserved = max_of("peak_mem_bytes"), max_of("reserved_mem_bytes")
+    ci_pct = ci_half_width_pct(step_times)
     row.update(
         step_time_s=median, step_time_p10_s=_quantile(step_times, 0.1), step_time_p90_s=_quantile(step_times, 0.9),
-        step_time_ci_pct=ci_half_width_pct(step_times), warmup_steps=rank0["warmup_steps"],
+        step_time_ci_pct=ci_pct, ci_target_met=ci_target_met(trial.measure_steps, ci_pct),
+        warmup_steps=rank0["warmup_steps"],
         measure_steps=len(step_times),
         tokens_per_s_per_gpu=tokens_per_s, tflops_per_gpu=tflops, mfu=tflops / peak if peak else None,
         flops_per_token=fpt, n_params=rank0["n_params"], params_local=[r["params_local"] for r in ranks],
@@ -132,7 +134,18 @@ def outcome_row(outcome, **base) -> dict:
         driver_version=rank0.get("driver_version"), cuda_version=rank0.get("cuda_version"),
     )
     row.update(profile_columns(rank0.get("profile")))
+    row.update(loss_curve_columns(ranks))
     return row
+
+
+def loss_curve_columns(ranks: list[dict]) -> dict:
+    """loss_curve and loss_curve_tokens (`sweep.schema`) from every rank's step losses: a step's loss is the mean of
+    its ranks' (each over its own micro-batches, all of one size), so the loss of the step's global batch; the
+    model had trained on the earlier steps' tokens when it was computed (a step's forward precedes its update)."""
+    curves = [r["losses"] for r in ranks]
+    per_step = ranks[0]["tokens_per_step"]
+    return {"loss_curve": [statistics.fmean(losses) for losses in zip(*curves)],
+            "loss_curve_tokens": [step * per_step for step in range(len(curves[0]))]}
 
 
 def profile_columns(profile: dict | None) -> dict:

@@ -12,10 +12,11 @@ import pyarrow as pa
 
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.8"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.9"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
 #                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
-#                          1.8: + process_start_s, import_s, process_setup_s, model_build_s
+#                          1.8: + process_start_s, import_s, process_setup_s, model_build_s;
+#                          1.9: + ci_target_met, loss_curve, loss_curve_tokens
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -86,6 +87,9 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("step_time_p90_s", pa.float64(), "90th percentile step time"),
     ("step_time_ci_pct", pa.float64(), "half-width of the median step time's 95 % confidence interval (order "
                                        "statistics), % of the median; null under 6 steps and before schema 1.5"),
+    ("ci_target_met", pa.bool_(), "steps: {measure: auto}: step_time_ci_pct within auto's ±1 % target (false: short "
+                                  "of it, as when auto stops at its most steps or 300 s first); null for a fixed "
+                                  "measure count, for rows that ran no steps and before schema 1.9"),
     ("tokens_per_s_per_gpu", pa.float64(), "grad_accum * batch_size * seq_len / step_time_s"),
     ("tflops_per_gpu", pa.float64(), "flops_per_token * tokens_per_s_per_gpu / 1e12"),
     ("mfu", pa.float64(), "tflops_per_gpu / peak_tflops"),
@@ -98,6 +102,11 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("alloc_retries", pa.int64(), "CUDA allocator retries (cudaMalloc after freeing cache), max over ranks"),
     ("loss_first", pa.float64(), "loss at the first step (rank 0)"),
     ("loss_last", pa.float64(), "loss at the last step (rank 0)"),
+    ("loss_curve", pa.list_(pa.float64()), "every optimizer step's loss, warm-up first (step 1 on): the mean over "
+                                           "ranks of each rank's loss, i.e. the step's global batch, computed before "
+                                           "the step's update; null for rows that ran no steps and before schema 1.9"),
+    ("loss_curve_tokens", pa.list_(pa.int64()), "tokens trained when each loss_curve loss was computed: 0 at step 1, "
+                                                "then grad_accum * batch_size * seq_len * world_size more per step"),
     ("init_time_s", pa.float64(), "actor start (on a warm group: the trial's start) to model built, sharded and ready"),
     ("compile_time_s", pa.float64(), "first step's time beyond a steady step (compilation, autotuning)"),
     ("steps_time_s", pa.float64(), "sum of measured step times"),

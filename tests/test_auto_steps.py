@@ -3,6 +3,7 @@ session's Ray stop on the same step, and the rows carry the counts run and the m
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from sweep import store
 from sweep.cli import app
+from sweep.results.render import sig
 from sweep.schema import TRAINING_DEFAULTS, VERSION_KEY, to_table
 
 # a bounded timeout: ranks that disagreed on the last step would wait in a collective until it
@@ -21,23 +23,48 @@ GRID = {"models": ["llama-tiny"], "precisions": ["bf16"], "batch_sizes": [2], "s
         "compile": "none", "timeout_s": 120}
 
 
-def run(folder: Path, steps: dict) -> list[dict]:
+TOKENS_PER_STEP = 1 * 2 * 32 * 2  # grad_accum x batch x seq_len x ranks: every rank trains its own micro-batches
+
+
+def run(folder: Path, steps: dict) -> tuple[list[dict], list[str]]:
+    """The rows written, and the run's warnings about an `auto` measurement short of its target."""
     grid = folder / "grid.yaml"
     grid.write_text(yaml.safe_dump({**GRID, "steps": steps}))
     out = folder / "out"
     result = CliRunner().invoke(app, [str(a) for a in ("run", grid, "--cluster", "local", "--output", out,
                                                        "--no-progress")])
     assert result.exit_code == 0, result.output
-    return ds.dataset(out, format="parquet").to_table().to_pylist()
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:") and "step time" in line]
+    return ds.dataset(out, format="parquet").to_table().to_pylist(), warnings
+
+
+def assert_loss_curve(row: dict) -> None:
+    """Every step's loss from step 1 (warm-up included), at the tokens trained when it was computed."""
+    steps = row["warmup_steps"] + row["measure_steps"]
+    assert row["loss_curve_tokens"] == [i * TOKENS_PER_STEP for i in range(steps)]
+    assert len(row["loss_curve"]) == steps and all(math.isfinite(loss) for loss in row["loss_curve"])
+    assert row["loss_curve"][-1] < row["loss_curve"][0]  # the curve of a model that trains
 
 
 def test_auto_steps_stop_together_and_rows_carry_the_counts_and_ci(ray_session, tmp_path):
-    (row,) = run(tmp_path, {"warmup": "auto", "measure": "auto"})
+    (row,), warnings = run(tmp_path, {"warmup": "auto", "measure": "auto"})
     assert row["status"] == "ok", row["error"]  # no rank left waiting in a collective
     assert 3 <= row["warmup_steps"] <= 50  # three steps in agreement at least
     assert 6 <= row["measure_steps"] <= 100  # the first confidence interval needs 6
-    assert row["step_time_ci_pct"] is not None and row["step_time_ci_pct"] >= 0
+    ci = row["step_time_ci_pct"]
+    assert ci is not None and ci >= 0
     assert row["steps_time_s"] > 0 and row["step_time_p10_s"] <= row["step_time_s"] <= row["step_time_p90_s"]
+    # on 2 CPU ranks of a shared machine the ±1 % target is rarely met (the issue saw ±12-27 % after 50 + 100
+    # steps): then the row says so and the run warns once, naming the trial and its interval
+    assert row["ci_target_met"] is (ci <= 1.0)
+    if row["ci_target_met"]:
+        assert warnings == []
+    else:
+        (line,) = warnings
+        assert line.startswith(f"warning: llama-tiny bf16 bsz 2 (trial {row['trial_id'][:8]}): step time "
+                               f"±{sig(ci, 3)} % after {row['warmup_steps']}+{row['measure_steps']} steps (target ±1 %)")
+        assert "set steps.measure to a count" in line
+    assert_loss_curve(row)
 
 
 def _uneven_rank(jobs: list, queue) -> None:
@@ -76,10 +103,12 @@ def test_every_rank_stops_where_rank_0_decides(run_ranks, free_ports):
 
 
 def test_fixed_steps_run_exactly(ray_session, tmp_path):
-    (row,) = run(tmp_path, {"warmup": 1, "measure": 3})
+    (row,), warnings = run(tmp_path, {"warmup": 1, "measure": 3})
     assert row["status"] == "ok", row["error"]
     assert (row["warmup_steps"], row["measure_steps"]) == (1, 3)
     assert row["step_time_ci_pct"] is None  # 3 steps make no 95 % interval of the median
+    assert row["ci_target_met"] is None and warnings == []  # a fixed count sets no target to miss
+    assert_loss_curve(row)
 
 
 def test_auto_is_not_the_default():

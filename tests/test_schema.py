@@ -31,12 +31,25 @@ def _row(**changes) -> dict:
                                       trace_file="cluster=local/run=r1/_traces/t5.pt.trace.json.gz"),
                                  _row(trial_id="t6", init_time_s=9.5, trial_wall_s=14.0, process_start_s=2.5,
                                       import_s=3.0, process_setup_s=1.5, model_build_s=4.0),
-                                 _row(trial_id="t7", group_trial_index=1, actor_reused=True, model_build_s=1.25)])
+                                 _row(trial_id="t7", group_trial_index=1, actor_reused=True, model_build_s=1.25),
+                                 _row(trial_id="t8", step_time_ci_pct=12.5, ci_target_met=False,
+                                      loss_curve=[6.25, 6.0, 5.5], loss_curve_tokens=[0, 512, 1024])])
 def test_round_trip(tmp_path, row):
     path = store.write_row(tmp_path, row)
     assert pq.read_schema(path).metadata[VERSION_KEY] == SCHEMA_VERSION.encode()
     (back,) = store.read_table(tmp_path).to_pylist()
     assert back == {c: row.get(c) for c in COLUMNS}
+
+
+def test_a_1_8_file_reads_back_with_the_1_9_columns_null(tmp_path):
+    added = ["ci_target_met", "loss_curve", "loss_curve_tokens"]
+    old = to_table([_row(step_time_ci_pct=12.5)]).drop_columns(added).replace_schema_metadata({VERSION_KEY: b"1.8"})
+    pq.write_table(old, tmp_path / "old.parquet")
+    store.write_row(tmp_path, _row(trial_id="t2", ci_target_met=True, loss_curve=[6.0], loss_curve_tokens=[0]))
+    rows = {r["trial_id"]: r for r in store.read_table(tmp_path).to_pylist()}
+    assert [rows["t1"][c] for c in added] == [None, None, None] and rows["t1"]["step_time_ci_pct"] == 12.5
+    assert [rows["t2"][c] for c in added] == [True, [6.0], [0]]
+    assert SCHEMA_VERSION == "1.9"
 
 
 def test_contract_columns_exist():
@@ -80,7 +93,8 @@ def test_foreign_and_newer_files_are_refused(tmp_path):
 
 def test_older_minor_version_reads_with_new_columns_null(tmp_path):
     newer = ["reserved_mem_gib", "profile_gemm_pct", "trace_file",  # columns of 1.0's successors (1.7: profiles)
-             "process_start_s", "model_build_s"]  # 1.8: start-up phases
+             "process_start_s", "model_build_s",  # 1.8: start-up phases
+             "ci_target_met", "loss_curve", "loss_curve_tokens"]  # 1.9
     old = to_table([_row()]).drop_columns(newer).replace_schema_metadata({VERSION_KEY: b"1.0"})
     pq.write_table(old, tmp_path / "old.parquet")
     (back,) = store.read_table(tmp_path).to_pylist()

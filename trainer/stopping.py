@@ -11,7 +11,7 @@ nvbench do:
 
 `Schedule(..., auto_max=(w, m))` lowers those maxima to w warm-up and m measured steps: a tune's finals, whose
 GPU time its cost cap has to know in advance (sweep.tune_cost.FINAL_AUTO_MAX). A noisy step then stops at the
-maximum with the confidence interval it reached, which its row keeps (step_time_ci_pct).
+maximum with the confidence interval it reached, which its row keeps (step_time_ci_pct; ci_target_met false).
 
 `Fixed(n)` has the same interface, so that a loop need not care which it has. `Schedule` chains a
 warm-up rule and a measurement rule; in a multi-rank trial only rank 0 feeds it (`add`) and the others
@@ -28,6 +28,7 @@ StepsSpec = Union[int, Literal["auto"]]
 PHASES = ("warmup", "measure", "done")  # a phase's index is what rank 0 broadcasts
 
 MEASURE_TIME_CAP_S = 300.0  # auto measurement stops after this many seconds of measured steps (min_steps first)
+MEASURE_TARGET_PCT = 1.0  # auto measurement stops once the median's 95 % interval is within ± this % of it
 
 
 def median_ci(times: list[float], confidence: float = 0.95) -> Optional[tuple[float, float]]:
@@ -64,6 +65,15 @@ def ci_half_width_pct(times: list[float], confidence: float = 0.95) -> Optional[
         return None
     median = statistics.median(times)
     return 100 * max(median - ci[0], ci[1] - median) / median
+
+
+def ci_target_met(measure: StepsSpec, ci_pct: Optional[float]) -> Optional[bool]:
+    """Whether a trial's interval (its row's step_time_ci_pct) is within `auto` measurement's target: None for a
+    fixed count (it sets no target), False for an `auto` one that stopped at its maximum steps or time cap
+    short of it (no interval at all included)."""
+    if measure != "auto":
+        return None
+    return ci_pct is not None and ci_pct <= MEASURE_TARGET_PCT
 
 
 class Fixed:
@@ -114,7 +124,7 @@ class Measure(Fixed):
     and `max_steps` steps, or until the steps recorded have taken `time_cap_s` seconds (after `min_steps`:
     fewer steps would not make a number)."""
 
-    def __init__(self, *, target_pct: float = 1.0, confidence: float = 0.95, min_steps: int = 5,
+    def __init__(self, *, target_pct: float = MEASURE_TARGET_PCT, confidence: float = 0.95, min_steps: int = 5,
                  max_steps: int = 100, time_cap_s: Optional[float] = MEASURE_TIME_CAP_S) -> None:
         super().__init__(max_steps)
         self.target_pct, self.confidence, self.min_steps, self.time_cap_s = target_pct, confidence, min_steps, time_cap_s

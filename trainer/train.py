@@ -50,7 +50,8 @@ class Measurement:
 
     step_times: list[float]  # the measured steps' times (warm-up left out)
     warmup_steps: int  # warm-up steps run (a grid's count, or as many as `auto` took)
-    losses: list[float]  # every step's loss, warm-up included
+    losses: list[float]  # every step's loss, warm-up included (each computed before its step's update)
+    tokens_per_step: int  # tokens one optimizer step trains over every rank: grad_accum micro-batches on each
     compile_time_s: float  # the first step's time beyond a steady step (compilation, autotuning)
     init_time_s: float  # from `started_at` to the model built, sharded and ready
     model_build_s: float  # from run_trial's call to the same point: this trial's own set-up, warm or fresh
@@ -63,7 +64,8 @@ class Measurement:
         """The fields the driver turns into a row (`sweep.rows.outcome_row`)."""
         return {"step_times": self.step_times, "warmup_steps": self.warmup_steps, "compile_time_s": self.compile_time_s,
                 "init_time_s": self.init_time_s, "model_build_s": self.model_build_s, "loss_first": self.losses[0],
-                "loss_last": self.losses[-1], "n_params": self.n_params, "params_local": self.params_local,
+                "loss_last": self.losses[-1], "losses": self.losses, "tokens_per_step": self.tokens_per_step,
+                "n_params": self.n_params, "params_local": self.params_local,
                 "profile": self.profile, **self.memory}
 
 
@@ -102,7 +104,9 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
             profile = profile_steps(step, len(losses), rank)
             dist.barrier()
     measured = schedule.measure.times
+    tokens_per_step = config.options.grad_accum * config.batch_size * config.seq_len * rank.world_size
     return Measurement(step_times=measured, warmup_steps=len(schedule.warmup.times), losses=losses,
+                       tokens_per_step=tokens_per_step,
                        init_time_s=ready_at - started_at, model_build_s=ready_at - called_at, n_params=n_params,
                        profile=profile,
                        compile_time_s=max(0.0, schedule.times[0] - statistics.median(measured)),

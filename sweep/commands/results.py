@@ -91,17 +91,22 @@ def show(
     flops: Flops = FlopConvention.sweep,
     skip_bad: SkipBad = False,
 ) -> None:
-    """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time, memory, loss, error."""
-    from sweep.results import aggregate, query, recount, render
+    """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time and its interval, memory,
+    loss (first → last, and at the tokens trained every ok row reached), error."""
+    from sweep.results import aggregate, intervals, loss_at, query, recount, render
 
-    columns = [c.key for c in render.SHOW_COLS] + ["loss_first", "started_at"]
+    columns = [c.key for c in render.SHOW_COLS if c is not render.LOSS_AT] + ["loss_first", "started_at",
+                                                                             *aggregate.LOSS_CURVES]
     table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value)
     table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
     total = table.num_rows
-    rows = table.slice(0, limit).to_pylist()
+    tokens = aggregate.common_loss_tokens(table)  # over every selected row, not only those printed
+    rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in table.slice(0, limit).to_pylist()]
     more = "" if total <= limit else f"--limit {limit}; narrow with --where"
+    losses_at = loss_at.note({tokens} - {None}, "every ok row")
+    notes = (recount.caption(flops.value), intervals.ci_note(rows), losses_at, more)
     render.rich_table(rows, render.SHOW_COLS, f"{directory}: {len(rows)} of {total} rows",
-                      note=" · ".join(p for p in (recount.caption(flops.value), more) if p))
+                      note=" · ".join(p for p in notes if p))
 
 
 @app.command("max-batch")
@@ -146,7 +151,8 @@ def compare(
 ) -> None:
     """TFLOP/s/GPU of each precision (or cluster, compile mode, ...) over the baseline's, the rest of the config equal.
 
-    Each side's last loss stands beside it: a faster recipe that does not train as the baseline does is no win.
+    Each side's loss stands beside it, last and at the same tokens trained (the most both sides reached): a faster
+    recipe that does not train as the baseline does is no win.
 
     With --by cluster, also tokens/s/GPU per $/GPU-hour where the rows carry a cost (the profile's
     cost_per_gpu_hour when they were written).
@@ -154,12 +160,13 @@ def compare(
     With --best, each stack at its best instead: the fastest configuration of each precision, with its batch and
     options, against the baseline precision's fastest.
     """
-    from sweep.results import aggregate, provenance, recount, render
+    from sweep.results import aggregate, loss_at, provenance, recount, render
 
     if best:
         return _compare_best(directory, baseline or aggregate.COMPARE_BY["precision"], by, where, fmt, limit, flops,
                              skip_bad)
-    rows = aggregate.load_rows(directory, where or (), skip_bad, ("cost_per_gpu_hour", *provenance.COLUMNS), flops.value)
+    rows = aggregate.load_rows(directory, where or (), skip_bad,
+                               ("cost_per_gpu_hour", *aggregate.LOSS_CURVES, *provenance.COLUMNS), flops.value)
     configs, costs = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
     if baseline is None:
@@ -169,13 +176,17 @@ def compare(
     table = aggregate.compare_table(configs, baseline, by.value, costs)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
+    pairs = aggregate.compare_losses(table.to_pylist(), rows, by.value, baseline)
+    tokens = {p["loss_at_tokens"] for p in pairs} - {None}
     unknown = sorted(c for c, v in (costs or {}).items() if v is None)
     with_cost = costs is not None and len(unknown) < len(costs)
     note = " · ".join([recount.caption(flops.value)]
-                      + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else []))
-    cols = render.compare_cols(by.value, baseline, with_cost)
+                      + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else [])
+                      + ([loss_at.note(tokens)] if tokens else []))
+    cols = render.compare_cols(by.value, baseline, with_cost, tokens_column=len(tokens) > 1)
     title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
-    _emit(table.to_pylist(), cols, fmt, title, note, always=(by.value,), csv_columns=table.column_names, limit=limit,
+    _emit(pairs, cols, fmt, title, note, always=(by.value,), limit=limit,
+          csv_columns=[*table.column_names, "loss_at_tokens", "loss_at", "base_loss_at"],
           footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
 
 
@@ -222,18 +233,20 @@ def export(
     flops: Flops = FlopConvention.sweep,
     skip_bad: SkipBad = False,
 ) -> None:
-    """One line per config: median TFLOP/s/GPU, spread, MFU, step time, tokens/s/GPU, peak memory, loss, n.
+    """One line per config: median TFLOP/s/GPU, spread, MFU, step time and its interval, tokens/s/GPU, peak memory,
+    loss, n.
 
     The markdown ends with what the rows were measured with (GPU, driver, CUDA/ROCm, torch, torchao,
     Transformer Engine, Ray, sweep commit, start times), each value with its row count where rows differ.
     """
-    from sweep.results import aggregate, provenance, recount, render
+    from sweep.results import aggregate, intervals, provenance, recount, render
 
     attempts = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
     table = aggregate.config_table(attempts)
     rows = table.to_pylist()
     if fmt is ExportFormat.md:
-        text = (render.markdown(rows, render.EXPORT_COLS, note=recount.caption(flops.value)) + "\n"
+        note = " · ".join(p for p in (recount.caption(flops.value), intervals.ci_note(rows)) if p)
+        text = (render.markdown(rows, render.EXPORT_COLS, note=note) + "\n"
                 + provenance.markdown(attempts, recount.formula(flops.value)))
     else:
         text = render.csv_text(rows, table.column_names)

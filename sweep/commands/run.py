@@ -219,12 +219,17 @@ def _execute(plan, trials, profile, output: Path, **options) -> None:
 def _print_warnings(trials, profile, console=None) -> None:
     """Combinations that run but mislead (sweep.advice), in yellow: under the plan, on stderr before a run."""
     from rich.console import Console
-    from rich.markup import escape
 
     from sweep.advice import plan_warnings
 
-    console = console or Console(stderr=True)
-    for line in plan_warnings(trials, is_gpu=profile.is_gpu):
+    _warn(plan_warnings(trials, is_gpu=profile.is_gpu), console or Console(stderr=True))
+
+
+def _warn(lines: list[str], console) -> None:
+    """Each line as `warning: ...`, in yellow, unwrapped."""
+    from rich.markup import escape
+
+    for line in lines:
         console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True)
 
 
@@ -264,23 +269,26 @@ def _capacity(profile, trials) -> float | None:
 
 
 def _finish(report, output: Path, plan) -> None:
-    """The run's rows (as `sweep results show` prints them), the verdicts of a search, then the exit status."""
+    """The run's rows (as `sweep results show` prints them) and a warning per `auto` measurement short of its
+    target, the verdicts of a search, then the exit status."""
     from rich.console import Console
 
     from sweep import cost
-    from sweep.results import render
+    from sweep.results import intervals, render
     from sweep.text import plural
 
     rows = report.rows
     if rows:
         render.rich_table(rows, render.SHOW_COLS, f"run {report.run_id}: {plural(len(rows), 'attempt')}" +
-                          (f" ({report.reused} reused from earlier runs)" if report.reused else ""))
+                          (f" ({report.reused} reused from earlier runs)" if report.reused else ""),
+                          note=intervals.ci_note(rows))
+    console = Console(stderr=True)
+    _warn(intervals.missed_target_warnings(rows), console)  # `steps: auto` that stopped short: said, not only marked
     if hasattr(plan, "verdicts"):  # probes reused by --resume count too
         _write_verdicts(output, report.run_id, plan.verdicts(), rows + report.reused_rows)
     gpu_time = cost.summary_line(rows)  # this run's attempts: rows reused by --resume cost nothing now
     if gpu_time:
         typer.echo(gpu_time)
-    console = Console(stderr=True)
     if (report.teardown_s or 0.0) > TEARDOWN_NOTE_S:  # the GPUs are held until it ends: say what it cost
         console.print(f"teardown: {report.teardown_s:.1f} s to stop the rank processes and Ray after the last attempt")
     if report.interrupted:

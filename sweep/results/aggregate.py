@@ -29,7 +29,12 @@ LOSSES = ("loss_first", "loss_last")
 FAILURES = tuple(s for s in STATUSES if s != "ok")
 # What an attempt's GPU time bought (`sweep.cost`, the `time measured` column of `results show`)
 TIMES = ("trial_wall_s", "steps_time_s", "compile_time_s", "warmup_steps")
-LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS, *LOSSES, "alloc_retries", *TIMES)
+# The median's interval and whether `steps: auto` reached its target (`results show` and `export` print them)
+INTERVALS = ("step_time_ci_pct", "ci_target_met")
+LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS, *LOSSES, "alloc_retries", *TIMES,
+                *INTERVALS)
+# Each ok attempt's loss per step and the tokens trained at each (`loss_at`: losses at the same tokens trained)
+LOSS_CURVES = ("loss_curve", "loss_curve_tokens")
 # max-batch groups: a config without its batch size.
 BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
 # What `compare --by` can divide by (text-valued config keys), with the default baseline: the fair
@@ -47,7 +52,9 @@ def _failure_text(count: str) -> str:
 def config_table(rows: pa.Table) -> pa.Table:
     """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config.
 
-    ``alloc_retries`` is the most of any ok attempt: one thrashing repeat is enough to warn of.
+    ``alloc_retries`` is the most of any ok attempt: one thrashing repeat is enough to warn of. Likewise
+    ``step_time_ci_pct`` is the widest interval of its ok attempts, and ``ci_target_met`` false when any of them
+    missed `steps: auto`'s target (null when none had one).
     """
     keys = ", ".join(CONFIG_KEYS)
     ok = "FILTER (WHERE status = 'ok')"
@@ -63,6 +70,8 @@ def config_table(rows: pa.Table) -> pa.Table:
       {counts},
       {medians},
       max(alloc_retries) {ok} AS alloc_retries,
+      max(step_time_ci_pct) {ok} AS step_time_ci_pct,
+      bool_and(ci_target_met) {ok} AS ci_target_met,
       min(tflops_per_gpu) {ok} AS tflops_min,
       max(tflops_per_gpu) {ok} AS tflops_max,
       100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
@@ -166,6 +175,34 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     ORDER BY {", ".join(f"c.{k}" for k in keys)}, c.{by}
     """
     return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table)
+
+
+def compare_losses(pairs: list[dict], attempts: pa.Table, by: str, baseline: str) -> list[dict]:
+    """``compare_table``'s rows with each side's loss at the same tokens trained (``loss_at.compare``):
+    ``loss_at_tokens`` (the largest count every ok attempt of both sides reached), ``loss_at``, ``base_loss_at``.
+    ``attempts``: the rows the configs came from, with LOSS_CURVES."""
+    from sweep.results import loss_at
+
+    curves: dict[tuple, list] = {}
+    for row in attempts.select([*CONFIG_KEYS, "status", *LOSS_CURVES]).to_pylist():
+        curve = loss_at.Curve.of(row)
+        if row["status"] == "ok" and curve is not None:
+            curves.setdefault(tuple(row[k] for k in CONFIG_KEYS), []).append(curve)
+    out = []
+    for pair in pairs:
+        side = curves.get(tuple(pair[k] for k in CONFIG_KEYS), [])
+        base = curves.get(tuple(baseline if k == by else pair[k] for k in CONFIG_KEYS), [])
+        at = loss_at.compare(side, base)
+        out.append({**pair, "loss_at_tokens": at.tokens, "loss_at": at.loss, "base_loss_at": at.base_loss})
+    return out
+
+
+def common_loss_tokens(rows: pa.Table) -> int | None:
+    """The largest token count the loss curve of every ok row in ``rows`` reached (``loss_at.common_tokens``, in
+    SQL: one number over any number of rows); None when no ok row has a curve."""
+    found = run_sql("""SELECT min(loss_curve_tokens[-1]) AS tokens FROM rows
+                       WHERE status = 'ok' AND len(loss_curve_tokens) > 0""", rows=rows)
+    return found.column("tokens")[0].as_py()
 
 
 def _check_baseline(table: pa.Table, baseline: str, by: str) -> None:

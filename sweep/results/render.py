@@ -207,6 +207,21 @@ def _loss(row: dict) -> str:
 
 
 LOSS = Col("loss_last", "loss first → last", _loss)  # reads loss_first too
+# each row's loss at the one token count the command chose (`loss_at`; `loss_at.note` says which): `show`, `compare`
+LOSS_AT = Col("loss_at", "loss @ tokens", num("loss_at"), optional=True)
+MISSED = "!"  # after a step time's interval: `steps: auto` stopped short of its target (`intervals.ci_note`)
+
+
+def _ci(row: dict) -> str:
+    """'±12.3 %', '±12.3 % !' where `steps: auto` missed its target, '—' without an interval."""
+    ci = row.get("step_time_ci_pct")
+    if ci is None:
+        return DASH
+    return f"±{sig(ci, RATIO_SIGNIFICANT)} %" + (f" {MISSED}" if row.get("ci_target_met") is False else "")
+
+
+# beside the step time: the median's 95 % confidence interval (left out when no row has one: fixed counts under 6)
+STEP_CI = Col("step_time_ci_pct", "step ±CI", _ci, optional=True)
 
 
 def _measured(row: dict) -> str:
@@ -228,10 +243,12 @@ SHOW_COLS = [
     Col("tflops_per_gpu", "TFLOP/s/GPU", TFLOPS),
     Col("mfu", "MFU", MFU),
     Col("step_time_s", "step (s)", STEP),
+    STEP_CI,
     MEASURED,
     *STARTUP,
     Col("peak_mem_gib", "peak mem (GiB)", PEAK_MEM),
     LOSS,
+    LOSS_AT,
     Col("error", "error", lambda r: short_error(r.get("error")), numeric=False),
 ]
 
@@ -242,6 +259,7 @@ EXPORT_COLS = [
     Col("spread_pct", "spread", _spread),
     Col("mfu", "MFU", MFU),
     Col("step_time_s", "step (s)", STEP),
+    STEP_CI,
     Col("tokens_per_s_per_gpu", "tok/s/GPU", TOKENS),
     Col("peak_mem_gib", "peak mem (GiB)", PEAK_MEM),
     LOSS,
@@ -305,7 +323,8 @@ def base_tflops(row: dict) -> str:
     return row.get("base_status") or "not run"
 
 
-def compare_cols(by: str, baseline: str, with_cost: bool) -> list[Col]:
+def compare_cols(by: str, baseline: str, with_cost: bool, tokens_column: bool = False) -> list[Col]:
+    """`tokens_column`: the pairs were read at different tokens trained (`loss_at.note`), so each says at how many."""
     keys = [k for k in CONFIG_HEADERS if k != by] + [by]
     cols = [
         *config_cols(keys),
@@ -314,6 +333,9 @@ def compare_cols(by: str, baseline: str, with_cost: bool) -> list[Col]:
         Col("ratio", f"vs {baseline}", ratio_text("ratio")),
         Col("loss_last", "last loss", num("loss_last")),
         Col("base_loss_last", f"{baseline} last loss", num("base_loss_last")),
+        *([Col("loss_at_tokens", "at tokens", _count("loss_at_tokens"), optional=True)] if tokens_column else []),
+        LOSS_AT,
+        Col("base_loss_at", f"{baseline} loss @ tokens", num("base_loss_at"), optional=True),
     ]
     if with_cost:
         cols += [

@@ -1,0 +1,41 @@
+"""The step time's confidence interval in captions and `sweep run`'s warnings. Pure: rows are dicts.
+
+`steps: {measure: auto}` measures until the median step time's 95 % interval is within ±1 % of it, but stops at
+its limit, its most steps (100; a tune's finals fewer) or 300 s of measured steps (`trainer.stopping`): on a
+noisy step it stops short, and its row says so (`ci_target_met` false). `sweep run` warns once per such attempt;
+`results show` and `export` print each row's interval beside its step time, marked `render.MISSED` where it fell
+short, and say so under the table. The grid keys a user can turn: `steps.measure` (a count measures as many steps
+as asked; the interval narrows as 1/√steps), and what makes the steps steadier (a larger batch, an idle machine).
+"""
+
+from __future__ import annotations
+
+from sweep.results.render import MISSED, RATIO_SIGNIFICANT, sig
+from trainer.stopping import MEASURE_TARGET_PCT
+
+_TARGET = f"±{MEASURE_TARGET_PCT:g} %"
+_LIMIT = "steps: auto stopped at its limit (its most steps, or 300 s of them)"
+
+
+def ci_note(rows: list[dict]) -> str:
+    """The caption's word for MISSED, when a row carries it ('' otherwise)."""
+    if not any(r.get("ci_target_met") is False for r in rows):
+        return ""
+    return f"{MISSED}: {_LIMIT} short of its {_TARGET} target; steps.measure as a count measures more"
+
+
+def missed_target_warnings(rows: list[dict]) -> list[str]:
+    """One line per ok attempt whose `auto` measurement missed its target: which trial, its interval after how
+    many steps, and what to change in the grid."""
+    lines = []
+    for row in rows:
+        if row.get("status") != "ok" or row.get("ci_target_met") is not False:
+            continue
+        ci = row.get("step_time_ci_pct")
+        interval = "no interval" if ci is None else f"±{sig(ci, RATIO_SIGNIFICANT)} %"
+        measure = row.get("measure_steps") or 0
+        lines.append(f"{row['model']} {row['precision']} bsz {row['batch_size']} (trial {row['trial_id'][:8]}): step "
+                     f"time {interval} after {row.get('warmup_steps') or 0}+{measure} steps (target {_TARGET}): "
+                     f"{_LIMIT}; for a tighter interval set steps.measure to a count (e.g. {4 * measure}: 4× the "
+                     f"steps about halve it), or make the steps steadier (a larger batch, an otherwise idle machine)")
+    return lines
