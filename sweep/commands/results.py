@@ -273,21 +273,41 @@ def query(
     directory: Directory,
     statement: Annotated[str, typer.Argument(metavar="SQL", help="DuckDB SQL over the table `results` (one row per attempt).", show_default=False)],
     fmt: Annotated[QueryFormat, typer.Option("--format", "-f", help="table: Rich table; csv: every row.")] = QueryFormat.table,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to print as a table.")] = 100,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows to print as a table (0: all); the query "
+                                                                    "stops after them.")] = 100,
+    memory_limit: Annotated[str, typer.Option(
+        "--memory-limit", help="DuckDB's memory for the statement (e.g. 2GB, 512MiB); past it DuckDB spills to "
+                               "disk or the statement stops.")] = "2GB",
+    timeout: Annotated[str, typer.Option("--timeout", help="Stop the statement after this long (e.g. 60s, 5m; "
+                                                           "0: no limit).")] = "60s",
     skip_bad: SkipBad = False,
 ) -> None:
-    """Run SQL in DuckDB, e.g. "SELECT precision, median(tflops_per_gpu) FROM results GROUP BY ALL"."""
+    """Run SQL in DuckDB, e.g. "SELECT precision, median(tflops_per_gpu) FROM results GROUP BY ALL".
+
+    One statement, within --memory-limit and --timeout (Ctrl-C stops it too).
+    """
+    from clusters.schema import parse_memory_size
+
     from sweep.results import query as q, render
 
-    table = q.sql(directory, statement, skip_bad)
+    try:
+        memory = parse_memory_size(memory_limit)
+    except ValueError as e:
+        raise UserError(f"--memory-limit {memory_limit!r}: {e}") from None
+    rows = (limit or None) if fmt is QueryFormat.table else None
+    bounds = q.Bounds(memory, q.parse_duration(timeout), rows, memory_limit)
+    try:
+        table, more = q.sql(directory, statement, bounds, skip_bad)
+    except q.Cancelled:
+        typer.echo("query cancelled (Ctrl-C)", err=True)
+        raise typer.Exit(130) from None
     names = _unique(table.column_names)
     table = table.rename_columns(names)
     if fmt is QueryFormat.csv:
         sys.stdout.write(render.csv_text(table.to_pylist(), names))
         return
-    rows = table.slice(0, limit).to_pylist()
-    note = "" if table.num_rows <= limit else f"{len(rows)} of {table.num_rows} rows (--limit, or --format csv for all)"
-    render.rich_table(rows, render.generic_cols(table.schema), "", note, always=names)
+    note = f"first {table.num_rows} rows: the query stopped there (--limit 0 for all)" if more else ""
+    render.rich_table(table.to_pylist(), render.generic_cols(table.schema), "", note, always=names)
 
 
 def _unique(names: list[str]) -> list[str]:
