@@ -72,10 +72,11 @@ def _emit(rows: list[dict], cols, fmt: TableFormat, title: str, note: str = "", 
     from sweep.results import render
 
     if fmt is TableFormat.table:
+        selected = rows
         if limit and len(rows) > limit:
-            more = f"first {limit} of {len(rows)} rows: --limit 0 for all, or --where / --format md|csv"
+            more = f"{len(rows) - limit} more rows not printed: --limit 0 for all, or --where / --format md|csv"
             rows, note = rows[:limit], " · ".join(p for p in (note, more) if p)
-        render.rich_table(rows, cols, title, note, always)
+        render.rich_table(rows, cols, title, note, always, selected)
     elif fmt is TableFormat.md:
         sys.stdout.write(render.markdown(rows, cols, always, note) + ("\n" + footer() if footer else ""))
     else:
@@ -87,7 +88,7 @@ def _emit(rows: list[dict], cols, fmt: TableFormat, title: str, note: str = "", 
 def show(
     directory: Directory,
     where: Where = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to print.")] = 50,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows to print (0: all).")] = 50,
     flops: Flops = FlopConvention.sweep,
     skip_bad: SkipBad = False,
 ) -> None:
@@ -98,10 +99,11 @@ def show(
     table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value)
     table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
     total = table.num_rows
-    rows = table.slice(0, limit).to_pylist()
-    more = "" if total <= limit else f"--limit {limit}; narrow with --where"
+    rows = table.slice(0, limit or total).to_pylist()
+    more = "" if total <= len(rows) else f"{total - len(rows)} more rows not printed: --limit 0 for all, or --where"
     render.rich_table(rows, render.SHOW_COLS, f"{directory}: {len(rows)} of {total} rows",
-                      note=" · ".join(p for p in (recount.caption(flops.value), more) if p))
+                      note=" · ".join(p for p in (recount.caption(flops.value), more) if p),
+                      selected=aggregate.distinct_configs(table))
 
 
 @app.command("max-batch")
@@ -162,10 +164,15 @@ def compare(
     rows = aggregate.load_rows(directory, where or (), skip_bad, ("cost_per_gpu_hour", *provenance.COLUMNS), flops.value)
     configs, costs = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
+    if len(present) < 2:  # whatever the baseline, default or given: there is no other side
+        raise UserError(f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}")
     if baseline is None:
         if by is By.cluster:
             raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
         baseline = aggregate.COMPARE_BY[by.value]
+        if baseline not in present:
+            raise UserError(f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
+                            f"--baseline, one of: {', '.join(present)}")
     table = aggregate.compare_table(configs, baseline, by.value, costs)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
@@ -229,6 +236,8 @@ def export(
     """
     from sweep.results import aggregate, provenance, recount, render
 
+    if out is not None:
+        _out_file(out, f"export.{fmt.value}")
     attempts = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
     table = aggregate.config_table(attempts)
     rows = table.to_pylist()
@@ -263,6 +272,7 @@ def plot(
     """
     from sweep.results import plot as plotting
 
+    _out_file(out, "plot.png")
     path = plotting.plot(directory, out, where or (), skip_bad)
     typer.echo(f"wrote {path}", err=True)
 
@@ -308,6 +318,12 @@ def query(
         return
     note = f"first {table.num_rows} rows: the query stopped there (--limit 0 for all)" if more else ""
     render.rich_table(table.to_pylist(), render.generic_cols(table.schema), "", note, always=names)
+
+
+def _out_file(out: Path, example: str) -> None:
+    """Refuse a folder as --out before any work: `export` and `plot` write one file, named by the user."""
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a folder; give a file name, e.g. --out {out / example}")
 
 
 def _unique(names: list[str]) -> list[str]:

@@ -108,13 +108,33 @@ def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | No
 
 
 def _nothing_matches(dataset: ds.Dataset, wheres: Sequence[Where], directory: Path) -> str:
-    hints = []
+    """Name the filter that emptied the selection, with the values its column had just before it.
+
+    The filters apply in order; the first one after which no row remains is the one to change (the others
+    matched rows). ``--where precision=bf16 --where status!=ok`` on rows where every bf16 attempt ran says
+    so of ``status!=ok`` (status values there: ok), not of the precision.
+    """
+    kept: list[Where] = []
     for w in wheres:
-        if pa.types.is_string(RESULT_SCHEMA.field(w.column).type) and w.op in ("=", "=="):
-            present = pc.unique(dataset.to_table(columns=[w.column]).column(w.column)).drop_null().to_pylist()
-            hints.append(f"{w.column} values: {', '.join(sorted(present)[:20])}")
-    given = " ".join(f"--where {w.text!r}" for w in wheres)
-    return f"{directory}: no results match {given}" + (f" ({'; '.join(hints)})" if hints else "")
+        if dataset.count_rows(filter=_filter([*kept, w])) == 0:
+            break
+        kept.append(w)
+    values = dataset.to_table(columns=[w.column], filter=_filter(kept)).column(w.column)
+    after = f"after {' '.join(f'--where {k.text!r}' for k in kept)}: " if kept else ""
+    present = _values_text(values, ranged=w.op in (">", ">=", "<", "<="))
+    return f"{directory}: no results match --where {w.text!r} ({after}{w.column} values: {present})"
+
+
+def _values_text(values: pa.ChunkedArray, ranged: bool, most: int = 20) -> str:
+    """'bf16, fp8-te'; '1 to 4096' for numbers and times when ``ranged`` (or many); 'none set' for nulls only."""
+    present = pc.unique(values).drop_null()
+    if len(present) == 0:
+        return "none set"
+    if (ranged or len(present) > most) and not pa.types.is_string(present.type):
+        bounds = pc.min_max(present)
+        return f"{bounds['min'].as_py()} to {bounds['max'].as_py()}"
+    shown = sorted(present.to_pylist())
+    return ", ".join(map(str, shown[:most])) + (", …" if len(shown) > most else "")
 
 
 @dataclass(frozen=True, slots=True)
