@@ -72,10 +72,11 @@ def _emit(rows: list[dict], cols, fmt: TableFormat, title: str, note: str = "", 
     from sweep.results import render
 
     if fmt is TableFormat.table:
+        selected = rows
         if limit and len(rows) > limit:
-            more = f"first {limit} of {len(rows)} rows: --limit 0 for all, or --where / --format md|csv"
+            more = f"{len(rows) - limit} more rows not printed: --limit 0 for all, or --where / --format md|csv"
             rows, note = rows[:limit], " · ".join(p for p in (note, more) if p)
-        render.rich_table(rows, cols, title, note, always)
+        render.rich_table(rows, cols, title, note, always, selected)
     elif fmt is TableFormat.md:
         sys.stdout.write(render.markdown(rows, cols, always, note) + ("\n" + footer() if footer else ""))
     else:
@@ -87,7 +88,7 @@ def _emit(rows: list[dict], cols, fmt: TableFormat, title: str, note: str = "", 
 def show(
     directory: Directory,
     where: Where = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to print.")] = 50,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows to print (0: all).")] = 50,
     flops: Flops = FlopConvention.sweep,
     skip_bad: SkipBad = False,
 ) -> None:
@@ -101,12 +102,12 @@ def show(
     table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
     total = table.num_rows
     tokens = aggregate.common_loss_tokens(table)  # over every selected row, not only those printed
-    rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in table.slice(0, limit).to_pylist()]
-    more = "" if total <= limit else f"--limit {limit}; narrow with --where"
+    rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in table.slice(0, limit or total).to_pylist()]
+    more = "" if total <= len(rows) else f"{total - len(rows)} more rows not printed: --limit 0 for all, or --where"
     losses_at = loss_at.note({tokens} - {None}, "every ok row")
     notes = (recount.caption(flops.value), intervals.ci_note(rows), losses_at, more)
     render.rich_table(rows, render.SHOW_COLS, f"{directory}: {len(rows)} of {total} rows",
-                      note=" · ".join(p for p in notes if p))
+                      note=" · ".join(p for p in notes if p), selected=aggregate.distinct_configs(table))
 
 
 @app.command("max-batch")
@@ -169,10 +170,15 @@ def compare(
                                ("cost_per_gpu_hour", *aggregate.LOSS_CURVES, *provenance.COLUMNS), flops.value)
     configs, costs = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
+    if len(present) < 2:  # whatever the baseline, default or given: there is no other side
+        raise UserError(f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}")
     if baseline is None:
         if by is By.cluster:
             raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
         baseline = aggregate.COMPARE_BY[by.value]
+        if baseline not in present:
+            raise UserError(f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
+                            f"--baseline, one of: {', '.join(present)}")
     table = aggregate.compare_table(configs, baseline, by.value, costs)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
@@ -241,6 +247,8 @@ def export(
     """
     from sweep.results import aggregate, intervals, provenance, recount, render
 
+    if out is not None:
+        _out_file(out, f"export.{fmt.value}")
     attempts = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
     table = aggregate.config_table(attempts)
     rows = table.to_pylist()
@@ -276,6 +284,7 @@ def plot(
     """
     from sweep.results import plot as plotting
 
+    _out_file(out, "plot.png")
     path = plotting.plot(directory, out, where or (), skip_bad)
     typer.echo(f"wrote {path}", err=True)
 
@@ -286,21 +295,47 @@ def query(
     directory: Directory,
     statement: Annotated[str, typer.Argument(metavar="SQL", help="DuckDB SQL over the table `results` (one row per attempt).", show_default=False)],
     fmt: Annotated[QueryFormat, typer.Option("--format", "-f", help="table: Rich table; csv: every row.")] = QueryFormat.table,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to print as a table.")] = 100,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows to print as a table (0: all); the query "
+                                                                    "stops after them.")] = 100,
+    memory_limit: Annotated[str, typer.Option(
+        "--memory-limit", help="DuckDB's memory for the statement (e.g. 2GB, 512MiB); past it DuckDB spills to "
+                               "disk or the statement stops.")] = "2GB",
+    timeout: Annotated[str, typer.Option("--timeout", help="Stop the statement after this long (e.g. 60s, 5m; "
+                                                           "0: no limit).")] = "60s",
     skip_bad: SkipBad = False,
 ) -> None:
-    """Run SQL in DuckDB, e.g. "SELECT precision, median(tflops_per_gpu) FROM results GROUP BY ALL"."""
+    """Run SQL in DuckDB, e.g. "SELECT precision, median(tflops_per_gpu) FROM results GROUP BY ALL".
+
+    One statement, within --memory-limit and --timeout (Ctrl-C stops it too).
+    """
+    from clusters.schema import parse_memory_size
+
     from sweep.results import query as q, render
 
-    table = q.sql(directory, statement, skip_bad)
+    try:
+        memory = parse_memory_size(memory_limit)
+    except ValueError as e:
+        raise UserError(f"--memory-limit {memory_limit!r}: {e}") from None
+    rows = (limit or None) if fmt is QueryFormat.table else None
+    bounds = q.Bounds(memory, q.parse_duration(timeout), rows, memory_limit)
+    try:
+        table, more = q.sql(directory, statement, bounds, skip_bad)
+    except q.Cancelled:
+        typer.echo("query cancelled (Ctrl-C)", err=True)
+        raise typer.Exit(130) from None
     names = _unique(table.column_names)
     table = table.rename_columns(names)
     if fmt is QueryFormat.csv:
         sys.stdout.write(render.csv_text(table.to_pylist(), names))
         return
-    rows = table.slice(0, limit).to_pylist()
-    note = "" if table.num_rows <= limit else f"{len(rows)} of {table.num_rows} rows (--limit, or --format csv for all)"
-    render.rich_table(rows, render.generic_cols(table.schema), "", note, always=names)
+    note = f"first {table.num_rows} rows: the query stopped there (--limit 0 for all)" if more else ""
+    render.rich_table(table.to_pylist(), render.generic_cols(table.schema), "", note, always=names)
+
+
+def _out_file(out: Path, example: str) -> None:
+    """Refuse a folder as --out before any work: `export` and `plot` write one file, named by the user."""
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a folder; give a file name, e.g. --out {out / example}")
 
 
 def _unique(names: list[str]) -> list[str]:

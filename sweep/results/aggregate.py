@@ -83,6 +83,11 @@ def config_table(rows: pa.Table) -> pa.Table:
     return run_sql(sql, rows=rows)
 
 
+def distinct_configs(rows: pa.Table) -> list[dict]:
+    """The distinct CONFIG_KEYS of ``rows``: what a caption may say of all of them, without a dict per row."""
+    return run_sql(f"SELECT DISTINCT {', '.join(CONFIG_KEYS)} FROM rows", rows=rows.select(list(CONFIG_KEYS))).to_pylist()
+
+
 def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False, extra: Iterable[str] = (),
               flops: str = "sweep") -> pa.Table:
     """The rows under ``directory`` passing ``where``, with LOAD_COLUMNS and ``extra`` (read once per command),

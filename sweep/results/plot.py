@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from sweep.errors import UserError
 from sweep.results import aggregate
-from sweep.results.render import CONFIG_HEADERS, says_nothing
+from sweep.results.render import CONFIG_HEADERS, says_nothing, setting
 from sweep.schema import TRAINING_DEFAULTS
 
 SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", *TRAINING_DEFAULTS, "memory_cap_gib")
@@ -37,7 +37,7 @@ def _text(key: str, value) -> str:
     if key == "precision":
         return str(value)
     if key == "memory_cap_gib":  # a capped search is its own series, never joined to the uncapped one
-        return "no cap" if value is None else f"cap {value:g} GiB"
+        return "no cap" if value is None else f"cap {setting(value)} GiB"
     if isinstance(value, bool):
         return f"{CONFIG_HEADERS[key]} {'on' if value else 'off'}"
     return f"{CONFIG_HEADERS[key]} {value}"
@@ -163,8 +163,10 @@ def _batch_ticks(fig, ax, batches: list[int]) -> None:
     ax.xaxis.set_major_locator(FixedLocator(batches))
     ax.xaxis.set_major_formatter(ScalarFormatter())
     fig.draw_without_rendering()
-    boxes = [t.get_window_extent() for t in ax.get_xticklabels()]
-    gap, last = 4, len(batches) - 1  # px between two numbers
+    labels = ax.get_xticklabels()
+    boxes = [t.get_window_extent() for t in labels]
+    # half an em between two numbers: closer, "510 926" reads as one number, or as two printed over each other
+    gap, last = 0.5 * labels[0].get_fontsize() * fig.dpi / 72, len(batches) - 1
     keep = [0]
     for i in range(1, last + 1):
         clear = boxes[i].x0 >= boxes[keep[-1]].x1 + gap
@@ -199,6 +201,8 @@ def _perf_panel(ax, rows: list[dict], label, style: dict) -> None:
 
 
 def _bar_panel(ax, groups: list[dict], label, style: dict) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     groups = sorted(groups, key=label)
     top = max((g["max_ok_batch"] or 0 for g in groups), default=0) or 1
     for x, g in enumerate(groups):
@@ -215,5 +219,6 @@ def _bar_panel(ax, groups: list[dict], label, style: dict) -> None:
         ax.annotate(text, (x, height), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize="small")
     ax.set_xticks(range(len(groups)), [label(g).replace(" · ", "\n") for g in groups], fontsize="small")
     ax.set_ylim(0, top * 1.3)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))  # a batch is whole: no 0.2 ticks when the largest is 1
     ax.set_ylabel("largest ok batch per GPU")
     ax.grid(axis="y", alpha=0.3)

@@ -108,23 +108,75 @@ def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | No
 
 
 def _nothing_matches(dataset: ds.Dataset, wheres: Sequence[Where], directory: Path) -> str:
-    hints = []
+    """Name the filter that emptied the selection, with the values its column had just before it.
+
+    The filters apply in order; the first one after which no row remains is the one to change (the others
+    matched rows). ``--where precision=bf16 --where status!=ok`` on rows where every bf16 attempt ran says
+    so of ``status!=ok`` (status values there: ok), not of the precision.
+    """
+    kept: list[Where] = []
     for w in wheres:
-        if pa.types.is_string(RESULT_SCHEMA.field(w.column).type) and w.op in ("=", "=="):
-            present = pc.unique(dataset.to_table(columns=[w.column]).column(w.column)).drop_null().to_pylist()
-            hints.append(f"{w.column} values: {', '.join(sorted(present)[:20])}")
-    given = " ".join(f"--where {w.text!r}" for w in wheres)
-    return f"{directory}: no results match {given}" + (f" ({'; '.join(hints)})" if hints else "")
+        if dataset.count_rows(filter=_filter([*kept, w])) == 0:
+            break
+        kept.append(w)
+    values = dataset.to_table(columns=[w.column], filter=_filter(kept)).column(w.column)
+    after = f"after {' '.join(f'--where {k.text!r}' for k in kept)}: " if kept else ""
+    present = _values_text(values, ranged=w.op in (">", ">=", "<", "<="))
+    return f"{directory}: no results match --where {w.text!r} ({after}{w.column} values: {present})"
 
 
-def sql(directory: Path, statement: str, skip_bad: bool = False) -> pa.Table:
-    """Run ``statement`` in DuckDB with the dataset registered as the table ``results``.
+def _values_text(values: pa.ChunkedArray, ranged: bool, most: int = 20) -> str:
+    """'bf16, fp8-te'; '1 to 4096' for numbers and times when ``ranged`` (or many); 'none set' for nulls only."""
+    present = pc.unique(values).drop_null()
+    if len(present) == 0:
+        return "none set"
+    if (ranged or len(present) > most) and not pa.types.is_string(present.type):
+        bounds = pc.min_max(present)
+        return f"{bounds['min'].as_py()} to {bounds['max'].as_py()}"
+    shown = sorted(present.to_pylist())
+    return ", ".join(map(str, shown[:most])) + (", …" if len(shown) > most else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What one `sweep results query` statement may take: DuckDB's memory (bytes; it spills or fails past it),
+    wall time (seconds; None: no limit), and the rows fetched (None: all). ``memory_text``: the option as the
+    user gave it, for the message that names the bound a statement ran past."""
+
+    memory_bytes: int
+    timeout_s: float | None
+    rows: int | None = None
+    memory_text: str = ""
+
+
+class Cancelled(Exception):
+    """Ctrl-C stopped the statement (DuckDB interrupted, the connection closed)."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", re.IGNORECASE)
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in ``60s``, ``90``, ``2m``, ``1h``, ``500ms``; ``0``: no limit (None). Raises UserError."""
+    m = _DURATION.match(text)
+    if not m:
+        raise UserError(f"--timeout {text!r}: expected a duration like 60s, 2m, 1h (0: no limit)")
+    seconds = float(m.group(1)) * _SECONDS[(m.group(2) or "s").lower()]
+    return seconds or None
+
+
+def sql(directory: Path, statement: str, bounds: Bounds, skip_bad: bool = False) -> tuple[pa.Table, bool]:
+    """Run ``statement`` in DuckDB with the dataset registered as the table ``results``, within ``bounds``;
+    returns its first ``bounds.rows`` rows (all when None) and whether it has more.
 
     The connection reads the dataset and nothing else: external access is off (no COPY TO, no
     read_csv('/etc/passwd'), no ATTACH, no extension installs, no Python variables by name) and the
-    configuration is locked so the statement cannot turn it back on. A file written into the results
-    tree would break every later `sweep results` command. SQL errors become a UserError with DuckDB's
-    message (the caret diagram dropped).
+    configuration is locked so the statement cannot turn it back on (nor lift its memory limit). A file
+    written into the results tree would break every later `sweep results` command. SQL errors become a
+    UserError with DuckDB's message (the caret diagram dropped); so do a statement that runs past a bound, an
+    empty one and several at once. The row limit is part of the query (a LIMIT on top of it), so
+    ``SELECT * FROM range(10^11)`` stops after the rows it prints. Raises Cancelled on Ctrl-C.
     """
     import duckdb
 
@@ -132,11 +184,16 @@ def sql(directory: Path, statement: str, skip_bad: bool = False) -> pa.Table:
     con = duckdb.connect()
     try:
         con.register("results", dataset)  # before the lock: registering is external access
+        con.execute(f"SET memory_limit = '{bounds.memory_bytes}B'")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
         try:
-            relation = con.sql(statement)  # None for a statement without a result (SET, CREATE ...)
-            return relation.to_arrow_table() if relation is not None else pa.table({})
+            _one_statement(con, statement)
+            table = _bounded(con, lambda: _fetch(con, statement, bounds.rows), bounds.timeout_s)
+        except duckdb.InterruptException:
+            raise UserError(f"query stopped: ran past the {bounds.timeout_s:g} s timeout (--timeout)") from None
+        except duckdb.OutOfMemoryException:
+            raise UserError(f"query stopped: ran past the memory limit {bounds.memory_text} (--memory-limit)") from None
         except duckdb.PermissionException as e:
             raise UserError(f"SQL: {duckdb_message(e)} (`sweep results query` reads the table `results` only; "
                             "to save its output: --format csv > FILE)") from None
@@ -144,6 +201,58 @@ def sql(directory: Path, statement: str, skip_bad: bool = False) -> pa.Table:
             raise UserError(f"SQL: {duckdb_message(e)}") from None
     finally:
         con.close()
+    more = bounds.rows is not None and table.num_rows > bounds.rows
+    return (table.slice(0, bounds.rows) if more else table), more
+
+
+def _one_statement(con, statement: str) -> None:
+    count = len(con.extract_statements(statement))
+    if count == 0:
+        raise UserError("SQL: no statement; give one, e.g. \"SELECT count(*) FROM results\"")
+    if count > 1:
+        raise UserError(f"SQL: {count} statements; `sweep results query` runs one at a time")
+
+
+def _fetch(con, statement: str, rows: int | None) -> pa.Table:
+    relation = con.sql(statement)  # None for a statement without a result (SET, CREATE ...)
+    if relation is None:
+        return pa.table({})
+    # one row past the limit says whether there are more, without running the rest of the query
+    return (relation.limit(rows + 1) if rows is not None else relation).to_arrow_table()
+
+
+def _bounded(con, work, timeout_s: float | None):
+    """``work()`` on a thread of its own, interrupted (``con.interrupt()``) past ``timeout_s`` or on Ctrl-C.
+
+    DuckDB runs a statement with the GIL released: a Ctrl-C in the thread that waits on it would be seen only
+    when the statement ended. The main thread waits instead, where Python sees the signal at once.
+    """
+    import threading
+
+    done: dict = {}
+    finished = threading.Event()  # not Thread.join: a join that Ctrl-C broke says the thread ended (CPython 3.11)
+
+    def run() -> None:
+        try:
+            done["value"] = work()
+        except BaseException as e:  # re-raised in the caller's thread
+            done["error"] = e
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="sweep-query", daemon=True).start()
+    try:
+        finished.wait(timeout_s)
+    except KeyboardInterrupt:
+        con.interrupt()
+        finished.wait()
+        raise Cancelled() from None
+    if not finished.is_set():
+        con.interrupt()  # the worker ends with DuckDB's InterruptException, unless it finished just now
+        finished.wait()
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def duckdb_message(error: Exception) -> str:

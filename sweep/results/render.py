@@ -94,8 +94,21 @@ def ratio_text(key: str, base_status_key: str = "base_status") -> Callable[[dict
     return text
 
 
+def setting(value: float) -> str:
+    """A number the user set (a memory cap in GiB), to ``sig``'s figures less the zeros a measurement keeps:
+    `--memory-cap 1500MiB` is 1.465, not 1.46484375; 80 GiB is 80."""
+    text = sig(value)
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def config_value(key: str, value: object) -> str:
+    if value is None:
+        return DASH
+    return setting(value) if key == "memory_cap_gib" else str(value)
+
+
 def config_cols(keys: Sequence[str]) -> list[Col]:
-    return [Col(k, CONFIG_HEADERS[k], lambda r, k=k: DASH if r.get(k) is None else str(r[k]), k in ("batch_size", "seq_len", "world_size")) for k in keys]
+    return [Col(k, CONFIG_HEADERS[k], lambda r, k=k: config_value(k, r.get(k)), k in ("batch_size", "seq_len", "world_size")) for k in keys]
 
 
 def short_error(text: str | None, width: int = 60) -> str:
@@ -111,15 +124,23 @@ def says_nothing(key: str, value: object) -> bool:
     return value is None or (key in TRAINING_DEFAULTS and value == TRAINING_DEFAULTS[key])
 
 
-def split_constant(rows: list[dict], cols: list[Col], always: Sequence[str] = ()) -> tuple[list[Col], str]:
-    """Drop config columns (but ``always``) with one value across ``rows``; return the rest and a caption."""
+def split_constant(rows: list[dict], cols: list[Col], always: Sequence[str] = (),
+                   selected: Sequence[dict] | None = None) -> tuple[list[Col], str]:
+    """Drop config columns (but ``always``) with one value across ``selected`` (default ``rows``); return the rest
+    and a caption.
+
+    ``selected``: every row the table stands for when it prints only some (``--limit``), or their distinct
+    configs: a caption says what holds for all of them, not for the first few. A one-row table folds too: its
+    config reads as one caption line, not as a column each.
+    """
+    selected = rows if selected is None else selected
     keep, caption = [], []
     for col in cols:
         if col.optional and all(r.get(col.key) is None for r in rows):
             continue
-        values = {col.text(r) for r in rows}
-        if col.key in CONFIG_HEADERS and col.key not in always and len(values) == 1 and len(rows) > 1:
-            if not says_nothing(col.key, rows[0].get(col.key)):
+        values = {col.text(r) for r in selected}
+        if col.key in CONFIG_HEADERS and col.key not in always and len(values) == 1:
+            if not says_nothing(col.key, selected[0].get(col.key)):
                 caption.append(f"{col.key} {values.pop()}")
         else:
             keep.append(col)
@@ -133,11 +154,13 @@ def stdout_console():
     return Console(width=None if sys.stdout.isatty() else 400, highlight=False)
 
 
-def rich_table(rows: list[dict], cols: list[Col], title: str, note: str = "", always: Sequence[str] = ()) -> None:
-    """Print ``rows`` as a Rich table on stdout (wide when stdout is not a terminal, so nothing is cut)."""
+def rich_table(rows: list[dict], cols: list[Col], title: str, note: str = "", always: Sequence[str] = (),
+               selected: Sequence[dict] | None = None) -> None:
+    """Print ``rows`` as a Rich table on stdout (wide when stdout is not a terminal, so nothing is cut); the
+    caption folds what is constant over ``selected`` (``split_constant``)."""
     from rich.table import Table
 
-    cols, caption = split_constant(rows, cols, always)
+    cols, caption = split_constant(rows, cols, always, selected)
     table = Table(title=title or None, caption=" · ".join(p for p in (caption, note) if p) or None, title_justify="left")
     for col in cols:
         table.add_column(col.header, justify="right" if col.numeric else "left", overflow="fold")
