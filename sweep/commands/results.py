@@ -46,6 +46,11 @@ class QueryFormat(str, Enum):
     csv = "csv"
 
 
+class PlotMetric(str, Enum):
+    tflops = "tflops"
+    tokens_per_kwh = "tokens-per-kwh"
+
+
 class By(str, Enum):
     precision = "precision"
     cluster = "cluster"
@@ -92,15 +97,16 @@ def show(
     skip_bad: SkipBad = False,
 ) -> None:
     """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time, memory, loss, error."""
-    from sweep.results import aggregate, query, recount, render
+    from sweep.results import aggregate, energy_view, query, recount, render
 
-    columns = [c.key for c in render.SHOW_COLS] + ["loss_first", "started_at"]
+    cols = energy_view.with_energy(render.SHOW_COLS, energy_view.SHOW_COLS, before="loss_last")
+    columns = [c.key for c in cols] + ["loss_first", "started_at"]
     table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value)
     table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
     total = table.num_rows
     rows = table.slice(0, limit).to_pylist()
     more = "" if total <= limit else f"--limit {limit}; narrow with --where"
-    render.rich_table(rows, render.SHOW_COLS, f"{directory}: {len(rows)} of {total} rows",
+    render.rich_table(rows, cols, f"{directory}: {len(rows)} of {total} rows",
                       note=" · ".join(p for p in (recount.caption(flops.value), more) if p))
 
 
@@ -154,28 +160,30 @@ def compare(
     With --best, each stack at its best instead: the fastest configuration of each precision, with its batch and
     options, against the baseline precision's fastest.
     """
-    from sweep.results import aggregate, provenance, recount, render
+    from sweep.results import aggregate, energy, energy_view, provenance, recount, render
 
     if best:
         return _compare_best(directory, baseline or aggregate.COMPARE_BY["precision"], by, where, fmt, limit, flops,
                              skip_bad)
-    rows = aggregate.load_rows(directory, where or (), skip_bad, ("cost_per_gpu_hour", *provenance.COLUMNS), flops.value)
+    rows = aggregate.load_rows(directory, where or (), skip_bad,
+                               ("cost_per_gpu_hour", *energy.PRICES, *provenance.COLUMNS), flops.value)
     configs, costs = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
     if baseline is None:
         if by is By.cluster:
             raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
         baseline = aggregate.COMPARE_BY[by.value]
-    table = aggregate.compare_table(configs, baseline, by.value, costs)
+    table = aggregate.compare_table(configs, baseline, by.value, costs, energy.cluster_prices(rows))
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
     unknown = sorted(c for c, v in (costs or {}).items() if v is None)
     with_cost = costs is not None and len(unknown) < len(costs)
     note = " · ".join([recount.caption(flops.value)]
                       + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else []))
-    cols = render.compare_cols(by.value, baseline, with_cost)
+    cols = render.compare_cols(by.value, baseline, with_cost) + energy_view.compare_cols(baseline, with_cost)
     title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
-    _emit(table.to_pylist(), cols, fmt, title, note, always=(by.value,), csv_columns=table.column_names, limit=limit,
+    _emit(table.to_pylist(), cols, fmt, title, note, always=(by.value,),
+          csv_columns=energy.drop_empty(table).column_names, limit=limit,
           footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
 
 
@@ -227,13 +235,14 @@ def export(
     The markdown ends with what the rows were measured with (GPU, driver, CUDA/ROCm, torch, torchao,
     Transformer Engine, Ray, sweep commit, start times), each value with its row count where rows differ.
     """
-    from sweep.results import aggregate, provenance, recount, render
+    from sweep.results import aggregate, energy, energy_view, provenance, recount, render
 
     attempts = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
-    table = aggregate.config_table(attempts)
+    table = energy.drop_empty(aggregate.config_table(attempts))
     rows = table.to_pylist()
     if fmt is ExportFormat.md:
-        text = (render.markdown(rows, render.EXPORT_COLS, note=recount.caption(flops.value)) + "\n"
+        cols = energy_view.with_energy(render.EXPORT_COLS, energy_view.EXPORT_COLS, before="peak_mem_gib")
+        text = (render.markdown(rows, cols, note=recount.caption(flops.value)) + "\n"
                 + provenance.markdown(attempts, recount.formula(flops.value)))
     else:
         text = render.csv_text(rows, table.column_names)
@@ -255,15 +264,19 @@ def plot(
     out: Annotated[Path, typer.Option("--out", "-o", help="Image file (.png, .svg, .pdf).", show_default=False)],
     where: Where = None,
     skip_bad: SkipBad = False,
+    metric: Annotated[PlotMetric, typer.Option(
+        "--metric", help="The top panels' y axis: tflops (TFLOP/s/GPU) or tokens-per-kwh (energy efficiency, "
+                         "where rows measured energy).")] = PlotMetric.tflops,
 ) -> None:
-    """Plot TFLOP/s/GPU vs batch size per precision and, below it, the largest batch that fits.
+    """Plot TFLOP/s/GPU (or tokens per kWh: --metric) vs batch size per precision and, below it, the largest batch
+    that fits.
 
     One image, one column of panels per model: the top panel marks OOM batches with an x on the zero
     line; the bottom panel is the max-batch bar chart.
     """
     from sweep.results import plot as plotting
 
-    path = plotting.plot(directory, out, where or (), skip_bad)
+    path = plotting.plot(directory, out, where or (), skip_bad, metric=metric.value)
     typer.echo(f"wrote {path}", err=True)
 
 
