@@ -54,8 +54,9 @@ def open_device(index: Optional[int]):
     """The rank's GPU through NVML (CUDA builds of torch) or amdsmi (ROCm builds); raises Unavailable."""
     import torch
 
-    who = identity(index)
-    return AmdSmiDevice(who) if torch.version.hip else NvmlDevice(who)
+    backend = AmdSmiDevice if torch.version.hip else NvmlDevice
+    backend.library()  # before asking torch: a machine without the library says so, whatever its devices
+    return backend(identity(index))
 
 
 class NvmlDevice:
@@ -63,12 +64,16 @@ class NvmlDevice:
 
     counter_modulus_mj = None  # unsigned long long mJ: never wraps
 
-    def __init__(self, who: DeviceIdentity) -> None:
+    @staticmethod
+    def library():
         try:
             import pynvml
         except ImportError:
             raise Unavailable("nvidia-ml-py (pynvml) is not installed") from None
-        self.nvml = pynvml
+        return pynvml
+
+    def __init__(self, who: DeviceIdentity) -> None:
+        self.nvml = pynvml = self.library()
         try:
             pynvml.nvmlInit()
             self.handle = self._find(who)
@@ -115,12 +120,16 @@ class AmdSmiDevice:
 
     counter_modulus_mj = None  # a 64-bit accumulator
 
-    def __init__(self, who: DeviceIdentity) -> None:
+    @staticmethod
+    def library():
         try:
             import amdsmi
         except ImportError:
             raise Unavailable("amdsmi is not importable (ROCm's share/amd_smi on PYTHONPATH?)") from None
-        self.smi = amdsmi
+        return amdsmi
+
+    def __init__(self, who: DeviceIdentity) -> None:
+        self.smi = amdsmi = self.library()
         try:
             amdsmi.amdsmi_init()
             self.handle = self._find(who)
