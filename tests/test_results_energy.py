@@ -130,3 +130,22 @@ def test_profile_power_keys_show_and_are_checked(tmp_path, cli):
     path.write_text(PROFILE + "pue: 0.9\n")
     bad = cli("clusters", "show", path)
     assert bad.exit_code == 2 and "pue" in bad.output and "Traceback" not in bad.output
+
+
+def test_the_campaign_checker_passes_agreeing_repeats_and_names_what_fails(tmp_path, sweep_env):
+    """benchmarks/energy_check.py over rows as the energy-one-gpu campaign writes them (two repeat folders)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "energy_check.py"
+    write_row(tmp_path / "repeat-1", _row("a", run_id="r1", **_energy(0.0250)))
+    write_row(tmp_path / "repeat-2", _row("a", run_id="r2", **_energy(0.0255)))  # +2 %: agrees
+    ok = subprocess.run([sys.executable, script, tmp_path], capture_output=True, text=True, env=sweep_env())
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "repeats' J/token within 2.00 %" in ok.stdout and "FAIL" not in ok.stdout
+    write_row(tmp_path / "repeat-2", _row("b", run_id="r2", batch_size=8, **_energy(0.02, power=750.0)))
+    bad = subprocess.run([sys.executable, script, tmp_path], capture_output=True, text=True, env=sweep_env())
+    assert bad.returncode == 1
+    assert "FAIL gpt2-1.5b bf16 batch 8: avg power 750.0 W in (80, 700] W" in bad.stdout
+    assert "FAIL gpt2-1.5b bf16 batch 8: 1 repeat(s) with joules per token; 2 needed" in bad.stdout
