@@ -218,3 +218,49 @@ def test_cpu_ranks_write_null_energy_and_the_profile_power_keys(ray_session, cli
     assert {c: row[c] for c in ENERGY_COLUMNS} == dict.fromkeys(ENERGY_COLUMNS)
     assert (row["power_cost_per_kwh"], row["pue"], row["profile_power_limit_w"]) == (0.15, 1.2, 700.0)
     assert "power_limit_w" not in result.output  # nothing measured: nothing to warn of
+
+
+class FakePynvml:
+    """pynvml's surface that NvmlDevice uses (the library in front of the counter is the faked part here)."""
+
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU, NVML_FI_DEV_POWER_INSTANT, NVML_SUCCESS = 1, 0, 186, 0
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, instant_ok: bool):
+        self.instant_ok, self.looked_up = instant_ok, []
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.looked_up.append(uuid)
+        raise self.NVMLError("Not Found")  # a MIG slice's UUID, say
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id):
+        self.looked_up.append(bus_id)
+        return "handle"
+
+    def nvmlDeviceGetFieldValues(self, handle, fields):
+        import types
+
+        return [types.SimpleNamespace(nvmlReturn=0 if self.instant_ok else 3,
+                                      value=types.SimpleNamespace(uiVal=691_500))]
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 650_000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return 700_000
+
+
+@pytest.mark.parametrize("instant_ok,watts", [(True, 691.5), (False, 650.0)])
+def test_nvml_power_is_the_instant_field_where_the_driver_has_it(monkeypatch, instant_ok, watts):
+    from trainer.energy_backends import NvmlDevice
+
+    fake = FakePynvml(instant_ok)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    gpu = NvmlDevice(DeviceIdentity(uuid="GPU-bb25727c", pci=(0, 0, 6)))
+    assert fake.looked_up == ["GPU-bb25727c", "0000:00:06.0"]  # the UUID first, then the PCI address
+    assert (gpu.power_w(), gpu.power_w(), gpu.power_limit_w()) == (watts, watts, 700.0)
