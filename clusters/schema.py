@@ -124,6 +124,15 @@ class ClusterProfile(BaseModel):
     """Environment variables for trainer processes (NCCL/RCCL settings, allocator config)."""
     cost_per_gpu_hour: Optional[float] = Field(default=None, ge=0)
     """Price of one device for one hour, for cost-per-token comparisons; null if unknown."""
+    power_cost_per_kwh: Optional[float] = Field(default=None, ge=0)
+    """Price of one kWh of facility power: `results compare --by cluster` adds the measured energy's cost (energy ×
+    PUE × this) to the GPU-hours' in $ per million tokens; null leaves energy out of the cost."""
+    pue: Optional[float] = Field(default=None, ge=1)
+    """Power usage effectiveness: facility power over IT power (1.1-1.6 is typical); with power_cost_per_kwh.
+    Null counts 1.0 (the GPUs' own energy only)."""
+    power_limit_w: Optional[float] = Field(default=None, gt=0)
+    """The power limit (W) the cluster's GPUs run at, recorded on each row; a run warns when the GPUs enforce
+    another. sweep never changes a GPU's power limit: set it yourself (`nvidia-smi -pl`) and say so here."""
     timeout_s: Optional[float] = Field(default=None, gt=0)
     """Default per-trial timeout in seconds; null leaves it to the run's own default."""
     cpus_per_rank: int = Field(ge=1)

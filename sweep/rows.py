@@ -15,6 +15,7 @@ import subprocess
 from datetime import datetime, timezone
 from functools import lru_cache
 
+from sweep.energy import energy_columns
 from sweep.grid import Trial
 from trainer.flops import spec_flops_per_token
 from trainer.recipes import RECIPES
@@ -70,6 +71,8 @@ def base_row(trial: Trial, *, run_id: str, profile, grid_name: str | None) -> di
         "parent_trial_id": trial.parent_trial_id, "search_id": trial.search_id, "grid_name": grid_name,
         "cluster": profile.name, "accelerator": profile.accelerator, "world_size": trial.gpus,
         "cost_per_gpu_hour": profile.cost_per_gpu_hour,
+        "power_cost_per_kwh": profile.power_cost_per_kwh, "pue": profile.pue,
+        "profile_power_limit_w": profile.power_limit_w,
         "model": trial.model.label, "model_spec": trial.model.to_json(), "precision": trial.precision,
         "compile": trial.compile, "ac": trial.ac, "batch_size": trial.batch_size, "seq_len": trial.seq_len,
         # `auto` steps: the counts are known once run (`outcome_row`)
@@ -135,6 +138,8 @@ def outcome_row(outcome, **base) -> dict:
     )
     row.update(profile_columns(rank0.get("profile")))
     row.update(loss_curve_columns(ranks))
+    tokens = trial.gpus * trial.grad_accum * trial.batch_size * trial.seq_len * len(step_times)
+    row.update(energy_columns([r.get("energy") for r in ranks], tokens=tokens, flops_per_token=fpt))
     return row
 
 

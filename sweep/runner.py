@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sweep import store
 from sweep.grid import Trial
+from sweep.energy import power_limit_mismatch
 from sweep.rows import outcome_row, unsupported_row
 from trainer.recipes import RECIPES, unsupported_reason
 
@@ -134,6 +135,7 @@ class _Execution:
         self.seen: set[str] = set()
         self.scheduler = None
         self.started_ray = False
+        self.warnings: set[str] = set()  # said once a run, however many rows repeat them
         bar.add(len(self.queue))
 
     def loop(self, ctrl_c: list) -> None:
@@ -186,6 +188,10 @@ class _Execution:
             self.record(outcome.trial, row, outcome.infrastructure)
             if outcome.note:  # a warm group retired for what it kept: say why reuse stopped
                 self.bar.warn(outcome.note)
+            limit = power_limit_mismatch(row)
+            if limit and limit not in self.warnings:
+                self.warnings.add(limit)
+                self.bar.warn(limit)
         self.bar.running(self.scheduler.running())
 
     def record(self, trial: Trial, row: dict, infrastructure: bool = False) -> None:

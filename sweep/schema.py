@@ -12,11 +12,12 @@ import pyarrow as pa
 
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.9"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.10"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
 #                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
 #                          1.8: + process_start_s, import_s, process_setup_s, model_build_s;
-#                          1.9: + ci_target_met, loss_curve, loss_curve_tokens
+#                          1.9: + ci_target_met, loss_curve, loss_curve_tokens;
+#                          1.10: + energy_j ... energy_source (energy), power_cost_per_kwh, pue, profile_power_limit_w
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -60,6 +61,10 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("cluster", pa.string(), "cluster profile name"),
     ("accelerator", pa.string(), "accelerator catalog name (h200, mi300x, cpu, ...)"),
     ("cost_per_gpu_hour", pa.float64(), "the profile's $ per GPU-hour when the row was written, else null"),
+    # the profile's power price, PUE and declared power limit when the row was written (null: unset; schema 1.10)
+    ("power_cost_per_kwh", pa.float64(), "the profile's $ per kWh of facility power, else null"),
+    ("pue", pa.float64(), "the profile's power usage effectiveness (facility / IT power), else null"),
+    ("profile_power_limit_w", pa.float64(), "the power limit the profile declares its GPUs run at, else null"),
     ("world_size", pa.int32(), "ranks in the trial (one per GPU)"),
     ("nodes", pa.int32(), "distinct Ray nodes the ranks ran on"),
     ("node_ids", pa.list_(pa.string()), "Ray node id per rank"),
@@ -110,6 +115,21 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("init_time_s", pa.float64(), "actor start (on a warm group: the trial's start) to model built, sharded and ready"),
     ("compile_time_s", pa.float64(), "first step's time beyond a steady step (compilation, autotuning)"),
     ("steps_time_s", pa.float64(), "sum of measured step times"),
+    # energy over the measured steps (sweep.energy has the formulas; trainer.energy measures): null on CPU ranks,
+    # where a GPU could not be read, and before schema 1.10; never 0
+    ("energy_j", pa.float64(), "joules the trial's GPUs drew over the measured steps, all GPUs summed (energy counter, "
+                               "else sampled power; energy_source says which)"),
+    ("energy_sampled_j", pa.float64(), "the same energy from power sampled at ~20 Hz and integrated: an independent "
+                                       "check on the counter"),
+    ("avg_power_w", pa.float64(), "mean power per GPU over the measured steps: energy / window seconds"),
+    ("joules_per_token", pa.float64(), "energy_j / tokens the measured steps trained (all GPUs)"),
+    ("tokens_per_kwh", pa.float64(), "3.6e6 / joules_per_token"),
+    ("tflops_per_watt", pa.float64(), "flops_per_token / joules_per_token / 1e12: TFLOP per joule, = TFLOP/s per W"),
+    ("power_limit_w", pa.float64(), "the GPUs' enforced power limit (max over GPUs), as the driver reports it"),
+    ("sm_clock_mhz", pa.float64(), "mean SM (AMD: GFX) clock sampled over the measured steps, mean over GPUs"),
+    ("sm_clock_max_mhz", pa.float64(), "the part's maximum SM clock"),
+    ("gpu_temp_c", pa.float64(), "hottest GPU temperature sampled over the measured steps"),
+    ("energy_source", pa.string(), "counter (the GPU's cumulative energy counter) | sampled (no counter: power × time)"),
     ("trial_wall_s", pa.float64(), "seen by the driver: placement of its group to the trial's end, or for a trial on "
                                    "a warm group (actor_reused) its start to its end"),
     ("actor_reused", pa.bool_(), "ran on rank processes that had run an earlier trial of this run (a warm group); "

@@ -152,7 +152,7 @@ def test_flops_use_the_batch_actually_trained(monkeypatch, run_one_rank):
     now = datetime.now(timezone.utc)
     outcome = Outcome(trial=trial, status="ok", ranks=[result], started_at=now, finished_at=now, wall_s=1.0)
     profile = types.SimpleNamespace(name="local", accelerator="cpu", peak_tflops=lambda family: None,
-                                    cost_per_gpu_hour=None)
+                                    cost_per_gpu_hour=None, power_cost_per_kwh=None, pue=None, power_limit_w=None)
     row = outcome_row(outcome, run_id="r", profile=profile, grid_name=None)
     step_time = statistics.median(result["step_times"])
     tokens_per_s = seen[-1][0] * seen[-1][1] / step_time

@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer import models
+from trainer.energy import EnergyMeter, EnergyReport, NullMeter, meter_for
 from trainer.job import TrialConfig
 from trainer.memory import memory_cap, peak_stats, reset_peak
 from trainer.models.specs import ModelSpec
@@ -59,6 +60,7 @@ class Measurement:
     params_local: int  # parameter elements this rank holds after sharding
     memory: dict = field(default_factory=dict)  # `trainer.memory.peak_stats`
     profile: dict | None = None  # rank 0 of a profiled trial: `trainer.profiling.profile_steps`
+    energy: EnergyReport | None = None  # this rank's GPU over the measured steps (`trainer.energy`); None on CPU
 
     def report(self) -> dict:
         """The fields the driver turns into a row (`sweep.rows.outcome_row`)."""
@@ -66,7 +68,7 @@ class Measurement:
                 "init_time_s": self.init_time_s, "model_build_s": self.model_build_s, "loss_first": self.losses[0],
                 "loss_last": self.losses[-1], "losses": self.losses, "tokens_per_step": self.tokens_per_step,
                 "n_params": self.n_params, "params_local": self.params_local,
-                "profile": self.profile, **self.memory}
+                "profile": self.profile, "energy": self.energy, **self.memory}
 
 
 def learning_rate(d_embd: int) -> float:
@@ -96,7 +98,9 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
         dist.barrier()
         ready_at = time.perf_counter()
         schedule = Schedule(config.warmup_steps, config.measure_steps, config.auto_max)
-        losses = time_steps(step, schedule, rank)
+        meter = meter_for(rank.device.type, rank.device.index)
+        losses = time_steps(step, schedule, rank, meter)
+        energy = meter.stop()  # the window `time_steps` opened at the first measured step's sync
         dist.barrier()
         memory = peak_stats(rank.device)
         profile = None
@@ -110,7 +114,7 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
                        init_time_s=ready_at - started_at, model_build_s=ready_at - called_at, n_params=n_params,
                        profile=profile,
                        compile_time_s=max(0.0, schedule.times[0] - statistics.median(measured)),
-                       params_local=_local_numel(model), memory=memory)
+                       params_local=_local_numel(model), memory=memory, energy=energy)
 
 
 def release(device: torch.device) -> None:
@@ -264,7 +268,7 @@ class TrainStep:
         self.fsdp_root.set_reshard_after_backward(last)
 
 
-def time_steps(step, schedule: Schedule, rank: Rank) -> list[float]:
+def time_steps(step, schedule: Schedule, rank: Rank, meter: EnergyMeter = NullMeter()) -> list[float]:
     """Step until `schedule` is done, each step timed between device syncs into it; the loss of each step.
 
     Python's automatic garbage collection is off while stepping, and a young-generation collection runs after
@@ -274,23 +278,29 @@ def time_steps(step, schedule: Schedule, rank: Rank) -> list[float]:
 
     With an `auto` phase rank 0 decides when each phase ends, from its own step times, and broadcasts the
     phase after every step (outside the timed region), so every rank stops on the same step: a rank that
-    stopped alone would leave its peers waiting in the next step's collectives. Fixed counts need no word."""
+    stopped alone would leave its peers waiting in the next step's collectives. Fixed counts need no word.
+
+    `meter` opens its energy window at the first measured step's starting sync (`trainer.energy`); the caller
+    closes it when this returns, after the last measured step's sync."""
     was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
-        return _step_until_done(step, schedule, rank)
+        return _step_until_done(step, schedule, rank, meter)
     finally:
         if was_enabled:  # a caller that turned it off keeps it off
             gc.enable()
 
 
-def _step_until_done(step, schedule: Schedule, rank: Rank) -> list[float]:
+def _step_until_done(step, schedule: Schedule, rank: Rank, meter: EnergyMeter) -> list[float]:
     shared = schedule.adaptive and rank.world_size > 1
     phase = torch.zeros(1, dtype=torch.int64, device=rank.device)  # an index into PHASES
-    losses, i = [], 0
+    losses, i, metering = [], 0, False
     while schedule.phase != "done":
         device_sync(rank.device)
+        if not metering and schedule.phase == "measure":  # energy: the measured steps only, from this sync
+            meter.start()
+            metering = True
         t0 = time.perf_counter()
         loss = step(i)
         device_sync(rank.device)

@@ -2,7 +2,7 @@
 # On the lent H200 machine, from the project root: install into /tmp/site what this job carries (folders made
 # by benchmarks/device/prepare.sh). /tmp stays while the machine is warm, so packages too big for one job
 # arrive over several jobs run back to back:
-#   .whl/           ray, torchao, pydantic
+#   .whl/           ray, torchao, pydantic, nvidia-ml-py (pynvml: GPU energy; without it the energy columns are null)
 #   .whl-results/   duckdb, matplotlib (the tables of `sweep results`)
 #   .te1 ... .te5   one 50 MiB part each of Transformer Engine's core wheel: kept in /tmp/stage
 #   .tefinal/       the last part, the core wheel's checksum, TE's Python wheel and torch binding: the parts
@@ -17,7 +17,7 @@ have() {  # have MODULE...: all import from /tmp/site (a warm machine keeps what
   PYTHONPATH=/tmp/site python3 -c "import $(IFS=,; echo "$*")" 2>/dev/null
 }
 
-[ -d .whl ] && ! have ray torchao pydantic && { echo "install: .whl"; pip_install .whl/*.whl; }
+[ -d .whl ] && ! have ray torchao pydantic pynvml && { echo "install: .whl"; pip_install .whl/*.whl; }
 [ -d .whl-results ] && ! have duckdb matplotlib && { echo "install: .whl-results"; pip_install .whl-results/*.whl; }
 
 mkdir -p /tmp/stage

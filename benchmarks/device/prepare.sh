@@ -4,7 +4,7 @@
 # typer, rich and pyyaml, and a job ships the tracked tree plus at most 64 MiB of git-ignored folders.
 # Run from the project root (the folders below are git-ignored):
 #
-#   bash benchmarks/device/prepare.sh wheels       .whl/: ray (Java jars dropped), torchao, pydantic (~52 MB)
+#   bash benchmarks/device/prepare.sh wheels       .whl/: ray (Java jars dropped), torchao, pydantic, nvidia-ml-py (~52 MB)
 #   bash benchmarks/device/prepare.sh results      .whl-results/: duckdb, matplotlib for `sweep results` (~48 MB)
 #   bash benchmarks/device/prepare.sh te-binding   te-build/out/: TE's torch binding built for the machine's
 #                                                  torch (sm_90); needs nvcc 13 and python3.12; ~6 min on 2 cores
@@ -25,7 +25,8 @@ download() {  # download OUT PACKAGE...: wheels for the machine, less what it ha
   tmp=$(mktemp -d)
   python3 -m pip download -q "${PLATFORM[@]}" -d "$tmp" "$@"
   mkdir -p "$out"
-  for w in "$tmp"/*.whl; do [[ $(basename "$w") =~ $ON_MACHINE ]] || cp "$w" "$out/"; done
+  # nvidia-ml-py's wheel starts like the CUDA libraries the machine has, but the machine lacks it
+  for w in "$tmp"/*.whl; do [[ $(basename "$w") =~ $ON_MACHINE && $(basename "$w") != nvidia_ml_py-* ]] || cp "$w" "$out/"; done
   rm -rf "$tmp"
   du -sh "$out"
 }
@@ -65,7 +66,7 @@ te_binding() {  # the torch extension of TE, compiled against the machine's torc
 
 case ${1:-} in
   wheels)
-    download .whl "ray==$RAY" "torchao==$AO" pydantic
+    download .whl "ray==$RAY" "torchao==$AO" pydantic nvidia-ml-py  # pynvml: the energy counter (trainer.energy)
     # Ray's Java jars (32 MB) are not used from Python; without them the wheels fit in one job
     for w in .whl/ray-*.whl; do zip -q -d "$w" 'ray/jars/*' || true; done ;;
   results) download .whl-results duckdb matplotlib ;;

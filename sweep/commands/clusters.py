@@ -37,6 +37,14 @@ def _cost(profile: ClusterProfile) -> str:
     return _NONE if profile.cost_per_gpu_hour is None else f"${profile.cost_per_gpu_hour:.2f}"
 
 
+def _power(profile: ClusterProfile) -> str:
+    """'limit 700 W · $0.12/kWh · PUE 1.3' from the profile's power keys; - when it sets none."""
+    parts = ([f"limit {profile.power_limit_w:g} W"] if profile.power_limit_w is not None else []) + \
+        ([f"${profile.power_cost_per_kwh:g}/kWh"] if profile.power_cost_per_kwh is not None else []) + \
+        ([f"PUE {profile.pue:g}"] if profile.pue is not None else [])
+    return " · ".join(parts) or _NONE
+
+
 @app.command("list")
 @user_errors
 def list_clusters() -> None:
@@ -79,6 +87,7 @@ def show_cluster(
         "fp8 flavour": accelerator.fp8_flavour or _NONE,
         "compute capability": _NONE if accelerator.compute_capability is None else f"{accelerator.compute_capability:.1f}",
         "cost": _cost(profile) + (" per GPU-hour" if profile.cost_per_gpu_hour is not None else ""),
+        "power": _power(profile),
         "trial timeout": _NONE if profile.timeout_s is None else f"{profile.timeout_s:g} s",
         "compile cache": profile.compile_cache,
         "env": "\n".join(f"{key}={value}" for key, value in profile.env.items()) or _NONE,

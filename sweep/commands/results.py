@@ -46,6 +46,11 @@ class QueryFormat(str, Enum):
     csv = "csv"
 
 
+class PlotMetric(str, Enum):
+    tflops = "tflops"
+    tokens_per_kwh = "tokens-per-kwh"
+
+
 class By(str, Enum):
     precision = "precision"
     cluster = "cluster"
@@ -93,11 +98,11 @@ def show(
     skip_bad: SkipBad = False,
 ) -> None:
     """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time and its interval, memory,
-    loss (first → last, and at the tokens trained every ok row reached), error."""
-    from sweep.results import aggregate, intervals, loss_at, query, recount, render
+    energy where measured, loss (first → last, and at the tokens trained every ok row reached), error."""
+    from sweep.results import aggregate, energy_view, intervals, loss_at, query, recount, render
 
-    columns = [c.key for c in render.SHOW_COLS if c is not render.LOSS_AT] + ["loss_first", "started_at",
-                                                                             *aggregate.LOSS_CURVES]
+    cols = energy_view.with_energy(render.SHOW_COLS, energy_view.SHOW_COLS, before="loss_last")
+    columns = [c.key for c in cols if c is not render.LOSS_AT] + ["loss_first", "started_at", *aggregate.LOSS_CURVES]
     table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value)
     table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
     total = table.num_rows
@@ -106,7 +111,7 @@ def show(
     more = "" if total <= len(rows) else f"{total - len(rows)} more rows not printed: --limit 0 for all, or --where"
     losses_at = loss_at.note({tokens} - {None}, "every ok row")
     notes = (recount.caption(flops.value), intervals.ci_note(rows), losses_at, more)
-    render.rich_table(rows, render.SHOW_COLS, f"{directory}: {len(rows)} of {total} rows",
+    render.rich_table(rows, cols, f"{directory}: {len(rows)} of {total} rows",
                       note=" · ".join(p for p in notes if p), selected=aggregate.distinct_configs(table))
 
 
@@ -161,13 +166,14 @@ def compare(
     With --best, each stack at its best instead: the fastest configuration of each precision, with its batch and
     options, against the baseline precision's fastest.
     """
-    from sweep.results import aggregate, loss_at, provenance, recount, render
+    from sweep.results import aggregate, energy, energy_view, loss_at, provenance, recount, render
 
     if best:
         return _compare_best(directory, baseline or aggregate.COMPARE_BY["precision"], by, where, fmt, limit, flops,
                              skip_bad)
     rows = aggregate.load_rows(directory, where or (), skip_bad,
-                               ("cost_per_gpu_hour", *aggregate.LOSS_CURVES, *provenance.COLUMNS), flops.value)
+                               ("cost_per_gpu_hour", *energy.PRICES, *aggregate.LOSS_CURVES, *provenance.COLUMNS),
+                               flops.value)
     configs, costs = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
     if len(present) < 2:  # whatever the baseline, default or given: there is no other side
@@ -179,7 +185,7 @@ def compare(
         if baseline not in present:
             raise UserError(f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
                             f"--baseline, one of: {', '.join(present)}")
-    table = aggregate.compare_table(configs, baseline, by.value, costs)
+    table = aggregate.compare_table(configs, baseline, by.value, costs, energy.cluster_prices(rows))
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
     pairs = aggregate.compare_losses(table.to_pylist(), rows, by.value, baseline)
@@ -189,10 +195,11 @@ def compare(
     note = " · ".join([recount.caption(flops.value)]
                       + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else [])
                       + ([loss_at.note(tokens)] if tokens else []))
-    cols = render.compare_cols(by.value, baseline, with_cost, tokens_column=len(tokens) > 1)
+    cols = (render.compare_cols(by.value, baseline, with_cost, tokens_column=len(tokens) > 1)
+            + energy_view.compare_cols(baseline, with_cost))
     title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
     _emit(pairs, cols, fmt, title, note, always=(by.value,), limit=limit,
-          csv_columns=[*table.column_names, "loss_at_tokens", "loss_at", "base_loss_at"],
+          csv_columns=[*energy.drop_empty(table).column_names, "loss_at_tokens", "loss_at", "base_loss_at"],
           footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
 
 
@@ -245,16 +252,17 @@ def export(
     The markdown ends with what the rows were measured with (GPU, driver, CUDA/ROCm, torch, torchao,
     Transformer Engine, Ray, sweep commit, start times), each value with its row count where rows differ.
     """
-    from sweep.results import aggregate, intervals, provenance, recount, render
+    from sweep.results import aggregate, energy, energy_view, intervals, provenance, recount, render
 
     if out is not None:
         _out_file(out, f"export.{fmt.value}")
     attempts = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
-    table = aggregate.config_table(attempts)
+    table = energy.drop_empty(aggregate.config_table(attempts))
     rows = table.to_pylist()
     if fmt is ExportFormat.md:
         note = " · ".join(p for p in (recount.caption(flops.value), intervals.ci_note(rows)) if p)
-        text = (render.markdown(rows, render.EXPORT_COLS, note=note) + "\n"
+        cols = energy_view.with_energy(render.EXPORT_COLS, energy_view.EXPORT_COLS, before="peak_mem_gib")
+        text = (render.markdown(rows, cols, note=note) + "\n"
                 + provenance.markdown(attempts, recount.formula(flops.value)))
     else:
         text = render.csv_text(rows, table.column_names)
@@ -276,8 +284,12 @@ def plot(
     out: Annotated[Path, typer.Option("--out", "-o", help="Image file (.png, .svg, .pdf).", show_default=False)],
     where: Where = None,
     skip_bad: SkipBad = False,
+    metric: Annotated[PlotMetric, typer.Option(
+        "--metric", help="The top panels' y axis: tflops (TFLOP/s/GPU) or tokens-per-kwh (energy efficiency, "
+                         "where rows measured energy).")] = PlotMetric.tflops,
 ) -> None:
-    """Plot TFLOP/s/GPU vs batch size per precision and, below it, the largest batch that fits.
+    """Plot TFLOP/s/GPU (or tokens per kWh: --metric) vs batch size per precision and, below it, the largest batch
+    that fits.
 
     One image, one column of panels per model: the top panel marks OOM batches with an x on the zero
     line; the bottom panel is the max-batch bar chart.
@@ -285,7 +297,7 @@ def plot(
     from sweep.results import plot as plotting
 
     _out_file(out, "plot.png")
-    path = plotting.plot(directory, out, where or (), skip_bad)
+    path = plotting.plot(directory, out, where or (), skip_bad, metric=metric.value)
     typer.echo(f"wrote {path}", err=True)
 
 

@@ -20,6 +20,7 @@ from typing import Iterable, Mapping
 import pyarrow as pa
 
 from sweep.errors import UserError
+from sweep.results import energy
 from sweep.results.query import CONFIG_KEYS, load, run_sql
 from sweep.schema import STATUSES, TRAINING_DEFAULTS
 
@@ -32,7 +33,7 @@ TIMES = ("trial_wall_s", "steps_time_s", "compile_time_s", "warmup_steps")
 # The median's interval and whether `steps: auto` reached its target (`results show` and `export` print them)
 INTERVALS = ("step_time_ci_pct", "ci_target_met")
 LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS, *LOSSES, "alloc_retries", *TIMES,
-                *INTERVALS)
+                *INTERVALS, *energy.MEDIANS, "energy_source")
 # Each ok attempt's loss per step and the tokens trained at each (`loss_at`: losses at the same tokens trained)
 LOSS_CURVES = ("loss_curve", "loss_curve_tokens")
 # max-batch groups: a config without its batch size.
@@ -69,6 +70,7 @@ def config_table(rows: pa.Table) -> pa.Table:
       count(DISTINCT run_id) AS n_runs,
       {counts},
       {medians},
+      {energy.config_sql(ok)},
       max(alloc_retries) {ok} AS alloc_retries,
       max(step_time_ci_pct) {ok} AS step_time_ci_pct,
       bool_and(ci_target_met) {ok} AS ci_target_met,
@@ -144,12 +146,14 @@ def max_batch(directory: Path, where: Iterable[str] = (), skip_bad: bool = False
 
 
 def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
-                  costs: Mapping[str, float | None] | None = None) -> pa.Table:
+                  costs: Mapping[str, float | None] | None = None, prices: pa.Table | None = None) -> pa.Table:
     """Each config against the config that differs only in ``by``, where ``by`` is ``baseline``.
 
     ``ratio`` is tflops_per_gpu / the baseline's (null when either side has no ok attempt; the
     statuses say why); ``loss_last`` and ``base_loss_last`` show whether both sides trained alike. With ``costs`` (cluster -> $ per GPU-hour, None when unknown) the table adds
-    ``tok_s_per_usd_h`` = tokens/s/GPU per $/GPU-hour, the baseline's, and their ratio.
+    ``tok_s_per_usd_h`` = tokens/s/GPU per $/GPU-hour, the baseline's, and their ratio, and $ per million tokens
+    (``energy.cost_sql``: with the power bill where ``prices``, from ``energy.cluster_prices``, has a price).
+    Perf per watt (``tflops_per_watt``, the baseline's, ``watt_ratio``) stands beside the speed.
     Raises UserError when ``baseline`` is not a value of ``by`` in the results.
     """
     if by not in COMPARE_BY:
@@ -166,6 +170,8 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
       b.tokens_per_s_per_gpu / bc.cost AS base_tok_s_per_usd_h,
       (c.tokens_per_s_per_gpu / cc.cost) / (b.tokens_per_s_per_gpu / bc.cost) AS cost_ratio"""
         cost_join = "LEFT JOIN costs cc ON cc.cluster = c.cluster LEFT JOIN costs bc ON bc.cluster = b.cluster"
+        usd_cols, usd_join = energy.cost_sql()
+        cost_cols, cost_join = cost_cols + usd_cols, f"{cost_join} {usd_join}"
     else:
         cost_table = pa.table({"cluster": pa.array([], pa.string())})
     sql = f"""
@@ -174,12 +180,14 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
       b.status AS base_status, b.tflops_per_gpu AS base_tflops_per_gpu,
       b.tokens_per_s_per_gpu AS base_tokens_per_s_per_gpu,
       c.loss_last, b.loss_last AS base_loss_last,
-      c.tflops_per_gpu / b.tflops_per_gpu AS ratio{cost_cols}
+      c.tflops_per_gpu / b.tflops_per_gpu AS ratio{energy.watt_sql()}{cost_cols}
     FROM configs c LEFT JOIN configs b ON b.{by} = $baseline AND {on} {cost_join}
     WHERE c.{by} <> $baseline
     ORDER BY {", ".join(f"c.{k}" for k in keys)}, c.{by}
     """
-    return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table)
+    if prices is None:
+        prices = energy.cluster_prices(pa.table({"cluster": pa.array([], pa.string())}))
+    return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table, prices=prices)
 
 
 def compare_losses(pairs: list[dict], attempts: pa.Table, by: str, baseline: str) -> list[dict]:

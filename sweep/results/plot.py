@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from sweep.errors import UserError
 from sweep.results import aggregate
+from sweep.results.energy import PLOT_METRICS
 from sweep.results.render import CONFIG_HEADERS, says_nothing, setting
 from sweep.schema import TRAINING_DEFAULTS
 
@@ -43,10 +44,15 @@ def _text(key: str, value) -> str:
     return f"{CONFIG_HEADERS[key]} {value}"
 
 
-def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool = False) -> Path:
-    """Aggregate ``directory`` and write the figure; returns the path written (``out`` + .png without a suffix)."""
+def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool = False, metric: str = "tflops") -> Path:
+    """Aggregate ``directory`` and write the figure; returns the path written (``out`` + .png without a suffix).
+    ``metric``: the top panels' y (a key of ``energy.PLOT_METRICS``)."""
     configs = aggregate.configs(directory, where, skip_bad)
-    return plot_tables(configs, aggregate.max_batch_table(configs), Path(out))
+    y = PLOT_METRICS[metric][0]
+    if metric != "tflops" and configs.column(y).null_count == configs.num_rows:
+        raise UserError(f"--metric {metric}: no row in {directory} measured it (energy is measured on GPU ranks "
+                        "from schema 1.10)")
+    return plot_tables(configs, aggregate.max_batch_table(configs), Path(out), metric)
 
 
 def _split_keys(rows: list[dict]) -> tuple[list[str], list[str], list[str]]:
@@ -88,11 +94,11 @@ def _styles(rows: list[dict], varying: list[str], label) -> dict[str, dict]:
     return dict(sorted(styles.items()))
 
 
-def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path) -> Path:
+def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path, metric: str = "tflops") -> Path:
     """Write ``figure`` to ``out`` (format from the suffix; none: .png, added to the name that is returned)."""
     if not out.suffix:  # matplotlib would write out + ".png" and the caller would name the wrong file
         out = out.with_name(out.name + ".png")
-    fig = figure(configs, max_batch)
+    fig = figure(configs, max_batch, metric)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         fig.savefig(out, dpi=DPI)
@@ -101,7 +107,7 @@ def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path) -> Path:
     return out
 
 
-def figure(configs: pa.Table, max_batch: pa.Table):
+def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
     """The matplotlib Figure of ``configs`` (from ``aggregate.configs``) and their ``max_batch_table``."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -125,7 +131,7 @@ def figure(configs: pa.Table, max_batch: pa.Table):
     for i, model in enumerate(models):
         top, bottom = axes[i // ncols][i % ncols], axes[nrows + i // ncols][i % ncols]
         mine = [r for r in rows if r["model"] == model]
-        _perf_panel(top, mine, label, style)
+        _perf_panel(top, mine, label, style, PLOT_METRICS[metric])
         _bar_panel(bottom, [g for g in groups if g["model"] == model], label, style)
         name = " · ".join([model, *(_text(k, mine[0][k]) for k in per_model)])
         top.set_title(name)
@@ -177,15 +183,16 @@ def _batch_ticks(fig, ax, batches: list[int]) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _perf_panel(ax, rows: list[dict], label, style: dict) -> None:
-    top = max((r["tflops_max"] or 0 for r in rows), default=0) or 1.0
+def _perf_panel(ax, rows: list[dict], label, style: dict, metric=PLOT_METRICS["tflops"]) -> None:
+    key, low, high, axis_label = metric
+    top = max((r[high] or 0 for r in rows), default=0) or 1.0
     series = list(style)
     for n, s in enumerate(series):
         mine = sorted((r for r in rows if label(r) == s), key=lambda r: r["batch_size"])
-        ok = [r for r in mine if r["tflops_per_gpu"] is not None]
+        ok = [r for r in mine if r[key] is not None]
         if ok:
-            y = [r["tflops_per_gpu"] for r in ok]
-            err = [[v - r["tflops_min"] for v, r in zip(y, ok)], [r["tflops_max"] - v for v, r in zip(y, ok)]]
+            y = [r[key] for r in ok]
+            err = [[v - r[low] for v, r in zip(y, ok)], [r[high] - v for v, r in zip(y, ok)]]
             ax.errorbar([r["batch_size"] for r in ok], y, yerr=err, capsize=3, color=style[s]["color"],
                         linestyle=style[s]["linestyle"], marker=style[s]["marker"])
         # Failure markers sit on the zero line, nudged sideways per series so they do not hide each other.
@@ -196,7 +203,7 @@ def _perf_panel(ax, rows: list[dict], label, style: dict) -> None:
         ax.scatter(other, [0] * len(other), marker="^", s=50, facecolors="none", edgecolors=style[s]["color"], clip_on=False, zorder=3)
     ax.set_ylim(-0.04 * top, 1.1 * top)
     ax.set_xlabel("batch size per GPU")
-    ax.set_ylabel("TFLOP/s/GPU (median)")
+    ax.set_ylabel(axis_label)
     ax.grid(alpha=0.3)
 
 

@@ -26,7 +26,9 @@ FIELDS = (
     ("ray_version", "ray", False, "unknown"),
     ("git_sha", "sweep commit", False, "unknown (not a git checkout)"),
 )
-COLUMNS = ("status", "started_at", *(f[0] for f in FIELDS))
+# power limit and clocks (`energy_view.footer_line`): how hard the GPUs were allowed to run
+ENERGY = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "energy_source")
+COLUMNS = ("status", "started_at", *(f[0] for f in FIELDS), *ENERGY)
 
 
 def _counts(rows: pa.Table, column: str, ok_only: bool) -> list[tuple[str | None, int]]:
@@ -62,6 +64,11 @@ def markdown(rows: pa.Table, flops: tuple[str, str] | None = None) -> str:
     lines = [f"Measured with ({n} attempt{'s' if n != 1 else ''}, {_when(rows)}):", ""]
     for column, label, ok_only, null in FIELDS:
         lines.append(f"- {label}: {field_text(_counts(rows, column, ok_only), null)}")
+    from sweep.results.energy_view import footer_line
+
+    power = footer_line(rows)
+    if power:
+        lines.append(power)
     if flops:
         lines.append(f"- FLOPs per token: {flops[0]} — {flops[1]}")
     return "\n".join(lines) + "\n"
