@@ -10,7 +10,7 @@ import pytest
 from sweep.results.loss_at import Curve, LossAt, common_tokens, compare, median_at, row_at
 from sweep.rows import loss_curve_columns
 from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row
+from sweep.store import write_row, write_verdicts
 
 
 def test_a_curve_is_read_exactly_on_a_step_and_linearly_between_two():
@@ -120,3 +120,58 @@ def test_show_reads_every_row_at_the_tokens_all_reached(cli, tmp_path):
     assert by == {("bf16", "2"): "10.50", ("fp8-te", "2"): "10.00", ("bf16", "3"): "10.33", ("fp8-te", "3"): "10.50",
                   ("bf16", "4"): "—"}
     assert "loss @ tokens: at 81,920 tokens trained, the most every ok row reached" in " ".join(res.stdout.split())
+
+
+# --- compare --best: each precision's best configuration, whatever its batch, read at the tokens both reached ---
+
+# (trial, precision, batch, steps, loss fall per step, TFLOP/s): bf16 is fastest at batch 2, fp8-te at batch 3
+BEST = [("a", "bf16", 2, 28, 0.1, 500.0), ("c", "bf16", 3, 6, 0.2, 400.0), ("b", "fp8-te", 2, 6, 0.2, 700.0),
+        ("d", "fp8-te", 3, 10, 0.2, 800.0)]
+# a fastest search's short probe of fp8-te's best config (the finalist is d): faster, 2 steps
+PROBE = ("p", "fp8-te", 3, 2, 0.2, 900.0)
+
+
+def _write_best(folder, trials, **extra) -> None:
+    for trial_id, precision, batch, steps, fall, tflops in trials:
+        losses = [11 - fall * i for i in range(steps)]
+        write_row(folder, {**BASE, "run_id": "r1", **extra, "trial_id": trial_id, "precision": precision,
+                           "batch_size": batch, "tflops_per_gpu": tflops, "loss_first": losses[0],
+                           "loss_last": losses[-1], "loss_curve": losses,
+                           "loss_curve_tokens": [i * batch * 4096 * 2 for i in range(steps)]})
+
+
+def test_compare_best_reads_each_best_at_the_tokens_both_reached(cli, tmp_path):
+    _write_best(tmp_path, BEST)
+    res = cli("results", "compare", tmp_path, "--best", "-f", "md")
+    assert res.exit_code == 0, res.output
+    (row,) = _md(res.stdout)
+    assert (row["best config"], row["bf16 best config"]) == ("batch 3 · compile regional", "batch 2 · compile regional")
+    # fp8-te's best ran 9 x 24,576 tokens, bf16's 27 x 16,384: both read at 221,184 (bf16 between its steps 13, 14)
+    assert (row["loss @ tokens"], row["bf16 loss @ tokens"]) == ("9.200", "9.650")
+    assert (row["last loss"], row["bf16 last loss"]) == ("9.200", "8.300")  # 18 steps further for bf16
+    assert "at tokens" not in row
+    assert "loss @ tokens: at 221,184 tokens trained, the most both sides reached" in _caption(res.stdout)
+    (got,) = csv.DictReader(io.StringIO(cli("results", "compare", tmp_path, "--best", "-f", "csv").stdout))
+    assert got["loss_at_tokens"] == "221184" and float(got["loss_at"]) == pytest.approx(9.2)
+    assert float(got["base_loss_at"]) == pytest.approx(9.65)
+    assert "loss @ tokens" in cli("results", "compare", tmp_path, "--best").stdout  # the terminal table too
+
+
+def test_compare_best_reads_a_searchs_best_by_its_finalists_curve_not_its_probes(cli, tmp_path):
+    """A search's best is its finalist's figures: its loss too, not cut short at a probe's 2 steps. Where no
+    search ran (mi300x), the best config's ok attempts are all its side, the probe among them."""
+    _write_best(tmp_path, [*BEST, PROBE])
+    _write_best(tmp_path, [*BEST, PROBE], cluster="mi300x", accelerator="mi300x", run_id="r2")
+    write_verdicts(tmp_path, "r1", [{"kind": "fastest", "cluster": "h200", "model": "llama3-8b", "precision": "fp8-te",
+                                     "seq_len": 4096, "gpus": 2, "best_trial_id": "d", "aborted": None}])
+    res = cli("results", "compare", tmp_path, "--best", "-f", "md")
+    assert res.exit_code == 0, res.output
+    got = {r["cluster"]: r for r in _md(res.stdout)}
+    assert (got["h200"]["at tokens"], got["h200"]["loss @ tokens"], got["h200"]["bf16 loss @ tokens"]) == \
+        ("221,184", "9.200", "9.650")
+    assert (got["mi300x"]["at tokens"], got["mi300x"]["loss @ tokens"], got["mi300x"]["bf16 loss @ tokens"]) == \
+        ("24,576", "10.80", "10.85")
+    assert "loss @ tokens: at the `at tokens` column's count, the most both sides reached" in _caption(res.stdout)
+    table = {r["cluster"]: r for r in csv.DictReader(io.StringIO(
+        cli("results", "compare", tmp_path, "--best", "-f", "csv").stdout))}
+    assert (table["h200"]["loss_at_tokens"], table["mi300x"]["loss_at_tokens"]) == ("221184", "24576")

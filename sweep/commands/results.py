@@ -204,19 +204,25 @@ def compare(
 
 
 def _compare_best(directory: Path, baseline: str, by: By, where, fmt: TableFormat, limit: int, flops, skip_bad: bool) -> None:
-    from sweep.results import aggregate, provenance, recount, verdicts
+    from sweep.results import aggregate, loss_at, provenance, recount, verdicts
 
     if by is not By.precision:
         raise UserError(f"--best compares precisions, each at its best; leave out --by {by.value}")
-    rows = aggregate.load_rows(directory, where or (), skip_bad, ("trial_id", *provenance.COLUMNS), flops.value)
-    table = aggregate.best_table(rows, baseline, verdicts.finalists(verdicts.load(directory)))
+    rows = aggregate.load_rows(directory, where or (), skip_bad, ("trial_id", *aggregate.LOSS_CURVES, *provenance.COLUMNS),
+                               flops.value)
+    finalists = verdicts.finalists(verdicts.load(directory))
+    table = aggregate.best_table(rows, baseline, finalists)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every row in {directory} has precision {baseline}")
+    pairs = aggregate.best_losses(table.to_pylist(), rows, baseline, finalists)
+    tokens = {p["loss_at_tokens"] for p in pairs} - {None}
     title = f"{directory}: each precision at its best vs {baseline} at its best (TFLOP/s/GPU)"
     note = " · ".join([recount.caption(flops.value),
-                       "best: a fastest search's measured best, else the config with the fastest median of its ok attempts"])
-    _emit(table.to_pylist(), verdicts.best_cols(baseline), fmt, title, note, always=("precision",),
-          csv_columns=table.column_names, limit=limit, footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
+                       "best: a fastest search's measured best, else the config with the fastest median of its ok attempts"]
+                      + ([loss_at.note(tokens)] if tokens else []))
+    _emit(pairs, verdicts.best_cols(baseline, tokens_column=len(tokens) > 1), fmt, title, note, always=("precision",),
+          csv_columns=[*table.column_names, "loss_at_tokens", "loss_at", "base_loss_at"], limit=limit,
+          footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
 
 
 @app.command()

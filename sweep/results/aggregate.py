@@ -15,7 +15,7 @@ or per group) that ``render`` and ``plot`` format.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -194,18 +194,50 @@ def compare_losses(pairs: list[dict], attempts: pa.Table, by: str, baseline: str
     """``compare_table``'s rows with each side's loss at the same tokens trained (``loss_at.compare``):
     ``loss_at_tokens`` (the largest count every ok attempt of both sides reached), ``loss_at``, ``base_loss_at``.
     ``attempts``: the rows the configs came from, with LOSS_CURVES."""
+    config = lambda row: tuple(row[k] for k in CONFIG_KEYS)  # noqa: E731
+    return _losses_at(pairs, _curves(attempts, config), config, lambda pair: config({**pair, by: baseline}))
+
+
+def best_losses(best: list[dict], attempts: pa.Table, baseline: str,
+                finalists: Iterable[tuple[str, str]] = ()) -> list[dict]:
+    """``best_table``'s rows with each side's loss at the same tokens trained, as ``compare_losses`` adds them.
+
+    A side's curves are those of the attempts its figures are the median of: its best config's ok attempts,
+    and for a fastest search's best (``tuned``) its finalist's alone, not the search's shorter probes of that
+    config. ``attempts``: the rows given to ``best_table``, with LOSS_CURVES and ``trial_id``."""
+    found = set(finalists)
+    key = lambda config, tuned: (*(config[k] for k in CONFIG_KEYS), bool(tuned))  # noqa: E731
+    curves = _curves(attempts, lambda row: key(row, (row["cluster"], row["trial_id"]) in found), ("trial_id",))
+
+    def base(pair: dict) -> tuple:
+        config = {**{k: pair[k] for k in BEST_GROUP}, "precision": baseline,
+                  **{k: pair[f"base_{k}"] for k in BEST_CONFIG}}
+        return key(config, pair["base_tuned"])
+
+    return _losses_at(best, curves, lambda pair: key(pair, pair["tuned"]), base)
+
+
+def _curves(attempts: pa.Table, key: Callable[[dict], tuple], extra: Sequence[str] = ()) -> dict[tuple, list]:
+    """The loss curves of the ok attempts, by ``key`` of their row."""
     from sweep.results import loss_at
 
     curves: dict[tuple, list] = {}
-    for row in attempts.select([*CONFIG_KEYS, "status", *LOSS_CURVES]).to_pylist():
+    for row in attempts.select([*CONFIG_KEYS, "status", *LOSS_CURVES, *extra]).to_pylist():
         curve = loss_at.Curve.of(row)
         if row["status"] == "ok" and curve is not None:
-            curves.setdefault(tuple(row[k] for k in CONFIG_KEYS), []).append(curve)
+            curves.setdefault(key(row), []).append(curve)
+    return curves
+
+
+def _losses_at(pairs: list[dict], curves: dict[tuple, list], side: Callable[[dict], tuple],
+               base: Callable[[dict], tuple]) -> list[dict]:
+    """Each pair with its side's and its baseline's curves (``side``, ``base``: their keys in ``curves``) read at
+    the largest token count all of them reached."""
+    from sweep.results import loss_at
+
     out = []
     for pair in pairs:
-        side = curves.get(tuple(pair[k] for k in CONFIG_KEYS), [])
-        base = curves.get(tuple(baseline if k == by else pair[k] for k in CONFIG_KEYS), [])
-        at = loss_at.compare(side, base)
+        at = loss_at.compare(curves.get(side(pair), []), curves.get(base(pair), []))
         out.append({**pair, "loss_at_tokens": at.tokens, "loss_at": at.loss, "base_loss_at": at.base_loss})
     return out
 

@@ -346,8 +346,14 @@ def base_tflops(row: dict) -> str:
     return row.get("base_status") or "not run"
 
 
+def loss_at_cols(baseline: str, tokens_column: bool) -> list[Col]:
+    """`compare`'s and `compare --best`'s loss at the same tokens trained; `tokens_column`: each pair at its own count."""
+    return [*([Col("loss_at_tokens", "at tokens", _count("loss_at_tokens"), optional=True)] if tokens_column else []),
+            LOSS_AT, Col("base_loss_at", f"{baseline} loss @ tokens", num("base_loss_at"), optional=True)]
+
+
 def compare_cols(by: str, baseline: str, with_cost: bool, tokens_column: bool = False) -> list[Col]:
-    """`tokens_column`: the pairs were read at different tokens trained (`loss_at.note`), so each says at how many."""
+    """`tokens_column`: as ``loss_at_cols``."""
     keys = [k for k in CONFIG_HEADERS if k != by] + [by]
     cols = [
         *config_cols(keys),
@@ -356,9 +362,7 @@ def compare_cols(by: str, baseline: str, with_cost: bool, tokens_column: bool = 
         Col("ratio", f"vs {baseline}", ratio_text("ratio")),
         Col("loss_last", "last loss", num("loss_last")),
         Col("base_loss_last", f"{baseline} last loss", num("base_loss_last")),
-        *([Col("loss_at_tokens", "at tokens", _count("loss_at_tokens"), optional=True)] if tokens_column else []),
-        LOSS_AT,
-        Col("base_loss_at", f"{baseline} loss @ tokens", num("base_loss_at"), optional=True),
+        *loss_at_cols(baseline, tokens_column),
     ]
     if with_cost:
         cols += [

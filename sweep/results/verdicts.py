@@ -15,7 +15,7 @@ from typing import Callable
 
 from sweep.errors import UserError
 from sweep.results.render import (CONFIG_HEADERS, DASH, RATIO_SIGNIFICANT, TFLOPS, Col, base_tflops, config_cols,
-                                  num, ratio_text, sig, stdout_console)
+                                  loss_at_cols, num, ratio_text, sig, stdout_console)
 from sweep.schema import TRAINING_DEFAULTS
 
 # The configuration a search starts from and `compare --best` describes others against: no compile, no
@@ -164,8 +164,9 @@ def _config(row: dict, prefix: str = "") -> str:
     return config_text({k: row.get(prefix + k) for k in ("batch_size", *DEFAULT_CONFIG)})
 
 
-def best_cols(baseline: str) -> list[Col]:
-    """`compare --best`: each precision's best (``aggregate.best_table``) against the baseline precision's best."""
+def best_cols(baseline: str, tokens_column: bool = False) -> list[Col]:
+    """`compare --best`: each precision's best (``aggregate.best_table``) against the baseline precision's best, and
+    each side's loss at the same tokens trained (``aggregate.best_losses``; `tokens_column` as ``loss_at_cols``)."""
     picked = {True: "search's best", False: "fastest ok"}
     return [
         *config_cols(("cluster", "model", "seq_len", "world_size", "memory_cap_gib", "precision")),
@@ -177,4 +178,5 @@ def best_cols(baseline: str) -> list[Col]:
         Col("ratio", f"vs {baseline}", ratio_text("ratio")),
         Col("loss_last", "last loss", num("loss_last")),
         Col("base_loss_last", f"{baseline} last loss", num("base_loss_last")),
+        *loss_at_cols(baseline, tokens_column),
     ]
