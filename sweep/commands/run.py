@@ -111,8 +111,12 @@ def _prepare_search(command: str, cluster: str, memory_cap: str | None, axes: Ax
     is needed, and --start is the one batch its searches start from."""
     from sweep.errors import UserError
 
+    from sweep.grid import unstorable
+
     if not axes.model:
         raise UserError(f"{command} needs --model")
+    if problem := unstorable("--start", "batch_size", [start]):  # the grid key would name an option not given
+        raise UserError(problem)
     return _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]), extra)
 
 
