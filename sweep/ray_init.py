@@ -22,8 +22,8 @@ _LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 def connect(profile) -> bool:
     """Connect for `profile`; returns True if this call started Ray (and so should shut it down).
 
-    A Ctrl-C while Ray starts is held until the start is complete, then Ray is shut down and the
-    KeyboardInterrupt raised: interrupting `ray.init` halfway leaves its agent processes running.
+    A Ctrl-C or SIGTERM while Ray starts is held until the start is complete, then Ray is shut down and
+    `Interrupted` raised: interrupting `ray.init` halfway leaves its agent processes running.
     """
     import ray
 
@@ -34,7 +34,7 @@ def connect(profile) -> bool:
     quiet = not debug_enabled()
     common = dict(logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet, configure_logging=True)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    with sigint_held() as interrupted:
+    with signals_held() as interrupted:  # ray.init sets a SIGTERM handler of its own: the block's end puts ours back
         if profile.is_embedded:
             num_cpus = None if profile.is_gpu else profile.ranks_per_node * profile.cpus_per_rank
             with loopback_only():
@@ -52,7 +52,7 @@ def connect(profile) -> bool:
                                 f"or fix ray_address in the profile") from None
     if interrupted:
         ray.shutdown()
-        raise KeyboardInterrupt
+        raise Interrupted(interrupted[0])
     return True
 
 
@@ -60,7 +60,7 @@ def disconnect(started: bool) -> None:
     import ray
 
     if started and ray.is_initialized():
-        with sigint_held():  # a second Ctrl-C must not cut the shutdown short and orphan Ray's processes
+        with signals_held():  # a second Ctrl-C must not cut the shutdown short and orphan Ray's processes
             ray.shutdown()
 
 
@@ -84,21 +84,36 @@ def loopback_only():
             ray_constants.ENABLE_RAY_CLUSTER = saved[1]
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (Ctrl-C's SIGINT, or SIGTERM from `timeout`, `docker stop`, a batch scheduler) acted on
+    where stopping is safe; `signum` says which (the exit status is 128 + it, as a shell reports a signal)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# SIGTERM is stopped as Ctrl-C is: a scheduler's preemption must not orphan actors or write half a row.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextmanager
-def sigint_held():
-    """Defer SIGINT for the block; yields a list that is non-empty if one arrived.
+def signals_held():
+    """Defer SIGINT and SIGTERM for the block; yields a list of the signals that arrived (empty if none).
 
     A Ctrl-C is recorded, never raised where it lands: a KeyboardInterrupt raised inside one of Ray's
     Cython callbacks (its signal check in `ray.wait`, an object-ref destructor) is printed as "Exception
     ignored" and lost, and the sweep would go on as if nothing had been pressed. The caller looks at the
-    list where stopping is safe.
+    list where stopping is safe. SIGTERM's default (and the handler `ray.init` installs) ends the process
+    at once, with exit 1 and a stack dump, leaving the trials' actors to Ray.
     """
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
         yield received
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in STOP_SIGNALS}
     try:
         yield received
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -280,8 +280,11 @@ def _finish(report, output: Path, plan) -> None:
     if (report.teardown_s or 0.0) > TEARDOWN_NOTE_S:  # the GPUs are held until it ends: say what it cost
         console.print(f"teardown: {report.teardown_s:.1f} s to stop the rank processes and Ray after the last attempt")
     if report.interrupted:
-        console.print(f"interrupted: {len(rows)} attempts written to {output}; rerun with --resume to finish")
-        raise typer.Exit(130)
+        import signal
+
+        by = "" if report.interrupted_by == signal.SIGINT else f" by {signal.Signals(report.interrupted_by).name}"
+        console.print(f"interrupted{by}: {len(rows)} attempts written to {output}; rerun with --resume to finish")
+        raise typer.Exit(128 + report.interrupted_by)  # as a shell reports a signal: 130 Ctrl-C, 143 SIGTERM
     console.print(f"results: {output} (run {report.run_id})")
     attempts = rows + report.reused_rows
     if attempts and not any(r["status"] == "ok" for r in attempts):
