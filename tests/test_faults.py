@@ -263,6 +263,16 @@ def test_a_rank_killed_mid_trial_is_an_error_naming_it_and_is_retried_once(ray_s
 
 
 # -- the driver killed, then --resume -----------------------------------------------------------------------
+def _wait_for_first_row(driver: subprocess.Popen, out: Path, seen: set[int], timeout: float) -> list[Path]:
+    """The result files once there is one, noting the driver's processes meanwhile (to check they end)."""
+    def first_row():
+        seen.update(_descendants(driver.pid))
+        assert driver.poll() is None, driver.communicate()
+        return store.result_files(out)
+
+    return _wait_for(first_row, timeout, "the first result file", interval=0.05)
+
+
 @pytest.mark.timeout(200)
 def test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid(sweep, write_grid, tmp_path):
     grid = write_grid(TINY + "batch_sizes: [1, 2, 3]\ngpus: 1\nsteps: {warmup: 1, measure: 5}\n")
@@ -271,12 +281,7 @@ def test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid(
     driver = sweep(grid, "--cluster", "local", "--output", out, "--max-concurrent", 1)
     seen: set[int] = set()
     try:
-        def first_row():
-            seen.update(_descendants(driver.pid))
-            assert driver.poll() is None, driver.communicate()
-            return store.result_files(out)
-
-        _wait_for(first_row, 120, "the first result file", interval=0.05)
+        _wait_for_first_row(driver, out, seen, 120)
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, its GCS and raylet; Ray's workers have groups of their own
         driver.wait(timeout=30)
         before = store.read_table(out).to_pylist()
@@ -370,12 +375,7 @@ def test_sigterm_mid_trial_stops_as_ctrl_c_does_and_resume_finishes_the_grid(swe
     driver = sweep(grid, "--cluster", "local", "--output", out, "--max-concurrent", 1)
     seen: set[int] = set()
     try:
-        def first_row():
-            seen.update(_descendants(driver.pid))
-            assert driver.poll() is None, driver.communicate()
-            return store.result_files(out)
-
-        (first,) = _wait_for(first_row, 150, "the first result file", interval=0.05)
+        (first,) = _wait_for_first_row(driver, out, seen, 150)
         # the next trial starts at once on the warm ranks: its 400 steps take seconds, not one
         _wait_for(lambda: _training_ranks(driver.pid, 2), 30, "the second trial's ranks")
         time.sleep(1.0)
