@@ -36,6 +36,8 @@ RESERVED_ENV = frozenset({
 })  # fmt: skip
 
 DEFAULT_CPUS_PER_RANK = {"cpu": 1, "gpu": 4}
+# Ray retries an address nothing answers on for many minutes: sweep gives up after this (profile: connect_timeout_s)
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
 # The XDG default cache directory: each node's own disk (~ is the home of the node a rank runs on).
 DEFAULT_COMPILE_CACHE = "~/.cache/sweep/inductor"
 
@@ -95,6 +97,13 @@ def parse_memory_size(text: str) -> int:
     return size
 
 
+def ray_address_parts(address: str) -> tuple[str, int] | None:
+    """(host, port) of a `host:port` or `ray://host:port` address (an IPv6 host without its brackets); None for
+    `local` and `auto`."""
+    match = _RAY_ADDRESS_RE.match(address)
+    return (match.group("host").strip("[]"), int(match.group("port"))) if match else None
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on: the affinity mask where the OS has one (taskset, cgroup cpusets)."""
     if hasattr(os, "sched_getaffinity"):
@@ -135,6 +144,8 @@ class ClusterProfile(BaseModel):
     another. sweep never changes a GPU's power limit: set it yourself (`nvidia-smi -pl`) and say so here."""
     timeout_s: Optional[float] = Field(default=None, gt=0)
     """Default per-trial timeout in seconds; null leaves it to the run's own default."""
+    connect_timeout_s: float = Field(default=DEFAULT_CONNECT_TIMEOUT_S, gt=0)
+    """Seconds to reach a running cluster (`ray_address` other than local) before giving up with exit 2."""
     cpus_per_rank: int = Field(ge=1)
     """Ray CPUs reserved per rank actor. Default: 1 on CPU profiles, 4 on GPU profiles."""
     compile_cache: str = DEFAULT_COMPILE_CACHE

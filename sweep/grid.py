@@ -200,6 +200,36 @@ class GridSpec(_TrainingAxes):
             raise ValueError("tune: configures search: fastest; add `search: fastest` or remove tune")
         return self
 
+    @model_validator(mode="after")
+    def _storable(self) -> "GridSpec":
+        """Every size a row records fits its column (sweep.schema): a batch of 3e9 would otherwise run, and then
+        fail to be written."""
+        sizes = {"batch_sizes": ("batch_size", self.batch_sizes), "seq_len": ("seq_len", self.seq_len),
+                 "gpus": ("world_size", self.gpus),
+                 "steps.warmup": ("warmup_steps", [self.steps.warmup]),
+                 "steps.measure": ("measure_steps", [self.steps.measure]),
+                 "models": ("n_params", [m.n_params() for m in self.models]),
+                 **{name: (name, getattr(self, name)) for name, default in OPTION_DEFAULTS.items()
+                    if type(default) is int}}  # grad_accum
+        for key, (column, values) in sizes.items():
+            problem = unstorable(key, column, values)
+            if problem:
+                raise ValueError(problem)
+        return self
+
+
+def unstorable(key: str, column: str, values: list) -> str | None:
+    """Why one of `values` (given as `key`) cannot be recorded in the integer `column` of the results, or None."""
+    from sweep.schema import RESULT_SCHEMA, int_range
+
+    low, high = int_range(column)
+    bad = next((v for v in values if type(v) is int and not low <= v <= high), None)
+    if bad is None:
+        return None
+    unit = " parameters" if column == "n_params" else ""
+    return (f"{key}: {bad}{unit} is more than the results can record ({column} is "
+            f"{RESULT_SCHEMA.field(column).type}: at most {high})")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Trial(TrainingOptions):

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import sys
+import tempfile
 import threading
+import time
 from contextlib import contextmanager
 
 # On Linux, Ray turns `_node_ip_address="127.0.0.1"` into the machine's routable address and binds its
@@ -22,8 +26,8 @@ _LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 def connect(profile) -> bool:
     """Connect for `profile`; returns True if this call started Ray (and so should shut it down).
 
-    A Ctrl-C while Ray starts is held until the start is complete, then Ray is shut down and the
-    KeyboardInterrupt raised: interrupting `ray.init` halfway leaves its agent processes running.
+    A Ctrl-C or SIGTERM while Ray starts is held until the start is complete, then Ray is shut down and
+    `Interrupted` raised: interrupting `ray.init` halfway leaves its agent processes running.
     """
     import ray
 
@@ -34,7 +38,7 @@ def connect(profile) -> bool:
     quiet = not debug_enabled()
     common = dict(logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet, configure_logging=True)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    with sigint_held() as interrupted:
+    with signals_held() as interrupted:  # ray.init sets a SIGTERM handler of its own: the block's end puts ours back
         if profile.is_embedded:
             num_cpus = None if profile.is_gpu else profile.ranks_per_node * profile.cpus_per_rank
             with loopback_only():
@@ -42,25 +46,127 @@ def connect(profile) -> bool:
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                          **common)
         else:
-            try:
-                ray.init(address=profile.ray_address, **common)
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                from sweep.errors import UserError
-
-                raise UserError(f"cluster '{profile.name}': cannot reach Ray at {profile.ray_address} "
-                                f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); start it (ray start --head) "
-                                f"or fix ray_address in the profile") from None
+            join(profile, quiet, common)
     if interrupted:
         ray.shutdown()
-        raise KeyboardInterrupt
+        raise Interrupted(interrupted[0])
     return True
+
+
+def join(profile, quiet: bool, common: dict) -> None:
+    """Connect to the running cluster at `profile.ray_address` within `profile.connect_timeout_s`, or raise a
+    UserError that says why not (nothing listening, no answer, another auth mode) and what to do.
+
+    Ray itself retries a dead address for many minutes, printing its GCS warnings: the port is tried first
+    (a refused or unroutable one fails at once), and `ray.init` gets what is left of the time, its warnings
+    kept back (SWEEP_DEBUG shows them) and read for the cause; past the deadline the process says so and exits 2
+    (`ray.init` cannot be interrupted; nothing is written before Ray is reached)."""
+    import ray
+    from ray.exceptions import AuthenticationError
+
+    timeout = profile.connect_timeout_s
+    deadline = time.monotonic() + timeout
+    _probe(profile, deadline)
+    kept = [lambda: ""]  # what Ray printed, once it is kept back: read if the deadline passes
+    late = lambda: _unreachable(profile, f"no answer from Ray within {timeout:g} s", kept[0]())  # noqa: E731
+    with _exit_at(deadline, late), _stderr_kept(enabled=quiet) as kept[0]:  # the exit prints on the real stderr
+        try:
+            ray.init(address=profile.ray_address, **common)
+        except AuthenticationError:
+            raise _unreachable(profile, "token authentication is on here but this machine has no token", kept[0](),
+                               auth=True) from None
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise _unreachable(profile, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}", kept[0]()) from None
+
+
+def _probe(profile, deadline: float) -> None:
+    """A TCP connection to the address's port (GCS, or a ray:// client server): nothing listening is said now."""
+    from clusters.schema import ray_address_parts
+
+    parts = ray_address_parts(profile.ray_address)  # None for `auto`: Ray finds the address
+    if parts is None:
+        return
+    host, port = parts
+    try:
+        with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())):
+            pass
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise _unreachable(profile, f"nothing answers on port {port} ({why})", "") from None
+
+
+def _unreachable(profile, why: str, ray_output: str, auth: bool = False):
+    """The UserError for a cluster not reached: the address, why, and what to do; an auth mismatch named."""
+    from sweep.errors import UserError
+
+    address = profile.ray_address
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if "Unauthenticated" in ray_output or "InvalidAuthToken" in ray_output:
+        why, auth = "the cluster refused this driver's token (it was started with token authentication)", True
+    if auth:
+        token = "the cluster's token (RAY_AUTH_TOKEN, or a copy of the head node's ~/.ray/auth_token)"
+        todo = (f"RAY_AUTH_MODE={mode} is set here (ray.init writes it into a driver's environment, and child processes "
+                f"inherit it): unset it to reach a cluster started without token authentication, or give this machine "
+                f"{token}" if mode else f"give this machine {token} and set RAY_AUTH_MODE=token")
+    else:
+        port = address.rsplit(":", 1)[-1]
+        start = (f"ray start --head --ray-client-server-port {port}" if address.startswith("ray://")
+                 else f"ray start --head --port {port}" if address != "auto" else "ray start --head")
+        todo = f"start Ray there ({start}), fix ray_address in the profile, or run here with --cluster local"
+    return UserError(f"cluster '{profile.name}': cannot reach Ray at {address}: {why}; {todo}")
+
+
+@contextmanager
+def _stderr_kept(enabled: bool):
+    """Keep what is written to fd 2 (Ray's C++ warnings too) for the block; yields a function returning it."""
+    if not enabled:
+        yield lambda: ""
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as kept:
+        os.dup2(kept.fileno(), 2)
+
+        def text() -> str:
+            kept.seek(0)
+            return kept.read().decode(errors="replace")
+
+        try:
+            yield text
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@contextmanager
+def _exit_at(deadline: float, error):
+    """Past `deadline`, print `error()` (a UserError) as the CLI prints one and exit 2, whatever the main thread
+    is blocked in; nothing is left to clean up then: no rows are written before Ray is reached, and a driver
+    that joins a cluster has started no processes of its own."""
+    from sweep.errors import one_line
+
+    out = os.dup(2)  # the real stderr, whatever the block redirects
+
+    def fire() -> None:
+        os.write(out, f"error: {one_line(str(error()))}\n".encode())
+        os._exit(2)
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        os.close(out)
 
 
 def disconnect(started: bool) -> None:
     import ray
 
     if started and ray.is_initialized():
-        with sigint_held():  # a second Ctrl-C must not cut the shutdown short and orphan Ray's processes
+        with signals_held():  # a second Ctrl-C must not cut the shutdown short and orphan Ray's processes
             ray.shutdown()
 
 
@@ -84,21 +190,36 @@ def loopback_only():
             ray_constants.ENABLE_RAY_CLUSTER = saved[1]
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (Ctrl-C's SIGINT, or SIGTERM from `timeout`, `docker stop`, a batch scheduler) acted on
+    where stopping is safe; `signum` says which (the exit status is 128 + it, as a shell reports a signal)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# SIGTERM is stopped as Ctrl-C is: a scheduler's preemption must not orphan actors or write half a row.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextmanager
-def sigint_held():
-    """Defer SIGINT for the block; yields a list that is non-empty if one arrived.
+def signals_held():
+    """Defer SIGINT and SIGTERM for the block; yields a list of the signals that arrived (empty if none).
 
     A Ctrl-C is recorded, never raised where it lands: a KeyboardInterrupt raised inside one of Ray's
     Cython callbacks (its signal check in `ray.wait`, an object-ref destructor) is printed as "Exception
     ignored" and lost, and the sweep would go on as if nothing had been pressed. The caller looks at the
-    list where stopping is safe.
+    list where stopping is safe. SIGTERM's default (and the handler `ray.init` installs) ends the process
+    at once, with exit 1 and a stack dump, leaving the trials' actors to Ray.
     """
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
         yield received
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in STOP_SIGNALS}
     try:
         yield received
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

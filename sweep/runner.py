@@ -9,6 +9,7 @@ the first run would have, and those that are recorded too are skipped in turn.
 from __future__ import annotations
 
 import secrets
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -44,8 +45,12 @@ class RunReport:
     run_id: str
     rows: list[dict] = field(default_factory=list)  # rows written by this run
     reused_rows: list[dict] = field(default_factory=list)  # attempts found already recorded (resume)
-    interrupted: bool = False
+    interrupted_by: int | None = None  # the stop signal (SIGINT, SIGTERM) that ended the run early, else None
     teardown_s: float | None = None  # stopping the rank processes and Ray, after the last attempt
+
+    @property
+    def interrupted(self) -> bool:
+        return self.interrupted_by is not None
 
     @property
     def reused(self) -> int:
@@ -101,19 +106,19 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
     """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
     `reuse_actors` (the default) rank processes run one trial after another (`sweep.scheduler`); without
     it (`--fresh-actors`) every trial starts processes of its own."""
-    from sweep.ray_init import sigint_held
+    from sweep.ray_init import signals_held
 
     report = RunReport(run_id=run_id or new_run_id())
     recorded = store.existing_rows(output) if resume else {}
-    # Ctrl-C is recorded and acted on at the top of each round (within one poll, ~0.5 s), not raised
-    # wherever it lands (see sigint_held); the teardown below runs with it still held.
-    with _Progress(progress) as bar, sigint_held() as ctrl_c:
+    # Ctrl-C (or SIGTERM) is recorded and acted on at the top of each round (within one poll, ~0.5 s), not
+    # raised wherever it lands (see signals_held); the teardown below runs with it still held.
+    with _Progress(progress) as bar, signals_held() as ctrl_c:
         run = _Execution(plan, profile=profile, output=output, report=report, recorded=recorded, bar=bar,
                          grid_name=grid_name, max_concurrent=max_concurrent, reuse_actors=reuse_actors)
         try:
             run.loop(ctrl_c)
-        except KeyboardInterrupt:
-            report.interrupted = True
+        except KeyboardInterrupt as e:  # sweep.ray_init.Interrupted names its signal
+            report.interrupted_by = getattr(e, "signum", signal.SIGINT)
         finally:
             began = time.perf_counter()
             run.close()  # kill actors, remove placement groups, shut the embedded Ray: nothing is orphaned
@@ -139,13 +144,15 @@ class _Execution:
         bar.add(len(self.queue))
 
     def loop(self, ctrl_c: list) -> None:
+        from sweep.ray_init import Interrupted
+
         # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
         # (exit 2, no rows), not a run with only its unsupported rows written.
         if any(t.trial_id not in self.recorded and unsupported(t, self.profile) is None for t in self.queue):
             self.start()
         while self.queue or (self.scheduler and self.scheduler.busy):
             if ctrl_c:
-                raise KeyboardInterrupt
+                raise Interrupted(ctrl_c[0])
             self.submit_queued()
             if self.scheduler and self.scheduler.busy:
                 self.collect()

@@ -182,3 +182,15 @@ def to_table(rows: list[dict]) -> pa.Table:
         if row.get("status") not in STATUSES:
             raise ValueError(f"status {row.get('status')!r} is not one of {STATUSES}")
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+
+
+def int_range(column: str) -> tuple[int, int]:
+    """The least and the largest value an integer column can hold, from its Arrow type: what a size given by
+    the user (a batch, a step count) must lie within to be recorded at all."""
+    typ = RESULT_SCHEMA.field(column).type
+    if not pa.types.is_integer(typ):
+        raise TypeError(f"column {column} is {typ}, not an integer")
+    bits = typ.bit_width
+    if pa.types.is_signed_integer(typ):
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1

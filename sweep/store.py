@@ -41,10 +41,11 @@ def row_path(output: Path, row: dict) -> Path:
 def write_row(output: Path, row: dict) -> Path:
     """Write one attempt atomically. Refuses to overwrite: a trial_id is written once."""
     path = row_path(output, row)
+    table = to_table([row])  # a row that cannot be stored fails before its run's folder is made
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         raise FileExistsError(f"result for trial {row['trial_id']} already exists: {path}")
-    _write_atomically(path, lambda tmp: pq.write_table(to_table([row]), tmp))
+    _write_atomically(path, lambda tmp: pq.write_table(table, tmp))
     return path
 
 
@@ -68,10 +69,14 @@ def write_verdicts(output: Path, run_id: str, verdicts: list[dict]) -> Path:
 def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """``write`` a dot-prefixed temp file beside ``path``, then rename it into place: no half file, ever."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    with open(tmp, "rb") as f:  # the rename is only atomic for data that reached the disk
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:  # the rename is only atomic for data that reached the disk
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a signal: no half temp file left beside the rows
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def result_files(output: Path) -> list[Path]:

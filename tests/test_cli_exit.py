@@ -42,6 +42,20 @@ def test_a_long_teardown_is_said_after_the_run(capsys, tmp_path, teardown_s, sai
     assert "results: " in err
 
 
+@pytest.mark.parametrize("signum, code, said", [(2, 130, "interrupted: "), (15, 143, "interrupted by SIGTERM: ")])
+def test_an_interrupted_run_exits_128_plus_its_signal_and_says_how_to_resume(capsys, tmp_path, signum, code, said):
+    import typer
+
+    from sweep.commands.run import _finish
+    from sweep.runner import RunReport
+
+    with pytest.raises(typer.Exit) as exited:
+        _finish(RunReport(run_id="r1", interrupted_by=signum), tmp_path, plan=object())
+    assert exited.value.exit_code == code
+    err = " ".join(capsys.readouterr().err.split())  # Rich wraps it at the capture's 80 columns
+    assert err == f"{said}0 attempts written to {tmp_path}; rerun with --resume to finish"
+
+
 @pytest.mark.integration
 def test_a_sweep_that_measured_something_exits_0(ray_session, cli, write_grid, tmp_path):
     grid = write_grid(TINY + "precisions: [fp32, fp8-te-delayed]\n")

@@ -263,6 +263,16 @@ def test_a_rank_killed_mid_trial_is_an_error_naming_it_and_is_retried_once(ray_s
 
 
 # -- the driver killed, then --resume -----------------------------------------------------------------------
+def _wait_for_first_row(driver: subprocess.Popen, out: Path, seen: set[int], timeout: float) -> list[Path]:
+    """The result files once there is one, noting the driver's processes meanwhile (to check they end)."""
+    def first_row():
+        seen.update(_descendants(driver.pid))
+        assert driver.poll() is None, driver.communicate()
+        return store.result_files(out)
+
+    return _wait_for(first_row, timeout, "the first result file", interval=0.05)
+
+
 @pytest.mark.timeout(200)
 def test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid(sweep, write_grid, tmp_path):
     grid = write_grid(TINY + "batch_sizes: [1, 2, 3]\ngpus: 1\nsteps: {warmup: 1, measure: 5}\n")
@@ -271,12 +281,7 @@ def test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid(
     driver = sweep(grid, "--cluster", "local", "--output", out, "--max-concurrent", 1)
     seen: set[int] = set()
     try:
-        def first_row():
-            seen.update(_descendants(driver.pid))
-            assert driver.poll() is None, driver.communicate()
-            return store.result_files(out)
-
-        _wait_for(first_row, 120, "the first result file", interval=0.05)
+        _wait_for_first_row(driver, out, seen, 120)
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, its GCS and raylet; Ray's workers have groups of their own
         driver.wait(timeout=30)
         before = store.read_table(out).to_pylist()
@@ -359,6 +364,44 @@ def test_ctrl_c_while_ray_starts_leaves_no_process_behind(sweep, write_grid, tmp
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
         _kill_leftovers(seen)
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_mid_trial_stops_as_ctrl_c_does_and_resume_finishes_the_grid(sweep, write_grid, tmp_path):
+    """`timeout`, `docker stop` and a batch scheduler send SIGTERM to the driver alone: the running trial is
+    torn down, nothing half written, exit 143 with the --resume line; --resume then runs what is missing."""
+    grid = write_grid(TINY + "batch_sizes: [1, 2]\ngpus: 2\nsteps: {warmup: 1, measure: 400}\n")
+    out = tmp_path / "out"
+    driver = sweep(grid, "--cluster", "local", "--output", out, "--max-concurrent", 1)
+    seen: set[int] = set()
+    try:
+        (first,) = _wait_for_first_row(driver, out, seen, 150)
+        # the next trial starts at once on the warm ranks: its 400 steps take seconds, not one
+        _wait_for(lambda: _training_ranks(driver.pid, 2), 30, "the second trial's ranks")
+        time.sleep(1.0)
+        seen.update(_descendants(driver.pid))
+        os.kill(driver.pid, signal.SIGTERM)  # the driver only, as `timeout` sends it
+        stdout, stderr = driver.communicate(timeout=30)
+        assert driver.returncode == 143, stdout + stderr
+        (line,) = [l for l in stderr.splitlines() if l.startswith("interrupted")]
+        assert line == f"interrupted by SIGTERM: 1 attempt written to {out}; rerun with --resume to finish", stderr
+        assert "Traceback" not in stderr and "SystemExit" not in stderr, stderr
+        assert store.result_files(out) == [first], "the interrupted trial must not be recorded"
+        assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+        # every actor, placement group and the embedded Ray are gone with it
+        _wait_for(lambda: not [p for p in seen if _alive(p)], 30, "every process of the sweep to exit")
+
+        resumed = sweep(grid, "--cluster", "local", "--output", out, "--resume")
+        stdout, stderr = resumed.communicate(timeout=150)
+        assert resumed.returncode == 0, stdout + stderr
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        _kill_leftovers(seen)
+    rows = store.read_table(out).to_pylist()
+    assert sorted(r["batch_size"] for r in rows) == [1, 2] and all(r["status"] == "ok" for r in rows)
+    assert "1 reused" in stdout
 
 
 # -- a malformed profile ------------------------------------------------------------------------------------

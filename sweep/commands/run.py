@@ -112,8 +112,12 @@ def _prepare_search(command: str, cluster: str, memory_cap: str | None, axes: Ax
     is needed, and --start is the one batch its searches start from."""
     from sweep.errors import UserError
 
+    from sweep.grid import unstorable
+
     if not axes.model:
         raise UserError(f"{command} needs --model")
+    if problem := unstorable("--start", "batch_size", [start]):  # the grid key would name an option not given
+        raise UserError(problem)
     return _prepare(None, cluster, memory_cap, replace(axes, batch_size=[start]), extra)
 
 
@@ -292,8 +296,12 @@ def _finish(report, output: Path, plan) -> None:
     if (report.teardown_s or 0.0) > TEARDOWN_NOTE_S:  # the GPUs are held until it ends: say what it cost
         console.print(f"teardown: {report.teardown_s:.1f} s to stop the rank processes and Ray after the last attempt")
     if report.interrupted:
-        console.print(f"interrupted: {plural(len(rows), 'attempt')} written to {output}; rerun with --resume to finish")
-        raise typer.Exit(130)
+        import signal
+
+        by = "" if report.interrupted_by == signal.SIGINT else f" by {signal.Signals(report.interrupted_by).name}"
+        console.print(f"interrupted{by}: {plural(len(rows), 'attempt')} written to {output}; rerun with --resume to "
+                      "finish")
+        raise typer.Exit(128 + report.interrupted_by)  # as a shell reports a signal: 130 Ctrl-C, 143 SIGTERM
     if rows:
         console.print(f"results: {output} (run {report.run_id})")
     else:  # --resume with nothing left: no row carries this run's id, so it is not named
