@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
+from sweep import probe_budget
 from sweep.grid import OomPolicy, Trial
 
 INFRA_RETRIES = 1  # a dead rank process or lost node is retried once; OOM/unsupported/timeout never
@@ -74,37 +76,56 @@ class GridPlan:
         return [] if batch is None else [trial.child(batch_size=batch, retry=0)]
 
 
-# The memory model picks at most this many probes: batch 1 after a failed start, a jump from one fitting
-# batch, the predicted limit L, L + step, and room for a correction each way.
+# The schema stores batch_size as int32 (sweep/schema.py): no search proposes a batch past it, whatever its
+# start, max_batch or memory model says (a user's own sizes are checked against the schema before Ray starts).
+MAX_BATCH = 2**31 - 1
+
+GUIDED_MISSES = 2  # the memory model wrong this often (an OOM where it said fit, or the reverse): set aside
+# Unbounded (the tune fit's search), the model picks at most this many probes: batch 1 after a failed
+# start, a jump from one fitting batch, the predicted limit L, L + step, and a correction each way.
 GUIDED_PROBES = 6
-GUIDED_MISSES = 2  # wrong this often (an OOM where it said fit, or the reverse), the model is set aside
+
+
+class Probe(NamedTuple):
+    batch: int
+    guided: bool  # the memory model picked it
+    fits: bool | None  # what the model said it would do (None: no claim)
 
 
 @dataclass
 class MaxBatchSearch:
     """Find the largest batch that fits (B ok, B+1 oom, or B+step with a coarser `step`) for one config.
 
-    An OOM probe costs most (its rank processes are retired and the next probe starts fresh ones; a
-    fitting probe leaves them warm), so with a known `capacity_bytes` the probes are ordered to fit:
+    Bound: at most 2·⌈log₂ B⌉ + 2 probes for a limit B (one more when `start` is past it) on any memory
+    curve that grows with the batch, whatever the memory model guesses: every probe is taken inside
+    sweep.probe_budget.window, the probes that keep that bound whichever way they come out.
+    Inside it, an OOM probe costs most (its rank processes are retired and the next probe starts fresh
+    ones; a fitting probe leaves them warm), so with a known `capacity_bytes` the probes are ordered to fit:
       1. `start`; if that fails, batch 1 (if 1 fails, nothing fits). Halving could fail several times.
       2. From one fitting batch B with peak m: B·capacity/m, the largest batch that cannot pass the
          capacity whatever part of m is fixed (for peak = a + b·batch with a, b >= 0, peak/batch does not
-         grow with batch).
+         grow with batch). From batch 1 the bound allows only 2 (the limit may be 1).
       3. From two fitting batches, the line peak ≈ a + b·batch through the two largest predicts the limit
-         L: probe L, then L + step. On a linear curve L fits and L + step does not, and that is the
-         verdict. If L itself fails (the usable memory is a little under the capacity), L - step next.
+         L: probe L, then L + step. On a linear curve L fits and L + step does not, and that is the verdict.
     On a linear curve (a, b >= 0) under the stated capacity a search takes at most 5 probes, of which at
-    most 2 OOM: `start` if it is too large, and L + step. Off such a curve the model is set aside after
-    GUIDED_MISSES wrong calls or GUIDED_PROBES probes; from then on (and with no capacity, e.g. an
-    uncapped CPU) the batch grows by twice its last gain (doubling from one fit) until the first OOM, and
-    the bracket is bisected, jumping no further than that growth would. At most GUIDED_PROBES + 2 +
-    2·ceil(log2(max(start, limit) + 2)) probes in all (tests/test_policy.py checks both bounds).
+    most 2 OOM: `start` if it is too large, and L + step. A failed batch is an upper bound: a line (or
+    bound) that says it fits is wrong there and guesses nothing more until a new fit refits it (where
+    the line overshot: the parabola through the three largest fits); the bracket is bisected meanwhile, never probed next to the failed guess. The model is set aside after
+    GUIDED_MISSES wrong calls; from then on (and with no capacity, e.g. an uncapped CPU) the batch grows
+    by twice its last gain (doubling from one fit) until the first OOM, and the bracket is bisected.
+    The bound is tight: after 1 and 2 fit, a wrong guess of L leaves no probe to spare, and the search
+    doubles from 3 and bisects as a search without a model would (tests/test_max_batch_bound.py checks
+    the bound on many curves and limits).
     """
 
     start: int = 1
     step: int = 1
     capacity_bytes: float | None = None
-    max_batch: int = 1 << 16
+    max_batch: int = 1 << 16  # where growth stops without an OOM (an uncapped CPU); MAX_BATCH bounds it
+    # False: the tune fit's ordering from before the bound (sweep.tune_space.LevelFit): at most FIT_PROBES
+    # probes there, so no bound to keep; a failed L is followed by L - step (on 2xH200 GPT torchao 67 failed
+    # and 66 fitted, rows the tune replays reuse), and a wide bracket is crossed no faster than growth
+    bounded: bool = True
     ok: dict[int, dict] = field(default_factory=dict)  # batch -> {"peak_mem_bytes", "tokens_per_s"}
     failed: dict[int, str] = field(default_factory=dict)  # batch -> status
     probes: list[int] = field(default_factory=list)
@@ -123,9 +144,9 @@ class MaxBatchSearch:
     def record(self, batch: int, status: str, *, peak_mem_bytes: float | None = None,
                tokens_per_s: float | None = None) -> None:
         choice = self._choice() if self.probes else None
-        if choice is not None and choice[0] == batch and choice[1]:
+        if choice is not None and choice.batch == batch and choice.guided:
             self.guided += 1
-            self.misses += choice[2] is not None and (status == "ok") != choice[2]
+            self.misses += choice.fits is not None and (status == "ok") != choice.fits
         self.probes.append(batch)
         if status == "ok":
             self.ok[batch] = {"peak_mem_bytes": peak_mem_bytes, "tokens_per_s": tokens_per_s}
@@ -136,67 +157,113 @@ class MaxBatchSearch:
 
     def next_probe(self) -> int | None:
         choice = self._choice()
-        return None if choice is None else choice[0]
+        return None if choice is None else choice.batch
 
-    def _choice(self) -> tuple[int, bool, bool | None] | None:
-        """The next batch; whether the memory model picked it; whether it said the batch fits (None: no
-        claim). None when the search is over."""
+    def _choice(self) -> Probe | None:
+        """The next probe, or None when the search is over: the model's guess (else growth or bisection),
+        moved into the window of probes that keep the bound."""
         if self.aborted:
             return None
+        top = min(self.max_batch, MAX_BATCH)
         lo, hi = self.largest_ok, self.smallest_failed
         if lo is None and hi is None:
-            return self.start, False, None
-        if lo is None:  # even the first probe failed: go down
-            return None if hi <= 1 else self._guided(lo, hi) or (hi // 2, False, None)
-        if (hi is not None and hi - lo <= self.step) or (hi is None and lo >= self.max_batch):
+            return Probe(min(self.start, MAX_BATCH), False, None)
+        if (hi is not None and hi - (lo or 0) <= (self.step if lo else 1)) or (lo is not None and lo >= top):
             return None
-        guided = self._guided(lo, hi)
-        if guided is not None:
-            return guided
-        # Gallop: twice the last gain (from one fit: double it), so growth after the model's small steps
-        # starts small. Bisect a bracket, but never jump further than that: a wide bracket (left by a
-        # failed `start` or a wrong model) is crossed with probes that are likely to fit.
+        wanted = self._guided(lo, hi, top) or self._blind(lo, hi, top)
+        smallest, largest = (probe_budget.window(lo or 0, min(hi or top + 1, top + 1), self._spent())
+                             if self.bounded else (1, MAX_BATCH))
+        batch = min(max(wanted.batch, smallest), largest)
+        # moved down, a batch said to fit still does; moved up, one said to fail still fails
+        kept = (batch == wanted.batch or (batch < wanted.batch and wanted.fits)
+                or (batch > wanted.batch and wanted.fits is False))
+        fits = wanted.fits if kept else None
+        return Probe(batch, wanted.guided, fits)
+
+    def _spent(self) -> int:
+        """Probes counted against the bound: a failed `start` above 1 is the one probe past it."""
+        return len(self.probes) - (self.probes[0] > 1 and self.probes[0] in self.failed)
+
+    def _blind(self, lo: int | None, hi: int | None, top: int) -> Probe:
+        """Without the model: grow by twice the last gain (from one fit: double), so growth after the
+        model's small steps starts small; bisect a bracket between the largest fit and the smallest OOM."""
+        if lo is None:
+            return Probe(hi // 2, False, None)
         fits = sorted(self.ok)
         jump = 2 * (lo - fits[-2]) if len(fits) > 1 else lo
         if hi is None:
-            return min(lo + jump, self.max_batch), False, None
-        return lo + max(self.step, min(jump, (hi - lo) // 2) // self.step * self.step), False, None
+            return Probe(min(lo + jump, top), False, None)
+        half = (hi - lo) // 2 if self.bounded else min(jump, (hi - lo) // 2)
+        return Probe(lo + max(self.step, half // self.step * self.step), False, None)
 
-    def _guided(self, lo: int | None, hi: int | None) -> tuple[int, bool, bool | None] | None:
-        """The probe the memory model picks inside (lo, hi), as _choice; None when it has nothing to go on
-        (no capacity, no peak) or has had its turn."""
-        if self.capacity_bytes is None or self.guided >= GUIDED_PROBES or self.misses >= GUIDED_MISSES:
+    def _guided(self, lo: int | None, hi: int | None, top: int) -> Probe | None:
+        """The probe the memory model picks inside (lo, hi); None when it has nothing to go on (no
+        capacity, no peak, a fit that a failed batch contradicts) or has had its turn."""
+        spent = not self.bounded and self.guided >= GUIDED_PROBES
+        if self.capacity_bytes is None or self.misses >= GUIDED_MISSES or spent:
             return None
         if lo is None:
-            return 1, True, True
-        top = self.max_batch if hi is None else hi - self.step
-        limit = self._predicted_limit()
-        if limit is not None:  # the predicted limit; if that is lo, the next batch up (it should OOM)
-            batch = min(max(limit, lo + self.step), top)
-            return batch, True, batch <= limit
+            return Probe(1, True, True)
+        limit, past = self._model_limit(lo, hi)
+        if limit is None:
+            return None
+        batch = min(max(limit, lo + self.step), top if hi is None else hi - self.step)
+        return Probe(batch, True, True if batch <= limit else past)
+
+    def _model_limit(self, lo: int, hi: int | None) -> tuple[int | None, bool | None]:
+        """The largest batch the memory model puts under the capacity, and what it says of the batch past
+        it (False: fails; None: no claim). A failed batch is an upper bound: a model that says it fits is
+        wrong there and names nothing, and the search bisects until a new fit refits it."""
+        points = [(b, v["peak_mem_bytes"]) for b, v in sorted(self.ok.items()) if v.get("peak_mem_bytes")]
+        line = _line_limit(points[-2:], self.capacity_bytes)
+        if line is not None and hi is not None and line >= hi and self.bounded:
+            # the line through the two largest fits overshot, as it does where memory grows faster than
+            # the batch: the parabola through the three largest bends down with it
+            line = _curve_limit(points[-3:], self.capacity_bytes)
+            return (line, False) if line is not None and line < hi else (None, None)
+        if line is not None:
+            return line, False
         peak = self.ok[lo].get("peak_mem_bytes")
         if not peak:
-            return None
+            return None, None
         # a bound, not an estimate: a batch past it may fit as well
         safe = math.floor(lo * self.capacity_bytes / peak)
-        batch = min(max(safe, lo + self.step), top)
-        return batch, True, True if batch <= safe else None
+        return (safe, None) if hi is None or safe < hi or not self.bounded else (None, None)
 
     def _predicted_limit(self) -> int | None:
         """The largest batch under the capacity on the line through the two largest fitting batches."""
         points = [(b, v["peak_mem_bytes"]) for b, v in sorted(self.ok.items()) if v.get("peak_mem_bytes")]
-        if len(points) < 2:
-            return None
-        (b0, m0), (b1, m1) = points[-2], points[-1]
-        slope = (m1 - m0) / (b1 - b0)
-        if slope <= 0:
-            return None
-        # a peak exactly at the capacity fits; rounding must not turn that limit L into L - 1
-        return math.floor(b1 + (self.capacity_bytes - m1) / slope + 1e-9)
+        return _line_limit(points[-2:], self.capacity_bytes)
 
     def fastest(self) -> int | None:
         rated = {b: v["tokens_per_s"] for b, v in self.ok.items() if v.get("tokens_per_s")}
         return max(rated, key=rated.get) if rated else None
+
+
+def _line_limit(points: list[tuple[int, float]], capacity: float) -> int | None:
+    """The largest batch under `capacity` on the line through two (batch, peak) points; None: fewer, or flat."""
+    if len(points) < 2:
+        return None
+    (b0, m0), (b1, m1) = points
+    slope = (m1 - m0) / (b1 - b0)
+    if slope <= 0:
+        return None
+    # a peak exactly at the capacity fits; rounding must not turn that limit L into L - 1
+    return math.floor(b1 + (capacity - m1) / slope + 1e-9)
+
+
+def _curve_limit(points: list[tuple[int, float]], capacity: float) -> int | None:
+    """The largest batch under `capacity` on the parabola through three (batch, peak) points, when it bends
+    up (memory growing faster than the batch); None otherwise."""
+    if len(points) < 3:
+        return None
+    (b0, m0), (b1, m1), (b2, m2) = points
+    near, far = (m2 - m1) / (b2 - b1), (m1 - m0) / (b1 - b0)
+    bend = (near - far) / (b2 - b0)  # peak = m2 + near·t + bend·t·(t + b2 - b1), t = batch - b2
+    if bend <= 0 or near <= 0:
+        return None
+    linear, room = bend * (b2 - b1) + near, max(capacity - m2, 0.0)
+    return math.floor(b2 + 2 * room / (linear + math.sqrt(linear * linear + 4 * bend * room)) + 1e-9)
 
 
 def search_id(trial: Trial) -> str:

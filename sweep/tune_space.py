@@ -235,7 +235,7 @@ class LevelFit:
                  capacity_bytes: float | None, need: float | None = None):
         self.ac, self.allowed, self.ceiling, self.need = ac, allowed, ceiling, need
         start = start if ceiling is None else min(start, ceiling - 1)
-        self.search = MaxBatchSearch(start=max(1, start), capacity_bytes=capacity_bytes)
+        self.search = MaxBatchSearch(start=max(1, start), capacity_bytes=capacity_bytes, bounded=False)
         self.tflops: dict[int, float] = {}
         self.thrashed: set[int] = set()  # batches that fit only by the allocator freeing its cache (retries)
 

@@ -104,3 +104,22 @@ def test_max_batch_command(ray_session, cli, tmp_path):
 def test_max_batch_needs_a_model(cli):
     result = cli("max-batch", "--cluster", "local")
     assert result.exit_code == 2 and "--model" in result.stderr
+
+
+def test_max_batch_keeps_its_probe_bound_under_a_real_cap(ray_session, cli, tmp_path):
+    """`sweep max-batch` on CPU ranks under a cap (issue 27: 17 probes, 6 OOM, where memory is not a line):
+    the exact limit B in at most 2·⌈log₂ B⌉ + 2 probes, and a failed batch is never followed by its neighbour
+    while the bracket below it is wide."""
+    out = tmp_path / "out"
+    result = cli("max-batch", "--model", "gpt-tiny", "--precision", "bf16", "--gpus", "1", "--seq-len", "128",
+                 "--compile", "none", "--warmup", "0", "--measure", "1", "--memory-cap", "160MiB",
+                 "--cluster", "local", "--output", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    (verdict,) = json.loads(next((out / "_search").glob("*.json")).read_text())
+    status = {r["batch_size"]: r["status"] for r in store.read_table(out).to_pylist()}
+    best, probes = verdict["max_batch"], verdict["probe_batches"]
+    assert best >= 2 and status[best] == "ok" and status[best + 1] == "oom", probes
+    assert len(probes) <= 2 * math.ceil(math.log2(best)) + 2, probes
+    for i, (batch, after) in enumerate(zip(probes, probes[1:])):
+        below = max((b for b in probes[:i] if status[b] == "ok"), default=0)
+        assert not (status[batch] == "oom" and after == batch - 1 and batch - below > 2), probes

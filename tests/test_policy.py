@@ -8,7 +8,7 @@ import random
 import pytest
 
 from sweep.grid import OomPolicy, parse_grid, expand
-from sweep.policy import GUIDED_PROBES, GridPlan, MaxBatchPlan, MaxBatchSearch, infra_retry, next_batch_after_oom
+from sweep.policy import GridPlan, MaxBatchPlan, MaxBatchSearch, infra_retry, next_batch_after_oom
 
 
 @pytest.mark.parametrize("policy,failed,ok,expected", [
@@ -205,7 +205,11 @@ def _fits(n):
     (1, 80, [1, 2, 13, 14]),
     (64, 80, [64, 1, 2, 13, 14]),  # a failed start goes to batch 1, not down by halves
     (4, 80, [4, 6, 13, 14]),  # 4 fits at 52 GiB: 4·80/52 = 6 cannot fail whatever part of 52 is fixed
-    (1, 82, [1, 2, 14, 13]),  # the capacity overstates the usable memory by 2 GiB: L fails, L - 1 fits
+    # The capacity overstates the usable memory by 2 GiB: L = 14 fails, and the line that said it fits
+    # guesses nothing more. Not 13 next to it (the same wrong guess): with 1, 2 fitting and 14 failing, a
+    # limit of 2 must be found by the 4th probe, so 3; then doubling and bisection under the bound.
+    (1, 82, [1, 2, 14, 3, 5, 9, 11, 12, 13]),
+    (4, 82, [4, 6, 14, 10, 12, 13]),  # from a fitting start the bound leaves room: bisect 6 .. 14
 ])
 def test_the_predicted_limit_is_probed_then_the_next_batch_up(start, capacity_gib, probes):
     search, _ = _search(_peak, _fits, capacity=capacity_gib * GiB, start=start)
@@ -231,7 +235,8 @@ def test_off_the_line_the_search_is_still_exact_and_bounded(shape, stated, start
     fits = (lambda n: n <= limit) if shape == "flat" else (lambda n: peak(n) <= real)
     search, _ = _search(peak, fits, capacity=stated and stated * real, start=start, step=step)
     assert _exact(search, limit, step), search.probes
-    assert len(search.probes) <= GUIDED_PROBES + 2 + 2 * math.ceil(math.log2(max(start, limit) + 2)), search.probes
+    # the bound of tests/test_max_batch_bound.py; a start past the limit is the one probe past it
+    assert len(search.probes) <= 2 * math.ceil(math.log2(limit)) + 2 + (start > limit), search.probes
 
 
 def test_coarse_step_stops_within_the_step():
