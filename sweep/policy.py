@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from sweep import probe_budget
 from sweep.grid import OomPolicy, Trial
+from sweep.schema import int_range
 
 INFRA_RETRIES = 1  # a dead rank process or lost node is retried once; OOM/unsupported/timeout never
 
@@ -76,9 +77,9 @@ class GridPlan:
         return [] if batch is None else [trial.child(batch_size=batch, retry=0)]
 
 
-# The schema stores batch_size as int32 (sweep/schema.py): no search proposes a batch past it, whatever its
+# The largest batch_size a row can record (its Arrow type): no search proposes a batch past it, whatever its
 # start, max_batch or memory model says (a user's own sizes are checked against the schema before Ray starts).
-MAX_BATCH = 2**31 - 1
+MAX_BATCH = int_range("batch_size")[1]
 
 GUIDED_MISSES = 2  # the memory model wrong this often (an OOM where it said fit, or the reverse): set aside
 # Unbounded (the tune fit's search), the model picks at most this many probes: batch 1 after a failed
