@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # first (or point VENV at an environment that has it) and set TORCH_SPEC= to skip this.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test venv clean
+.PHONY: demo test docs venv clean
 
 venv: $(VENV)/.installed
 
@@ -22,6 +22,9 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q tests
+
+docs: venv
+	$(PY) -m sweep.docs_gen   # docs/reference/*.md from the code
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

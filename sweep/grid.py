@@ -137,8 +137,10 @@ class TuneSpec(BaseModel):
 
 class OomPolicy(BaseModel):
     model_config = _STRICT
-    policy: Literal["halve", "next", "bisect", "none"] = "halve"
-    min_batch: int = Field(default=1, gt=0)
+    policy: Literal["halve", "next", "bisect", "none"] = Field(
+        default="halve", description="after an out-of-memory attempt, retry at: halve (B/2), next (B-1), bisect "
+                                     "(midway to the largest batch known to fit), or none (no retry)")
+    min_batch: int = Field(default=1, gt=0, description="no retry below this batch")
 
 
 # The training options as grid axes: a list of each option's type (its constraint included), defaulting to
@@ -150,23 +152,34 @@ _TrainingAxes = create_model("_TrainingAxes", __config__=_STRICT, **{
 
 class GridSpec(_TrainingAxes):
 
-    name: str | None = None
-    models: list[Annotated[ModelSpec, BeforeValidator(_registry_model)]] = Field(min_length=1)
-    precisions: list[Annotated[str, AfterValidator(_known_precision)]] = Field(default=["bf16"], min_length=1)
-    batch_sizes: list[_Positive] = Field(min_length=1)
-    compile: list[CompileMode] = Field(default=["regional"], min_length=1)
-    seq_len: list[_Positive] = Field(default=[1024], min_length=1)
-    gpus: list[_Positive] = Field(default=[1], min_length=1)
-    ac: list[AcMode] = Field(default=["none"], min_length=1)
+    name: str | None = Field(default=None, description="the grid's name, stored in every row's grid_name column")
+    models: list[Annotated[ModelSpec, BeforeValidator(_registry_model)]] = Field(
+        min_length=1, description="registry names (llama3-8b, gpt2-1.5b, ...) or inline specs {arch: gpt|llama, "
+                                  "n_layers, d_embd, n_heads, vocab_size, ...}")
+    precisions: list[Annotated[str, AfterValidator(_known_precision)]] = Field(
+        default=["bf16"], min_length=1, description="precision recipes (bf16, fp8-torchao-tensorwise, "
+                                                    "fp8-te-delayed, ...)")
+    batch_sizes: list[_Positive] = Field(min_length=1, description="per-GPU micro-batch, in samples")
+    compile: list[CompileMode] = Field(default=["regional"], min_length=1, description=(
+        "torch.compile: none, regional (each transformer block) or full (the whole model)"))
+    seq_len: list[_Positive] = Field(default=[1024], min_length=1, description=(
+        "tokens per sample; at most each model's max_seq_len"))
+    gpus: list[_Positive] = Field(default=[1], min_length=1, description="ranks per trial (one per GPU)")
+    ac: list[AcMode] = Field(default=["none"], min_length=1, description=(
+        "activation checkpointing: none, selective (some blocks) or full (every block)"))
     # + one axis per training option (from _TrainingAxes): grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync
-    steps: Steps = Steps()
-    on_oom: OomPolicy = OomPolicy()
-    search: Literal["max_batch", "fastest"] | None = None
-    tune: TuneSpec | None = None
+    steps: Steps = Field(default=Steps(), description="warm-up and measured steps per trial (counts, or auto)")
+    on_oom: OomPolicy = Field(default=OomPolicy(), description="what an out-of-memory attempt is retried at")
+    search: Literal["max_batch", "fastest"] | None = Field(default=None, description=(
+        "max_batch: the largest and the fastest batch per model and precision; fastest: the fastest "
+        "configuration over the options tune.vary names; null: run the grid as written"))
+    tune: TuneSpec | None = Field(default=None, description="how search: fastest searches")
     profile: bool = Field(default=False, description="record a torch.profiler trace of a few steps after the "
                                                      "measured ones, and where the step time goes")
-    timeout_s: float | None = Field(default=None, gt=0)
-    memory_cap: int | None = None  # bytes, from a size with a unit
+    timeout_s: float | None = Field(default=None, gt=0, description=(
+        "seconds a trial may run before it is killed and recorded timeout (null: the profile's, else 1800)"))
+    memory_cap: int | None = Field(default=None, description=(  # bytes, from a size with a unit
+        "per-rank memory cap, a size with a unit (80GiB): allocations past it really fail"))
     reuse_actors: bool = Field(default=True, description="run trials of one kind one after the other on warm rank "
                                                          "processes (sweep.scheduler); false: fresh ones for each")
 

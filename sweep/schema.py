@@ -154,16 +154,16 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("trace_file", pa.string(), "the profiled steps' Chrome/Perfetto trace (gzipped JSON, rank 0), relative to the "
                                 "results directory; null unless profiled (schema 1.7)"),
     # software and hardware
-    ("torch_version", pa.string(), ""),
-    ("ray_version", pa.string(), ""),
+    ("torch_version", pa.string(), "torch version the ranks ran"),
+    ("ray_version", pa.string(), "Ray version"),
     ("te_version", pa.string(), "transformer-engine, if importable"),
-    ("torchao_version", pa.string(), ""),
+    ("torchao_version", pa.string(), "torchao, if importable"),
     ("gpu_name", pa.string(), "device name reported by torch"),
     ("driver_version", pa.string(), "GPU driver version"),
     ("cuda_version", pa.string(), "CUDA or HIP runtime torch was built with"),
     ("git_sha", pa.string(), "commit of sweep that produced the row"),
-    ("started_at", _TS, ""),
-    ("finished_at", _TS, ""),
+    ("started_at", _TS, "when the attempt started (UTC)"),
+    ("finished_at", _TS, "when the attempt ended (UTC)"),
 ]
 
 RESULT_SCHEMA = pa.schema(
