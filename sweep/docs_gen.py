@@ -157,7 +157,7 @@ def _params(command, ctx) -> list[str]:
         kind = "flag" if getattr(p, "is_flag", False) else p.display_type(ctx).strip("<>")
         if p.multiple:
             kind = kind.removeprefix("list[").removesuffix("]") + ", repeatable"
-        default = "" if p.default in (None, (), [], False) else p.default
+        default = "" if p.default in (None, (), [], False) else getattr(p.default, "value", p.default)  # an Enum
         lines.append(f"| {names} | {_cell(kind)} | {_cell(default)} | {_cell(getattr(p, 'help', '') or '')} |")
     return lines
 
@@ -203,16 +203,20 @@ def stale() -> list[Path]:
     return [path for path, text in generate().items() if not path.is_file() or path.read_text() != text]
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--check"]:
         pages = stale()
         for path in pages:
-            print(f"stale: {path.relative_to(ROOT)}: run `python -m sweep.docs_gen` (make docs)", file=sys.stderr)
+            print(f"stale: {_shown(path)}: run `python -m sweep.docs_gen` (make docs)", file=sys.stderr)
         return 1 if pages else 0
     REFERENCE.mkdir(parents=True, exist_ok=True)
     for path, text in generate().items():
         path.write_text(text)
-        print(path.relative_to(ROOT))
+        print(_shown(path))
     return 0
 
 

@@ -97,8 +97,8 @@ CAP_MIB = 128
 
 
 def readme_grid_text() -> str:
-    """The yaml block under the README's "## Grids", as a user would copy it."""
-    section = (ROOT / "README.md").read_text().split("## Grids", 1)[1]
+    """The yaml block under docs/grids.md's "## The grid file", as a user would copy it."""
+    section = (ROOT / "docs" / "grids.md").read_text().split("## The grid file", 1)[1]
     return re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
 
 
@@ -395,7 +395,7 @@ def test_sweep_debug_brings_the_traceback_back(tmp_path):
 def test_the_table_covers_every_readme_key_and_option():
     """COVERAGE names a test, here or in another module, for every grid key of the README's block and every
     option the README shows for `sweep run`, `sweep plan`, `sweep max-batch` and `sweep tune`."""
-    readme = (ROOT / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     assert set(readme_grid()) <= set(COVERAGE)
     shown = set()  # in every `sweep run|plan|max-batch|tune ...` the README writes, up to a comment or closing
     # backtick, a line that ends in a backslash continued

@@ -80,8 +80,8 @@ def test_the_default_is_under_the_users_cache_dir():
 
 
 def test_the_readme_profile_sets_the_cache(tmp_path):
-    """The profile block under the README's "## Clusters", as a user would copy it, keeps its compile_cache."""
-    section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## Clusters", 1)[1]
+    """The profile block under docs/clusters.md's "## Profiles", as a user would copy it, keeps its compile_cache."""
+    section = (Path(__file__).resolve().parents[1] / "docs" / "clusters.md").read_text().split("## Profiles", 1)[1]
     block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     assert "compile_cache:" in block
     path = tmp_path / "readme.yaml"

@@ -14,13 +14,13 @@ import pytest
 
 from sweep import store
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+GRIDS_DOC = Path(__file__).resolve().parents[1] / "docs" / "grids.md"
 
 
 def readme_grid() -> str:
-    """The yaml block under the README's "## Grids" heading, as a user would copy it."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("\n## Grids\n"):]
+    """The yaml block under docs/grids.md's "## The grid file" heading, as a user would copy it."""
+    text = GRIDS_DOC.read_text(encoding="utf-8")
+    section = text[text.index("\n## The grid file\n"):]
     return re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
 
 

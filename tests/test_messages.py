@@ -123,8 +123,8 @@ def test_clusters_list_explains_its_memory_column_in_words():
 
 
 def test_readme_names_the_column_a_grid_name_is_stored_in():
-    readme = (ROOT / "README.md").read_text()
-    (comment,) = re.findall(r"^name: .*#(.*)$", readme.split("## Grids", 1)[1], re.M)[:1]
+    readme = (ROOT / "docs" / "grids.md").read_text()
+    (comment,) = re.findall(r"^name: .*#(.*)$", readme.split("## The grid file", 1)[1], re.M)[:1]
     (column,) = re.findall(r"\b(\w+) column\b", comment)
     assert column == "grid_name" and column in RESULT_SCHEMA.names
 
