@@ -1,0 +1,250 @@
+"""Predicted peak memory per rank of a trial, before any GPU time: pure arithmetic (no torch, no Ray).
+
+    peak = max(forward end, backward end)
+    forward end  = state_fwd·N/dp + compute copies + L·T·B·act(ac) + 6·B·T·V
+    backward end = 16·N/dp + compute copies
+
+* Training state, sharded over the dp ranks (FSDP2): fp32 master weights (4 B/param) and AdamW's two fp32
+  moments (8) all the time; the fp32 gradients (4) exist from backward until `zero_grad(set_to_none=True)`,
+  so they are live at the end of forward only with grad_accum > 1 (the earlier micro-batches' sums): measured,
+  Llama3-8B on 2 H200s at batch 2 peaks 14.96 GiB higher with grad_accum 8 than 1, which is 4 B × 8.03 B / 2.
+* Compute copies: under FSDP2 (dp > 1) the bf16 all-gathered parameters of the largest unit (a block, or the
+  root's embeddings and head), twice (the next unit is prefetched while one computes); on one rank the model
+  is not sharded and trains under autocast, whose bf16 casts of every matmul weight stay cached (and saved for
+  backward) through forward: 2 B × N_matmul.
+* Activations of one micro-batch, bytes per token per layer, in bf16 (2 B), as Korthikanti et al. 2022,
+  "Reducing Activation Recomputation in Large Transformer Models" §4.1, count what backward needs — with
+  flash/SDPA attention (no s² score or softmax term: only its output is saved) and no dropout (no masks):
+  the two norms' inputs and outputs (4E), q (E), k and v (2·J·D), the attention output (E), and the MLP:
+  GPT's GELU input and output (4E each), Llama's SwiGLU gate, up and their product (K each; silu is
+  recomputed). GPT comes to 32·E (their 34·s·b·h less the two 1-byte residual dropout masks).
+  `ac: full` keeps each block's input (E) and recomputes one block at a time in backward; `selective`
+  checkpoints every other block (trainer/parallelize.py), so half the blocks keep everything.
+* Logits and loss: B·T·V logits in bf16 and their fp32 upcast for the loss, the largest single temporary at
+  the end of forward (6 B per element).
+
+The figure is then multiplied by a calibration ratio learned from the clean ok rows a cluster has already
+measured (`calibrate`): compile fusion and the allocator move it, and the ratio says by how much.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Iterable
+
+GiB = 2**30
+ACT_BYTES = 2  # bf16 activations
+LOGIT_BYTES = 2 + 4  # bf16 logits and their fp32 upcast
+UNCALIBRATED_MARGIN = 0.10  # with no rows, a trial is predicted not to fit only past the memory by this much
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the prediction needs of a trial: the model's dims and the step's layout."""
+
+    arch: str
+    n_layers: int
+    d_embd: int
+    n_heads: int
+    vocab_size: int
+    n_params: int
+    n_kv_heads: int | None
+    ffn_hidden: int | None
+    max_seq_len: int
+    batch_size: int
+    seq_len: int
+    ranks: int
+    ac: str = "none"
+    grad_accum: int = 1
+    fp8_saved: bool = False  # torchao FP8: the matmul inputs backward needs are kept as FP8 (1 B), not bf16
+
+    @staticmethod
+    def saves_fp8(precision: str) -> bool:
+        # torchao's Float8Linear saves the FP8 casts of its input for backward; TE's modules are eager and,
+        # as measured on one H200, keep more than bf16, so they are left to the calibration ratio
+        return precision.startswith("fp8-torchao")
+
+    @classmethod
+    def of(cls, trial) -> "Shape":
+        """From a `sweep.grid.Trial` (its ModelSpec and layout)."""
+        m = trial.model
+        return cls(arch=m.arch, n_layers=m.n_layers, d_embd=m.d_embd, n_heads=m.n_heads, vocab_size=m.vocab_size,
+                   n_params=m.n_params(), n_kv_heads=m.n_kv_heads, ffn_hidden=m.ffn_hidden, max_seq_len=m.max_seq_len,
+                   batch_size=trial.batch_size, seq_len=trial.seq_len, ranks=trial.gpus, ac=trial.ac,
+                   grad_accum=trial.grad_accum, fp8_saved=cls.saves_fp8(trial.precision))
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """The predicted peak of one rank, in bytes, and its parts."""
+
+    state: float
+    compute_copies: float
+    activations: float
+    logits: float
+    backward_end: float
+
+    @property
+    def forward_end(self) -> float:
+        return self.state + self.compute_copies + self.activations + self.logits
+
+    @property
+    def peak(self) -> float:
+        return max(self.forward_end, self.backward_end)
+
+
+def _kv_width(s: Shape) -> int:
+    """J·D: the width of k (and of v)."""
+    return s.d_embd if s.arch == "gpt" else (s.n_kv_heads or s.n_heads) * (s.d_embd // s.n_heads)
+
+
+def layer_bytes_per_token(s: Shape) -> float:
+    """What one block saves for backward per token, without checkpointing (see the module's docstring)."""
+    E, K = s.d_embd, s.ffn_hidden or 4 * s.d_embd
+    attention = 4 * E + E + 2 * _kv_width(s) + E  # norm inputs and outputs, q, k and v, attention output
+    mlp = 8 * E if s.arch == "gpt" else 3 * K
+    # the inputs of the matmuls: both norms' outputs, the attention output, and the MLP's down-projection input
+    matmul_inputs = 3 * E + (4 * E if s.arch == "gpt" else K)
+    saved = ACT_BYTES * (attention + mlp)
+    return saved - matmul_inputs * (ACT_BYTES - 1) if s.fp8_saved else saved
+
+
+def activation_bytes(s: Shape) -> float:
+    """Activations of one micro-batch at their most, by `ac` mode: what forward keeps, or, checkpointing, what
+    the blocks before a checkpointed one keep while backward recomputes it whole."""
+    tokens = s.batch_size * s.seq_len
+    full_layer = layer_bytes_per_token(s) * tokens
+    if s.ac == "none":
+        return s.n_layers * full_layer
+    kept_input = ACT_BYTES * s.d_embd * tokens
+    checkpointed = [s.ac == "full" or i % 2 == 0 for i in range(s.n_layers)]  # selective: blocks 0, 2, 4, ...
+    kept = [kept_input if c else full_layer for c in checkpointed]
+    recompute = max(sum(kept[:i]) + full_layer for i, c in enumerate(checkpointed) if c)
+    return max(sum(kept), recompute)
+
+
+def _unit_params(s: Shape) -> tuple[int, int]:
+    """Parameters of one block and of the root (embeddings, final norm, head): FSDP2's units."""
+    E = s.d_embd
+    if s.arch == "gpt":
+        block = 12 * E * E + 13 * E
+        return block, s.n_params - s.n_layers * block
+    D = E // s.n_heads
+    block = 2 * E + E * (E + 2 * (s.n_kv_heads or s.n_heads) * D) + E * E + 3 * E * (s.ffn_hidden or 4 * E)
+    return block, s.n_params - s.n_layers * block
+
+
+def _matmul_params(s: Shape) -> int:
+    """Weights that multiply activations (every Linear and the head): autocast's cached bf16 copies."""
+    E = s.d_embd
+    if s.arch == "gpt":
+        return s.n_layers * 12 * E * E + s.vocab_size * E
+    block, _ = _unit_params(s)
+    return s.n_layers * (block - 2 * E) + s.vocab_size * E
+
+
+def breakdown(s: Shape) -> Breakdown:
+    """The uncalibrated peak of one rank for `s`, part by part."""
+    fwd_state = (16 if s.grad_accum > 1 else 12) * s.n_params / s.ranks
+    if s.ranks > 1:
+        copies = 2 * 2 * max(_unit_params(s))  # bf16, the unit computing and the one prefetched
+    else:
+        copies = 2 * _matmul_params(s)
+    logits = LOGIT_BYTES * s.batch_size * s.seq_len * s.vocab_size
+    return Breakdown(state=fwd_state, compute_copies=copies, activations=activation_bytes(s), logits=logits,
+                     backward_end=16 * s.n_params / s.ranks + copies)
+
+
+def predicted_bytes(s: Shape) -> float:
+    return breakdown(s).peak
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One clean measured row: its precision and compile mode, predicted (uncalibrated) and measured peak."""
+
+    precision: str
+    compile: str
+    predicted: float
+    measured: float
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured / predicted, per (precision, compile); `rows` says how many rows each ratio rests on."""
+
+    ratios: dict[tuple[str, str], float]
+    rows: dict[tuple[str, str], int]
+
+    def ratio(self, precision: str, compile: str) -> float | None:
+        return self.ratios.get((precision, compile))
+
+    def predict(self, shape: Shape, precision: str, compile: str) -> "Prediction":
+        raw = predicted_bytes(shape)
+        ratio = self.ratio(precision, compile)
+        return Prediction(raw=raw, ratio=ratio, rows=self.rows.get((precision, compile), 0))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A trial's predicted peak: raw, and corrected by `ratio` (None: no rows of its kind to learn it from)."""
+
+    raw: float
+    ratio: float | None
+    rows: int
+
+    @property
+    def bytes(self) -> float:
+        return self.raw * (self.ratio if self.ratio is not None else 1.0)
+
+    def fits(self, available: float) -> bool:
+        """Whether it is predicted to fit in `available` bytes. Uncalibrated, the figure may be off either way,
+        so only a trial past the memory by more than UNCALIBRATED_MARGIN is predicted not to fit."""
+        limit = available * (1 + UNCALIBRATED_MARGIN) if self.ratio is None else available
+        return self.bytes <= limit
+
+    def basis(self) -> str:
+        if self.ratio is None:
+            return f"uncalibrated (no clean rows; predicted not to fit only past the memory by {UNCALIBRATED_MARGIN:.0%})"
+        return f"× {self.ratio:.3f}, the median measured/predicted of {self.rows} clean row{'s' * (self.rows != 1)}"
+
+
+def calibrate(samples: Iterable[Sample]) -> Calibration:
+    """The median measured/predicted ratio per (precision, compile) over `samples`."""
+    by_kind: dict[tuple[str, str], list[float]] = {}
+    for x in samples:
+        if x.predicted > 0 and x.measured > 0:
+            by_kind.setdefault((x.precision, x.compile), []).append(x.measured / x.predicted)
+    return Calibration(ratios={k: statistics.median(v) for k, v in by_kind.items()},
+                       rows={k: len(v) for k, v in by_kind.items()})
+
+
+def leave_one_out(samples: list[Sample]) -> list[float | None]:
+    """Each sample's calibrated prediction from the others alone (None: no other sample of its kind)."""
+    out: list[float | None] = []
+    for i, x in enumerate(samples):
+        ratio = calibrate(samples[:i] + samples[i + 1:]).ratio(x.precision, x.compile)
+        out.append(None if ratio is None else x.predicted * ratio)
+    return out
+
+
+def max_batch(shape: Shape, available: float, ratio: float | None, limit: int = 1 << 20) -> int:
+    """The largest batch predicted to fit in `available` bytes (0: not even one), as `Prediction.fits` says."""
+    from dataclasses import replace
+
+    def fits(batch: int) -> bool:
+        p = Prediction(raw=predicted_bytes(replace(shape, batch_size=batch)), ratio=ratio, rows=0)
+        return p.fits(available)
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):  # the peak grows with the batch: double, then bisect
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

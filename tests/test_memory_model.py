@@ -1,0 +1,95 @@
+"""The memory predictor (sweep/memory_model.py) against figures worked by hand for llama-tiny, and its calibration."""
+
+from dataclasses import replace
+
+import pytest
+
+from sweep.memory_model import (UNCALIBRATED_MARGIN, Prediction, Sample, Shape, activation_bytes, breakdown,
+                                calibrate, layer_bytes_per_token, leave_one_out, max_batch, predicted_bytes)
+from trainer.models.specs import REGISTRY
+
+# llama-tiny: E 64, 4 heads of D 16, 2 kv heads (J·D 32), ffn 192, vocab 512, 2 layers; 164,160 params,
+# one block 49,280 (2·64 norms + 64·128 qkv + 64·64 out + 3·64·192 SwiGLU), root 65,600, matmul weights 131,072
+TINY = Shape(arch="llama", n_layers=2, d_embd=64, n_heads=4, vocab_size=512, n_params=164160, n_kv_heads=2,
+             ffn_hidden=192, max_seq_len=8192, batch_size=2, seq_len=8, ranks=1)
+
+
+def test_the_spec_counts_are_the_ones_worked_by_hand():
+    spec = REGISTRY["llama-tiny"]
+    assert (spec.n_params(), spec.n_matmul_params()) == (164160, 131072)
+
+
+def test_a_block_saves_what_backward_needs_per_token():
+    # norms in and out 4·64, q 64, k and v 2·32, attention output 64, SwiGLU gate, up and product 3·192: 1024 × 2 B
+    assert layer_bytes_per_token(TINY) == 2048
+    # torchao FP8 keeps the matmul inputs (both norm outputs, attention output, down-projection input:
+    # 3·64 + 192 = 384 elements) at 1 B instead of 2
+    assert layer_bytes_per_token(replace(TINY, fp8_saved=True)) == 2048 - 384
+    gpt = Shape(arch="gpt", n_layers=2, d_embd=64, n_heads=4, vocab_size=512, n_params=198400, n_kv_heads=None,
+                ffn_hidden=None, max_seq_len=1024, batch_size=2, seq_len=8, ranks=1)
+    assert layer_bytes_per_token(gpt) == 32 * 64  # Korthikanti's 34·E less the two residual dropout masks
+
+
+@pytest.mark.parametrize("ac, expected", [
+    ("none", 2 * 2048 * 16),  # 2 layers × 2,048 B × 16 tokens
+    ("full", 2 * 64 * 16 + 2048 * 16),  # block 0's input kept while block 1 is recomputed whole
+    ("selective", 2 * 64 * 16 + 2048 * 16),  # block 0 checkpointed (its input), block 1 keeps everything
+])
+def test_activations_by_ac_mode(ac, expected):
+    assert activation_bytes(replace(TINY, ac=ac)) == expected
+
+
+def test_one_rank_peak_worked_by_hand():
+    b = breakdown(TINY)
+    assert b.state == 12 * 164160  # masters and moments; no gradients at the end of forward
+    assert b.compute_copies == 2 * 131072  # autocast's bf16 weight casts
+    assert b.logits == 6 * 2 * 8 * 512
+    assert b.forward_end == 1969920 + 262144 + 65536 + 49152
+    assert b.backward_end == 16 * 164160 + 262144
+    assert predicted_bytes(TINY) == 2888704  # the state dominates a tiny model at a small batch
+    big = replace(TINY, batch_size=64)
+    assert predicted_bytes(big) == 1969920 + 262144 + 2 * 2048 * 512 + 6 * 512 * 512
+
+
+def test_sharded_peak_worked_by_hand():
+    b = breakdown(replace(TINY, ranks=2))
+    assert b.state == 6 * 164160
+    assert b.compute_copies == 2 * 2 * 65600  # the root, the largest unit, all-gathered twice in bf16
+    assert b.backward_end == 8 * 164160 + 262400
+    # with grad_accum the earlier micro-batches' gradients are live at the end of forward
+    assert breakdown(replace(TINY, ranks=2, grad_accum=4)).state == 8 * 164160
+
+
+def test_calibration_is_the_median_ratio_per_precision_and_compile():
+    rows = [Sample("bf16", "regional", 100.0, 110.0), Sample("bf16", "regional", 100.0, 90.0),
+            Sample("bf16", "regional", 100.0, 105.0), Sample("fp8-torchao-tensorwise", "regional", 50.0, 40.0)]
+    cal = calibrate(rows)
+    assert cal.ratio("bf16", "regional") == pytest.approx(1.05)
+    assert cal.rows[("bf16", "regional")] == 3
+    assert cal.ratio("fp8-torchao-tensorwise", "regional") == pytest.approx(0.8)
+    assert cal.ratio("bf16", "none") is None
+
+
+def test_leave_one_out_uses_only_the_other_rows():
+    rows = [Sample("bf16", "regional", 100.0, 110.0), Sample("bf16", "regional", 100.0, 90.0),
+            Sample("bf16", "none", 10.0, 12.0)]
+    # the first row's ratio is the second's alone (0.9), and the reverse; the third has no other row of its kind
+    assert leave_one_out(rows) == [pytest.approx(90.0), pytest.approx(110.0), None]
+
+
+def test_uncalibrated_prediction_needs_the_margin_to_say_no():
+    p = Prediction(raw=105.0, ratio=None, rows=0)
+    assert p.fits(100.0)  # within the margin: not ruled out on an uncalibrated figure
+    assert not Prediction(raw=100.0 * (1 + UNCALIBRATED_MARGIN) + 1, ratio=None, rows=0).fits(100.0)
+    assert not Prediction(raw=105.0, ratio=1.0, rows=3).fits(100.0)
+
+
+def test_max_batch_is_the_largest_batch_predicted_to_fit():
+    available = predicted_bytes(replace(TINY, batch_size=64))
+    assert max_batch(TINY, available, ratio=1.0) == 64
+    assert max_batch(TINY, available - 1, ratio=1.0) == 63
+    assert max_batch(TINY, 1000.0, ratio=1.0) == 0
+    # a ratio of 2 halves the room: the largest batch whose raw figure is at most half
+    half = max_batch(TINY, available, ratio=2.0)
+    assert predicted_bytes(replace(TINY, batch_size=half)) * 2 <= available
+    assert predicted_bytes(replace(TINY, batch_size=half + 1)) * 2 > available
