@@ -180,6 +180,9 @@ class GridSpec(_TrainingAxes):
         "seconds a trial may run before it is killed and recorded timeout (null: the profile's, else 1800)"))
     memory_cap: int | None = Field(default=None, description=(  # bytes, from a size with a unit
         "per-rank memory cap, a size with a unit (80GiB): allocations past it really fail"))
+    predict_memory: bool = Field(default=True, description=(
+        "record a trial whose predicted peak memory (sweep.memory_model) exceeds a GPU rank's memory unsupported, "
+        "without GPU time; false: run it anyway"))
     reuse_actors: bool = Field(default=True, description="run trials of one kind one after the other on warm rank "
                                                          "processes (sweep.scheduler); false: fresh ones for each")
 
@@ -268,6 +271,7 @@ class Trial(TrainingOptions):
     retry: int = 0  # infrastructure retries of the same config
     search_id: str | None = None
     profile: bool = False  # a trace of a few steps after the measured ones (does not change the measurement)
+    predict_memory: bool = True  # a trial predicted not to fit is not run (does not change the measurement)
     auto_max: tuple[int, int] | None = None  # the most warm-up and measured steps `auto` may run: a tune's finals
 
     @property
@@ -369,6 +373,7 @@ def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | N
         trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
                             batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,
                             measure_steps=grid.steps.measure, memory_cap_bytes=cap, timeout_s=limit,
+                            predict_memory=grid.predict_memory,
                             profile=grid.profile, **fold_options(options, model=model, precision=precision, gpus=gpus)))
     unique = {t.trial_id: t for t in trials}
     return list(unique.values())

@@ -39,6 +39,11 @@ def next_batch_after_oom(policy: OomPolicy, failed: int, *, ok: set[int], tried:
     return candidate
 
 
+def is_predicted_oom(row: dict | None) -> bool:
+    """Whether an `unsupported` row is one the memory model ruled out (`sweep.capacity.predicted_reason`)."""
+    return bool(row) and (row.get("error") or "").startswith("predicted OOM:")
+
+
 def infra_retry(trial: Trial, status: str, infrastructure: bool) -> Trial | None:
     if status == "error" and infrastructure and trial.retry < INFRA_RETRIES:
         return trial.child(retry=trial.retry + 1)
@@ -62,6 +67,8 @@ class GridPlan:
 
     def on_result(self, trial: Trial, status: str, infrastructure: bool = False, row: dict | None = None) -> list[Trial]:
         key = trial.config_key
+        if status == "unsupported" and is_predicted_oom(row):  # its on_oom applies as to a real OOM
+            status = "oom"
         self._tried.setdefault(key, set()).add(trial.batch_size)
         if status == "ok":
             self._ok.setdefault(key, set()).add(trial.batch_size)

@@ -27,17 +27,21 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def unsupported(trial: Trial, profile) -> str | None:
+def unsupported(trial: Trial, profile, calibration=None) -> str | None:
     """Why `trial` cannot run on `profile`, or None: the recipe on this hardware and install first, then
-    whether the training state alone fits each rank's memory."""
-    from sweep.capacity import per_rank_memory, state_reason
+    whether the training state alone fits each rank's memory, then (GPU ranks, unless the trial says not to)
+    whether its predicted peak does (sweep.memory_model; `calibration` from the cluster's rows)."""
+    from sweep.capacity import per_rank_memory, predicted_reason, state_reason
 
     info = profile.accelerator_info
     memory = per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=profile.memory_per_device_bytes,
                              accelerator=profile.accelerator, memory_gib=info.memory_gib)
     return (unsupported_reason(RECIPES[trial.precision], accelerator=profile.accelerator, vendor=info.vendor,
                                compute_capability=info.compute_capability, has_fp8=info.peak_tflops["fp8"] is not None)
-            or state_reason(n_params=trial.model.n_params(), ranks=trial.gpus, memory=memory))
+            or state_reason(n_params=trial.model.n_params(), ranks=trial.gpus, memory=memory)
+            # GPU ranks only: a CPU rank's peak is its resident set's high-water mark (trainer/memory.py), which
+            # counts what glibc's arenas and touched pages hold, not tensor bytes, and is not predicted here
+            or (predicted_reason(trial, memory, calibration) if profile.is_gpu and trial.predict_memory else None))
 
 
 @dataclass

@@ -39,6 +39,8 @@ FreshOpt = Annotated[bool, flag("--fresh-actors", help="New rank processes for e
                                         "ones that run trials of one kind one after the other.")]
 ProfileOpt = Annotated[bool, flag("--profile", help="After the measured steps, trace a few more with "
                                           "torch.profiler: a trace file beside each row, and where the step time goes.")]
+NoPredictOpt = Annotated[bool, flag("--no-predict", help="Run trials whose predicted peak memory exceeds a GPU "
+                                             "rank's memory (else recorded unsupported without GPU time).")]
 StartOpt = Annotated[int, typer.Option(min=1, help="First batch to probe.")]
 
 
@@ -129,12 +131,14 @@ def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes()
         resume: Annotated[bool, flag(help="Skip attempts already recorded in --output.")] = False,
         max_concurrent: Annotated[Optional[int], typer.Option(min=1, help="At most this many trials at once.")] = None,
         progress: ProgressOpt = True, fresh_actors: FreshOpt = False, profile_steps: ProfileOpt = False,
+        no_predict: NoPredictOpt = False,
         yes: Annotated[bool, flag("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False) -> None:
     """Run a grid of trials and write one Parquet row per attempt."""
     from sweep.advice import LARGE_GRID, needs_confirmation
     from sweep.errors import UserError
 
-    profile, spec, trials = _prepare(grid, cluster, memory_cap, axes, {"profile": True} if profile_steps else None)
+    extra = ({"profile": True} if profile_steps else {}) | ({"predict_memory": False} if no_predict else {})
+    profile, spec, trials = _prepare(grid, cluster, memory_cap, axes, extra)
     if needs_confirmation(trials) and not yes:
         raise UserError(f"{len(trials)} trials (more than {LARGE_GRID}): check the grid with `sweep plan`, "
                         f"then run it with --yes")
@@ -146,20 +150,60 @@ def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes()
 @app.command()
 @user_errors
 @dataclass_options()
-def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(), memory_cap: CapOpt = None) -> None:
+def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(), memory_cap: CapOpt = None,
+         no_predict: NoPredictOpt = False) -> None:
     """Show the trials a grid expands to, and which cannot run here and why. Nothing runs."""
     from rich.console import Console
 
     from sweep.results import render
     from sweep.text import plural
 
-    profile, spec, trials = _prepare(grid, cluster, memory_cap, axes)
+    profile, spec, trials = _prepare(grid, cluster, memory_cap, axes, {"predict_memory": False} if no_predict else None)
     make_plan(spec, trials, profile)  # a search's own checks (a tune budget or global batch that cannot work)
     rows, reasons = _plan_rows(trials, profile)
     search = {"max_batch": " — max-batch search", "fastest": " — fastest-configuration search"}.get(spec.search, "")
     render.plan_table(rows, f"{plural(len(trials), 'trial')} on {profile.name} ({profile.accelerator}, "
                             f"{plural(profile.total_ranks, 'rank')})" + search, reasons)
+    for line in _max_batch_lines(trials, profile):
+        Console().print(line, soft_wrap=True, markup=False)
     _print_warnings(trials, profile, Console())
+
+
+def _rank_memory(trial, profile) -> tuple[float, str] | None:
+    """The memory one of the trial's ranks may use where a prediction is checked against it (GPU ranks)."""
+    from sweep.capacity import per_rank_memory
+
+    if not profile.is_gpu:
+        return None
+    return per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=profile.memory_per_device_bytes,
+                           accelerator=profile.accelerator, memory_gib=profile.accelerator_info.memory_gib)
+
+
+def _predicted_cell(trial, profile) -> str:
+    """`41.2 GiB / 140 GiB`: the trial's predicted peak per rank against the rank's memory; '-' off GPUs."""
+    from sweep.capacity import predict, size
+
+    memory = _rank_memory(trial, profile)
+    return "-" if memory is None else f"{size(predict(trial).bytes)} / {size(memory[0])}"
+
+
+def _max_batch_lines(trials, profile) -> list[str]:
+    """The largest batch predicted to fit, per model × precision (and the rest of its layout), on GPU ranks."""
+    from dataclasses import replace as with_
+
+    from sweep.memory_model import Shape, max_batch
+
+    lines, seen = [], set()
+    for t in trials:
+        memory = _rank_memory(t, profile)
+        key = (t.config_key, t.memory_cap_bytes)
+        if memory is None or key in seen:
+            continue
+        seen.add(key)
+        best = max_batch(Shape.of(with_(t, batch_size=1)), memory[0], ratio=None)
+        lines.append(f"predicted max batch: {t.model.label} {t.precision} (compile {t.compile}, ac {t.ac}, seq "
+                     f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}): {best}, uncalibrated")
+    return lines
 
 
 def make_plan(spec, trials, profile, *, step: int = 1):
@@ -190,6 +234,7 @@ def _plan_rows(trials, profile) -> tuple[list[dict], dict[str, int]]:
         rows.append({"trial_id": t.trial_id[:8], "model": t.model.label, "params": param_count(t.model.n_params()),
                      "precision": t.precision, "compile": t.compile, "ac": t.ac, "batch": str(t.batch_size),
                      "seq": str(t.seq_len), "gpus": str(t.gpus), "options": t.options_text().replace(" ", "\n") or "-",
+                     "predicted": _predicted_cell(t, profile),
                      "runs": "yes" if reason is None else f"[yellow]no ({reasons[reason]})[/yellow]"})
     return rows, reasons
 
