@@ -15,7 +15,6 @@ import argparse
 import csv
 import json
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
 from sweep.memory_model import GiB, Sample, Shape, leave_one_out, predicted_bytes
@@ -58,12 +57,9 @@ def rows() -> list[tuple[ModelSpec, dict]]:
 
 
 def shape(spec: ModelSpec, row: dict) -> Shape:
-    base = Shape(arch=spec.arch, n_layers=spec.n_layers, d_embd=spec.d_embd, n_heads=spec.n_heads,
-                 vocab_size=spec.vocab_size, n_params=spec.n_params(), n_kv_heads=spec.n_kv_heads,
-                 ffn_hidden=spec.ffn_hidden, max_seq_len=spec.max_seq_len, batch_size=1, seq_len=1, ranks=1)
-    return replace(base, batch_size=int(row["batch_size"]), seq_len=int(row["seq_len"]),
-                   ranks=int(row["world_size"]), ac=row["ac"] or "none", grad_accum=int(float(row["grad_accum"])),
-                   fp8_saved=Shape.saves_fp8(row["precision"]))
+    return Shape.of_spec(spec, precision=row["precision"], batch_size=int(row["batch_size"]),
+                         seq_len=int(row["seq_len"]), ranks=int(row["world_size"]), ac=row["ac"] or "none",
+                         grad_accum=int(float(row["grad_accum"])))
 
 
 def table() -> tuple[list[list[str]], list[float], list[float]]:

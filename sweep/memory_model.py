@@ -69,11 +69,17 @@ class Shape:
     @classmethod
     def of(cls, trial) -> "Shape":
         """From a `sweep.grid.Trial` (its ModelSpec and layout)."""
-        m = trial.model
+        return cls.of_spec(trial.model, precision=trial.precision, batch_size=trial.batch_size, seq_len=trial.seq_len,
+                           ranks=trial.gpus, ac=trial.ac, grad_accum=trial.grad_accum)
+
+    @classmethod
+    def of_spec(cls, m, *, precision: str, batch_size: int, seq_len: int, ranks: int, ac: str = "none",
+                grad_accum: int = 1) -> "Shape":
+        """From a `trainer.models.specs.ModelSpec` and a layout (a trial's, or a recorded row's)."""
         return cls(arch=m.arch, n_layers=m.n_layers, d_embd=m.d_embd, n_heads=m.n_heads, vocab_size=m.vocab_size,
                    n_params=m.n_params(), n_kv_heads=m.n_kv_heads, ffn_hidden=m.ffn_hidden, max_seq_len=m.max_seq_len,
-                   batch_size=trial.batch_size, seq_len=trial.seq_len, ranks=trial.gpus, ac=trial.ac,
-                   grad_accum=trial.grad_accum, fp8_saved=cls.saves_fp8(trial.precision))
+                   batch_size=batch_size, seq_len=seq_len, ranks=ranks, ac=ac, grad_accum=grad_accum,
+                   fp8_saved=cls.saves_fp8(precision))
 
 
 @dataclass(frozen=True)

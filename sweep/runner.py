@@ -106,10 +106,11 @@ class _Progress:
 
 def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name: str | None = None,
             resume: bool = False, max_concurrent: int | None = None, progress: bool = True,
-            reuse_actors: bool = True) -> RunReport:
+            reuse_actors: bool = True, predictor=None) -> RunReport:
     """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
     `reuse_actors` (the default) rank processes run one trial after another (`sweep.scheduler`); without
-    it (`--fresh-actors`) every trial starts processes of its own."""
+    it (`--fresh-actors`) every trial starts processes of its own. `predictor` (sweep.predictor): the memory
+    model's calibration, refined by each clean row the run records."""
     from sweep.ray_init import signals_held
 
     report = RunReport(run_id=run_id or new_run_id())
@@ -118,7 +119,8 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
     # raised wherever it lands (see signals_held); the teardown below runs with it still held.
     with _Progress(progress) as bar, signals_held() as ctrl_c:
         run = _Execution(plan, profile=profile, output=output, report=report, recorded=recorded, bar=bar,
-                         grid_name=grid_name, max_concurrent=max_concurrent, reuse_actors=reuse_actors)
+                         grid_name=grid_name, max_concurrent=max_concurrent, reuse_actors=reuse_actors,
+                         predictor=predictor)
         try:
             run.loop(ctrl_c)
         except KeyboardInterrupt as e:  # sweep.ray_init.Interrupted names its signal
@@ -135,9 +137,10 @@ class _Execution:
     Ray is reached. Every attempt is written as it finishes and fed back to the plan for its follow-ups."""
 
     def __init__(self, plan, *, profile, output: Path, report: RunReport, recorded: dict, bar: _Progress,
-                 grid_name: str | None, max_concurrent: int | None, reuse_actors: bool):
+                 grid_name: str | None, max_concurrent: int | None, reuse_actors: bool, predictor=None):
         self.plan, self.profile, self.output, self.report, self.recorded, self.bar = (
             plan, profile, output, report, recorded, bar)
+        self.predictor = predictor
         self.base = {"run_id": report.run_id, "profile": profile, "grid_name": grid_name}
         self.max_concurrent, self.reuse_actors = max_concurrent, reuse_actors
         self.queue: deque[Trial] = deque(plan.initial())
@@ -152,7 +155,7 @@ class _Execution:
 
         # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
         # (exit 2, no rows), not a run with only its unsupported rows written.
-        if any(t.trial_id not in self.recorded and unsupported(t, self.profile) is None for t in self.queue):
+        if any(t.trial_id not in self.recorded and self.unsupported(t) is None for t in self.queue):
             self.start()
         while self.queue or (self.scheduler and self.scheduler.busy):
             if ctrl_c:
@@ -181,13 +184,16 @@ class _Execution:
                 self.report.reused_rows.append(row)
                 self.follow_up(trial, row, _was_infrastructure(row))
                 continue
-            reason = unsupported(trial, self.profile)
+            reason = self.unsupported(trial)
             if reason:  # no actors, no GPU time
                 self.record(trial, unsupported_row(trial, reason, **self.base))
                 continue
             if self.scheduler is None:  # a follow-up of resumed rows is the first trial to run
                 self.start()
             self.scheduler.submit(trial)
+
+    def unsupported(self, trial: Trial) -> str | None:
+        return unsupported(trial, self.profile, self.predictor.calibration if self.predictor else None)
 
     def collect(self) -> None:
         """Wait up to half a second for attempts to finish; record each."""
@@ -208,6 +214,8 @@ class _Execution:
     def record(self, trial: Trial, row: dict, infrastructure: bool = False) -> None:
         store.write_row(self.output, row)
         self.report.rows.append(row)
+        if self.predictor is not None:  # the trials still to come are predicted with this row too
+            self.predictor.learn(row)
         self.follow_up(trial, row, infrastructure)
 
     def follow_up(self, trial: Trial, row: dict, infrastructure: bool) -> None:

@@ -101,8 +101,12 @@ def _problem(path: Path) -> str | None:
     return None
 
 
+def _read_dataset(files: list[Path]) -> ds.Dataset:
+    return ds.dataset([str(f) for f in files], schema=RESULT_SCHEMA, format="parquet")
+
+
 def _read(files: list[Path]) -> pa.Table:
-    return ds.dataset([str(f) for f in files], schema=RESULT_SCHEMA, format="parquet").to_table()
+    return _read_dataset(files).to_table()
 
 
 def _read_all(files: list[Path], bad: dict[Path, str]) -> pa.Table:
@@ -166,3 +170,16 @@ def existing_rows(output: Path) -> dict[str, dict]:
     if not result_files(output):
         return {}
     return {r["trial_id"]: r for r in read_table(output).to_pylist()}
+
+
+def read_columns(output: Path, columns: tuple[str, ...], *, cluster: str) -> list[dict]:
+    """`columns` of the rows one cluster recorded under ``output`` (its `cluster=` folder alone), as dicts.
+    For what only learns from rows (the memory model's calibration): no rows, or files that are no readable
+    sweep results, give nothing rather than an error; `sweep results` is where those are named."""
+    files = [f for f in result_files(Path(output) / f"cluster={_safe(cluster)}") if _problem(f) is None]
+    if not files:
+        return []
+    try:
+        return _read_dataset(files).to_table(columns=list(columns), filter=pc.field("cluster") == cluster).to_pylist()
+    except (OSError, pa.ArrowException):
+        return []

@@ -136,14 +136,16 @@ def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes()
     """Run a grid of trials and write one Parquet row per attempt."""
     from sweep.advice import LARGE_GRID, needs_confirmation
     from sweep.errors import UserError
+    from sweep.predictor import Predictor
 
     extra = ({"profile": True} if profile_steps else {}) | ({"predict_memory": False} if no_predict else {})
     profile, spec, trials = _prepare(grid, cluster, memory_cap, axes, extra)
     if needs_confirmation(trials) and not yes:
         raise UserError(f"{len(trials)} trials (more than {LARGE_GRID}): check the grid with `sweep plan`, "
                         f"then run it with --yes")
-    plan = make_plan(spec, trials, profile)
-    _execute(plan, trials, profile, output, grid_name=spec.name, resume=resume, max_concurrent=max_concurrent,
+    predictor = Predictor.load(profile, output)
+    plan = make_plan(spec, trials, profile, predictor=predictor)
+    _execute(plan, trials, profile, output, predictor=predictor, grid_name=spec.name, resume=resume, max_concurrent=max_concurrent,
              progress=progress, reuse_actors=spec.reuse_actors and not fresh_actors)
 
 
@@ -151,64 +153,57 @@ def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes()
 @user_errors
 @dataclass_options()
 def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(), memory_cap: CapOpt = None,
-         no_predict: NoPredictOpt = False) -> None:
+         no_predict: NoPredictOpt = False,
+         output: Annotated[Path, typer.Option("--output", "-o", help="Result dataset folder whose clean rows of this "
+                                              "cluster calibrate the predicted peak memory.")] = Path("results")) -> None:
     """Show the trials a grid expands to, and which cannot run here and why. Nothing runs."""
     from rich.console import Console
 
+    from sweep.predictor import Predictor
     from sweep.results import render
     from sweep.text import plural
 
     profile, spec, trials = _prepare(grid, cluster, memory_cap, axes, {"predict_memory": False} if no_predict else None)
-    make_plan(spec, trials, profile)  # a search's own checks (a tune budget or global batch that cannot work)
-    rows, reasons = _plan_rows(trials, profile)
+    predictor = Predictor.load(profile, output)
+    make_plan(spec, trials, profile, predictor=predictor)  # a search's own checks (a tune budget or global batch)
+    rows, reasons = _plan_rows(trials, predictor)
     search = {"max_batch": " — max-batch search", "fastest": " — fastest-configuration search"}.get(spec.search, "")
     render.plan_table(rows, f"{plural(len(trials), 'trial')} on {profile.name} ({profile.accelerator}, "
                             f"{plural(profile.total_ranks, 'rank')})" + search, reasons)
-    for line in _max_batch_lines(trials, profile):
+    lines = _max_batch_lines(trials, predictor)
+    for line in ([predictor.basis()] if lines else []) + lines:
         Console().print(line, soft_wrap=True, markup=False)
     _print_warnings(trials, profile, Console())
 
 
-def _rank_memory(trial, profile) -> tuple[float, str] | None:
-    """The memory one of the trial's ranks may use where a prediction is checked against it (GPU ranks)."""
-    from sweep.capacity import per_rank_memory
-
-    if not profile.is_gpu:
-        return None
-    return per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=profile.memory_per_device_bytes,
-                           accelerator=profile.accelerator, memory_gib=profile.accelerator_info.memory_gib)
-
-
-def _predicted_cell(trial, profile) -> str:
+def _predicted_cell(trial, predictor) -> str:
     """`41.2 GiB / 140 GiB`: the trial's predicted peak per rank against the rank's memory; '-' off GPUs."""
-    from sweep.capacity import predict, size
+    from sweep.capacity import size
 
-    memory = _rank_memory(trial, profile)
-    return "-" if memory is None else f"{size(predict(trial).bytes)} / {size(memory[0])}"
+    memory = predictor.memory(trial)
+    return "-" if memory is None else f"{size(predictor.predict(trial).bytes)} / {size(memory[0])}"
 
 
-def _max_batch_lines(trials, profile) -> list[str]:
+def _max_batch_lines(trials, predictor) -> list[str]:
     """The largest batch predicted to fit, per model × precision (and the rest of its layout), on GPU ranks."""
-    from dataclasses import replace as with_
-
-    from sweep.memory_model import Shape, max_batch
-
     lines, seen = [], set()
     for t in trials:
-        memory = _rank_memory(t, profile)
         key = (t.config_key, t.memory_cap_bytes)
-        if memory is None or key in seen:
+        if predictor.memory(t) is None or key in seen:
             continue
         seen.add(key)
-        best = max_batch(Shape.of(with_(t, batch_size=1)), memory[0], ratio=None)
+        rows = predictor.calibration.rows.get((t.precision, t.compile), 0)
+        basis = f"calibrated on {rows} row{'s' * (rows != 1)}" if rows else "uncalibrated"
+        best = predictor.max_batch(replace(t, predict_memory=True))  # --no-predict still shows what is predicted
         lines.append(f"predicted max batch: {t.model.label} {t.precision} (compile {t.compile}, ac {t.ac}, seq "
-                     f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}): {best}, uncalibrated")
+                     f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}): {best}, {basis}")
     return lines
 
 
-def make_plan(spec, trials, profile, *, step: int = 1):
+def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
     """What runs: the grid's trials (with OOM retries), or the search its `search:` asks for. `step`: a
-    max-batch search's granularity (`sweep max-batch --step`; a grid's search goes to the batch)."""
+    max-batch search's granularity (`sweep max-batch --step`; a grid's search goes to the batch). `predictor`
+    (sweep.predictor): where OOM retries and a max-batch search's first probes go."""
     from sweep.policy import GridPlan, MaxBatchPlan
 
     if spec.search == "max_batch":
@@ -220,7 +215,7 @@ def make_plan(spec, trials, profile, *, step: int = 1):
     return GridPlan(trials, spec.on_oom)
 
 
-def _plan_rows(trials, profile) -> tuple[list[dict], dict[str, int]]:
+def _plan_rows(trials, predictor) -> tuple[list[dict], dict[str, int]]:
     """One row of text per trial, and each reason a trial cannot run here numbered in order of appearance."""
     from sweep.results.render import param_count
     from sweep.runner import unsupported
@@ -228,13 +223,13 @@ def _plan_rows(trials, profile) -> tuple[list[dict], dict[str, int]]:
     reasons: dict[str, int] = {}
     rows = []
     for t in trials:
-        reason = unsupported(t, profile)
+        reason = unsupported(t, predictor.profile, predictor.calibration)
         if reason is not None:
             reasons.setdefault(reason, len(reasons) + 1)
         rows.append({"trial_id": t.trial_id[:8], "model": t.model.label, "params": param_count(t.model.n_params()),
                      "precision": t.precision, "compile": t.compile, "ac": t.ac, "batch": str(t.batch_size),
                      "seq": str(t.seq_len), "gpus": str(t.gpus), "options": t.options_text().replace(" ", "\n") or "-",
-                     "predicted": _predicted_cell(t, profile),
+                     "predicted": _predicted_cell(t, predictor),
                      "runs": "yes" if reason is None else f"[yellow]no ({reasons[reason]})[/yellow]"})
     return rows, reasons
 
@@ -250,18 +245,24 @@ def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
               fresh_actors: FreshOpt = False, profile_steps: ProfileOpt = False) -> None:
     """Find the largest batch that fits, and the fastest, per model and precision."""
     extra = {"search": "max_batch", "steps": {"warmup": warmup, "measure": measure}, "profile": profile_steps}
+    from sweep.predictor import Predictor
+
     profile, spec, trials = _prepare_search("max-batch", cluster, memory_cap, axes, start, extra)
-    _execute(make_plan(spec, trials, profile, step=step), trials, profile, output, progress=progress,
-             reuse_actors=not fresh_actors)
+    predictor = Predictor.load(profile, output)
+    _execute(make_plan(spec, trials, profile, step=step, predictor=predictor), trials, profile, output,
+             predictor=predictor, progress=progress, reuse_actors=not fresh_actors)
 
 
-def _execute(plan, trials, profile, output: Path, **options) -> None:
-    """What `run`, `max-batch` and `tune` do once planned: check --output, warn, run the plan, report and exit."""
+def _execute(plan, trials, profile, output: Path, predictor=None, **options) -> None:
+    """What `run`, `max-batch` and `tune` do once planned: check --output, warn, run the plan, report and exit.
+    `predictor`: the memory model calibrated on --output's rows (loaded here when the plan did not need one)."""
+    from sweep.predictor import Predictor
     from sweep.runner import execute, new_run_id
 
     check_output(output)
     _print_warnings(trials, profile)
-    report = execute(plan, profile=profile, output=output, run_id=new_run_id(), **options)
+    predictor = predictor or Predictor.load(profile, output)
+    report = execute(plan, profile=profile, output=output, run_id=new_run_id(), predictor=predictor, **options)
     _finish(report, output, plan)
 
 
