@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from sweep import probe_budget
 from sweep.grid import OomPolicy, Trial
@@ -18,22 +18,30 @@ from sweep.schema import int_range
 INFRA_RETRIES = 1  # a dead rank process or lost node is retried once; OOM/unsupported/timeout never
 
 
-def next_batch_after_oom(policy: OomPolicy, failed: int, *, ok: set[int], tried: set[int]) -> int | None:
+def next_batch_after_oom(policy: OomPolicy, failed: int, *, ok: set[int], tried: set[int],
+                         predicted: int | None = None) -> int | None:
     """The batch to retry after `failed` ran out of memory, or None to stop.
 
     halve:  failed // 2
     next:   failed - 1 (the next smaller batch: the exact limit, one attempt at a time)
     bisect: midway between the largest batch known to fit and `failed` (none known: halve)
+    `predicted`, the largest batch the memory model puts under the rank's memory, replaces the halving of
+    `halve` and `bisect` when it lies between what is known to fit and `failed`: one retry where halving
+    blindly may take several (16 -> 8 -> 4), or stop short of the limit (16 -> 8 where 12 fits). A prediction
+    that `failed` fits was wrong there, and one of no batch (0) says nothing new: both halve as before.
     """
     if policy.policy == "none":
         return None
-    if policy.policy == "halve":
-        candidate = failed // 2
-    elif policy.policy == "next":
+    fits = [b for b in ok if b < failed]
+    guided = predicted is not None and max(fits, default=0) < predicted < failed
+    if policy.policy == "next":
         candidate = failed - 1
+    elif guided:
+        candidate = predicted
+    elif policy.policy == "halve" or not fits:
+        candidate = failed // 2
     else:
-        fits = [b for b in ok if b < failed]
-        candidate = (max(fits) + failed) // 2 if fits else failed // 2
+        candidate = (max(fits) + failed) // 2
     if candidate < policy.min_batch or candidate in tried or candidate >= failed:
         return None
     return candidate
@@ -51,11 +59,13 @@ def infra_retry(trial: Trial, status: str, infrastructure: bool) -> Trial | None
 
 
 class GridPlan:
-    """Run every trial of the grid; after an OOM, retry the same config at a lower batch."""
+    """Run every trial of the grid; after an OOM, retry the same config at a lower batch. `predicted_max`: the
+    largest batch of a trial's config predicted to fit (sweep.predictor.Predictor.max_batch; None: no prediction)."""
 
-    def __init__(self, trials: list[Trial], oom: OomPolicy):
+    def __init__(self, trials: list[Trial], oom: OomPolicy, predicted_max: Callable[[Trial], int | None] | None = None):
         self.trials = trials
         self.oom = oom
+        self.predicted_max = predicted_max
         self._grid_batches: dict[tuple, list[int]] = {}
         for t in trials:
             self._grid_batches.setdefault(t.config_key, []).append(t.batch_size)
@@ -80,7 +90,9 @@ class GridPlan:
         grid_batches = self._grid_batches.get(key, [])
         # A lower batch that the grid runs anyway is not run twice: the grid's own trial covers it.
         tried = self._tried[key] | set(grid_batches)
-        batch = next_batch_after_oom(self.oom, trial.batch_size, ok=self._ok.get(key, set()), tried=tried)
+        predicted = self.predicted_max(trial) if self.predicted_max else None
+        batch = next_batch_after_oom(self.oom, trial.batch_size, ok=self._ok.get(key, set()), tried=tried,
+                                     predicted=predicted)
         return [] if batch is None else [trial.child(batch_size=batch, retry=0)]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -14,7 +15,8 @@ from clusters import load_profile
 from sweep import store
 from sweep.capacity import predict
 from sweep.cli import app
-from sweep.grid import expand, parse_grid
+from sweep.grid import OomPolicy, expand, parse_grid
+from sweep.policy import GridPlan, next_batch_after_oom
 from sweep.rows import base_row
 
 from conftest import ROOT
@@ -68,3 +70,55 @@ def test_plan_is_calibrated_on_the_clusters_clean_rows(tmp_path):
     assert "predicted OOM: 154 GiB > 141 GiB per h200 (sweep.memory_model, × 1.200, the median measured/predicted " \
            "of 2 clean rows" in result.stdout
     assert "seq 4096, 2 ranks): 3, calibrated on 2 rows" in result.stdout
+
+
+@pytest.mark.parametrize("policy, failed, ok, predicted, expected", [
+    ("halve", 16, set(), 4, 4),  # 16 -> 4 at once, not 16 -> 8 -> 4
+    ("halve", 16, set(), 12, 12),  # not 8, where 12 fits
+    ("bisect", 16, {4}, 11, 11),
+    ("bisect", 16, {4}, 3, 10),  # under what is known to fit: wrong, bisect as before
+    ("halve", 16, set(), 16, 8),  # said 16 fits and it did not: halve as before
+    ("halve", 16, set(), 0, 8),  # nothing predicted to fit: as before, down to the floor
+    ("halve", 16, set(), None, 8),  # nothing predicted (CPU ranks, no memory known)
+    ("next", 16, set(), 4, 15),  # `next` walks one batch at a time whatever is predicted
+    ("none", 16, set(), 4, None),
+])
+def test_an_oom_retry_jumps_to_the_largest_batch_predicted_to_fit(policy, failed, ok, predicted, expected):
+    assert next_batch_after_oom(OomPolicy(policy=policy), failed, ok=ok, tried={failed}, predicted=predicted) == expected
+
+
+def test_the_jump_keeps_the_policys_floor_and_the_grids_own_batches():
+    assert next_batch_after_oom(OomPolicy(policy="halve", min_batch=6), 16, ok=set(), tried={16}, predicted=4) is None
+    # batch 4 is a trial of the grid itself: not run twice
+    assert next_batch_after_oom(OomPolicy(policy="halve"), 16, ok=set(), tried={16, 4}, predicted=4) is None
+
+
+def test_grid_plan_asks_the_prediction_for_the_failed_trials_config():
+    trial = _trial(16)
+    asked = []
+    plan = GridPlan([trial], OomPolicy(policy="halve"), predicted_max=lambda t: asked.append(t) or 5)
+    (retry,) = plan.on_result(trial, "unsupported", row={"error": "predicted OOM: 368 GiB > 141 GiB per h200"})
+    assert retry.batch_size == 5 and retry.parent_trial_id == trial.trial_id and asked == [trial]
+
+
+def test_run_retries_a_predicted_oom_at_the_predicted_batch_without_ray(tmp_path, sweep_env):
+    """A GPU profile whose Ray address has nothing behind it: had sweep started a trial, it would have exited 2.
+    --output holds clean rows at batches 1, 2 and 3 that measured 1.2 × the model, so the calibrated largest
+    batch that fits is 3. Batch 16 is predicted not to fit; its `halve` retry goes to 3 at once (not 8, then 4,
+    both predicted not to fit either), and --resume finds 3 recorded: the run writes the one row for 16."""
+    profile = tmp_path / "two-h200.yaml"
+    profile.write_text(yaml.safe_dump({"name": "two-h200", "accelerator": "h200", "ray_address": "127.0.0.1:9",
+                                       "nodes": 1, "gpus_per_node": 2}))
+    out = tmp_path / "results"
+    for batch in (1, 2, 3):
+        _write(out, _trial(batch, cluster="two-h200"), ratio=1.2, cluster=str(profile))
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({**LLAMA, "batch_sizes": [16], "on_oom": {"policy": "halve"}}))
+    proc = subprocess.run([sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", out,
+                           "--resume", "--no-progress"], cwd=ROOT, env=sweep_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = [r for r in store.read_table(out).to_pylist() if r["run_id"] != "r0"]
+    assert [(r["batch_size"], r["status"]) for r in rows] == [(16, "unsupported")]
+    assert "× 1.200, the median measured/predicted of 3 clean rows" in rows[0]["error"]
+    assert "1 attempt (1 reused from earlier runs)" in proc.stdout

@@ -212,7 +212,7 @@ def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
         from sweep.tune_plan import TunePlan
 
         return TunePlan(trials, spec, capacity_bytes=_capacity(profile, trials))
-    return GridPlan(trials, spec.on_oom)
+    return GridPlan(trials, spec.on_oom, predicted_max=predictor.max_batch if predictor else None)
 
 
 def _plan_rows(trials, predictor) -> tuple[list[dict], dict[str, int]]:
