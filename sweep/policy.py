@@ -141,6 +141,10 @@ class MaxBatchSearch:
     start: int = 1
     step: int = 1
     capacity_bytes: float | None = None
+    # the memory model's largest batch under the capacity (sweep.predictor): the first probe in place of `start`,
+    # and, when it fits, its neighbour next (a right prediction is found in 2 probes); a failed one is `start`'s
+    # one probe past the bound, and from there on the search goes as from a failed start
+    predicted: int | None = None
     max_batch: int = 1 << 16  # where growth stops without an OOM (an uncapped CPU); MAX_BATCH bounds it
     # False: the tune fit's ordering from before the bound (sweep.tune_space.LevelFit): at most FIT_PROBES
     # probes there, so no bound to keep; a failed L is followed by L - step (on 2xH200 GPT torchao 67 failed
@@ -163,7 +167,7 @@ class MaxBatchSearch:
 
     def record(self, batch: int, status: str, *, peak_mem_bytes: float | None = None,
                tokens_per_s: float | None = None) -> None:
-        choice = self._choice() if self.probes else None
+        choice = self._choice()
         if choice is not None and choice.batch == batch and choice.guided:
             self.guided += 1
             self.misses += choice.fits is not None and (status == "ok") != choice.fits
@@ -187,6 +191,8 @@ class MaxBatchSearch:
         top = min(self.max_batch, MAX_BATCH)
         lo, hi = self.largest_ok, self.smallest_failed
         if lo is None and hi is None:
+            if self.predicted is not None:
+                return Probe(min(max(self.predicted, 1), top), True, True)
             return Probe(min(self.start, MAX_BATCH), False, None)
         if (hi is not None and hi - (lo or 0) <= (self.step if lo else 1)) or (lo is not None and lo >= top):
             return None
@@ -224,6 +230,8 @@ class MaxBatchSearch:
             return None
         if lo is None:
             return Probe(1, True, True)
+        if self.probes == [lo] and lo == self.predicted:  # the prediction fitted: its neighbour says if it is the limit
+            return Probe(min(lo + self.step, top), True, False)
         limit, past = self._model_limit(lo, hi)
         if limit is None:
             return None
@@ -292,9 +300,11 @@ def search_id(trial: Trial) -> str:
 
 
 class MaxBatchPlan:
-    """One MaxBatchSearch per (model, precision, compile, ac, seq_len, ranks); each probe is a trial."""
+    """One MaxBatchSearch per (model, precision, compile, ac, seq_len, ranks); each probe is a trial.
+    `predicted_max`: the memory model's largest batch of a config (its point estimate), where the search starts."""
 
-    def __init__(self, seeds: list[Trial], *, capacity_bytes: float | None, step: int = 1):
+    def __init__(self, seeds: list[Trial], *, capacity_bytes: float | None, step: int = 1,
+                 predicted_max: Callable[[Trial], int | None] | None = None):
         self.templates: dict[tuple, Trial] = {}
         self.searches: dict[tuple, MaxBatchSearch] = {}
         for t in seeds:
@@ -302,7 +312,9 @@ class MaxBatchPlan:
                 continue
             sid = search_id(t)
             self.templates[t.config_key] = replace(t, search_id=sid)
-            self.searches[t.config_key] = MaxBatchSearch(start=t.batch_size, step=step, capacity_bytes=capacity_bytes)
+            predicted = predicted_max(t) if predicted_max else None  # None: start from the seed's batch
+            self.searches[t.config_key] = MaxBatchSearch(start=t.batch_size, step=step, capacity_bytes=capacity_bytes,
+                                                         predicted=predicted)
 
     def _probe(self, key: tuple) -> list[Trial]:
         batch = self.searches[key].next_probe()

@@ -19,10 +19,10 @@ def bound(limit: int) -> int:
     return 2 * math.ceil(math.log2(limit)) + 2
 
 
-def _drive(fits, peak, *, capacity=CAPACITY, start=1, step=1) -> tuple[MaxBatchSearch, list[str]]:
+def _drive(fits, peak, *, capacity=CAPACITY, start=1, step=1, predicted=None) -> tuple[MaxBatchSearch, list[str]]:
     """Run a search on a device where fits(B) says whether B ran and peak(B) is the memory it reports; the
     search, and a line per probe proposed next to a guess of the model's that had just failed (bad)."""
-    search = MaxBatchSearch(start=start, step=step, capacity_bytes=capacity)
+    search = MaxBatchSearch(start=start, step=step, capacity_bytes=capacity, predicted=predicted)
     failed_guess, bad = None, []
     while (choice := search._choice()) is not None:
         batch = choice.batch
@@ -136,3 +136,32 @@ def test_a_search_never_proposes_a_batch_past_int32():
         assert batch <= MAX_BATCH
         search.record(batch, "ok", peak_mem_bytes=1e6 + batch)
     assert search.largest_ok == MAX_BATCH and len(search.probes) <= bound(MAX_BATCH)
+
+
+@pytest.mark.parametrize("curve", CURVES)
+def test_a_right_prediction_is_found_in_two_probes(curve):
+    """The memory model's limit first, then its neighbour: it fits, the next does not."""
+    for limit in LIMITS:
+        search, bad = _drive(*CURVES[curve](limit), predicted=limit)
+        assert search.probes == [limit, limit + 1] and search.largest_ok == limit and not bad, search.probes
+
+
+@pytest.mark.parametrize("curve", ["linear", "linear, no fixed part", "linear, large fixed part"])
+def test_a_prediction_one_short_is_found_in_three_probes(curve):
+    for limit in LIMITS[1:]:
+        search, bad = _drive(*CURVES[curve](limit), predicted=limit - 1)
+        assert search.probes == [limit - 1, limit, limit + 1] and not bad, search.probes
+
+
+@pytest.mark.parametrize("curve", CURVES)
+@pytest.mark.parametrize("off", [0.0, 0.3, 0.9, 1.1, 2.0, 10.0])
+def test_a_wrong_prediction_still_finds_the_limit_within_the_bound(curve, off):
+    """A prediction of 0 (nothing fits), too small, or past the limit: the limit found exactly, in at most the
+    bound's probes (a first probe past the limit is the one probe more, as a `--start` past it is)."""
+    for limit in LIMITS:
+        predicted = max(0, round(off * limit) + (off > 1))
+        search, bad = _drive(*CURVES[curve](limit), predicted=predicted)
+        said = f"{curve}, limit {limit}, predicted {predicted}: {search.probes}"
+        assert (search.largest_ok, search.smallest_failed) == (limit, limit + 1), said
+        assert len(search.probes) <= bound(limit) + (predicted > limit), said
+        assert not bad, bad

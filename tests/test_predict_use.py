@@ -122,3 +122,16 @@ def test_run_retries_a_predicted_oom_at_the_predicted_batch_without_ray(tmp_path
     assert [(r["batch_size"], r["status"]) for r in rows] == [(16, "unsupported")]
     assert "× 1.200, the median measured/predicted of 3 clean rows" in rows[0]["error"]
     assert "1 attempt (1 reused from earlier runs)" in proc.stdout
+
+
+def test_a_max_batch_search_starts_at_the_predicted_limit():
+    from sweep.policy import MaxBatchPlan
+
+    seed = _trial(1)
+    plan = MaxBatchPlan([seed], capacity_bytes=141 * GiB, predicted_max=lambda t: 5)
+    (first,) = plan.initial()
+    assert first.batch_size == 5
+    (second,) = plan.on_result(first, "ok", row={"peak_mem_gib": 130.0})
+    assert second.batch_size == 6  # its neighbour: is 5 the limit?
+    assert plan.on_result(second, "oom") == []
+    assert MaxBatchPlan([seed], capacity_bytes=141 * GiB).initial()[0].batch_size == 1  # nothing predicted: start

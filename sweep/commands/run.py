@@ -207,7 +207,8 @@ def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
     from sweep.policy import GridPlan, MaxBatchPlan
 
     if spec.search == "max_batch":
-        return MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step)
+        point = (lambda t: predictor.max_batch(t, point=True)) if predictor else None
+        return MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step, predicted_max=point)
     if spec.search == "fastest":
         from sweep.tune_plan import TunePlan
 
