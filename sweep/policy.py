@@ -331,6 +331,8 @@ class MaxBatchPlan:
         if retry is not None:
             return [retry]
         search = self.searches[trial.config_key]
+        if status == "unsupported" and is_predicted_oom(row):  # the model said it fails, without GPU time: an OOM
+            status = "oom"
         row = row or {}
         peak = row.get("peak_mem_gib")
         search.record(trial.batch_size, status, peak_mem_bytes=peak * 1024**3 if peak is not None else None,

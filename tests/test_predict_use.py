@@ -135,3 +135,16 @@ def test_a_max_batch_search_starts_at_the_predicted_limit():
     assert second.batch_size == 6  # its neighbour: is 5 the limit?
     assert plan.on_result(second, "oom") == []
     assert MaxBatchPlan([seed], capacity_bytes=141 * GiB).initial()[0].batch_size == 1  # nothing predicted: start
+
+
+def test_a_probe_predicted_not_to_fit_is_an_oom_to_the_search():
+    """Calibrated, the neighbour of the predicted limit is predicted not to fit: recorded without GPU time, and
+    the verdict stands on it rather than the search stopping as after an unsupported recipe."""
+    from sweep.policy import MaxBatchPlan
+
+    plan = MaxBatchPlan([_trial(1)], capacity_bytes=141 * GiB, predicted_max=lambda t: 5)
+    (first,) = plan.initial()
+    (second,) = plan.on_result(first, "ok", row={"peak_mem_gib": 130.0})
+    assert plan.on_result(second, "unsupported", row={"error": "predicted OOM: 150 GiB > 141 GiB per h200"}) == []
+    (verdict,) = plan.verdicts()
+    assert (verdict["max_batch"], verdict["first_failing_batch"], verdict["aborted"]) == (5, 6, None)
