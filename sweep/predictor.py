@@ -19,18 +19,33 @@ CALIBRATION_COLUMNS = ("model_spec", "precision", "compile", "ac", "batch_size",
 NO_ROWS = Calibration(ratios={}, rows={})
 
 
+def _shape(row: dict) -> Shape:
+    """The memory model's view of a recorded row (its model_spec and layout)."""
+    from trainer.models.specs import ModelSpec
+
+    return Shape.of_spec(ModelSpec(**json.loads(row["model_spec"])), precision=row["precision"],
+                         batch_size=row["batch_size"], seq_len=row["seq_len"], ranks=row["world_size"],
+                         ac=row.get("ac") or "none", grad_accum=row.get("grad_accum") or 1)
+
+
 def sample(row: dict) -> Sample | None:
     """A clean measured row as a calibration sample: ok, a peak, no allocator retries (a retried allocation
     freed the cache, so its peak says less than the step needed), and the spec of its model; else None."""
-    from trainer.models.specs import ModelSpec
-
     if row.get("status") != "ok" or not row.get("peak_mem_gib") or row.get("alloc_retries") or not row.get("model_spec"):
         return None
-    shape = Shape.of_spec(ModelSpec(**json.loads(row["model_spec"])), precision=row["precision"],
-                          batch_size=row["batch_size"], seq_len=row["seq_len"], ranks=row["world_size"],
-                          ac=row.get("ac") or "none", grad_accum=row.get("grad_accum") or 1)
-    return Sample(precision=row["precision"], compile=row["compile"], predicted=predicted_bytes(shape),
+    return Sample(precision=row["precision"], compile=row["compile"], predicted=predicted_bytes(_shape(row)),
                   measured=row["peak_mem_gib"] * GiB)
+
+
+@dataclass(frozen=True)
+class ProbePeak:
+    """One probe of a search: its batch, predicted peak (calibrated as the run began), measured peak, status."""
+
+    batch: int
+    predicted: float
+    measured_gib: float | None
+    status: str
+    predicted_oom: bool  # recorded without GPU time: the prediction stands in for the measurement
 
 
 @dataclass
@@ -41,6 +56,7 @@ class Predictor:
     output: Path | None = None
     samples: list[Sample] | None = None
     calibration: Calibration = NO_ROWS
+    prior: Calibration = NO_ROWS  # as loaded, before a run's own rows refined it: what its probes were placed by
 
     @classmethod
     def load(cls, profile, output: Path | None) -> "Predictor":
@@ -49,7 +65,8 @@ class Predictor:
 
         rows = store.read_columns(output, CALIBRATION_COLUMNS, cluster=profile.name) if output and profile.is_gpu else []
         samples = [s for r in rows if (s := sample(r)) is not None]
-        return cls(profile=profile, output=output, samples=samples, calibration=calibrate(samples))
+        calibration = calibrate(samples)
+        return cls(profile=profile, output=output, samples=samples, calibration=calibration, prior=calibration)
 
     def learn(self, row: dict) -> None:
         """Refine the calibration with a row that has just landed (a run's own clean rows)."""
@@ -82,6 +99,35 @@ class Predictor:
         ratio = self.calibration.ratio(trial.precision, trial.compile)
         return max_batch(Shape.of(replace(trial, batch_size=1)), memory[0], 1.0 if point and ratio is None else ratio)
 
+    def probe_peaks(self, probes: list[dict]) -> list[ProbePeak]:
+        """Predicted (by the calibration the run began with) against measured peak, per probe row with a spec."""
+        from sweep.policy import is_predicted_oom
+
+        out = []
+        for row in probes:
+            if not row.get("model_spec"):
+                continue
+            ratio = self.prior.ratio(row["precision"], row["compile"])
+            out.append(ProbePeak(batch=row["batch_size"], predicted=predicted_bytes(_shape(row)) * (ratio or 1.0),
+                                 measured_gib=row.get("peak_mem_gib") if row["status"] == "ok" else None,
+                                 status=row["status"], predicted_oom=is_predicted_oom(row)))
+        return out
+
+    def max_batch_lines(self, trials) -> list[str]:
+        """The largest batch predicted to fit, per model × precision (and the rest of its layout), on GPU ranks."""
+        lines, seen = [], set()
+        for t in trials:
+            key = (t.config_key, t.memory_cap_bytes)
+            if self.memory(t) is None or key in seen:
+                continue
+            seen.add(key)
+            rows = self.calibration.rows.get((t.precision, t.compile), 0)
+            basis = f"calibrated on {rows} row{'s' * (rows != 1)}" if rows else "uncalibrated"
+            best = self.max_batch(replace(t, predict_memory=True))  # --no-predict still shows what is predicted
+            lines.append(f"predicted max batch: {t.model.label} {t.precision} (compile {t.compile}, ac {t.ac}, seq "
+                         f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}): {best}, {basis}")
+        return lines
+
     def basis(self) -> str:
         """What the predictions rest on: `calibrated on 12 rows of h200 (bf16 regional: 4, ...)` or `uncalibrated`."""
         where = self.output if self.output is not None else "--output"
@@ -91,3 +137,19 @@ class Predictor:
         kinds = ", ".join(f"{p} {c}: {n}" for (p, c), n in sorted(rows.items()))
         total = sum(rows.values())
         return f"memory prediction calibrated on {total} row{'s' * (total != 1)} of {self.profile.name} in {where} ({kinds})"
+
+
+def peak_line(v: dict, peaks) -> str:
+    """Under a max-batch verdict `v`, its probes' predicted against measured peak (the prediction's error):
+    `predicted / measured peak, llama3-8b bf16 (...): batch 5 129 GiB / 130 GiB (-0.8 %) · batch 6 150 GiB / oom`."""
+    from sweep.capacity import size
+
+    parts = []
+    for p in peaks:
+        if p.measured_gib:
+            measured = f"{size(p.measured_gib * 2**30)} ({100 * (p.predicted / (p.measured_gib * 2**30) - 1):+.1f} %)"
+        else:
+            measured = "predicted OOM" if p.predicted_oom else p.status
+        parts.append(f"batch {p.batch} {size(p.predicted)} / {measured}")
+    return (f"predicted / measured peak, {v['model']} {v['precision']} (compile {v['compile']}, {v['gpus']} "
+            f"rank{'s' * (v['gpus'] != 1)}): " + (" · ".join(parts) or "no probes"))

@@ -148,3 +148,40 @@ def test_a_probe_predicted_not_to_fit_is_an_oom_to_the_search():
     assert plan.on_result(second, "unsupported", row={"error": "predicted OOM: 150 GiB > 141 GiB per h200"}) == []
     (verdict,) = plan.verdicts()
     assert (verdict["max_batch"], verdict["first_failing_batch"], verdict["aborted"]) == (5, 6, None)
+
+
+def test_a_max_batch_verdict_prints_predicted_against_measured_peak(tmp_path, sweep_env):
+    """Llama3-8B on one H200 at T 4096: 134 GiB uncalibrated, 160 GiB with the 1.2 the rows in --output teach,
+    so not even batch 1 is predicted to fit: the search's one probe is recorded without GPU time (the profile's
+    Ray address has nothing behind it) and the verdict says what was predicted of it."""
+    profile = tmp_path / "two-h200.yaml"
+    profile.write_text(yaml.safe_dump({"name": "two-h200", "accelerator": "h200", "ray_address": "127.0.0.1:9",
+                                       "nodes": 1, "gpus_per_node": 2}))
+    out = tmp_path / "results"
+    _write(out, _trial(2, cluster="two-h200"), ratio=1.2, cluster=str(profile))
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"models": ["llama3-8b"], "seq_len": [4096], "batch_sizes": [1],
+                                    "search": "max_batch"}))
+    proc = subprocess.run([sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", out,
+                           "--no-progress"], cwd=ROOT, env={**sweep_env(), "COLUMNS": "250"}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr  # nothing measured
+    assert ("predicted / measured peak, llama3-8b bf16 (compile regional, 1 rank): batch 1 160 GiB / predicted OOM"
+            in proc.stdout), proc.stdout
+
+
+def test_probe_peaks_compare_the_prediction_the_run_began_with_against_the_measured_peak():
+    from sweep.predictor import Predictor, peak_line
+
+    predictor = Predictor(profile=load_profile("h200"))
+    ok = {**base_row(_trial(4), run_id="r", profile=load_profile("h200"), grid_name=None), "status": "ok",
+          "peak_mem_gib": predict(_trial(4)).raw / GiB / 1.25}
+    oom = {**base_row(_trial(5), run_id="r", profile=load_profile("h200"), grid_name=None), "status": "oom"}
+    predictor.learn(ok)  # refines what later trials are predicted with, not what this search's probes were
+    line = peak_line({"model": "llama3-8b", "precision": "bf16", "compile": "regional", "gpus": 2},
+                     predictor.probe_peaks([ok, oom]))
+    from sweep.capacity import size
+
+    assert line == ("predicted / measured peak, llama3-8b bf16 (compile regional, 2 ranks): "
+                    f"batch 4 129 GiB / 103 GiB (+25.0 %) · batch 5 {size(predict(_trial(5)).raw)} / oom")
+    assert predictor.calibration.ratio("bf16", "regional") == pytest.approx(0.8)

@@ -170,7 +170,7 @@ def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(
     search = {"max_batch": " — max-batch search", "fastest": " — fastest-configuration search"}.get(spec.search, "")
     render.plan_table(rows, f"{plural(len(trials), 'trial')} on {profile.name} ({profile.accelerator}, "
                             f"{plural(profile.total_ranks, 'rank')})" + search, reasons)
-    lines = _max_batch_lines(trials, predictor)
+    lines = predictor.max_batch_lines(trials)
     for line in ([predictor.basis()] if lines else []) + lines:
         Console().print(line, soft_wrap=True, markup=False)
     _print_warnings(trials, profile, Console())
@@ -182,22 +182,6 @@ def _predicted_cell(trial, predictor) -> str:
 
     memory = predictor.memory(trial)
     return "-" if memory is None else f"{size(predictor.predict(trial).bytes)} / {size(memory[0])}"
-
-
-def _max_batch_lines(trials, predictor) -> list[str]:
-    """The largest batch predicted to fit, per model × precision (and the rest of its layout), on GPU ranks."""
-    lines, seen = [], set()
-    for t in trials:
-        key = (t.config_key, t.memory_cap_bytes)
-        if predictor.memory(t) is None or key in seen:
-            continue
-        seen.add(key)
-        rows = predictor.calibration.rows.get((t.precision, t.compile), 0)
-        basis = f"calibrated on {rows} row{'s' * (rows != 1)}" if rows else "uncalibrated"
-        best = predictor.max_batch(replace(t, predict_memory=True))  # --no-predict still shows what is predicted
-        lines.append(f"predicted max batch: {t.model.label} {t.precision} (compile {t.compile}, ac {t.ac}, seq "
-                     f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}): {best}, {basis}")
-    return lines
 
 
 def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
@@ -264,7 +248,7 @@ def _execute(plan, trials, profile, output: Path, predictor=None, **options) -> 
     _print_warnings(trials, profile)
     predictor = predictor or Predictor.load(profile, output)
     report = execute(plan, profile=profile, output=output, run_id=new_run_id(), predictor=predictor, **options)
-    _finish(report, output, plan)
+    _finish(report, output, plan, predictor)
 
 
 def _print_warnings(trials, profile, console=None) -> None:
@@ -319,7 +303,7 @@ def _capacity(profile, trials) -> float | None:
     return profile.memory_per_device_bytes or profile.accelerator_info.memory_gib * 1024**3
 
 
-def _finish(report, output: Path, plan) -> None:
+def _finish(report, output: Path, plan, predictor=None) -> None:
     """The run's rows (as `sweep results show` prints them) and a warning per `auto` measurement short of its
     target, the verdicts of a search, then the exit status."""
     from rich.console import Console
@@ -336,7 +320,7 @@ def _finish(report, output: Path, plan) -> None:
     console = Console(stderr=True)
     _warn(intervals.missed_target_warnings(rows), console)  # `steps: auto` that stopped short: said, not only marked
     if hasattr(plan, "verdicts"):  # probes reused by --resume count too
-        _write_verdicts(output, report.run_id, plan.verdicts(), rows + report.reused_rows)
+        _write_verdicts(output, report.run_id, plan.verdicts(), rows + report.reused_rows, predictor)
     gpu_time = cost.summary_line(rows)  # this run's attempts: rows reused by --resume cost nothing now
     if gpu_time:
         typer.echo(gpu_time)
@@ -361,16 +345,21 @@ def _finish(report, output: Path, plan) -> None:
         raise typer.Exit(NOTHING_MEASURED)
 
 
-def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[dict]) -> None:
+def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[dict], predictor=None) -> None:
     """Print a search's verdicts and record them beside the rows (`_search/`, ignored as data). A max-batch
-    verdict is completed here from its rows; a fastest-configuration one (`sweep.tune`) comes whole."""
+    verdict is completed here from its rows; a fastest-configuration one (`sweep.tune`) comes whole. Under
+    each max-batch verdict, on GPU ranks: predicted against measured peak per probe."""
     from sweep import store
+    from sweep.predictor import peak_line
     from sweep.results.verdicts import print_tables
 
     for v in verdicts:
         if v["kind"] == "max_batch":
             _complete_verdict(v, rows)
     print_tables(verdicts)
+    for v in verdicts:
+        if v["kind"] == "max_batch" and predictor is not None and predictor.profile.is_gpu:
+            typer.echo(peak_line(v, predictor.probe_peaks([r for r in rows if r.get("search_id") == v["search_id"]])))
     store.write_verdicts(output, run_id, verdicts)
 
 
