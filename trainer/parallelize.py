@@ -40,7 +40,8 @@ def mark_batch_dynamic(*tensors: torch.Tensor) -> None:
 def _compile_block(block: nn.Module, dynamic_batch: bool) -> None:
     """Compile `block` in place (`nn.Module.compile`). With `dynamic_batch` its input activations, made in eager
     code between blocks (no mark survives an op), are marked at each call, outside the compiled frame, where
-    dynamo reads marks (a forward pre-hook would run inside it)."""
+    dynamo reads marks (a forward pre-hook runs inside it: on one rank, where no FSDP2 hook breaks the graph,
+    a disabled hook would add a graph break to every block)."""
     block.compile()
     if not dynamic_batch:
         return
@@ -51,6 +52,14 @@ def _compile_block(block: nn.Module, dynamic_batch: bool) -> None:
         return compiled(x, *args, **kwargs)
 
     block._compiled_call_impl = call_marked
+
+
+@torch._dynamo.disable  # run eagerly: dynamo reads marks only on a frame's inputs, and a traced mark is refused
+def _mark_after_fsdp(module: nn.Module, args: tuple) -> None:
+    """A sharded block's pre-forward hook, after FSDP2's own: FSDP2 hands the block new input tensors (outputs
+    of the autograd function that registers its post-backward hook), which dynamo compiles `forward` on, so the
+    mark made before the call is lost there (2 CPU ranks: the second batch size recompiled without this)."""
+    mark_batch_dynamic(args[0])
 
 
 def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh, reduce_dtype: str = "fp32",
@@ -70,6 +79,8 @@ def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh, red
     for i, block in enumerate(model.blocks):  # 4. FSDP2
         # The last block is not resharded after forward: backward needs it first (saves one all-gather).
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(model.blocks) - 1)
+        if compile_mode != "none" and dynamic_batch:  # `full` too: dynamo compiles each sharded block's forward apart
+            block.register_forward_pre_hook(_mark_after_fsdp)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     if compile_mode == "full":
         model = torch.compile(model)

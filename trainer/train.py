@@ -117,31 +117,45 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
                        params_local=_local_numel(model), memory=memory, energy=energy)
 
 
-_compiled_for: tuple | None = None  # `_graph_key` of the trial whose compiled code this process keeps
+# How many trials' compiled code a process keeps, by `_graph_key`, oldest first. A warm group runs trials smallest
+# first (sweep.groups.footprint), so a grid's precisions alternate at each batch size: keeping only the last
+# trial's code would recompile every one. Each graph kept is one more entry in dynamo's cache of the same block
+# code, under its recompile_limit (8; past it dynamo runs the block uncompiled): 4 graphs and their batch-1
+# variants stay within it.
+KEPT_GRAPHS = 4
+_kept: list[tuple] = []
 
 
-def _graph_key(config: TrialConfig) -> tuple | None:
-    """What a trial's compiled graphs depend on beyond the batch size (symbolic with `dynamic_batch`); None when
-    its code is not to be kept: not compiled, or static batches."""
-    if config.compile == "none" or not config.options.dynamic_batch:
-        return None
+def _graph_key(config: TrialConfig) -> tuple:
+    """What a trial's compiled graphs depend on beyond the batch size (symbolic with `dynamic_batch`)."""
     return (config.model_spec_json, config.precision, config.compile, config.ac, config.seq_len, config.options)
 
 
+def _release_compiled(keep_for: TrialConfig | None) -> None:
+    """Drop the compiled code of earlier trials (it would count towards dynamo's recompile limit for the same
+    block classes), unless `keep_for` can run it: a `dynamic_batch` trial keeps the code of up to KEPT_GRAPHS
+    graph keys (then everything is dropped), and one that differs from a kept key only in the (symbolic) batch
+    size runs that code, recompiling nothing (a fresh model of the same classes passes dynamo's guards:
+    parameters are graph inputs, not constants). A trial without compile leaves the code for the next."""
+    global _kept
+    compiles = keep_for is not None and keep_for.compile != "none"
+    key = _graph_key(keep_for) if compiles else None
+    if (keep_for is None or (compiles and not keep_for.options.dynamic_batch)
+            or (compiles and key not in _kept and len(_kept) >= KEPT_GRAPHS)):
+        torch.compiler.reset()  # `dynamic_batch: false` compiles afresh, as every trial did before it existed
+        _kept = []
+    if compiles and keep_for.options.dynamic_batch and key not in _kept:
+        _kept.append(key)
+
+
 def release(device: torch.device, *, keep_for: TrialConfig | None = None) -> None:
-    """Leave nothing of an earlier trial in this process: its compiled graphs (which would count towards
-    dynamo's recompile limit for the same block classes) unless `keep_for` is a trial whose graphs differ from
-    theirs at most in the (dynamic) batch size: it runs the same code, recompiling nothing (a fresh model of the
-    same classes passes dynamo's guards: parameters are graph inputs, not constants); Transformer Engine's FP8 globals (recipe, amax
-    buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached device memory
+    """Leave nothing of an earlier trial in this process: its compiled graphs, unless `keep_for` (the trial
+    about to run, or the one that just ran) can reuse them (`_release_compiled`); Transformer Engine's FP8
+    globals (recipe, amax buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached device memory
     given back (they would count in this trial's peak reserved memory), the allocator's counters zeroed (its
     retries are a row's). A process may run many trials (`trainer.worker`): after this, what it holds is
     what it held before the first (`held_bytes`)."""
-    global _compiled_for
-    key = None if keep_for is None else _graph_key(keep_for)
-    if key is None or key != _compiled_for:
-        torch.compiler.reset()
-    _compiled_for = key
+    _release_compiled(keep_for)
     _reset_te()
     gc.collect()
     if device.type == "cuda":
