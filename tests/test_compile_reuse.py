@@ -13,7 +13,15 @@ from sweep import store
 from test_train import _fresh_process, _one_rank_group  # noqa: E402
 from trainer.models.specs import REGISTRY
 
-pytestmark = pytest.mark.integration
+
+def test_dynamic_batch_folds_away_without_compile():
+    """`dynamic_batch: [true, false]` is two trials where a trial compiles, one where nothing is traced."""
+    from sweep.grid import expand, parse_grid
+
+    grid = parse_grid({"models": ["gpt-tiny"], "batch_sizes": [2], "compile": ["none", "regional"],
+                       "dynamic_batch": [True, False]})
+    assert sorted((t.compile, t.dynamic_batch) for t in expand(grid, cluster="local")) == [
+        ("none", True), ("regional", False), ("regional", True)]
 
 
 def _trial(rank_jobs, batch: int, **fields):
@@ -32,6 +40,7 @@ def _run_counting(config, rank) -> tuple[list[float], int, int]:
     return losses, counters["stats"]["unique_graphs"], sum(counters["recompiles"].values())
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_new_batch_size_reuses_the_compiled_graphs_with_the_losses_of_a_fresh_process(rank_jobs, run_ranks):
     """Batches 2, then 4, then 3 in one process, each trial with its own model: the first compiles the block and
@@ -63,6 +72,7 @@ steps: {warmup: 1, measure: 3}
 """
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(500)
 def test_a_warm_group_compiles_once_per_graph_for_every_batch_size(ray_session, cli, write_grid, tmp_path):
     """Through `sweep run` on one warm group of 2 ranks (FSDP2), where the two precisions alternate at each batch
