@@ -14,6 +14,7 @@
     fp8_lm_head: false                # FP8 recipes: also run the output head in FP8
     reduce_dtype: fp32                # FSDP2 gradient reduce-scatter dtype: fp32 | bf16
     grad_sync: micro_batch            # with grad_accum > 1: reduce gradients every micro_batch | once per step
+    dynamic_batch: true               # compiled trials: a new batch size reuses the graphs; false: compile each
     on_oom: {policy: halve, min_batch: 1}
     search: max_batch                 # optional: max_batch (the largest / fastest batch per precision), or
                                       # fastest (the fastest configuration: see tune below)
@@ -335,7 +336,7 @@ def load_grid(path: str | Path) -> GridSpec:
     return parse_grid(read_grid(path), display_path(Path(path)))
 
 
-def fold_options(options: dict, *, model: ModelSpec, precision: str, gpus: int) -> dict:
+def fold_options(options: dict, *, model: ModelSpec, precision: str, gpus: int, compile: str | None = None) -> dict:
     """The options a trial really runs with: one that can do nothing in this trial is back at its default."""
     family = RECIPES[precision].family
     # An FP8 head needs an FP8 recipe and an untied head (GPT's head is the embedding): elsewhere the
@@ -346,7 +347,9 @@ def fold_options(options: dict, *, model: ModelSpec, precision: str, gpus: int) 
     # micro-batch when there is more than one. Elsewhere these options do nothing and fold away.
     reduce = options["reduce_dtype"] if gpus > 1 and family != "fp32" else OPTION_DEFAULTS["reduce_dtype"]
     sync = options["grad_sync"] if gpus > 1 and options["grad_accum"] > 1 else OPTION_DEFAULTS["grad_sync"]
-    return {**options, "fp8_lm_head": fp8_head, "reduce_dtype": reduce, "grad_sync": sync}
+    # Nothing is traced without compile (a caller that does not say which compile keeps the option as it is).
+    dynamic = options["dynamic_batch"] if compile != "none" else OPTION_DEFAULTS["dynamic_batch"]
+    return {**options, "fp8_lm_head": fp8_head, "reduce_dtype": reduce, "grad_sync": sync, "dynamic_batch": dynamic}
 
 
 def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | None = None,
@@ -374,6 +377,7 @@ def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | N
                             batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,
                             measure_steps=grid.steps.measure, memory_cap_bytes=cap, timeout_s=limit,
                             predict_memory=grid.predict_memory,
-                            profile=grid.profile, **fold_options(options, model=model, precision=precision, gpus=gpus)))
+                            profile=grid.profile, **fold_options(options, model=model, precision=precision, gpus=gpus,
+                                                           compile=comp)))
     unique = {t.trial_id: t for t in trials}
     return list(unique.values())

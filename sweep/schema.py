@@ -12,12 +12,13 @@ import pyarrow as pa
 
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.10"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.11"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
 #                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
 #                          1.8: + process_start_s, import_s, process_setup_s, model_build_s;
 #                          1.9: + ci_target_met, loss_curve, loss_curve_tokens;
-#                          1.10: + energy_j ... energy_source (energy), power_cost_per_kwh, pue, profile_power_limit_w
+#                          1.10: + energy_j ... energy_source (energy), power_cost_per_kwh, pue, profile_power_limit_w;
+#                          1.11: + dynamic_batch
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -27,7 +28,7 @@ STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 TRAINING_DEFAULTS = dict(OPTION_DEFAULTS)
 # The schema version that added each option's column: a new option is a new column, so a version bump.
 _OPTION_SINCE = {"grad_accum": "1.3", "grad_clip": "1.3", "fp8_lm_head": "1.3",
-                 "reduce_dtype": "1.4", "grad_sync": "1.4"}
+                 "reduce_dtype": "1.4", "grad_sync": "1.4", "dynamic_batch": "1.11"}
 _ARROW_TYPES = {int: pa.int32(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
 
 

@@ -42,6 +42,10 @@ class TrainingOptions:
     grad_sync: Literal["micro_batch", "step"] = _option(
         "micro_batch", "gradients reduced after every micro_batch or once per step")
     """With grad_accum > 1: reduce gradients after every micro-batch's backward, or only after the step's last."""
+    dynamic_batch: bool = _option(True, "compiled trials: a symbolic batch dimension, so a new batch size reuses the graphs")
+    """Compiled trials trace the batch dimension as a symbol (`torch._dynamo.maybe_mark_dynamic`) and a process keeps
+    its compiled code for its next trial when that differs only in batch size: a warm group compiles each graph once.
+    false: every batch size is a static shape, compiled afresh in every trial (before schema 1.11 every row ran so)."""
 
     def __post_init__(self) -> None:
         for f in fields(TrainingOptions):  # a subclass's own fields are its own business

@@ -10,6 +10,9 @@ The order is fixed and matters (torchtitan's `parallelize_llama` does the same):
      bf16 autocast instead (`PrecisionPlan.training_context`), as single-GPU training scripts do.
 `full` compile wraps the whole sharded model instead (slow to compile on large models: a
 GPT-1.5B with torchao rowwise did not finish compiling in 230 s on an H200).
+
+With `dynamic_batch` every compiled graph's first input has a symbolic batch dimension (`mark_batch_dynamic`),
+so a later trial at another batch size runs the same compiled code (`trainer.train.release` keeps it).
 """
 
 from __future__ import annotations
@@ -27,7 +30,40 @@ def _checkpoint_blocks(model: nn.Module, mode: str) -> None:
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh, reduce_dtype: str = "fp32") -> nn.Module:
+def mark_batch_dynamic(*tensors: torch.Tensor) -> None:
+    """Dimension 0 of each tensor is traced as a symbol by the next compiled call it reaches. `maybe_`: a batch
+    of 1 is specialised by dynamo (its 0/1 rule) instead of raising; the other sizes share one graph."""
+    for tensor in tensors:
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+
+
+def _compile_block(block: nn.Module, dynamic_batch: bool) -> None:
+    """Compile `block` in place (`nn.Module.compile`). With `dynamic_batch` its input activations, made in eager
+    code between blocks (no mark survives an op), are marked at each call, outside the compiled frame, where
+    dynamo reads marks (a forward pre-hook runs inside it: on one rank, where no FSDP2 hook breaks the graph,
+    a disabled hook would add a graph break to every block)."""
+    block.compile()
+    if not dynamic_batch:
+        return
+    compiled = block._compiled_call_impl  # what nn.Module.__call__ runs once compiled
+
+    def call_marked(x, *args, **kwargs):
+        mark_batch_dynamic(x)
+        return compiled(x, *args, **kwargs)
+
+    block._compiled_call_impl = call_marked
+
+
+@torch._dynamo.disable  # run eagerly: dynamo reads marks only on a frame's inputs, and a traced mark is refused
+def _mark_after_fsdp(module: nn.Module, args: tuple) -> None:
+    """A sharded block's pre-forward hook, after FSDP2's own: FSDP2 hands the block new input tensors (outputs
+    of the autograd function that registers its post-backward hook), which dynamo compiles `forward` on, so the
+    mark made before the call is lost there (2 CPU ranks: the second batch size recompiled without this)."""
+    mark_batch_dynamic(args[0])
+
+
+def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh, reduce_dtype: str = "fp32",
+                dynamic_batch: bool = False) -> nn.Module:
     """Apply the transforms in order and return the model to train (sharded over `mesh`)."""
     from torch.distributed.fsdp import fully_shard
 
@@ -36,13 +72,15 @@ def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh, red
         _checkpoint_blocks(model, ac)
     if compile_mode == "regional":  # 3. compile
         for block in model.blocks:
-            block.compile()
+            _compile_block(block, dynamic_batch)
     if mesh.size() == 1:  # 4. nothing to shard
         return torch.compile(model) if compile_mode == "full" else model
     mp_policy = plan.mp_policy(reduce_dtype)
     for i, block in enumerate(model.blocks):  # 4. FSDP2
         # The last block is not resharded after forward: backward needs it first (saves one all-gather).
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(model.blocks) - 1)
+        if compile_mode != "none" and dynamic_batch:  # `full` too: dynamo compiles each sharded block's forward apart
+            block.register_forward_pre_hook(_mark_after_fsdp)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     if compile_mode == "full":
         model = torch.compile(model)

@@ -26,7 +26,7 @@ from trainer.job import TrialConfig
 from trainer.memory import memory_cap, peak_stats, reset_peak
 from trainer.models.specs import ModelSpec
 from trainer.options import TrainingOptions
-from trainer.parallelize import parallelize
+from trainer.parallelize import mark_batch_dynamic, parallelize
 from trainer.precision import PrecisionPlan, precision_plan
 from trainer.profiling import BACKWARD, FORWARD, OPTIMIZER, profile_steps
 from trainer.stopping import PHASES, Schedule
@@ -83,7 +83,7 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
     starts at the call: a fresh process's earlier start-up is the caller's to time)."""
     called_at = time.perf_counter()
     started_at = called_at if started_at is None else started_at
-    release(rank.device)
+    release(rank.device, keep_for=config)
     spec = ModelSpec.model_validate_json(config.model_spec_json)
     plan = precision_plan(config.precision, device_type=rank.device.type, sharded=rank.world_size > 1,
                           fp8_lm_head=config.options.fp8_lm_head)
@@ -117,14 +117,45 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
                        params_local=_local_numel(model), memory=memory, energy=energy)
 
 
-def release(device: torch.device) -> None:
-    """Leave nothing of an earlier trial in this process: its compiled graphs (which would count towards
-    dynamo's recompile limit for the same block classes), Transformer Engine's FP8 globals (recipe, amax
-    buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached device memory
+# How many trials' compiled code a process keeps, by `_graph_key`, oldest first. A warm group runs trials smallest
+# first (sweep.groups.footprint), so a grid's precisions alternate at each batch size: keeping only the last
+# trial's code would recompile every one. Each graph kept is one more entry in dynamo's cache of the same block
+# code, under its recompile_limit (8; past it dynamo runs the block uncompiled): 4 graphs and their batch-1
+# variants stay within it.
+KEPT_GRAPHS = 4
+_kept: list[tuple] = []
+
+
+def _graph_key(config: TrialConfig) -> tuple:
+    """What a trial's compiled graphs depend on beyond the batch size (symbolic with `dynamic_batch`)."""
+    return (config.model_spec_json, config.precision, config.compile, config.ac, config.seq_len, config.options)
+
+
+def _release_compiled(keep_for: TrialConfig | None) -> None:
+    """Drop the compiled code of earlier trials (it would count towards dynamo's recompile limit for the same
+    block classes), unless `keep_for` can run it: a `dynamic_batch` trial keeps the code of up to KEPT_GRAPHS
+    graph keys (then everything is dropped), and one that differs from a kept key only in the (symbolic) batch
+    size runs that code, recompiling nothing (a fresh model of the same classes passes dynamo's guards:
+    parameters are graph inputs, not constants). A trial without compile leaves the code for the next."""
+    global _kept
+    compiles = keep_for is not None and keep_for.compile != "none"
+    key = _graph_key(keep_for) if compiles else None
+    if (keep_for is None or (compiles and not keep_for.options.dynamic_batch)
+            or (compiles and key not in _kept and len(_kept) >= KEPT_GRAPHS)):
+        torch.compiler.reset()  # `dynamic_batch: false` compiles afresh, as every trial did before it existed
+        _kept = []
+    if compiles and keep_for.options.dynamic_batch and key not in _kept:
+        _kept.append(key)
+
+
+def release(device: torch.device, *, keep_for: TrialConfig | None = None) -> None:
+    """Leave nothing of an earlier trial in this process: its compiled graphs, unless `keep_for` (the trial
+    about to run, or the one that just ran) can reuse them (`_release_compiled`); Transformer Engine's FP8
+    globals (recipe, amax buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached device memory
     given back (they would count in this trial's peak reserved memory), the allocator's counters zeroed (its
     retries are a row's). A process may run many trials (`trainer.worker`): after this, what it holds is
     what it held before the first (`held_bytes`)."""
-    torch.compiler.reset()
+    _release_compiled(keep_for)
     _reset_te()
     gc.collect()
     if device.type == "cuda":
@@ -175,7 +206,7 @@ def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank:
         model = models.build_model(spec, backend=plan.model_backend, fp8_lm_head=config.options.fp8_lm_head)
     n_params = sum(p.numel() for p in model.parameters())  # N of the FLOP formula: every parameter
     model = parallelize(model, plan=plan, compile_mode=config.compile, ac=config.ac, mesh=rank.mesh,
-                        reduce_dtype=config.options.reduce_dtype)
+                        reduce_dtype=config.options.reduce_dtype, dynamic_batch=config.options.dynamic_batch)
     model.to_empty(device=rank.device)
     with torch.no_grad():
         model.init_weights()  # a fully compiled model forwards the call to the original
@@ -228,6 +259,7 @@ class TrainStep:
         # Compiled with the model: inductor fuses the fp32 upcast into the log-softmax, so the
         # (tokens x vocab) logits are never materialised in fp32 (torchtitan compiles its loss too).
         self.loss_fn = torch.compile(cross_entropy) if compiled else cross_entropy
+        self.dynamic_batch = compiled and options.dynamic_batch  # every compiled call's batch dimension symbolic
         # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
         # rest (weights only change at the optimizer step), TE's `is_first_microbatch`.
         self.weight_cache = plan.model_backend == "te" and options.grad_accum > 1
@@ -246,8 +278,12 @@ class TrainStep:
             tokens, labels = self.data.micro_batch(i * accum + micro)
             kwargs = {"is_first_microbatch": micro == 0} if self.weight_cache else {}
             with self.label(FORWARD):
+                if self.dynamic_batch:
+                    mark_batch_dynamic(tokens, labels)
                 with self.plan.training_context():
                     logits = self.model(tokens, **kwargs)
+                if self.dynamic_batch:
+                    mark_batch_dynamic(logits)
                 loss = self.loss_fn(logits, labels) / accum
             with self.label(BACKWARD):
                 loss.backward()

@@ -183,7 +183,7 @@ class RankWorker:
         result = {**measured.report(), **phases, **_versions(), **_device_info(rank.device)}
         if self.keep_group:  # what the trial left behind, once its model, optimizer and graphs are gone
             del measured
-            release(rank.device)
+            release(rank.device, keep_for=job.trial)  # its compiled code stays for a next trial that can run it
             result.update(baseline_bytes=self.baseline_bytes, held_bytes=held_bytes(rank.device))
         return result
 

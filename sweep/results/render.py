@@ -26,7 +26,8 @@ DASH = "—"
 CONFIG_HEADERS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile",
                   "ac": "ac", "batch_size": "batch", "seq_len": "seq", "world_size": "GPUs",
                   "grad_accum": "accum", "grad_clip": "clip", "fp8_lm_head": "fp8 head",
-                  "reduce_dtype": "reduce", "grad_sync": "grad sync", "memory_cap_gib": "cap (GiB)"}
+                  "reduce_dtype": "reduce", "grad_sync": "grad sync", "dynamic_batch": "dyn batch",
+                  "memory_cap_gib": "cap (GiB)"}
 
 
 @dataclass(frozen=True, slots=True)
