@@ -24,6 +24,16 @@ def test_dynamic_batch_folds_away_without_compile():
         ("none", True), ("regional", False), ("regional", True)]
 
 
+def test_torchao_fp8_keeps_static_shapes():
+    """A torchao FP8 trial compiles for each batch (measured slower with a symbolic batch); bf16 keeps the option."""
+    from sweep.grid import expand, parse_grid
+
+    grid = parse_grid({"models": ["gpt-tiny"], "batch_sizes": [2], "compile": ["regional"],
+                       "precisions": ["bf16", "fp8-torchao-tensorwise"]})
+    assert sorted((t.precision, t.dynamic_batch) for t in expand(grid, cluster="local")) == [
+        ("bf16", True), ("fp8-torchao-tensorwise", False)]
+
+
 def _trial(rank_jobs, batch: int, **fields):
     (job,) = rank_jobs(REGISTRY["gpt-tiny"], "fp32", compile="regional", batch_size=batch, measure_steps=3, **fields)
     return job.trial
