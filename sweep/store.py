@@ -30,8 +30,12 @@ from sweep.schema import RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSI
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def _safe(part: str) -> str:
+def safe_part(part: str) -> str:
+    """A cluster name or run id as its folder name (``cluster=<this>``, ``run=<this>``)."""
     return _SAFE.sub("-", part) or "_"
+
+
+_safe = safe_part
 
 
 def row_path(output: Path, row: dict) -> Path:
@@ -88,10 +92,19 @@ def result_files(output: Path) -> list[Path]:
 
 def _problem(path: Path) -> str | None:
     """Why ``path`` cannot be read as a sweep result file (from its footer), or None."""
+    return _footer(path)[0]
+
+
+def _footer(path: Path) -> tuple[str | None, frozenset[str]]:
+    """(why ``path`` cannot be read as a sweep result file, or None; the columns it holds)."""
     try:
-        meta = pq.read_schema(path).metadata or {}
+        schema = pq.read_schema(path)
     except Exception as e:  # not Parquet, truncated, unreadable
-        return f"not a readable Parquet file ({type(e).__name__}: {one_line(str(e))})"
+        return f"not a readable Parquet file ({type(e).__name__}: {one_line(str(e))})", frozenset()
+    return _version_problem(schema.metadata or {}), frozenset(schema.names)
+
+
+def _version_problem(meta: dict) -> str | None:
     version = meta.get(VERSION_KEY)
     if version is None:
         return f"not a sweep result file (no {VERSION_KEY.decode()} in its metadata)"
@@ -125,6 +138,26 @@ def _refuse(output: Path, bad: dict[Path, str]) -> None:
         more = f"; {len(bad) - 1} more such file(s)" if len(bad) > 1 else ""
         # `sweep run --resume` reads here too: the hint must hold for both
         raise UserError(f"{path}: {why}{more} (move it out of {output}, or pass --skip-bad to `sweep results` to read the rest)")
+
+
+def check_files(output: Path, skip_bad: bool = False) -> dict[Path, frozenset[str]]:
+    """Every sweep result file under ``output`` (its footer read, its version checked) with the columns it holds.
+
+    As ``open_dataset``: a file that is no readable sweep result is a UserError naming it, or with ``skip_bad``
+    left out with a warning on stderr naming it. Its data is not read (``sweep.results.scan`` reads it).
+    """
+    files = result_files(output)
+    if not files:
+        raise UserError(f"{output}: no sweep results found (expected *.parquet files written by `sweep run`)")
+    footers = {f: _footer(f) for f in files}
+    bad = {f: why for f, (why, _) in footers.items() if why is not None}
+    if not skip_bad:
+        _refuse(output, bad)
+    for path, why in sorted(bad.items()):
+        print(f"warning: skipped {path}: {why}", file=sys.stderr)
+    if len(bad) == len(files):
+        raise UserError(f"{output}: no readable sweep results ({len(bad)} file(s) skipped)")
+    return {f: names for f, (why, names) in footers.items() if why is None}
 
 
 def open_dataset(output: Path, skip_bad: bool = False) -> ds.Dataset:

@@ -99,15 +99,14 @@ def show(
 ) -> None:
     """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time and its interval, memory,
     energy where measured, loss (first → last, and at the tokens trained every ok row reached), error."""
-    from sweep.results import aggregate, energy_view, intervals, loss_at, query, recount, render
+    from sweep.results import aggregate, energy_view, intervals, loss_at, recount, render
 
     cols = energy_view.with_energy(render.SHOW_COLS, energy_view.SHOW_COLS, before="loss_last")
-    columns = [c.key for c in cols if c is not render.LOSS_AT] + ["loss_first", "started_at", *aggregate.LOSS_CURVES]
-    table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value)
-    table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
-    total = table.num_rows
-    tokens = aggregate.common_loss_tokens(table)  # over every selected row, not only those printed
-    rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in table.slice(0, limit or total).to_pylist()]
+    columns = [c.key for c in cols if c is not render.LOSS_AT] + ["loss_first", "started_at", "run_id", *aggregate.LOSS_CURVES]
+    table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value, row_id=True)
+    rows, tokens = aggregate.show_rows(table, limit)  # tokens: over every selected row, not only those printed
+    total = table.num_rows  # after the rows are read: a file found damaged there is no longer counted
+    rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in rows]
     more = "" if total <= len(rows) else f"{total - len(rows)} more rows not printed: --limit 0 for all, or --where"
     losses_at = loss_at.note({tokens} - {None}, "every ok row")
     notes = (recount.caption(flops.value), intervals.ci_note(rows), losses_at, more)
