@@ -166,18 +166,14 @@ def open_dataset(output: Path, skip_bad: bool = False) -> ds.Dataset:
     A file that is no readable sweep result (truncated, foreign, a newer major schema) is a UserError
     naming it; with ``skip_bad`` it is left out with a warning on stderr naming it, and the rest is read.
     """
-    files = result_files(output)
-    if not files:
-        raise UserError(f"{output}: no sweep results found (expected *.parquet files written by `sweep run`)")
-    bad = {f: why for f in files if (why := _problem(f)) is not None}
-    if not skip_bad:
-        _refuse(output, bad)
-    table = _read_all([f for f in files if f not in bad], bad)  # may find a file with damaged pages
+    good = list(check_files(output, skip_bad))
+    bad: dict[Path, str] = {}
+    table = _read_all(good, bad)  # may find a file with damaged pages
     if not skip_bad:
         _refuse(output, bad)
     for path, why in sorted(bad.items()):
         print(f"warning: skipped {path}: {why}", file=sys.stderr)
-    if len(bad) == len(files):
+    if len(bad) == len(good):
         raise UserError(f"{output}: no readable sweep results ({len(bad)} file(s) skipped)")
     # Older minor versions lack newer columns: the unified schema reads them as nulls. A training option a
     # row predates is what that row ran with by default, so it reads as the default: old and new rows at
