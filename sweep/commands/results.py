@@ -127,7 +127,7 @@ def max_batch(directory: Directory, where: Where = None, fmt: Format = TableForm
     from sweep.results import aggregate, provenance, recount, render
 
     rows = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
-    table = aggregate.max_batch_table(aggregate.config_table(rows))
+    table = aggregate.max_batch_table(aggregate.config_table(rows, aggregate.MAX_BATCH_INPUTS))
     groups = table.to_pylist()
     _emit(groups, render.max_batch_cols(groups), fmt, f"{directory}: largest batch per GPU that fits",
           recount.caption(flops.value), csv_columns=table.column_names, limit=limit,
@@ -262,7 +262,9 @@ def export(
     if out is not None:
         _out_file(out, f"export.{fmt.value}")
     attempts = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
-    table = energy.drop_empty(aggregate.config_table(attempts))
+    # md prints EXPORT_COLS (no DuckDB work for the rest); csv every column
+    shown = None if fmt is ExportFormat.csv else aggregate.EXPORT_INPUTS
+    table = energy.drop_empty(aggregate.config_table(attempts, shown))
     rows = table.to_pylist()
     if fmt is ExportFormat.md:
         note = " · ".join(p for p in (recount.caption(flops.value), intervals.ci_note(rows)) if p)

@@ -15,7 +15,7 @@ or per group) that ``render`` and ``plot`` format.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -50,8 +50,9 @@ def _failure_text(count: str) -> str:
     return "concat_ws('/', " + ", ".join(f"CASE WHEN {count.format(s)} > 0 THEN '{s}' END" for s in FAILURES) + ")"
 
 
-def config_table(rows: pa.Table) -> pa.Table:
-    """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config.
+def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
+    """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config; with ``columns``, only
+    those (and the config keys): DuckDB then computes no other aggregate (a median of a million rows costs).
 
     ``alloc_retries`` is the most of any ok attempt: one thrashing repeat is enough to warn of. Likewise
     ``step_time_ci_pct`` is the widest interval of its ok attempts, and ``ci_target_met`` false when any of them
@@ -82,6 +83,8 @@ def config_table(rows: pa.Table) -> pa.Table:
           FILTER (WHERE status <> 'ok' AND error IS NOT NULL) AS error
     FROM rows GROUP BY {keys} ORDER BY {keys}
     """
+    if columns is not None:
+        sql = f"SELECT {', '.join(dict.fromkeys((*CONFIG_KEYS, *columns)))} FROM ({sql}) ORDER BY {keys}"
     return run_sql(sql, rows=rows)
 
 
@@ -114,6 +117,17 @@ def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False
 def configs(directory: Path, where: Iterable[str] = (), skip_bad: bool = False) -> pa.Table:
     """One row per config of the results under ``directory`` (see ``config_table``)."""
     return config_table(load_rows(directory, where, skip_bad))
+
+
+# what max_batch_table and compare_table read of config_table's columns
+MAX_BATCH_INPUTS = ("batch_size", "n_ok", *(f"n_{s}" for s in FAILURES), "n_attempts", "tflops_per_gpu", "mfu",
+                    "alloc_retries", "peak_mem_gib")
+# what `export --format md` prints of config_table (render.EXPORT_COLS, energy_view.EXPORT_COLS)
+EXPORT_INPUTS = ("status", *(f"n_{s}" for s in FAILURES), "tflops_per_gpu", "spread_pct", "n_ok", "mfu",
+                 "step_time_s", *INTERVALS, "tokens_per_s_per_gpu", "tokens_per_kwh", "tflops_per_watt",
+                 "avg_power_w", "joules_per_token", "peak_mem_gib", *LOSSES, "n_attempts")
+COMPARE_INPUTS = ("status", "tflops_per_gpu", "tokens_per_s_per_gpu", "n_ok", "n_attempts", "loss_last",
+                  *energy.COMPARE_INPUTS)
 
 
 def max_batch_table(configs: pa.Table) -> pa.Table:
@@ -305,7 +319,7 @@ def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float |
     renamed or edited profile does not rewrite history); the registry profile's only for clusters whose
     rows predate the cost column (schema < 1.2). None where neither knows it.
     """
-    table = config_table(rows)
+    table = config_table(rows, COMPARE_INPUTS)
     if by != "cluster":
         return table, None
     latest = run_sql("""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)

@@ -110,6 +110,7 @@ class Rows:
         self.row_id, self.skip_bad = row_id, skip_bad
         self.con = duckdb.connect()
         self.con.execute("SET TimeZone = 'UTC'")
+        self.con.execute("SET enable_progress_bar = false")  # a long statement would draw one on the terminal
         self._count: int | None = None
         self._layers: list[tuple[Callable[[str], str], dict[str, pa.Table]]] = []
         self._build()
