@@ -97,11 +97,12 @@ def _problem(path: Path) -> str | None:
 
 def _footer(path: Path) -> tuple[str | None, frozenset[str]]:
     """(why ``path`` cannot be read as a sweep result file, or None; the columns it holds)."""
-    try:
-        schema = pq.read_schema(path)
+    try:  # the footer's own metadata, not its Arrow schema: a third faster, and hundreds of files are read
+        meta = pq.read_metadata(path)
+        names = frozenset(meta.schema.column(i).path.split(".")[0] for i in range(meta.num_columns))
     except Exception as e:  # not Parquet, truncated, unreadable
         return f"not a readable Parquet file ({type(e).__name__}: {one_line(str(e))})", frozenset()
-    return _version_problem(schema.metadata or {}), frozenset(schema.names)
+    return _version_problem(meta.metadata or {}), names
 
 
 def _version_problem(meta: dict) -> str | None:
