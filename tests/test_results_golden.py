@@ -34,6 +34,8 @@ CASES = {
     "compare": ["compare", "results"],
     "compare-md": ["compare", "results", "-f", "md"],
     "compare-csv": ["compare", "results", "-f", "csv"],
+    "compare-limit": ["compare", "results", "--limit", "20"],
+    "compare-cluster-limit": ["compare", "results", "--by", "cluster", "--baseline", "b200", "--limit", "7"],
     "compare-cluster": ["compare", "results", "--by", "cluster", "--baseline", "h200"],
     "compare-cluster-md": ["compare", "results", "--by", "cluster", "--baseline", "h200", "-f", "md"],
     "compare-cluster-csv": ["compare", "results", "--by", "cluster", "--baseline", "h200", "-f", "csv"],

@@ -187,7 +187,8 @@ def compare(
     table = aggregate.compare_table(configs, baseline, by.value, costs, energy.cluster_prices(rows))
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
-    pairs = aggregate.compare_losses(table.to_pylist(), rows, by.value, baseline)
+    printed = (limit or None) if fmt is TableFormat.table else None  # a terminal table reads the losses it prints
+    pairs = aggregate.compare_losses(table.to_pylist(), rows, by.value, baseline, printed)
     tokens = {p["loss_at_tokens"] for p in pairs} - {None}
     unknown = sorted(c for c, v in (costs or {}).items() if v is None)
     with_cost = costs is not None and len(unknown) < len(costs)
@@ -213,7 +214,8 @@ def _compare_best(directory: Path, baseline: str, by: By, where, fmt: TableForma
     table = aggregate.best_table(rows, baseline, finalists)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every row in {directory} has precision {baseline}")
-    pairs = aggregate.best_losses(table.to_pylist(), rows, baseline, finalists)
+    printed = (limit or None) if fmt is TableFormat.table else None
+    pairs = aggregate.best_losses(table.to_pylist(), rows, baseline, finalists, printed)
     tokens = {p["loss_at_tokens"] for p in pairs} - {None}
     title = f"{directory}: each precision at its best vs {baseline} at its best (TFLOP/s/GPU)"
     note = " · ".join([recount.caption(flops.value),

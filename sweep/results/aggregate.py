@@ -215,22 +215,25 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table, prices=prices)
 
 
-def compare_losses(pairs: list[dict], attempts, by: str, baseline: str) -> list[dict]:
+def compare_losses(pairs: list[dict], attempts, by: str, baseline: str, printed: int | None = None) -> list[dict]:
     """``compare_table``'s rows with each side's loss at the same tokens trained (``curves.losses_at``):
     ``loss_at_tokens`` (the largest count every ok attempt of both sides reached), ``loss_at``, ``base_loss_at``.
-    ``attempts``: the rows the configs came from, with LOSS_CURVES."""
+    ``attempts``: the rows the configs came from, with LOSS_CURVES. ``printed``: as ``curves.losses_at``."""
     from sweep.results.curves import losses_at
 
     config = lambda row: tuple(row[k] for k in CONFIG_KEYS)  # noqa: E731
-    return losses_at(attempts, pairs, CONFIG_KEYS, config, lambda pair: config({**pair, by: baseline}))
+    return losses_at(attempts, pairs, CONFIG_KEYS, config, lambda pair: config({**pair, by: baseline}),
+                     printed=printed)
 
 
-def best_losses(best: list[dict], attempts, baseline: str, finalists: Iterable[tuple[str, str]] = ()) -> list[dict]:
+def best_losses(best: list[dict], attempts, baseline: str, finalists: Iterable[tuple[str, str]] = (),
+                printed: int | None = None) -> list[dict]:
     """``best_table``'s rows with each side's loss at the same tokens trained, as ``compare_losses`` adds them.
 
     A side's curves are those of the attempts its figures are the median of: its best config's ok attempts,
     and for a fastest search's best (``tuned``) its finalist's alone, not the search's shorter probes of that
-    config. ``attempts``: the rows given to ``best_table``, with LOSS_CURVES and ``trial_id``."""
+    config. ``attempts``: the rows given to ``best_table``, with LOSS_CURVES and ``trial_id``. ``printed``: as
+    ``curves.losses_at``."""
     from sweep.results.curves import losses_at
 
     key = lambda config, tuned: (*(config[k] for k in CONFIG_KEYS), bool(tuned))  # noqa: E731
@@ -244,7 +247,8 @@ def best_losses(best: list[dict], attempts, baseline: str, finalists: Iterable[t
     values = ", ".join(f"({_quote(c)}, {_quote(t)})" for c, t in found) or "(NULL::VARCHAR, NULL::VARCHAR)"
     source = f"""(SELECT r.*, f.trial_id IS NOT NULL AS tuned FROM rows r
       LEFT JOIN (VALUES {values}) f(cluster, trial_id) ON f.cluster = r.cluster AND f.trial_id = r.trial_id)"""
-    return losses_at(attempts, best, (*CONFIG_KEYS, "tuned"), lambda pair: key(pair, pair["tuned"]), base, source)
+    return losses_at(attempts, best, (*CONFIG_KEYS, "tuned"), lambda pair: key(pair, pair["tuned"]), base, source,
+                     printed)
 
 
 def _quote(text: str | None) -> str:

@@ -38,10 +38,12 @@ def _arrow(key: str) -> pa.DataType:
 
 
 def losses_at(rows, pairs: list[dict], keys: Sequence[str], side: Callable[[dict], tuple],
-              base: Callable[[dict], tuple], source: str = "rows") -> list[dict]:
+              base: Callable[[dict], tuple], source: str = "rows", printed: int | None = None) -> list[dict]:
     """Each pair with ``loss_at_tokens`` (the largest count every ok curve of both its sides reached), ``loss_at``
     and ``base_loss_at`` (each side's median loss there). ``side``, ``base``: a pair's two configs as values of
-    ``keys``, columns of ``source`` (SQL over the view ``rows``)."""
+    ``keys``, columns of ``source`` (SQL over the view ``rows``). ``printed``: only the first so many pairs are
+    printed (a terminal table's --limit): the others get their count (the caption speaks of every pair's) but
+    no losses."""
     if not pairs:
         return []
     configs = list(dict.fromkeys([side(p) for p in pairs] + [base(p) for p in pairs]))
@@ -56,7 +58,8 @@ def losses_at(rows, pairs: list[dict], keys: Sequence[str], side: Callable[[dict
     for p in pairs:
         s, b = reach.get(index[side(p)]), reach.get(index[base(p)])
         tokens.append(None if s is None or b is None else min(s, b))
-    wanted = sorted({(index[c(p)], t) for p, t in zip(pairs, tokens) if t is not None for c in (side, base)})
+    shown = list(zip(pairs, tokens))[:printed]
+    wanted = sorted({(index[c(p)], t) for p, t in shown if t is not None for c in (side, base)})
     losses = _medians(rows, keys, configs, wanted, match, curves)
     return [{**p, "loss_at_tokens": t, "loss_at": losses.get((index[side(p)], t)),
              "base_loss_at": losses.get((index[base(p)], t))} for p, t in zip(pairs, tokens)]
