@@ -90,11 +90,6 @@ def result_files(output: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts))
 
 
-def _problem(path: Path) -> str | None:
-    """Why ``path`` cannot be read as a sweep result file (from its footer), or None."""
-    return _footer(path)[0]
-
-
 def _footer(path: Path) -> tuple[str | None, frozenset[str]]:
     """(why ``path`` cannot be read as a sweep result file, or None; the columns it holds)."""
     try:  # the footer's own metadata, not its Arrow schema: a third faster, and hundreds of files are read

@@ -17,7 +17,6 @@ from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from sweep.errors import UserError
 from sweep.schema import RESULT_SCHEMA, STATUSES, TRAINING_DEFAULTS
@@ -39,16 +38,6 @@ class Where:
     column: str
     op: str
     values: tuple
-
-    def expression(self) -> pc.Expression:
-        field = pc.field(self.column)
-        if self.op in ("=", "=="):
-            return field.isin(list(self.values)) if len(self.values) > 1 else field == self.values[0]
-        if self.op == "!=":
-            inside = field.isin(list(self.values)) if len(self.values) > 1 else field == self.values[0]
-            return ~inside | field.is_null()
-        return {">": field > self.values[0], ">=": field >= self.values[0],
-                "<": field < self.values[0], "<=": field <= self.values[0]}[self.op]
 
 
 def _convert(text: str, column: str, value: str) -> object:
@@ -82,13 +71,6 @@ def parse_where(text: str) -> Where:
         raise UserError(f"--where {text!r}: unknown column {column!r}; valid columns: {', '.join(RESULT_SCHEMA.names)}")
     parts = raw.split(",") if op in ("=", "==", "!=") else [raw]
     return Where(text=text, column=column, op=op, values=tuple(_convert(text, column, p) for p in parts))
-
-
-def _filter(wheres: Sequence[Where]) -> pc.Expression | None:
-    expr = None
-    for w in wheres:
-        expr = w.expression() if expr is None else expr & w.expression()
-    return expr
 
 
 def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | None = None,
