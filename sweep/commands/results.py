@@ -188,7 +188,7 @@ def compare(
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
     printed = (limit or None) if fmt is TableFormat.table else None  # a terminal table reads the losses it prints
-    pairs = aggregate.compare_losses(table.to_pylist(), rows, by.value, baseline, printed)
+    pairs = aggregate.compare_losses(table.to_pylist(), rows, by.value, baseline, printed, configs)
     tokens = {p["loss_at_tokens"] for p in pairs} - {None}
     unknown = sorted(c for c, v in (costs or {}).items() if v is None)
     with_cost = costs is not None and len(unknown) < len(costs)

@@ -58,8 +58,12 @@ def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
     ``step_time_ci_pct`` is the widest interval of its ok attempts, and ``ci_target_met`` false when any of them
     missed `steps: auto`'s target (null when none had one).
     """
+    from sweep.results.curves import REACHED
+
     keys = ", ".join(CONFIG_KEYS)
     ok = "FILTER (WHERE status = 'ok')"
+    # `compare` reads each config's loss curves' reach here, in the same read (asked for by name)
+    reached = f",\n      {REACHED} AS loss_reached" if columns is not None and "loss_reached" in columns else ""
     medians = ",\n  ".join(f"median({m}) {ok} AS {m}" for m in (*METRICS, *LOSSES))
     counts = ",\n  ".join(f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in FAILURES)
     sql = f"""
@@ -80,7 +84,7 @@ def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
       100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
           / nullif(median(tflops_per_gpu) {ok}, 0) AS spread_pct,
       first(error ORDER BY finished_at DESC NULLS LAST)
-          FILTER (WHERE status <> 'ok' AND error IS NOT NULL) AS error
+          FILTER (WHERE status <> 'ok' AND error IS NOT NULL) AS error{reached}
     FROM rows GROUP BY {keys} ORDER BY {keys}
     """
     if columns is not None:
@@ -127,7 +131,7 @@ EXPORT_INPUTS = ("status", *(f"n_{s}" for s in FAILURES), "tflops_per_gpu", "spr
                  "step_time_s", *INTERVALS, "tokens_per_s_per_gpu", "tokens_per_kwh", "tflops_per_watt",
                  "avg_power_w", "joules_per_token", "peak_mem_gib", *LOSSES, "n_attempts")
 COMPARE_INPUTS = ("status", "tflops_per_gpu", "tokens_per_s_per_gpu", "n_ok", "n_attempts", "loss_last",
-                  *energy.COMPARE_INPUTS)
+                  "loss_reached", *energy.COMPARE_INPUTS)
 
 
 def max_batch_table(configs: pa.Table) -> pa.Table:
@@ -215,15 +219,20 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table, prices=prices)
 
 
-def compare_losses(pairs: list[dict], attempts, by: str, baseline: str, printed: int | None = None) -> list[dict]:
+def compare_losses(pairs: list[dict], attempts, by: str, baseline: str, printed: int | None = None,
+                   configs: pa.Table | None = None) -> list[dict]:
     """``compare_table``'s rows with each side's loss at the same tokens trained (``curves.losses_at``):
     ``loss_at_tokens`` (the largest count every ok attempt of both sides reached), ``loss_at``, ``base_loss_at``.
-    ``attempts``: the rows the configs came from, with LOSS_CURVES. ``printed``: as ``curves.losses_at``."""
+    ``attempts``: the rows the configs came from, with LOSS_CURVES. ``printed``: as ``curves.losses_at``;
+    ``configs``: ``config_table``'s with ``loss_reached``, so that the curves are read once less."""
     from sweep.results.curves import losses_at
 
     config = lambda row: tuple(row[k] for k in CONFIG_KEYS)  # noqa: E731
+    reached = None
+    if configs is not None and "loss_reached" in configs.column_names:
+        reached = {config(r): r["loss_reached"] for r in configs.select([*CONFIG_KEYS, "loss_reached"]).to_pylist()}
     return losses_at(attempts, pairs, CONFIG_KEYS, config, lambda pair: config({**pair, by: baseline}),
-                     printed=printed)
+                     printed=printed, reached=reached)
 
 
 def best_losses(best: list[dict], attempts, baseline: str, finalists: Iterable[tuple[str, str]] = (),

@@ -17,6 +17,9 @@ from sweep.results.query import run_sql
 from sweep.results.scan import sql_type
 
 # an ok attempt's curve, as ``loss_at.Curve.of`` takes one: both lists there and not empty
+# the same per config, inside a GROUP BY over the rows (aggregate.config_table's `loss_reached`)
+REACHED = ("min(loss_curve_tokens[-1]) FILTER (WHERE status = 'ok' AND len(loss_curve_tokens) > 0 "
+           "AND len(loss_curve) > 0)")
 _CURVES = """SELECT {keys}, loss_curve AS l, loss_curve_tokens AS t FROM {source}
   WHERE status = 'ok' AND len(loss_curve_tokens) > 0 AND len(loss_curve) > 0"""
 # the loss at x tokens of the curve (t, l): r is bisect_left(t, x) + 1 (SQL lists count from 1)
@@ -38,22 +41,27 @@ def _arrow(key: str) -> pa.DataType:
 
 
 def losses_at(rows, pairs: list[dict], keys: Sequence[str], side: Callable[[dict], tuple],
-              base: Callable[[dict], tuple], source: str = "rows", printed: int | None = None) -> list[dict]:
+              base: Callable[[dict], tuple], source: str = "rows", printed: int | None = None,
+              reached: dict[tuple, int | None] | None = None) -> list[dict]:
     """Each pair with ``loss_at_tokens`` (the largest count every ok curve of both its sides reached), ``loss_at``
     and ``base_loss_at`` (each side's median loss there). ``side``, ``base``: a pair's two configs as values of
     ``keys``, columns of ``source`` (SQL over the view ``rows``). ``printed``: only the first so many pairs are
     printed (a terminal table's --limit): the others get their count (the caption speaks of every pair's) but
-    no losses."""
+    no losses. ``reached``: config -> its ``REACHED`` where the caller's aggregation already read it (one read of the
+    curves fewer)."""
     if not pairs:
         return []
     configs = list(dict.fromkeys([side(p) for p in pairs] + [base(p) for p in pairs]))
     index = {c: i for i, c in enumerate(configs)}
     match = " AND ".join(f"c.{k} IS NOT DISTINCT FROM g.k{i}" for i, k in enumerate(keys))
     curves = _CURVES.format(keys=", ".join(keys), source=source)
-    reached = run_sql(f"""WITH c AS ({curves})
-        SELECT g.cfg, min(c.t[-1]) AS reached FROM configs g JOIN c ON {match} GROUP BY g.cfg""",
-                      rows=rows, configs=_configs(keys, configs))
-    reach = dict(zip(reached.column("cfg").to_pylist(), reached.column("reached").to_pylist()))
+    if reached is not None:
+        reach = {index[c]: reached.get(c) for c in configs}
+    else:
+        found = run_sql(f"""WITH c AS ({curves})
+            SELECT g.cfg, min(c.t[-1]) AS reached FROM configs g JOIN c ON {match} GROUP BY g.cfg""",
+                        rows=rows, configs=_configs(keys, configs))
+        reach = dict(zip(found.column("cfg").to_pylist(), found.column("reached").to_pylist()))
     tokens = []
     for p in pairs:
         s, b = reach.get(index[side(p)]), reach.get(index[base(p)])
