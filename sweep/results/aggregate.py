@@ -63,7 +63,10 @@ def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
     keys = ", ".join(CONFIG_KEYS)
     ok = "FILTER (WHERE status = 'ok')"
     # `compare` reads each config's loss curves' reach here, in the same read (asked for by name)
-    reached = f",\n      {REACHED} AS loss_reached" if columns is not None and "loss_reached" in columns else ""
+    wanted = columns is not None and "loss_reached" in columns
+    if wanted and not set(LOSS_CURVES) <= set(rows.column_names):  # rows read without their curves
+        columns = [c for c in columns if c != "loss_reached"]
+    reached = f",\n      {REACHED} AS loss_reached" if wanted and "loss_reached" in columns else ""
     medians = ",\n  ".join(f"median({m}) {ok} AS {m}" for m in (*METRICS, *LOSSES))
     counts = ",\n  ".join(f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in FAILURES)
     sql = f"""
