@@ -99,15 +99,14 @@ def show(
 ) -> None:
     """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time and its interval, memory,
     energy where measured, loss (first → last, and at the tokens trained every ok row reached), error."""
-    from sweep.results import aggregate, energy_view, intervals, loss_at, query, recount, render
+    from sweep.results import aggregate, energy_view, intervals, loss_at, recount, render
 
     cols = energy_view.with_energy(render.SHOW_COLS, energy_view.SHOW_COLS, before="loss_last")
-    columns = [c.key for c in cols if c is not render.LOSS_AT] + ["loss_first", "started_at", *aggregate.LOSS_CURVES]
-    table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value)
-    table = table.sort_by([(c, "ascending") for c in (*query.CONFIG_KEYS, "started_at")])
-    total = table.num_rows
-    tokens = aggregate.common_loss_tokens(table)  # over every selected row, not only those printed
-    rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in table.slice(0, limit or total).to_pylist()]
+    columns = [c.key for c in cols if c is not render.LOSS_AT] + ["loss_first", "started_at", "run_id", *aggregate.LOSS_CURVES]
+    table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value, row_id=True)
+    rows, tokens = aggregate.show_rows(table, limit)  # tokens: over every selected row, not only those printed
+    total = table.num_rows  # after the rows are read: a file found damaged there is no longer counted
+    rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in rows]
     more = "" if total <= len(rows) else f"{total - len(rows)} more rows not printed: --limit 0 for all, or --where"
     losses_at = loss_at.note({tokens} - {None}, "every ok row")
     notes = (recount.caption(flops.value), intervals.ci_note(rows), losses_at, more)
@@ -128,7 +127,7 @@ def max_batch(directory: Directory, where: Where = None, fmt: Format = TableForm
     from sweep.results import aggregate, provenance, recount, render
 
     rows = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
-    table = aggregate.max_batch_table(aggregate.config_table(rows))
+    table = aggregate.max_batch_table(aggregate.config_table(rows, aggregate.MAX_BATCH_INPUTS))
     groups = table.to_pylist()
     _emit(groups, render.max_batch_cols(groups), fmt, f"{directory}: largest batch per GPU that fits",
           recount.caption(flops.value), csv_columns=table.column_names, limit=limit,
@@ -188,7 +187,8 @@ def compare(
     table = aggregate.compare_table(configs, baseline, by.value, costs, energy.cluster_prices(rows))
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
-    pairs = aggregate.compare_losses(table.to_pylist(), rows, by.value, baseline)
+    printed = (limit or None) if fmt is TableFormat.table else None  # a terminal table reads the losses it prints
+    pairs = aggregate.compare_losses(table.to_pylist(), rows, by.value, baseline, printed, configs)
     tokens = {p["loss_at_tokens"] for p in pairs} - {None}
     unknown = sorted(c for c, v in (costs or {}).items() if v is None)
     with_cost = costs is not None and len(unknown) < len(costs)
@@ -214,7 +214,8 @@ def _compare_best(directory: Path, baseline: str, by: By, where, fmt: TableForma
     table = aggregate.best_table(rows, baseline, finalists)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every row in {directory} has precision {baseline}")
-    pairs = aggregate.best_losses(table.to_pylist(), rows, baseline, finalists)
+    printed = (limit or None) if fmt is TableFormat.table else None
+    pairs = aggregate.best_losses(table.to_pylist(), rows, baseline, finalists, printed)
     tokens = {p["loss_at_tokens"] for p in pairs} - {None}
     title = f"{directory}: each precision at its best vs {baseline} at its best (TFLOP/s/GPU)"
     note = " · ".join([recount.caption(flops.value),
@@ -263,7 +264,9 @@ def export(
     if out is not None:
         _out_file(out, f"export.{fmt.value}")
     attempts = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
-    table = energy.drop_empty(aggregate.config_table(attempts))
+    # md prints EXPORT_COLS (no DuckDB work for the rest); csv every column
+    shown = None if fmt is ExportFormat.csv else aggregate.EXPORT_INPUTS
+    table = energy.drop_empty(aggregate.config_table(attempts, shown))
     rows = table.to_pylist()
     if fmt is ExportFormat.md:
         note = " · ".join(p for p in (recount.caption(flops.value), intervals.ci_note(rows)) if p)

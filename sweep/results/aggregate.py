@@ -15,7 +15,7 @@ or per group) that ``render`` and ``plot`` format.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -50,15 +50,23 @@ def _failure_text(count: str) -> str:
     return "concat_ws('/', " + ", ".join(f"CASE WHEN {count.format(s)} > 0 THEN '{s}' END" for s in FAILURES) + ")"
 
 
-def config_table(rows: pa.Table) -> pa.Table:
-    """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config.
+def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
+    """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config; with ``columns``, only
+    those (and the config keys): DuckDB then computes no other aggregate (a median of a million rows costs).
 
     ``alloc_retries`` is the most of any ok attempt: one thrashing repeat is enough to warn of. Likewise
     ``step_time_ci_pct`` is the widest interval of its ok attempts, and ``ci_target_met`` false when any of them
     missed `steps: auto`'s target (null when none had one).
     """
+    from sweep.results.curves import REACHED
+
     keys = ", ".join(CONFIG_KEYS)
     ok = "FILTER (WHERE status = 'ok')"
+    # `compare` reads each config's loss curves' reach here, in the same read (asked for by name)
+    wanted = columns is not None and "loss_reached" in columns
+    if wanted and not set(LOSS_CURVES) <= set(rows.column_names):  # rows read without their curves
+        columns = [c for c in columns if c != "loss_reached"]
+    reached = f",\n      {REACHED} AS loss_reached" if wanted and "loss_reached" in columns else ""
     medians = ",\n  ".join(f"median({m}) {ok} AS {m}" for m in (*METRICS, *LOSSES))
     counts = ",\n  ".join(f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in FAILURES)
     sql = f"""
@@ -79,30 +87,54 @@ def config_table(rows: pa.Table) -> pa.Table:
       100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
           / nullif(median(tflops_per_gpu) {ok}, 0) AS spread_pct,
       first(error ORDER BY finished_at DESC NULLS LAST)
-          FILTER (WHERE status <> 'ok' AND error IS NOT NULL) AS error
+          FILTER (WHERE status <> 'ok' AND error IS NOT NULL) AS error{reached}
     FROM rows GROUP BY {keys} ORDER BY {keys}
     """
+    if columns is not None:
+        sql = f"SELECT {', '.join(dict.fromkeys((*CONFIG_KEYS, *columns)))} FROM ({sql}) ORDER BY {keys}"
     return run_sql(sql, rows=rows)
 
 
-def distinct_configs(rows: pa.Table) -> list[dict]:
+def distinct_configs(rows) -> list[dict]:
     """The distinct CONFIG_KEYS of ``rows``: what a caption may say of all of them, without a dict per row."""
-    return run_sql(f"SELECT DISTINCT {', '.join(CONFIG_KEYS)} FROM rows", rows=rows.select(list(CONFIG_KEYS))).to_pylist()
+    return run_sql(f"SELECT DISTINCT {', '.join(CONFIG_KEYS)} FROM rows", rows=rows).to_pylist()
+
+
+def show_rows(rows, limit: int) -> tuple[list[dict], int | None]:
+    """`results show`'s first ``limit`` rows (0: all) by config and start time, with their loss curves, and the
+    largest token count every ok row's curve reached (``curves.common_tokens``)."""
+    from sweep.results import curves
+
+    order = ", ".join((*CONFIG_KEYS, "started_at", "filename", "file_row_number"))
+    printed = run_sql(f"SELECT * EXCLUDE ({', '.join(LOSS_CURVES)}) FROM rows ORDER BY {order}"
+                      + (f" LIMIT {int(limit)}" if limit else ""), rows=rows).to_pylist()
+    return curves.row_curves(rows, printed), curves.common_tokens(rows)
 
 
 def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False, extra: Iterable[str] = (),
-              flops: str = "sweep") -> pa.Table:
-    """The rows under ``directory`` passing ``where``, with LOAD_COLUMNS and ``extra`` (read once per command),
-    their TFLOP/s and MFU counted in the FLOP convention ``flops`` (``recount``)."""
+              flops: str = "sweep", row_id: bool = False):
+    """The rows under ``directory`` passing ``where``, with LOAD_COLUMNS and ``extra``, their TFLOP/s and MFU
+    counted in the FLOP convention ``flops`` (``recount``): a ``scan.Rows`` view that each statement reads."""
     from sweep.results.recount import COLUMNS, recount
 
     extra = (*extra, *(COLUMNS if flops != "sweep" else ()))
-    return recount(load(directory, where, list(dict.fromkeys((*LOAD_COLUMNS, *extra))), skip_bad), flops)
+    return recount(load(directory, where, list(dict.fromkeys((*LOAD_COLUMNS, *extra))), skip_bad, row_id), flops)
 
 
 def configs(directory: Path, where: Iterable[str] = (), skip_bad: bool = False) -> pa.Table:
     """One row per config of the results under ``directory`` (see ``config_table``)."""
     return config_table(load_rows(directory, where, skip_bad))
+
+
+# what max_batch_table and compare_table read of config_table's columns
+MAX_BATCH_INPUTS = ("batch_size", "n_ok", *(f"n_{s}" for s in FAILURES), "n_attempts", "tflops_per_gpu", "mfu",
+                    "alloc_retries", "peak_mem_gib")
+# what `export --format md` prints of config_table (render.EXPORT_COLS, energy_view.EXPORT_COLS)
+EXPORT_INPUTS = ("status", *(f"n_{s}" for s in FAILURES), "tflops_per_gpu", "spread_pct", "n_ok", "mfu",
+                 "step_time_s", *INTERVALS, "tokens_per_s_per_gpu", "tokens_per_kwh", "tflops_per_watt",
+                 "avg_power_w", "joules_per_token", "peak_mem_gib", *LOSSES, "n_attempts")
+COMPARE_INPUTS = ("status", "tflops_per_gpu", "tokens_per_s_per_gpu", "n_ok", "n_attempts", "loss_last",
+                  "loss_reached", *energy.COMPARE_INPUTS)
 
 
 def max_batch_table(configs: pa.Table) -> pa.Table:
@@ -190,68 +222,54 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table, prices=prices)
 
 
-def compare_losses(pairs: list[dict], attempts: pa.Table, by: str, baseline: str) -> list[dict]:
-    """``compare_table``'s rows with each side's loss at the same tokens trained (``loss_at.compare``):
+def compare_losses(pairs: list[dict], attempts, by: str, baseline: str, printed: int | None = None,
+                   configs: pa.Table | None = None) -> list[dict]:
+    """``compare_table``'s rows with each side's loss at the same tokens trained (``curves.losses_at``):
     ``loss_at_tokens`` (the largest count every ok attempt of both sides reached), ``loss_at``, ``base_loss_at``.
-    ``attempts``: the rows the configs came from, with LOSS_CURVES."""
+    ``attempts``: the rows the configs came from, with LOSS_CURVES. ``printed``: as ``curves.losses_at``;
+    ``configs``: ``config_table``'s with ``loss_reached``, so that the curves are read once less."""
+    from sweep.results.curves import losses_at
+
     config = lambda row: tuple(row[k] for k in CONFIG_KEYS)  # noqa: E731
-    return _losses_at(pairs, _curves(attempts, config), config, lambda pair: config({**pair, by: baseline}))
+    reached = None
+    if configs is not None and "loss_reached" in configs.column_names:
+        reached = {config(r): r["loss_reached"] for r in configs.select([*CONFIG_KEYS, "loss_reached"]).to_pylist()}
+    return losses_at(attempts, pairs, CONFIG_KEYS, config, lambda pair: config({**pair, by: baseline}),
+                     printed=printed, reached=reached)
 
 
-def best_losses(best: list[dict], attempts: pa.Table, baseline: str,
-                finalists: Iterable[tuple[str, str]] = ()) -> list[dict]:
+def best_losses(best: list[dict], attempts, baseline: str, finalists: Iterable[tuple[str, str]] = (),
+                printed: int | None = None) -> list[dict]:
     """``best_table``'s rows with each side's loss at the same tokens trained, as ``compare_losses`` adds them.
 
     A side's curves are those of the attempts its figures are the median of: its best config's ok attempts,
     and for a fastest search's best (``tuned``) its finalist's alone, not the search's shorter probes of that
-    config. ``attempts``: the rows given to ``best_table``, with LOSS_CURVES and ``trial_id``."""
-    found = set(finalists)
+    config. ``attempts``: the rows given to ``best_table``, with LOSS_CURVES and ``trial_id``. ``printed``: as
+    ``curves.losses_at``."""
+    from sweep.results.curves import losses_at
+
     key = lambda config, tuned: (*(config[k] for k in CONFIG_KEYS), bool(tuned))  # noqa: E731
-    curves = _curves(attempts, lambda row: key(row, (row["cluster"], row["trial_id"]) in found), ("trial_id",))
 
     def base(pair: dict) -> tuple:
         config = {**{k: pair[k] for k in BEST_GROUP}, "precision": baseline,
                   **{k: pair[f"base_{k}"] for k in BEST_CONFIG}}
         return key(config, pair["base_tuned"])
 
-    return _losses_at(best, curves, lambda pair: key(pair, pair["tuned"]), base)
+    found = list(dict.fromkeys(finalists))
+    values = ", ".join(f"({_quote(c)}, {_quote(t)})" for c, t in found) or "(NULL::VARCHAR, NULL::VARCHAR)"
+    source = f"""(SELECT r.*, f.trial_id IS NOT NULL AS tuned FROM rows r
+      LEFT JOIN (VALUES {values}) f(cluster, trial_id) ON f.cluster = r.cluster AND f.trial_id = r.trial_id)"""
+    return losses_at(attempts, best, (*CONFIG_KEYS, "tuned"), lambda pair: key(pair, pair["tuned"]), base, source,
+                     printed)
 
 
-def _curves(attempts: pa.Table, key: Callable[[dict], tuple], extra: Sequence[str] = ()) -> dict[tuple, list]:
-    """The loss curves of the ok attempts, by ``key`` of their row."""
-    from sweep.results import loss_at
-
-    curves: dict[tuple, list] = {}
-    for row in attempts.select([*CONFIG_KEYS, "status", *LOSS_CURVES, *extra]).to_pylist():
-        curve = loss_at.Curve.of(row)
-        if row["status"] == "ok" and curve is not None:
-            curves.setdefault(key(row), []).append(curve)
-    return curves
+def _quote(text: str | None) -> str:
+    return "NULL" if text is None else "'" + str(text).replace("'", "''") + "'"
 
 
-def _losses_at(pairs: list[dict], curves: dict[tuple, list], side: Callable[[dict], tuple],
-               base: Callable[[dict], tuple]) -> list[dict]:
-    """Each pair with its side's and its baseline's curves (``side``, ``base``: their keys in ``curves``) read at
-    the largest token count all of them reached."""
-    from sweep.results import loss_at
-
-    out = []
-    for pair in pairs:
-        at = loss_at.compare(curves.get(side(pair), []), curves.get(base(pair), []))
-        out.append({**pair, "loss_at_tokens": at.tokens, "loss_at": at.loss, "base_loss_at": at.base_loss})
-    return out
-
-
-def common_loss_tokens(rows: pa.Table) -> int | None:
-    """The largest token count the loss curve of every ok row in ``rows`` reached (``loss_at.common_tokens``, in
-    SQL: one number over any number of rows); None when no ok row has a curve."""
-    found = run_sql("""SELECT min(loss_curve_tokens[-1]) AS tokens FROM rows
-                       WHERE status = 'ok' AND len(loss_curve_tokens) > 0""", rows=rows)
-    return found.column("tokens")[0].as_py()
-
-
-def _check_baseline(table: pa.Table, baseline: str, by: str) -> None:
-    present = sorted(v for v in set(table.column(by).to_pylist()) if v is not None)
+def _check_baseline(table, baseline: str, by: str) -> None:
+    values = run_sql(f"SELECT DISTINCT {by} AS v FROM rows", rows=table).column("v").to_pylist()
+    present = sorted(v for v in values if v is not None)
     if baseline not in present:
         raise UserError(f"--baseline {baseline!r}: no {by} of that name in the results; valid: {', '.join(present)}")
 
@@ -317,7 +335,7 @@ def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float |
     renamed or edited profile does not rewrite history); the registry profile's only for clusters whose
     rows predate the cost column (schema < 1.2). None where neither knows it.
     """
-    table = config_table(rows)
+    table = config_table(rows, COMPARE_INPUTS)
     if by != "cluster":
         return table, None
     latest = run_sql("""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)

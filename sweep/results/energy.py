@@ -21,6 +21,7 @@ from sweep.results.query import run_sql
 MEDIANS = ("energy_j", "energy_sampled_j", "avg_power_w", "joules_per_token", "tokens_per_kwh", "tflops_per_watt",
            "power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "gpu_temp_c")
 PRICES = ("power_cost_per_kwh", "pue")
+COMPARE_INPUTS = ("tflops_per_watt", "joules_per_token", "avg_power_w")  # the config columns watt_sql and cost_sql read
 FOOTER = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "energy_source")
 
 

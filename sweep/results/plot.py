@@ -47,7 +47,8 @@ def _text(key: str, value) -> str:
 def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool = False, metric: str = "tflops") -> Path:
     """Aggregate ``directory`` and write the figure; returns the path written (``out`` + .png without a suffix).
     ``metric``: the top panels' y (a key of ``energy.PLOT_METRICS``)."""
-    configs = aggregate.configs(directory, where, skip_bad)
+    inputs = ("status", *PLOT_METRICS[metric][:3], "tflops_min", "tflops_max", *aggregate.MAX_BATCH_INPUTS)
+    configs = aggregate.config_table(aggregate.load_rows(directory, where, skip_bad), inputs)
     y = PLOT_METRICS[metric][0]
     if metric != "tflops" and configs.column(y).null_count == configs.num_rows:
         raise UserError(f"--metric {metric}: no row in {directory} measured it (energy is measured on GPU ranks "

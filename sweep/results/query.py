@@ -17,7 +17,6 @@ from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from sweep.errors import UserError
 from sweep.schema import RESULT_SCHEMA, STATUSES, TRAINING_DEFAULTS
@@ -39,16 +38,6 @@ class Where:
     column: str
     op: str
     values: tuple
-
-    def expression(self) -> pc.Expression:
-        field = pc.field(self.column)
-        if self.op in ("=", "=="):
-            return field.isin(list(self.values)) if len(self.values) > 1 else field == self.values[0]
-        if self.op == "!=":
-            inside = field.isin(list(self.values)) if len(self.values) > 1 else field == self.values[0]
-            return ~inside | field.is_null()
-        return {">": field > self.values[0], ">=": field >= self.values[0],
-                "<": field < self.values[0], "<=": field <= self.values[0]}[self.op]
 
 
 def _convert(text: str, column: str, value: str) -> object:
@@ -84,42 +73,40 @@ def parse_where(text: str) -> Where:
     return Where(text=text, column=column, op=op, values=tuple(_convert(text, column, p) for p in parts))
 
 
-def _filter(wheres: Sequence[Where]) -> pc.Expression | None:
-    expr = None
-    for w in wheres:
-        expr = w.expression() if expr is None else expr & w.expression()
-    return expr
-
-
 def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | None = None,
-         skip_bad: bool = False) -> pa.Table:
-    """The rows under ``directory`` that pass every ``where`` filter, with ``columns`` (default all).
+         skip_bad: bool = False, row_id: bool = False):
+    """The rows under ``directory`` that pass every ``where`` filter, with ``columns`` (default all), as the
+    DuckDB view of ``scan.Rows``: read by each statement, never into Python.
 
     Raises UserError when the directory holds no results, a file is foreign or unreadable, a filter
     is malformed, or no row passes the filters (the message lists the values that do exist).
-    ``skip_bad``: leave unreadable or foreign files out, with a warning (``store.open_dataset``).
+    ``skip_bad``: leave unreadable or foreign files out, with a warning (``store.check_files``).
+    ``row_id``: the view has each row's ``filename`` and ``file_row_number`` too.
     """
+    from sweep.results.scan import select
+
     wheres = [parse_where(w) for w in where]
-    dataset = open_dataset(Path(directory), skip_bad)
-    table = dataset.to_table(columns=list(columns) if columns else None, filter=_filter(wheres))
-    if table.num_rows == 0:
-        raise UserError(_nothing_matches(dataset, wheres, directory))
-    return table
+    rows = select(Path(directory), wheres, columns or RESULT_SCHEMA.names, skip_bad, row_id)
+    if rows.num_rows == 0:
+        raise UserError(_nothing_matches(rows, wheres, directory))
+    return rows
 
 
-def _nothing_matches(dataset: ds.Dataset, wheres: Sequence[Where], directory: Path) -> str:
+def _nothing_matches(rows, wheres: Sequence[Where], directory: Path) -> str:
     """Name the filter that emptied the selection, with the values its column had just before it.
 
     The filters apply in order; the first one after which no row remains is the one to change (the others
     matched rows). ``--where precision=bf16 --where status!=ok`` on rows where every bf16 attempt ran says
     so of ``status!=ok`` (status values there: ok), not of the precision.
     """
+    from sweep.results.scan import where_sql
+
     kept: list[Where] = []
     for w in wheres:
-        if dataset.count_rows(filter=_filter([*kept, w])) == 0:
+        if rows.sql(f"SELECT count(*) AS n FROM everything WHERE {where_sql([*kept, w])}").column("n")[0].as_py() == 0:
             break
         kept.append(w)
-    values = dataset.to_table(columns=[w.column], filter=_filter(kept)).column(w.column)
+    values = rows.sql(f'SELECT "{w.column}" AS v FROM everything WHERE {where_sql(kept)}').column("v")
     after = f"after {' '.join(f'--where {k.text!r}' for k in kept)}: " if kept else ""
     present = _values_text(values, ranged=w.op in (">", ">=", "<", "<="))
     return f"{directory}: no results match --where {w.text!r} ({after}{w.column} values: {present})"
@@ -261,9 +248,15 @@ def duckdb_message(error: Exception) -> str:
     return " ".join(text.split())
 
 
-def run_sql(sql: str, params: Mapping[str, object] | None = None, **tables: pa.Table) -> pa.Table:
-    """``sql`` over in-memory Arrow ``tables`` (by name) in a throwaway DuckDB: aggregation, not user queries."""
+def run_sql(sql: str, params: Mapping[str, object] | None = None, **tables) -> pa.Table:
+    """``sql`` over in-memory Arrow ``tables`` (by name) in a throwaway DuckDB: aggregation, not user queries.
+    A ``scan.Rows`` among them (as ``rows``) runs it on that view's connection instead, the Arrow tables beside it."""
     import duckdb
+
+    from sweep.results.scan import Rows
+
+    if isinstance(tables.get("rows"), Rows):
+        return tables.pop("rows").sql(sql, params, **tables)
 
     con = duckdb.connect()
     try:

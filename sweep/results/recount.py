@@ -34,8 +34,9 @@ def _spec(label: str, spec_json: str | None, convention: str):
                     f"registry, so their FLOPs cannot be recounted (leave them out: --where model!={label})")
 
 
-def recount(rows: pa.Table, convention: str) -> pa.Table:
-    """``rows`` (with COLUMNS, tflops_per_gpu, mfu) with TFLOP/s and MFU counted in ``convention``."""
+def recount(rows, convention: str):
+    """``rows`` (with COLUMNS, tflops_per_gpu, mfu: an Arrow table or a ``scan.Rows`` view) with TFLOP/s and MFU
+    counted in ``convention``."""
     if convention == "sweep":
         return rows
     from sweep.results.query import run_sql
@@ -49,13 +50,20 @@ def recount(rows: pa.Table, convention: str) -> pa.Table:
                                                              ("seq_len", pa.int32()), ("fpt", pa.float64()),
                                                              ("sweep_fpt", pa.float64())]))
     order = ", ".join(f'r."{c}"' for c in rows.column_names if c not in ("tflops_per_gpu", "mfu", "flops_per_token"))
-    return run_sql(f"""
+
+    def select(source: str) -> str:
+        return f"""
         SELECT {order},
           r.tflops_per_gpu * k.fpt / coalesce(r.flops_per_token, k.sweep_fpt) AS tflops_per_gpu,
           r.mfu * k.fpt / coalesce(r.flops_per_token, k.sweep_fpt) AS mfu,
           k.fpt AS flops_per_token
-        FROM rows r JOIN factors k ON r.model = k.model AND r.model_spec IS NOT DISTINCT FROM k.model_spec
-          AND r.seq_len = k.seq_len""", rows=rows, factors=factors)
+        FROM {source} r JOIN factors k ON r.model = k.model AND r.model_spec IS NOT DISTINCT FROM k.model_spec
+          AND r.seq_len = k.seq_len"""
+
+    if isinstance(rows, pa.Table):
+        return run_sql(select("rows"), rows=rows, factors=factors)
+    rows.redefine(select, factors=factors)  # a scan.Rows view: recounted as each statement reads it
+    return rows
 
 
 def caption(convention: str) -> str:

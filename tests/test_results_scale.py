@@ -1,0 +1,71 @@
+"""`sweep results` at a year's scale (issue 31): a command reads only the files its `--where cluster=` / `run_id=`
+filters leave (their `cluster=` / `run=` folders), and only the columns it prints: a million rows never pass
+through Python. The output itself is the golden test's (tests/test_results_golden.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from results_golden_rows import write_folder
+from sweep.cli import app
+
+
+def _invoke(*args):
+    return CliRunner().invoke(app, ["results", *map(str, args)])
+
+
+def _damage_pages(path) -> None:
+    """Overwrite every data page of a result file: its footer still reads, its rows do not."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    data = bytearray(path.read_bytes())
+    for i in range(meta.num_columns):
+        chunk = meta.column(i)
+        start = chunk.dictionary_page_offset or chunk.data_page_offset
+        data[start:start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_folder(tmp_path_factory.mktemp("scale") / "results")
+
+
+@pytest.mark.parametrize("column, value", [("cluster", "h200"), ("run_id", "h200-run1")])
+def test_a_cluster_or_run_filter_reads_no_other_folder(folder, tmp_path, column, value):
+    """A damaged file of another cluster is not read at all under `--where cluster=h200` (nor under a run's
+    filter); without the filter it is named."""
+    tree = tmp_path / "results"
+    shutil.copytree(folder, tree)
+    _damage_pages(tree / "cluster=b200" / "run=b200-run1" / "part-0.parquet")
+    res = _invoke("export", tree, "--where", f"{column}={value}")
+    assert res.exit_code == 0, res.output
+    assert "| h200 |" in res.stdout or "cluster h200" in res.stdout
+    res = _invoke("export", tree)
+    assert res.exit_code == 2 and "cluster=b200/run=b200-run1/part-0.parquet: not a readable Parquet file" in res.stderr
+
+
+def test_show_reads_the_curves_of_the_printed_rows_only(folder, tmp_path):
+    """The loss curves, the largest columns, are read for the rows `show` prints: a file whose curves are damaged
+    but whose rows are not printed does not stop it, and `loss @ tokens` still reads every selected row's reach."""
+    import pyarrow.parquet as pq
+
+    tree = tmp_path / "results"
+    shutil.copytree(folder, tree)
+    path = tree / "cluster=mi300x" / "run=mi300x-run3" / "part-0.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table, path, row_group_size=len(table))
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    names = [meta.column(i).path_in_schema for i in range(meta.num_columns)]
+    chunk = meta.column(names.index("loss_curve.list.element"))
+    data = bytearray(path.read_bytes())
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data[start:start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
+    path.write_bytes(bytes(data))
+    res = _invoke("show", tree, "--limit", "5")  # the first rows by config are b200's
+    assert res.exit_code == 0, res.output
+    assert "5 of 960 rows" in res.stdout
