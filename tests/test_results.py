@@ -226,9 +226,10 @@ def test_where_filters(dataset):
 
 HEADER_KEYS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile", "ac": "ac",
                "batch": "batch_size", "seq": "seq_len", "GPUs": "world_size", "accum": "grad_accum", "clip": "grad_clip",
-               "fp8 head": "fp8_lm_head", "reduce": "reduce_dtype", "grad sync": "grad_sync"}
+               "fp8 head": "fp8_lm_head", "reduce": "reduce_dtype", "grad sync": "grad_sync",
+               "dyn batch": "dynamic_batch"}
 PARSE = {"batch_size": int, "seq_len": int, "world_size": int, "grad_accum": int, "grad_clip": float,
-         "fp8_lm_head": lambda text: text == "True"}
+         "fp8_lm_head": lambda text: text == "True", "dynamic_batch": lambda text: text == "True"}
 
 
 def _parse_markdown(text: str) -> list[dict]:
