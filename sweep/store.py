@@ -201,7 +201,7 @@ def read_columns(output: Path, columns: tuple[str, ...], *, cluster: str) -> lis
     """`columns` of the rows one cluster recorded under ``output`` (its `cluster=` folder alone), as dicts.
     For what only learns from rows (the memory model's calibration): no rows, or files that are no readable
     sweep results, give nothing rather than an error; `sweep results` is where those are named."""
-    files = [f for f in result_files(Path(output) / f"cluster={_safe(cluster)}") if _problem(f) is None]
+    files = [f for f in result_files(Path(output) / f"cluster={_safe(cluster)}") if _footer(f)[0] is None]
     if not files:
         return []
     try:

@@ -42,6 +42,7 @@ COVERAGE = {
     "fp8_lm_head": "test_fp8_recipe_trains_and_fp8_lm_head_changes_the_head",
     "reduce_dtype": "test_reduce_dtype_bf16_changes_the_reduction",
     "grad_sync": "test_integration.py::test_gradient_accumulation_counts_every_micro_batch",
+    "dynamic_batch": "test_compile_reuse.py::test_a_warm_group_compiles_once_per_graph_for_every_batch_size",
     "steps": "test_readme_grid_runs_every_precision_and_stores_its_name",
     "on_oom": "test_on_oom_bisect_goes_midway_to_what_fits",
     "on_oom: next, min_batch": "test_on_oom_next_with_min_batch_under_a_profile_cap",
@@ -65,6 +66,7 @@ COVERAGE = {
     "--memory-cap": "test_on_oom_bisect_goes_midway_to_what_fits",
     "--max-concurrent": "test_on_oom_bisect_goes_midway_to_what_fits",
     "--resume": "test_faults.py::test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid",
+    "--no-predict": "test_memory_predict.py::test_no_predict_and_the_grid_key_run_it_anyway",
     "--fresh-actors": "test_warm_groups.py::test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes",
     "--profile": "test_profile.py::test_profile_run_writes_a_trace_beside_its_row",
     # options of `sweep tune` the README shows (the `tuned` fixture runs them)

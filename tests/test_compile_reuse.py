@@ -76,6 +76,7 @@ models: [gpt-tiny]
 precisions: [fp32, bf16]
 batch_sizes: [2, 4, 3]
 compile: regional
+dynamic_batch: true   # the default, written as docs/grids.md shows it
 seq_len: 32
 gpus: 2
 steps: {warmup: 1, measure: 3}
