@@ -48,7 +48,7 @@ def footer_line(rows: pa.Table) -> str | None:
     energy from the counter' for the provenance footer; None when no row measured any."""
     stats = run_sql("""SELECT min(power_limit_w) AS lo, max(power_limit_w) AS hi, median(sm_clock_mhz) AS clock,
         min(sm_clock_mhz) AS clock_lo, max(sm_clock_mhz) AS clock_hi, max(sm_clock_max_mhz) AS clock_max,
-        count(sm_clock_mhz) AS n, string_agg(DISTINCT energy_source, ', ') AS sources
+        count(sm_clock_mhz) AS n, string_agg(DISTINCT energy_source, ', ' ORDER BY energy_source) AS sources
       FROM rows WHERE status = 'ok'""", rows=rows).to_pylist()[0]
     if stats["lo"] is None and stats["clock"] is None:
         return None
