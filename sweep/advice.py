@@ -20,11 +20,19 @@ _TORCHAO_EAGER = ("torchao FP8 with compile: none ({n} trial{s}): its scaling ca
                   "compare FP8 with bf16")
 
 
+def discouraged(precision: str, *, is_gpu: bool) -> dict[str, set]:
+    """Option values the plan warns against for `precision` (option -> values): a fastest-configuration search
+    never probes them unless the grid names them itself (sweep.tune_space.Space)."""
+    # on CPU ranks torchao only emulates FP8: no speed to mislead about
+    return {"compile": {"none"}} if is_gpu and RECIPES[precision].backend == "torchao" else {}
+
+
 def plan_warnings(trials: list, *, is_gpu: bool) -> list[str]:
     """Lines for `sweep plan` and `sweep run` to print under the trials."""
     warnings = []
-    eager_torchao = [t for t in trials if RECIPES[t.precision].backend == "torchao" and t.compile == "none"]
-    if eager_torchao and is_gpu:  # on CPU ranks torchao only emulates FP8: no speed to mislead about
+    eager_torchao = [t for t in trials if "none" in discouraged(t.precision, is_gpu=is_gpu).get("compile", ())
+                     and t.compile == "none"]
+    if eager_torchao:
         n = len(eager_torchao)
         warnings.append(_TORCHAO_EAGER.format(n=n, s="s" * (n != 1)))
     if needs_confirmation(trials):

@@ -17,7 +17,9 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            candidates the measured one-option effects, added in log speed, rate fastest (none rated below the
            fastest clean probe: _promising), each led by a candidate for every option value not yet run clean
            (_untried), until STALE_WAVES waves in a row find nothing faster; then only those leads, while the
-           budget lasts. Each candidate runs where its memory is predicted to fit (_placed, sweep.tune_memory).
+           budget lasts. Each candidate runs where its memory is predicted to fit (_placed, sweep.tune_memory),
+           and never past the batch the memory model predicts to fit (sweep.predictor: the runner would record it
+           unsupported); a level's fit starts at that model's limit.
            Never probed: a candidate as heavy as a known OOM (tune_space.at_least_as_heavy), or with an option
            value that failed on its own. One that runs out of memory, or thrashes (allocator retries: its speed
            measures the memory's limit, so it rates no option), is tried at a smaller batch, and so is every
@@ -46,11 +48,11 @@ attempt stays failed). A budget without room for one short probe, two finals and
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from sweep.errors import UserError
 from sweep.grid import Trial
-from sweep.policy import infra_retry
+from sweep.policy import infra_retry, is_predicted_oom
 from sweep.text import plural
 from sweep.tune_cost import affordable, final_auto_max, time_limit_s
 from sweep.tune_memory import fitted, measured, rebatched, unthrashed, with_headroom
@@ -73,8 +75,11 @@ class GroupSearch:
     """The search of one group: stages fit, explore, rung, final, profile (module docstring)."""
 
     def __init__(self, space: Space, *, budget: int, capacity_bytes: float | None, sid: str, final_steps: tuple,
-                 max_cost: float | None = None):
+                 max_cost: float | None = None, predicted_max: Callable[[Trial], int | None] | None = None):
+        """`predicted_max`: the largest batch of a trial's config the memory model predicts to fit (sweep.predictor;
+        None: nothing predicted): where each level's fit starts, and a ceiling on every candidate's batch."""
         self.space, self.budget, self.capacity, self.sid, self.max_cost = space, budget, capacity_bytes, sid, max_cost
+        self.predicted_max = predicted_max
         self.finalists = 2 if budget >= 8 else 1
         reserve = self.finalists + 2  # the finalists, the baseline and the best's profile
         rung = min(RUNG_MAX, (budget - reserve) // 5)  # a fifth of the rest at most: most of it explores
@@ -116,6 +121,8 @@ class GroupSearch:
 
     def on_result(self, trial: Trial, status: str, infrastructure: bool, row: dict) -> list[Trial]:
         self.pending.discard(trial.trial_id)
+        if status == "unsupported" and is_predicted_oom(row):  # the model said it fails, without GPU time: an OOM
+            status = "oom"
         self.results[trial.trial_id] = {**row, "status": status}
         c, rung = self.owner[trial.trial_id]
         retry = infra_retry(trial, status, infrastructure)
@@ -214,8 +221,10 @@ class GroupSearch:
         gain = max(gains) if heavier and gains else None  # the most any level's batch could still gain
         fastest = max((tf for f in self.fits.values() for tf in f.tflops.values()), default=None)
         need = fastest / (1 + gain) if gain is not None and fastest else None
+        # the memory model's limit for this level, where nothing measured says more (no heavier level fitted)
+        predicted = self._predicted(self.space.baseline(ac, start)) if not heavier else None
         fit = LevelFit(ac, start=start, allowed=self.space.batch_choices(), ceiling=min(ceiling, default=None),
-                       capacity_bytes=self.capacity, need=need)
+                       capacity_bytes=self.capacity, need=need, predicted=predicted)
         if heavier and not self.ooms:  # no level met the memory's limit (no capacity, e.g. a CPU): more
             fit.search.max_batch = max(heavier)  # checkpointing only buys a batch nobody needed; check it fits
         return fit
@@ -268,7 +277,8 @@ class GroupSearch:
         at_center = dict.fromkeys(self.space.at_batch(c, center.batch_size) for c in todo if c.ac == center.ac)
         near = [c for c in at_center if not self._pruned(c) and (not (d := self._diff(c)) or len(d) == 1 and (
             d[0][0] != "grad_accum" or c.grad_accum == most))]
-        return list(dict.fromkeys(self._placed(c, first=True) for c in sorted(near, key=self._distance)))
+        placed = (self._placed(c, first=True) for c in sorted(near, key=self._distance))
+        return list(dict.fromkeys(c for c in placed if c is not None))
 
     def _stale(self) -> bool:
         """Whether the last STALE_WAVES waves found nothing faster than what was known before them (by more
@@ -359,16 +369,18 @@ class GroupSearch:
         moved = d and d[0][0] == "ac_batch" and c.ac == center.ac and c.batch_size < center.batch_size
         return d[1:] if moved and self._placed(self.space.at_batch(c, center.batch_size), first=True) == c else d
 
-    def _placed(self, c: Config, first: bool = False, memory: tuple | None = None) -> Config:
+    def _placed(self, c: Config, first: bool = False, memory: tuple | None = None) -> Config | None:
         """`c` where sweep.tune_memory predicts it fits in memory (`fitted`: lower if it would not); as a
-        neighbour (`first`) that changes the compile mode, whose memory is unmeasured, where the fit left room.
+        neighbour (`first`) that changes the compile mode, whose memory is unmeasured, where the fit left room;
+        and never past the batch the memory model predicts to fit (`_under_prediction`; None: not even batch 1).
         `memory`: what `_memory` says, for a caller placing many."""
         params, effects, peaks, room = memory or self._memory()
         ref = self.space.baseline(c.ac, c.batch_size)
         c = fitted(self.space, c, ref, peaks.get(c.ac, {}), effects, capacity=room.get(c.ac, self.capacity),
                    params_local=params, snap=first)
         center_peaks = peaks.get(self.center.ac, {})
-        return with_headroom(self.space, c, self.center, center_peaks, capacity=self.capacity) if first else c
+        c = with_headroom(self.space, c, self.center, center_peaks, capacity=self.capacity) if first else c
+        return self._under_prediction(c)
 
     def _memory(self) -> tuple[float | None, dict, dict[str, dict[int, float]], dict[str, float | None]]:
         """What the clean short probes say of memory (sweep.tune_memory.measured)."""
@@ -390,8 +402,23 @@ class GroupSearch:
         fits = [f for f, _ in self._measured(0)]
         configs = [self._placed(rebatched(c, self.ooms, fits, self.space), memory=memory)
                    for c in self.space.configs(self.batches)]
-        return list(dict.fromkeys(unthrashed(c, self.thrashed, self.center, self.space)
-                                  for c in [*configs, *fallbacks]))
+        placed = (self._under_prediction(unthrashed(c, self.thrashed, self.center, self.space))
+                  for c in [*configs, *fallbacks] if c is not None)
+        return list(dict.fromkeys(c for c in placed if c is not None))
+
+    def _predicted(self, c: Config) -> int | None:
+        """The largest batch of `c`'s configuration the memory model predicts to fit (None: no prediction)."""
+        return self.predicted_max(self.space.as_trial(c)) if self.predicted_max else None
+
+    def _under_prediction(self, c: Config) -> Config | None:
+        """`c` at most at the batch the memory model predicts to fit (the runner would record a larger one
+        unsupported, without running it): lowered to that batch, or None if not even batch 1 is predicted to."""
+        limit = self._predicted(c)
+        if limit is None or c.batch_size <= limit:
+            return c
+        allowed = self.space.batch_choices()  # a fixed batch or the splits of G: the largest of those under it
+        batch = limit if allowed is None else max((b for b in allowed if b <= limit), default=0)
+        return self.space.at_batch(c, batch) if batch >= 1 else None
 
     def _pruned(self, c: Config) -> bool:
         return (any(at_least_as_heavy(c, o) for o in self.ooms) or any(d in self.broken for d in self._diff(c))

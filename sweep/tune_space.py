@@ -119,8 +119,10 @@ def _divisors(n: int) -> list[int]:
 class Space:
     """The configurations of one (model, precision, seq_len, ranks) group, from its first trial."""
 
-    def __init__(self, template: Trial, spec: GridSpec, tune: TuneSpec):
-        self.template, self.vary = template, list(tune.vary)
+    def __init__(self, template: Trial, spec: GridSpec, tune: TuneSpec, *, avoid: dict[str, set] | None = None):
+        """`avoid`: option values the plan warns against for this group (sweep.advice.discouraged): left out of
+        the values an option in vary ranges over unless the grid's own axis lists them."""
+        self.template, self.vary, self.avoid = template, list(tune.vary), avoid or {}
         axes = {"batch_size": [template.batch_size], **{n: list(getattr(spec, n)) for n in TUNABLE[1:]}}
         self.values = {n: self._range(n, axes[n]) for n in TUNABLE[1:]}
         self.grid = Config(**{n: axes[n][0] for n in TUNABLE})  # the baseline's options (unfolded)
@@ -129,10 +131,13 @@ class Space:
         self.splits = self._splits(axes) if self.tokens else None
 
     def _range(self, name: str, axis: list) -> list:
-        """An option's values: the grid's axis if it lists several, else all (the grid's first)."""
+        """An option's values: the grid's axis if it lists several, else all (the grid's first) but those to avoid."""
         if name not in self.vary:
             return axis[:1]
-        return axis if len(axis) > 1 else list(dict.fromkeys([axis[0], *ALL_VALUES[name]]))
+        if len(axis) > 1:  # listed by the grid: each value named, so none is avoided
+            return axis
+        avoided = self.avoid.get(name, set()) - {axis[0]}
+        return list(dict.fromkeys([axis[0], *(v for v in ALL_VALUES[name] if v not in avoided)]))
 
     def _samples_per_step(self) -> int:
         t = self.template
@@ -219,6 +224,10 @@ class Space:
         rest = sorted((a for a in self.values["ac"] if a != self.grid.ac), key=lambda a: -AC_MEMORY[a])
         return [self.grid.ac, *rest]
 
+    def as_trial(self, c: Config) -> Trial:
+        """`c` as the template's trial, for what depends on its configuration alone (its predicted memory)."""
+        return replace(self.template, **c._asdict())
+
     def trial(self, c: Config, steps: tuple, *, profile: bool, search_id: str,
               auto_max: tuple[int, int] | None = None, time_limit_s: float | None = None) -> Trial:
         """`c` as a trial; `time_limit_s` lowers the grid's timeout_s (not part of the trial id)."""
@@ -232,10 +241,15 @@ class LevelFit:
     are snapped to the allowed batches (None: any), and stay under `ceiling` (a known OOM's batch)."""
 
     def __init__(self, ac: str, *, start: int, allowed: list[int] | None, ceiling: int | None,
-                 capacity_bytes: float | None, need: float | None = None):
+                 capacity_bytes: float | None, need: float | None = None, predicted: int | None = None):
+        """`predicted`: the memory model's largest batch for this level's config (sweep.predictor), its first
+        probe in place of `start` (kept under `ceiling`); None or 0: from `start`."""
         self.ac, self.allowed, self.ceiling, self.need = ac, allowed, ceiling, need
         start = start if ceiling is None else min(start, ceiling - 1)
-        self.search = MaxBatchSearch(start=max(1, start), capacity_bytes=capacity_bytes, bounded=False)
+        if predicted and ceiling is not None:
+            predicted = min(predicted, ceiling - 1)
+        self.search = MaxBatchSearch(start=max(1, start), capacity_bytes=capacity_bytes, bounded=False,
+                                     predicted=predicted if predicted and predicted >= 1 else None)
         self.tflops: dict[int, float] = {}
         self.thrashed: set[int] = set()  # batches that fit only by the allocator freeing its cache (retries)
 

@@ -37,6 +37,17 @@ def _write(out, trial, *, ratio: float, status: str = "ok", alloc_retries: int =
     store.write_row(out, row)
 
 
+def dead_h200_profile(tmp_path, gpus: int = 2, ratio: float = 1.2):
+    """A GPU profile whose Ray address has nothing behind it (a trial started would exit 2), and an --output
+    whose one clean row teaches `ratio` × the model: (profile path, output path)."""
+    profile = tmp_path / f"h200-x{gpus}.yaml"
+    profile.write_text(yaml.safe_dump({"name": f"h200-x{gpus}", "accelerator": "h200", "ray_address": "127.0.0.1:9",
+                                       "nodes": 1, "gpus_per_node": gpus}))
+    out = tmp_path / "results"
+    _write(out, _trial(2, cluster=f"h200-x{gpus}"), ratio=ratio, cluster=str(profile))
+    return profile, out
+
+
 def _plan(*args):
     return CliRunner().invoke(app, ["plan", *map(str, args)], env={"COLUMNS": "250"})
 
@@ -154,11 +165,7 @@ def test_a_max_batch_verdict_prints_predicted_against_measured_peak(tmp_path, sw
     """Llama3-8B on one H200 at T 4096: 134 GiB uncalibrated, 160 GiB with the 1.2 the rows in --output teach,
     so not even batch 1 is predicted to fit: the search's one probe is recorded without GPU time (the profile's
     Ray address has nothing behind it) and the verdict says what was predicted of it."""
-    profile = tmp_path / "two-h200.yaml"
-    profile.write_text(yaml.safe_dump({"name": "two-h200", "accelerator": "h200", "ray_address": "127.0.0.1:9",
-                                       "nodes": 1, "gpus_per_node": 2}))
-    out = tmp_path / "results"
-    _write(out, _trial(2, cluster="two-h200"), ratio=1.2, cluster=str(profile))
+    profile, out = dead_h200_profile(tmp_path)
     grid = tmp_path / "g.yaml"
     grid.write_text(yaml.safe_dump({"models": ["llama3-8b"], "seq_len": [4096], "batch_sizes": [1],
                                     "search": "max_batch"}))

@@ -196,7 +196,8 @@ def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
     if spec.search == "fastest":
         from sweep.tune_plan import TunePlan
 
-        return TunePlan(trials, spec, capacity_bytes=_capacity(profile, trials))
+        return TunePlan(trials, spec, capacity_bytes=_capacity(profile, trials), is_gpu=profile.is_gpu,
+                        predicted_max=predictor.max_batch if predictor else None)
     return GridPlan(trials, spec.on_oom, predicted_max=predictor.max_batch if predictor else None)
 
 
