@@ -12,28 +12,11 @@
 set -uo pipefail
 campaign=energy-one-gpu
 profile=${1:-benchmarks/profiles/h200x1.yaml}
-source benchmarks/device/env.sh
-OUT=${OUT:-/tmp/out}
-results=/tmp/sweep-results/$campaign
-mkdir -p "$OUT" "$results"
-exec > >(tee -a "$OUT/$campaign.log") 2>&1
 source benchmarks/device/lib.sh
-carry_in "$results"
-deadline=$((${JOB_LIMIT_S:-570} + SECONDS))
-
-bash benchmarks/device/install.sh || exit 1
-next=$(next_carry 1 1)
-if [ -n "$next" ]; then
-  echo "job: $campaign cannot run yet; call this again carrying $next (a fresh machine starts from .whl)"
-  exit 0
-fi
+job_begin $campaign 1
 python3 -c 'import pynvml' 2>/dev/null || {
   echo "job: nvidia-ml-py is not installed: carry a .whl made by benchmarks/device/prepare.sh wheels (the energy" \
        "columns would all be null)"; exit 1; }
-
-date -u +%FT%TZ
-nvidia-smi --query-gpu=index,name,driver_version,power.limit,power.draw,clocks.sm,clocks.max.sm,temperature.gpu \
-  --format=csv
 status=0
 for repeat in 1 2; do
   left=$((deadline - SECONDS))

@@ -29,3 +29,30 @@ carry_in() {  # carry_in DIR: the rows an earlier job packed, unpacked here into
   cp -r ".device-out/$name/." "$1/"
   echo "$(basename "$0" .sh): $(find "$1" -name '*.parquet' | wc -l) carried result files in $1"
 }
+
+job_begin() {  # job_begin NAME NEEDS_TE (0/1): a campaign script's start on the lent machine, from the project root
+  # (after `source benchmarks/device/lib.sh`): its environment (env.sh), $OUT, $results (/tmp/sweep-results/NAME,
+  # with the rows an earlier job packed carried in), the log $OUT/NAME.log, the packages this job carries installed,
+  # and $deadline (JOB_LIMIT_S, 570, from here: the device command's limit is 600 s). Exits 0 saying which folder to
+  # carry next while something is missing (a fresh machine starts from .whl); else prints the date, GPU and versions.
+  local next
+  source benchmarks/device/env.sh
+  OUT=${OUT:-/tmp/out}
+  results=/tmp/sweep-results/$1
+  mkdir -p "$OUT" "$results"
+  exec > >(tee -a "$OUT/$1.log") 2>&1
+  carry_in "$results"
+  deadline=$((${JOB_LIMIT_S:-570} + SECONDS))
+  bash benchmarks/device/install.sh || exit 1
+  next=$(next_carry 1 "$2")
+  if [ -n "$next" ]; then
+    echo "job: $1 cannot run yet; call this again carrying $next (a fresh machine starts from .whl)"
+    exit 0
+  fi
+  # rows name the commit they ran: the copy's .git (if any) is not this tree's
+  [ -n "${SWEEP_GIT_SHA:-}" ] || echo "job: SWEEP_GIT_SHA is not set; rows will record the copy's stale .git"
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,power.limit,power.draw,clocks.sm,clocks.max.sm,temperature.gpu \
+    --format=csv
+  python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+}

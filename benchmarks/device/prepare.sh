@@ -11,6 +11,8 @@
 #   bash benchmarks/device/prepare.sh te BINDING   .te1 ... .te5 and .tefinal: TE's 276 MB core wheel in 50 MiB
 #                                                  parts (more than one job can carry), its Python wheel and the
 #                                                  binding wheel BINDING (from te-binding)
+#   bash benchmarks/device/prepare.sh base COMMIT  .base-tree/: COMMIT's sweep, trainer and clusters, the baseline
+#                                                  benchmarks/device/cold_sweep.sh runs beside the current tree
 set -euo pipefail
 RAY=${RAY_VERSION:-2.60.0} AO=${TORCHAO_VERSION:-0.18.0} TE=${TE_VERSION:-2.20.2} TORCH=${TORCH_VERSION:-2.11.0}
 PLATFORM=(--python-version 3.12 --implementation cp --only-binary=:all:
@@ -72,5 +74,12 @@ case ${1:-} in
   results) download .whl-results duckdb matplotlib ;;
   te-binding) te_binding ;;
   te) [ $# -eq 2 ] || { echo "usage: prepare.sh te BINDING_WHEEL" >&2; exit 2; }; te_parts "$2" ;;
-  *) echo "usage: bash benchmarks/device/prepare.sh wheels | results | te-binding | te BINDING_WHEEL" >&2; exit 2 ;;
+  base)  # .base-tree/: the code of COMMIT (sweep, trainer, clusters), the baseline a campaign runs beside this tree
+    [ $# -eq 2 ] || { echo "usage: prepare.sh base COMMIT" >&2; exit 2; }
+    rm -rf .base-tree && mkdir .base-tree
+    git archive "$2" -- sweep trainer clusters | tar x -C .base-tree
+    git rev-parse --short=12 "$2" > .base-tree/COMMIT
+    du -sh .base-tree ;;
+  *) echo "usage: bash benchmarks/device/prepare.sh wheels | results | te-binding | te BINDING_WHEEL | base COMMIT" >&2
+     exit 2 ;;
 esac

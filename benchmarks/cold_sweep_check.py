@@ -1,0 +1,157 @@
+"""Check the cold-sweep campaign's rows against issue 28's acceptance, and print its tables.
+
+    python3 benchmarks/cold_sweep_check.py RESULTS_DIR
+
+RESULTS_DIR holds what benchmarks/device/cold_sweep.sh writes: {base,current}-{cold,warm} (the campaign's grid
+run by the base tree and by the current one, with an empty and then a filled compile cache) and
+{base,current}-searches (the OOM-retry grid and the max-batch search). For each pair that is there: the GPU-s
+held (current at most half of base's), the mean seconds a trial holds beyond its measured steps (at most 8 cold,
+4 warm), the compile a new batch of an already compiled graph pays (under 2 s), TFLOP/s per trial against base's
+(within 1 %); the OOM grid's share of GPU-s in OOM attempts (at most 5 %); max-batch's cost in fresh trials of
+its fastest batch (at most 1.5); and every clean row's predicted peak against its measured one, calibrated on the
+campaign's other clean rows of the same precision and compile mode (within 10 %). One line per check (ok / FAIL);
+exits 1 when one failed, 2 when there are no rows. Arithmetic from sweep.cost and sweep.memory_model.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
+
+from sweep import store  # noqa: E402
+from sweep.cost import attempt_seconds, fresh_trial_s, gpu_seconds  # noqa: E402
+from sweep.memory_model import GiB, Sample, Shape, leave_one_out, predicted_bytes  # noqa: E402
+from trainer.models.specs import ModelSpec  # noqa: E402
+
+HALF, HELD_S, NEW_BATCH_COMPILE_S, TFLOPS_PCT = 0.5, {"cold": 8.0, "warm": 4.0}, 2.0, 1.0
+OOM_SHARE, MAX_BATCH_COST, PREDICTION_PCT = 0.05, 1.5, 10.0
+
+
+def _rows(folder: Path) -> list[dict]:
+    return store.read_table(folder).to_pylist() if store.result_files(folder) else []
+
+
+def _name(r: dict) -> str:
+    return f"{r['precision']} batch {r['batch_size']}"
+
+
+def _beyond_measured(r: dict) -> float:
+    """What an ok attempt held beyond its measured steps (its wall less them; per rank)."""
+    parts = attempt_seconds(r)
+    return sum(parts.values()) - parts["measured steps"]
+
+
+def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple[bool, str]]:
+    out = []
+    held = {k: sum(gpu_seconds(rows).values()) for k, rows in (("base", base), ("current", current))}
+    measured = {k: gpu_seconds(rows)["measured steps"] for k, rows in (("base", base), ("current", current))}
+    out.append((held["current"] <= HALF * held["base"],
+                f"{phase}: GPU-s held {held['current']:.1f} against base {held['base']:.1f} "
+                f"({held['current'] / held['base']:.2f}x; at most {HALF:g}x); measured steps "
+                f"{measured['current']:.1f} / {measured['base']:.1f} GPU-s"))
+    for tree, rows in (("base", base), ("current", current)):
+        beyond = [_beyond_measured(r) for r in rows if r["status"] == "ok"]
+        mean = statistics.mean(beyond) if beyond else float("nan")
+        line = (f"{phase}, {tree}: a trial holds {mean:.1f} s beyond its measured steps on average "
+                f"(per trial {', '.join(f'{b:.1f}' for b in beyond)})")
+        out.append((mean <= HELD_S[phase], line + f"; at most {HELD_S[phase]:g} s") if tree == "current" else
+                   (True, line + " (the baseline)"))
+    seen: set[str] = set()
+    for r in sorted(current, key=lambda r: r.get("group_trial_index") or 0):
+        if r["status"] != "ok":
+            continue
+        if r["precision"] in seen:  # a new batch size of a graph this group compiled already
+            c = r.get("compile_time_s") or 0.0
+            out.append((c < NEW_BATCH_COMPILE_S, f"{phase}: {_name(r)} (a new batch of a compiled graph) compiled in "
+                                                 f"{c:.2f} s (under {NEW_BATCH_COMPILE_S:g} s)"))
+        seen.add(r["precision"])
+    by_config = {(r["precision"], r["batch_size"]): r for r in base if r["status"] == "ok"}
+    for r in (r for r in current if r["status"] == "ok"):
+        b = by_config.get((r["precision"], r["batch_size"]))
+        if b is None:
+            out.append((False, f"{phase}: {_name(r)} has no ok base row to compare with"))
+            continue
+        pct = 100 * (r["tflops_per_gpu"] / b["tflops_per_gpu"] - 1)
+        out.append((abs(pct) <= TFLOPS_PCT, f"{phase}: {_name(r)} {r['tflops_per_gpu']:.1f} TFLOP/s against base "
+                                            f"{b['tflops_per_gpu']:.1f} ({pct:+.2f} %; within {TFLOPS_PCT:g} %)"))
+    return out
+
+
+def search_checks(rows: list[dict], tree: str) -> list[tuple[bool, str]]:
+    out = []
+    oom = [r for r in rows if r.get("grid_name") == "cold-sweep-oom"]
+    if oom:
+        seconds = gpu_seconds(oom)
+        share = seconds["OOM attempts"] / sum(seconds.values())
+        path = " -> ".join(f"{r['batch_size']} {r['status']}" for r in sorted(oom, key=lambda r: r["attempt"]))
+        line = f"OOM grid, {tree}: {share:.1%} of {sum(seconds.values()):.1f} GPU-s in OOM attempts ({path})"
+        out.append((share <= OOM_SHARE, line + f"; at most {OOM_SHARE:.0%}") if tree == "current" else (True, line))
+    probes = [r for r in rows if r.get("grid_name") == "cold-sweep-max-batch"]
+    ok = [r for r in probes if r["status"] == "ok"]
+    if ok:
+        fastest = max(ok, key=lambda r: r["tokens_per_s_per_gpu"])
+        one = fresh_trial_s(fastest, probes)
+        spent = sum(gpu_seconds(probes).values())
+        path = ", ".join(f"{r['batch_size']} {r['status']}" for r in probes)
+        out.append((one is not None and spent <= MAX_BATCH_COST * one,
+                    f"max-batch, {tree}: {spent:.1f} GPU-s for {len(probes)} probes ({path}) = "
+                    f"{spent / one:.2f}x one fresh trial of its fastest batch {fastest['batch_size']} ({one:.1f} s; "
+                    f"at most {MAX_BATCH_COST:g}x)" if one else f"max-batch, {tree}: no fresh trial to compare with"))
+    return out
+
+
+def prediction_checks(rows: list[dict]) -> list[tuple[bool, str]]:
+    """Every clean GPU row's predicted peak, calibrated leave-one-out, against its measured peak."""
+    clean = [r for r in rows if r["status"] == "ok" and r.get("peak_mem_gib") and not r.get("alloc_retries")
+             and r.get("model_spec")]
+    samples = []
+    for r in clean:
+        spec = ModelSpec(**json.loads(r["model_spec"]))
+        shape = Shape.of_spec(spec, precision=r["precision"], batch_size=r["batch_size"], seq_len=r["seq_len"],
+                              ranks=r["world_size"], ac=r.get("ac") or "none", grad_accum=r.get("grad_accum") or 1)
+        samples.append(Sample(precision=r["precision"], compile=r["compile"], predicted=predicted_bytes(shape),
+                              measured=r["peak_mem_gib"] * GiB))
+    out = []
+    for r, s, ratio in zip(clean, samples, leave_one_out(samples)):
+        raw = 100 * (s.predicted / s.measured - 1)
+        if ratio is None:
+            out.append((False, f"prediction: {_name(r)} ({r['grid_name']}): no other clean row to calibrate on "
+                               f"(raw {raw:+.1f} %)"))
+            continue
+        err = 100 * (s.predicted * ratio / s.measured - 1)
+        out.append((abs(err) <= PREDICTION_PCT,
+                    f"prediction: {_name(r)} ({r['grid_name']}, {r['run_id'][:8]}): {s.predicted * ratio / GiB:.1f} "
+                    f"GiB against {r['peak_mem_gib']:.1f} measured ({err:+.1f} %; raw {raw:+.1f} %; within "
+                    f"{PREDICTION_PCT:g} %)"))
+    return out
+
+
+def main() -> int:
+    root = Path(sys.argv[1])
+    folders = {d.name: _rows(d) for d in sorted(root.iterdir()) if d.is_dir()} if root.is_dir() else {}
+    if not any(folders.values()):
+        print(f"cold_sweep_check: no rows under {root}")
+        return 2
+    checks: list[tuple[bool, str]] = []
+    for phase in ("cold", "warm"):
+        base, current = folders.get(f"base-{phase}"), folders.get(f"current-{phase}")
+        if base and current:
+            checks += grid_checks(base, current, phase)
+    for tree in ("base", "current"):
+        checks += search_checks(folders.get(f"{tree}-searches") or [], tree)
+    checks += prediction_checks([r for rows in folders.values() for r in rows])
+    by_grid = defaultdict(int)
+    for ok, line in checks:
+        by_grid[ok] += 1
+        print(("ok   " if ok else "FAIL ") + line)
+    print(f"cold_sweep_check: {by_grid[True]} of {len(checks)} checks hold")
+    return 0 if all(ok for ok, _ in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

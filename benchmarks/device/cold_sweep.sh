@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The cold-sweep campaign on the lent one-H200 machine (kind nvidia-h200), from the project root:
+#
+#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh [grid|searches] [PROFILE]
+#
+# Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
+# commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
+# every run has fresh rank processes; a run is cold when its compile cache (inductor's, Triton's kernels in it)
+# starts empty, warm when it is the cache the same tree's cold run filled.
+#   grid      benchmarks/campaigns/cold-sweep/grid.yaml four times: base cold, current cold, base warm, current
+#             warm, into /tmp/sweep-results/cold-sweep/{base,current}-{cold,warm}
+#   searches  the OOM-retry grid (oom.yaml) with both trees and the max-batch search (max-batch.yaml) with the
+#             current one, on their own empty caches, into .../{base,current}-searches
+# then benchmarks/cold_sweep_check.py over what is there, and packs the rows into $OUT/cold-sweep.tgz.
+set -uo pipefail
+campaign=cold-sweep
+part=${1:-grid}
+profile=${2:-benchmarks/profiles/h200x1.yaml}
+grids=benchmarks/campaigns/$campaign
+source benchmarks/device/lib.sh
+job_begin $campaign 0
+[ -f .base-tree/COMMIT ] || { echo "job: carry .base-tree (bash benchmarks/device/prepare.sh base COMMIT)"; exit 2; }
+base_sha=$(cat .base-tree/COMMIT)
+echo "base tree: $base_sha; current tree: ${SWEEP_GIT_SHA:-unknown}"
+
+cached_profile() {  # cached_profile TREE: the profile with its own compile cache, /tmp/cc-TREE (Triton's under it)
+  python3 - "$profile" "/tmp/cc-$1" "/tmp/$campaign-$1.yaml" <<'PY'
+import sys, yaml
+p = yaml.safe_load(open(sys.argv[1]))
+p["compile_cache"] = sys.argv[2]
+p.setdefault("env", {})["TRITON_CACHE_DIR"] = sys.argv[2] + "/triton"
+yaml.safe_dump(p, open(sys.argv[3], "w"))
+PY
+  echo "/tmp/$campaign-$1.yaml"
+}
+
+status=0
+sweep_run() {  # sweep_run TREE GRID OUTPUT: `sweep run` of TREE (base or current), stopped with SIGINT at the deadline
+  local tree=$1 grid=$2 out=$3 path sha left began
+  if [ "$tree" = base ]; then path=$PWD/.base-tree sha=$base_sha; else path=$PWD sha=${SWEEP_GIT_SHA:-}; fi
+  left=$((deadline - SECONDS))
+  [ $left -gt 30 ] || { echo "job: no time left for $tree $grid"; status=124; return; }
+  began=$SECONDS
+  echo "== $(date -u +%FT%TZ) $tree: sweep run $grid -> $out"
+  PYTHONPATH=$path:/tmp/site SWEEP_GIT_SHA=$sha timeout --signal=INT --kill-after=20 $left \
+    python3 -m sweep run "$grid" --cluster "$(cached_profile "$tree")" --output "$out" --no-progress
+  local rc=$?
+  echo "== $tree $grid: exit $rc after $((SECONDS - began)) s (driver wall, Ray start included)"
+  [ $rc -eq 0 ] || [ $rc -eq 3 ] || status=$rc
+}
+
+if [ "$part" = grid ]; then
+  rm -rf /tmp/cc-base /tmp/cc-current
+  for phase in cold warm; do
+    for tree in base current; do
+      sweep_run $tree $grids/grid.yaml "$results/$tree-$phase"
+    done
+  done
+else
+  rm -rf /tmp/cc-base /tmp/cc-current
+  sweep_run base $grids/searches/oom.yaml "$results/base-searches"
+  sweep_run current $grids/searches/oom.yaml "$results/current-searches"
+  sweep_run current $grids/searches/max-batch.yaml "$results/current-searches"
+fi
+python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
+for d in "$results"/*/; do
+  echo "== $(basename "$d")"
+  $SWEEP results export "$d" --format md
+done
+pack "$results"
+echo "job: rows in \$OUT/$campaign.tgz (exit $status)"
+exit $status
