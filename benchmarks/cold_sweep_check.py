@@ -84,14 +84,14 @@ def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple
 
 def search_checks(rows: list[dict], tree: str) -> list[tuple[bool, str]]:
     out = []
-    oom = [r for r in rows if r.get("grid_name") == "cold-sweep-oom"]
+    oom = [r for r in rows if r.get("grid_name") == "cold-sweep/b-oom"]
     if oom:
         seconds = gpu_seconds(oom)
         share = seconds["OOM attempts"] / sum(seconds.values())
         path = " -> ".join(f"{r['batch_size']} {r['status']}" for r in sorted(oom, key=lambda r: r["attempt"]))
         line = f"OOM grid, {tree}: {share:.1%} of {sum(seconds.values()):.1f} GPU-s in OOM attempts ({path})"
         out.append((share <= OOM_SHARE, line + f"; at most {OOM_SHARE:.0%}") if tree == "current" else (True, line))
-    probes = [r for r in rows if r.get("grid_name") == "cold-sweep-max-batch"]
+    probes = [r for r in rows if r.get("grid_name") == "cold-sweep/c-max-batch"]
     ok = [r for r in probes if r["status"] == "ok"]
     if ok:
         fastest = max(ok, key=lambda r: r["tokens_per_s_per_gpu"])
@@ -117,15 +117,15 @@ def prediction_checks(rows: list[dict]) -> list[tuple[bool, str]]:
         samples.append(Sample(precision=r["precision"], compile=r["compile"], predicted=predicted_bytes(shape),
                               measured=r["peak_mem_gib"] * GiB))
     out = []
-    for r, s, ratio in zip(clean, samples, leave_one_out(samples)):
+    for r, s, calibrated in zip(clean, samples, leave_one_out(samples)):
         raw = 100 * (s.predicted / s.measured - 1)
-        if ratio is None:
+        if calibrated is None:
             out.append((False, f"prediction: {_name(r)} ({r['grid_name']}): no other clean row to calibrate on "
                                f"(raw {raw:+.1f} %)"))
             continue
-        err = 100 * (s.predicted * ratio / s.measured - 1)
+        err = 100 * (calibrated / s.measured - 1)
         out.append((abs(err) <= PREDICTION_PCT,
-                    f"prediction: {_name(r)} ({r['grid_name']}, {r['run_id'][:8]}): {s.predicted * ratio / GiB:.1f} "
+                    f"prediction: {_name(r)} ({r['grid_name']}, {r['run_id'][:8]}): {calibrated / GiB:.1f} "
                     f"GiB against {r['peak_mem_gib']:.1f} measured ({err:+.1f} %; raw {raw:+.1f} %; within "
                     f"{PREDICTION_PCT:g} %)"))
     return out

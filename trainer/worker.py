@@ -167,8 +167,10 @@ class RankWorker:
 
         from trainer.train import held_bytes, release, run_trial
 
-        imported = time.perf_counter()
         joins = self.rank is None
+        if joins and job.trial.compile != "none":
+            _start_compile_workers()
+        imported = time.perf_counter()
         rank = self._joined(job)
         if self.keep_group and self.baseline_bytes is None:
             dist.barrier()  # what the process group keeps for itself (a communicator's barrier tensor) is baseline
@@ -186,6 +188,16 @@ class RankWorker:
             release(rank.device, keep_for=job.trial)  # its compiled code stays for a next trial that can run it
             result.update(baseline_bytes=self.baseline_bytes, held_bytes=held_bytes(rank.device))
         return result
+
+
+def _start_compile_workers() -> None:
+    """Start inductor's compile worker processes now, while the device, the process group and the model are set
+    up, rather than at the first compile: torch starts them there (its inductor backend's first call), and a first
+    compile that finds them still importing compiles its kernels in this process or waits. A no-op where inductor
+    compiles in-process (no Triton: CPU builds; one compile thread)."""
+    from torch._inductor.async_compile import maybe_warm_pool
+
+    maybe_warm_pool()
 
 
 def _compile_report() -> None:

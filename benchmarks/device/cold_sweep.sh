@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # The cold-sweep campaign on the lent one-H200 machine (kind nvidia-h200), from the project root:
 #
-#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh [grid|searches] [PROFILE]
+#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm [PROFILE]
 #
 # Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
 # every run has fresh rank processes; a run is cold when its compile cache (inductor's, Triton's kernels in it)
 # starts empty, warm when it is the cache the same tree's cold run filled.
-#   grid      benchmarks/campaigns/cold-sweep/grid.yaml four times: base cold, current cold, base warm, current
-#             warm, into /tmp/sweep-results/cold-sweep/{base,current}-{cold,warm}
-#   searches  the OOM-retry grid (oom.yaml) with both trees and the max-batch search (max-batch.yaml) with the
-#             current one, on their own empty caches, into .../{base,current}-searches
-# then benchmarks/cold_sweep_check.py over what is there, and packs the rows into $OUT/cold-sweep.tgz.
+#   cold   benchmarks/campaigns/cold-sweep/a-grid.yaml with the current tree, then the base tree, each on an empty
+#          cache, into /tmp/sweep-results/cold-sweep/{current,base}-cold (the order alternates with the warm part's,
+#          and the log says what each run started beside: load, the busiest processes, the imports' seconds)
+#   warm   (the next call, while the machine is warm) the grid again, base first, on the caches the cold part
+#          filled, into .../{base,current}-warm; then the OOM-retry grid (b-oom.yaml) and the max-batch
+#          search (c-max-batch.yaml) with the current tree and the OOM grid with the base one, on their own
+#          empty caches, into .../{current,base}-searches
+# then benchmarks/cold_sweep_check.py over what is there, and packs the rows into $OUT/cold-sweep.tgz (a warm part
+# on a machine released since finds no rows of the cold part: call it cold again).
 set -uo pipefail
 campaign=cold-sweep
-part=${1:-grid}
+part=${1:-cold}
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
@@ -41,7 +45,8 @@ sweep_run() {  # sweep_run TREE GRID OUTPUT: `sweep run` of TREE (base or curren
   left=$((deadline - SECONDS))
   [ $left -gt 30 ] || { echo "job: no time left for $tree $grid"; status=124; return; }
   began=$SECONDS
-  echo "== $(date -u +%FT%TZ) $tree: sweep run $grid -> $out"
+  echo "== $(date -u +%FT%TZ) $tree: sweep run $grid -> $out; load $(cut -d' ' -f1-3 /proc/loadavg); busiest:"
+  ps -eo pcpu=,etimes=,comm= --sort=-pcpu | head -n 4
   PYTHONPATH=$path:/tmp/site SWEEP_GIT_SHA=$sha timeout --signal=INT --kill-after=20 $left \
     python3 -m sweep run "$grid" --cluster "$(cached_profile "$tree")" --output "$out" --no-progress
   local rc=$?
@@ -49,19 +54,25 @@ sweep_run() {  # sweep_run TREE GRID OUTPUT: `sweep run` of TREE (base or curren
   [ $rc -eq 0 ] || [ $rc -eq 3 ] || status=$rc
 }
 
-if [ "$part" = grid ]; then
-  rm -rf /tmp/cc-base /tmp/cc-current
-  for phase in cold warm; do
-    for tree in base current; do
-      sweep_run $tree $grids/grid.yaml "$results/$tree-$phase"
-    done
-  done
-else
-  rm -rf /tmp/cc-base /tmp/cc-current
-  sweep_run base $grids/searches/oom.yaml "$results/base-searches"
-  sweep_run current $grids/searches/oom.yaml "$results/current-searches"
-  sweep_run current $grids/searches/max-batch.yaml "$results/current-searches"
-fi
+case $part in
+  cold)
+    # what a rank's first trial imports (import_s), by module: where a fresh process's seconds go
+    python3 -X importtime -c 'import torch._dynamo, torch.distributed; import trainer.train' 2>&1 |
+      sort -t'|' -k2 -n | tail -n 12
+    rm -rf /tmp/cc-base /tmp/cc-current "$results"/*-cold
+    sweep_run current $grids/a-grid.yaml "$results/current-cold"
+    sweep_run base $grids/a-grid.yaml "$results/base-cold" ;;
+  warm)
+    [ -d /tmp/cc-current ] && [ -d /tmp/cc-base ] || {
+      echo "job: no compile caches of a cold part on this machine (released since?): run the cold part first"; exit 2; }
+    sweep_run base $grids/a-grid.yaml "$results/base-warm"
+    sweep_run current $grids/a-grid.yaml "$results/current-warm"
+    rm -rf /tmp/cc-base /tmp/cc-current
+    sweep_run current $grids/b-oom.yaml "$results/current-searches"
+    sweep_run current $grids/c-max-batch.yaml "$results/current-searches"
+    sweep_run base $grids/b-oom.yaml "$results/base-searches" ;;  # the baseline's halvings, if time is left
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm [PROFILE]" >&2; exit 2 ;;
+esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
 for d in "$results"/*/; do
   echo "== $(basename "$d")"
