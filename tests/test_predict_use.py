@@ -192,3 +192,27 @@ def test_probe_peaks_compare_the_prediction_the_run_began_with_against_the_measu
     assert line == ("predicted / measured peak, llama3-8b bf16 (compile regional, 2 ranks): "
                     f"batch 4 129 GiB / 103 GiB (+25.0 %) · batch 5 {size(predict(_trial(5)).raw)} / oom")
     assert predictor.calibration.ratio("bf16", "regional") == pytest.approx(0.8)
+
+
+HELD_OUT = {"arch": "llama", "name": "held-out-2.5b", "n_layers": 20, "d_embd": 2560, "n_heads": 20, "n_kv_heads": 4,
+            "ffn_hidden": 8960, "vocab_size": 151936}  # benchmarks/campaigns/cold-sweep's model
+
+
+def test_an_uncalibrated_retry_goes_to_the_models_estimate_not_to_its_margin(tmp_path):
+    """On a fresh machine nothing calibrates the model, so a trial is refused only past the memory by the margin;
+    a retry placed at the margin's limit runs where the model itself says it does not fit (one H200, bf16 batch
+    24 of the cold-sweep model: the retry went to 12 and ran out of memory; 10 fit). The retry goes to the
+    model's own estimate."""
+    from sweep.commands.run import make_plan
+    from sweep.predictor import Predictor
+
+    profile = load_profile(str(ROOT / "benchmarks" / "profiles" / "h200x1.yaml"))
+    spec = parse_grid({"models": [HELD_OUT], "precisions": ["bf16"], "batch_sizes": [24], "seq_len": 4096,
+                       "on_oom": {"policy": "halve"}})
+    (trial,) = expand(spec, cluster=profile.name)
+    predictor = Predictor.load(profile, tmp_path / "empty")
+    estimate, refused_past = predictor.max_batch(trial, point=True), predictor.max_batch(trial)
+    assert estimate < refused_past < 24  # the margin lets batches past the estimate run
+    plan = make_plan(spec, [trial], profile, predictor=predictor)
+    (retry,) = plan.on_result(trial, "unsupported", row={"error": "predicted OOM: 290 GiB > 140 GiB per h200"})
+    assert retry.batch_size == estimate

@@ -190,15 +190,17 @@ def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
     (sweep.predictor): where OOM retries and a max-batch search's first probes go."""
     from sweep.policy import GridPlan, MaxBatchPlan
 
+    # where a probe or a retry goes: the model's estimate itself, not the batch it would refuse past its margin (on
+    # one H200, uncalibrated, a bf16 retry from 24 went to 12, inside the margin, and ran out of memory; 10 fits)
+    point = (lambda t: predictor.max_batch(t, point=True)) if predictor else None
     if spec.search == "max_batch":
-        point = (lambda t: predictor.max_batch(t, point=True)) if predictor else None
         return MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step, predicted_max=point)
     if spec.search == "fastest":
         from sweep.tune_plan import TunePlan
 
         return TunePlan(trials, spec, capacity_bytes=_capacity(profile, trials), is_gpu=profile.is_gpu,
                         predicted_max=predictor.max_batch if predictor else None)
-    return GridPlan(trials, spec.on_oom, predicted_max=predictor.max_batch if predictor else None)
+    return GridPlan(trials, spec.on_oom, predicted_max=point)
 
 
 def _plan_rows(trials, predictor) -> tuple[list[dict], dict[str, int]]:
