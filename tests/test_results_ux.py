@@ -293,3 +293,35 @@ def test_ctrl_c_cancels_the_statement(folder):
         proc.kill()
     assert proc.returncode == 130, err
     assert err.strip() == "query cancelled (Ctrl-C)"
+
+
+def test_an_interrupt_sent_before_the_statement_runs_is_repeated_until_it_stops():
+    """DuckDB's interrupt reaches only a running statement: one sent while the worker thread is still binding it
+    is lost, and a Ctrl-C (or the timeout) then waited for a statement that never ends (seen on a loaded CI
+    machine). A connection that starts executing 0.3 s after the interrupt comes still stops."""
+    import threading
+
+    import duckdb
+
+    from sweep.results.query import _bounded
+
+    class SlowToStart:
+        def __init__(self):
+            self.running, self.stopped = threading.Event(), threading.Event()
+
+        def interrupt(self):
+            if self.running.is_set():
+                self.stopped.set()
+
+        def work(self):
+            time.sleep(0.3)  # parsing and binding: an interrupt now is dropped
+            self.running.set()
+            if not self.stopped.wait(10):
+                return "ran to its end"
+            raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+
+    con = SlowToStart()
+    began = time.monotonic()
+    with pytest.raises(duckdb.InterruptException):
+        _bounded(con, con.work, timeout_s=0.05)
+    assert time.monotonic() - began < 5

@@ -227,16 +227,20 @@ def _bounded(con, work, timeout_s: float | None):
         finally:
             finished.set()
 
+    def interrupt_until_done() -> None:
+        # an interrupt reaches a statement that is running: one sent while the worker is still binding it, or
+        # before DuckDB starts executing, is lost (a loaded CI machine saw Ctrl-C ignored that way), so repeat it
+        while not finished.wait(0.1):
+            con.interrupt()
+
     threading.Thread(target=run, name="sweep-query", daemon=True).start()
     try:
         finished.wait(timeout_s)
     except KeyboardInterrupt:
-        con.interrupt()
-        finished.wait()
+        interrupt_until_done()
         raise Cancelled() from None
     if not finished.is_set():
-        con.interrupt()  # the worker ends with DuckDB's InterruptException, unless it finished just now
-        finished.wait()
+        interrupt_until_done()  # the worker ends with DuckDB's InterruptException, unless it finished just now
     if "error" in done:
         raise done["error"]
     return done["value"]
