@@ -1,0 +1,93 @@
+"""Parallel layouts (dp_replicate, tp, cp) at plan time, through `sweep plan` on grid files and options: no Ray.
+
+A layout the grid can never run is refused in one line (exit 2); a layout the code does not build for a recipe
+or model is planned `unsupported` with the reason; the defaults leave a trial as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from sweep.grid import expand, parse_grid
+from test_grid_cli import error_line  # exit 2, one `error: ...` line, no traceback
+
+LLAMA = "{arch: llama, name: l4, n_layers: 1, d_embd: 64, n_heads: 4, n_kv_heads: 2, ffn_hidden: 96, vocab_size: 128}"
+
+
+@pytest.fixture
+def four_ranks(tmp_path):
+    """A CPU profile of 8 ranks, so layouts of 4 and 8 ranks plan (nothing runs)."""
+    path = tmp_path / "four.yaml"
+    path.write_text("name: four\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 8\ncpus_per_rank: 1\n")
+    return path
+
+
+def plan(cli, profile, grid_text: str, write_grid, *options):
+    return cli("plan", write_grid(grid_text), "--cluster", profile, *options)
+
+
+@pytest.mark.parametrize("grid, needle", [
+    ("gpus: 4\ntp: 3", "tp: 3: gpus 4 is not a multiple of dp_replicate x tp x cp (3 at the least with tp 3)"),
+    ("gpus: 2\ntp: 2\ndp_replicate: 2", "tp: 2: gpus 2 is not a multiple of dp_replicate x tp x cp (4 at the least"),
+    ("gpus: 4\ntp: 4", "tp: 4 does not divide l4's n_kv_heads (2)"),
+    ("gpus: 8\ntp: 8", "tp: 8 does not divide l4's n_heads (4)"),
+    ("gpus: 4\ntp: 2\nseq_len: 63", "tp: 2 does not divide seq_len 63 (sequence parallel splits it)"),
+    ("gpus: 4\ncp: 2", "cp: 2: context parallel is not built yet; use cp: 1"),
+    ("gpus: 4\ntp: 0", "tp.0: Input should be greater than 0"),
+])
+def test_a_layout_that_can_never_run_is_one_line_and_exit_2(cli, write_grid, four_ranks, grid, needle):
+    line = error_line(plan(cli, four_ranks, f"models: [{LLAMA}]\nbatch_sizes: [1]\n{grid}\n", write_grid))
+    assert needle in line, line
+
+
+def test_tp_must_stay_within_a_node(cli, write_grid, tmp_path):
+    path = tmp_path / "six.yaml"
+    path.write_text("name: six\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 6\ncpus_per_rank: 1\n")
+    model = LLAMA.replace("n_kv_heads: 2", "n_kv_heads: 4")  # 4 heads and kv heads: tp 4 splits the model
+    line = error_line(plan(cli, path, f"models: [{model}]\nbatch_sizes: [1]\nseq_len: 64\ngpus: 4\ntp: 4\n", write_grid))
+    assert "tp: 4 ranks cannot stay on one node of 6 ranks (tp must divide the ranks per node)" in line
+
+
+def test_a_layout_that_does_not_divide_one_gpus_value_runs_at_the_others(cli, write_grid, four_ranks):
+    result = plan(cli, four_ranks, f"models: [{LLAMA}]\nbatch_sizes: [1]\nseq_len: 64\ncompile: none\n"
+                                   f"gpus: [2, 4]\ntp: [1, 2]\ndp_replicate: [1, 2]\n", write_grid)
+    assert result.exit_code == 0, result.output
+    # gpus 2 with dp_replicate 2 x tp 2 is left out; the other 7 combinations are trials
+    assert "7 trials on four" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("model, precision, reason", [
+    (LLAMA, "fp8-torchao-tensorwise", "tensor parallel (tp > 1) with torchao float8"),
+    ("gpt-tiny", "bf16", "tensor parallel is built for llama models"),
+])
+def test_a_layout_a_recipe_or_model_does_not_build_is_planned_unsupported(cli, write_grid, four_ranks, model, precision,
+                                                                          reason):
+    result = plan(cli, four_ranks, f"models: [{model}]\nprecisions: [{precision}]\nbatch_sizes: [1]\nseq_len: 64\n"
+                                   f"gpus: 4\ntp: 2\n", write_grid)
+    assert result.exit_code == 0, result.output
+    assert "no (1)" in result.stdout and reason in " ".join(result.stdout.split()), result.stdout
+
+
+def test_layout_options_on_the_command_line_replace_the_grids(cli, write_grid, four_ranks):
+    result = plan(cli, four_ranks, f"models: [{LLAMA}]\nbatch_sizes: [1]\nseq_len: 64\ngpus: 4\ntp: 4\n", write_grid,
+                  "--tp", "2", "--dp-replicate", "1", "--dp-replicate", "2")
+    assert result.exit_code == 0, result.output
+    assert "2 trials on four" in result.stdout and "tp=2" in result.stdout, result.stdout
+
+
+def test_the_default_layout_leaves_trial_ids_and_config_keys_as_before():
+    """A trial id hashes only options off their default: a grid without the new axes keeps its recorded ids."""
+    base = {"models": ["llama-tiny"], "batch_sizes": [2], "gpus": 2}
+    plain = expand(parse_grid(base), cluster="local")[0]
+    spelled = expand(parse_grid({**base, "tp": 1, "dp_replicate": [1], "cp": 1}), cluster="local")[0]
+    split = expand(parse_grid({**base, "tp": 2}), cluster="local")[0]
+    assert plain.trial_id == spelled.trial_id and plain.config_key == spelled.config_key
+    assert split.trial_id != plain.trial_id and split.config_key != plain.config_key
+    assert (plain.dp_shard, split.dp_shard) == (2, 1)
+    key = {"cluster": "local", "model": plain.model.model_dump(exclude_none=True), "precision": "bf16",
+           "compile": "regional", "ac": "none", "batch_size": 2, "seq_len": 1024, "gpus": 2, "warmup": 3,
+           "measure": 10, "memory_cap": None, "retry": 0}
+    assert plain.trial_id == hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
