@@ -57,17 +57,22 @@ def layout_problem(model: ModelSpec, *, seq_len: int, options: dict, ranks_per_n
     return None
 
 
-def layout_unsupported(model: ModelSpec, precision: str, options: dict) -> str | None:
-    """Why this recipe or model does not run at this layout yet (recorded `unsupported`), or None."""
-    if options["tp"] == 1:
+def layout_unsupported(trial) -> str | None:
+    """Why this recipe, model or compile mode does not run at the trial's layout yet (recorded `unsupported`), or None.
+    `trial`: a sweep.grid.Trial. The compile limits were measured on torch 2.13 (CPU ranks, gloo)."""
+    if trial.tp == 1:
         return None
-    recipe = RECIPES[precision]
+    recipe = RECIPES[trial.precision]
     if recipe.layers == "te":
-        return f"{precision}: tensor parallel (tp > 1) is not wired for Transformer Engine layers yet"
+        return f"{trial.precision}: tensor parallel (tp > 1) is not wired for Transformer Engine layers yet"
     if recipe.backend == "torchao":
-        return f"{precision}: tensor parallel (tp > 1) with torchao float8 (its float8 TP styles) is not built yet"
-    if model.arch == "gpt":
+        return f"{trial.precision}: tensor parallel (tp > 1) with torchao float8 (its float8 TP styles) is not built yet"
+    if trial.model.arch == "gpt":
         return "tp > 1: tensor parallel is built for llama models (gpt ties its output head to the embedding)"
+    if trial.compile == "full":  # dynamo over the whole TP model: "Attempting to use FunctionalTensor on its own"
+        return "tp > 1 with compile: full does not compile (torch 2.13); use compile: regional or none"
+    if trial.compile != "none" and trial.ac != "none":  # AOT autograd: a DeviceMesh among the tensors saved
+        return f"tp > 1 with ac: {trial.ac} and compile: {trial.compile} does not compile (torch 2.13); use one of them"
     return None
 
 

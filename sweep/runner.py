@@ -39,7 +39,7 @@ def unsupported(trial: Trial, profile, calibration=None) -> str | None:
                              accelerator=profile.accelerator, memory_gib=info.memory_gib)
     return (unsupported_reason(RECIPES[trial.precision], accelerator=profile.accelerator, vendor=info.vendor,
                                compute_capability=info.compute_capability, has_fp8=info.peak_tflops["fp8"] is not None)
-            or layout_unsupported(trial.model, trial.precision, trial.as_dict())
+            or layout_unsupported(trial)
             # HSDP replicas each hold the whole state: it is sharded over one replica's ranks, dp_shard x tp
             or state_reason(n_params=trial.model.n_params(), ranks=trial.dp_shard * trial.tp, memory=memory)
             # GPU ranks only: a CPU rank's peak is its resident set's high-water mark (trainer/memory.py), which

@@ -59,14 +59,16 @@ def test_a_layout_that_does_not_divide_one_gpus_value_runs_at_the_others(cli, wr
     assert "7 trials on four" in result.stdout, result.stdout
 
 
-@pytest.mark.parametrize("model, precision, reason", [
-    (LLAMA, "fp8-torchao-tensorwise", "tensor parallel (tp > 1) with torchao float8"),
-    ("gpt-tiny", "bf16", "tensor parallel is built for llama models"),
+@pytest.mark.parametrize("model, precision, keys, reason", [
+    (LLAMA, "fp8-torchao-tensorwise", "", "tensor parallel (tp > 1) with torchao float8"),
+    ("gpt-tiny", "bf16", "", "tensor parallel is built for llama models"),
+    (LLAMA, "bf16", "compile: full", "tp > 1 with compile: full does not compile (torch 2.13)"),
+    (LLAMA, "bf16", "ac: selective", "tp > 1 with ac: selective and compile: regional does not compile"),
 ])
 def test_a_layout_a_recipe_or_model_does_not_build_is_planned_unsupported(cli, write_grid, four_ranks, model, precision,
-                                                                          reason):
+                                                                          keys, reason):
     result = plan(cli, four_ranks, f"models: [{model}]\nprecisions: [{precision}]\nbatch_sizes: [1]\nseq_len: 64\n"
-                                   f"gpus: 4\ntp: 2\n", write_grid)
+                                   f"gpus: 4\ntp: 2\n{keys}\n", write_grid)
     assert result.exit_code == 0, result.output
     assert "no (1)" in result.stdout and reason in " ".join(result.stdout.split()), result.stdout
 
@@ -91,3 +93,19 @@ def test_the_default_layout_leaves_trial_ids_and_config_keys_as_before():
            "compile": "regional", "ac": "none", "batch_size": 2, "seq_len": 1024, "gpus": 2, "warmup": 3,
            "measure": 10, "memory_cap": None, "retry": 0}
     assert plain.trial_id == hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_ranks_fill_nodes_in_rank_order_so_a_tp_group_is_on_one_node():
+    """Past one node, each node's share of the ranks is one bundle on a node of its own (STRICT_SPREAD) and rank r
+    goes to bundle r // gpus_per_node: a TP group (tp consecutive ranks, tp dividing gpus_per_node) never straddles
+    two nodes, and an HSDP replica of dp_shard x tp = 8 ranks is one node."""
+    from clusters import load_profile
+    from sweep.placement import bundle_index, placement
+
+    h200 = load_profile("h200")  # 8 GPUs a node
+    bundles, strategy = placement(h200, 16)
+    assert strategy == "STRICT_SPREAD" and bundles == [{"CPU": 8 * h200.cpus_per_rank, "GPU": 8}] * 2
+    node = [bundle_index(h200, rank, 16) for rank in range(16)]
+    for tp in (2, 4, 8):
+        assert all(len({node[r] for r in range(start, start + tp)}) == 1 for start in range(0, 16, tp))
+    assert placement(h200, 8) == ([{"CPU": h200.cpus_per_rank, "GPU": 1}] * 8, "STRICT_PACK")  # one node: as before
