@@ -43,6 +43,12 @@ def test_a_layout_that_can_never_run_is_one_line_and_exit_2(cli, write_grid, fou
     assert needle in line, line
 
 
+def test_cp_on_the_command_line_is_refused_until_built(cli, four_ranks):
+    line = error_line(cli("plan", "--cluster", four_ranks, "--model", "llama-tiny", "--batch-size", "1", "--gpus", "4",
+                          "--cp", "2"))
+    assert "cp: 2: context parallel is not built yet; use cp: 1" in line
+
+
 def test_tp_must_stay_within_a_node(cli, write_grid, tmp_path):
     path = tmp_path / "six.yaml"
     path.write_text("name: six\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 6\ncpus_per_rank: 1\n")

@@ -37,7 +37,7 @@ TOLERANCE = 1e-4  # relative, on each loss (module docstring)
 @pytest.fixture(scope="module")
 def layout_rows(ray_session, tmp_path_factory):
     """Two `sweep run`s into one output on a profile of four CPU ranks: the grid above (gpus 1, 2, 4 x tp 1, 2;
-    tp 2 does not divide 1 rank, so 5 trials), and HSDP 2 x 2 given on the command line."""
+    tp 2 does not divide 1 rank, so 5 trials), and HSDP 2 x 2 (dp_replicate: 2 at 4 ranks)."""
     from typer.testing import CliRunner
 
     from sweep.cli import app
@@ -49,9 +49,9 @@ def layout_rows(ray_session, tmp_path_factory):
     out = folder / "out"
     common = ["--cluster", folder / "four.yaml", "--output", out, "--no-progress"]
     runner = CliRunner()
-    for args in (["run", folder / "grid.yaml"],
-                 ["run", folder / "grid.yaml", "--gpus", "4", "--tp", "1", "--dp-replicate", "2"]):
-        result = runner.invoke(app, [str(a) for a in args + common])
+    (folder / "hsdp.yaml").write_text(GRID.replace("gpus: [1, 2, 4]\ntp: [1, 2]", "gpus: 4\ndp_replicate: 2"))
+    for grid in ("grid.yaml", "hsdp.yaml"):
+        result = runner.invoke(app, [str(a) for a in ["run", folder / grid, *common]])
         assert result.exit_code == 0, result.output
     rows = store.read_table(out).to_pylist()
     return {(r["world_size"], r["dp_replicate"], r["tp"]): r for r in rows}, out
