@@ -50,18 +50,20 @@ def layout_rows(ray_session, tmp_path_factory):
     common = ["--cluster", folder / "four.yaml", "--output", out, "--no-progress"]
     runner = CliRunner()
     (folder / "hsdp.yaml").write_text(GRID.replace("gpus: [1, 2, 4]\ntp: [1, 2]", "gpus: 4\ndp_replicate: 2"))
-    for grid in ("grid.yaml", "hsdp.yaml"):
+    (folder / "compiled.yaml").write_text(GRID.replace("gpus: [1, 2, 4]\ntp: [1, 2]", "gpus: 2\ntp: 2")
+                                          .replace("compile: none", "compile: regional"))
+    for grid in ("grid.yaml", "hsdp.yaml", "compiled.yaml"):
         result = runner.invoke(app, [str(a) for a in ["run", folder / grid, *common]])
         assert result.exit_code == 0, result.output
     rows = store.read_table(out).to_pylist()
-    return {(r["world_size"], r["dp_replicate"], r["tp"]): r for r in rows}, out
+    return {(r["world_size"], r["dp_replicate"], r["tp"], r["compile"]): r for r in rows}, out
 
 
 @pytest.mark.parametrize("layout, baseline", [((4, 1, 2), (2, 1, 1)), ((2, 1, 2), (1, 1, 1)), ((4, 2, 1), (4, 1, 1))],
                          ids=["fsdp2-x-tp2", "tp2", "hsdp2-x-2"])
 def test_a_layout_trains_as_fsdp_over_its_data_parallel_ranks(layout_rows, layout, baseline):
     rows, _ = layout_rows
-    row, base = rows[layout], rows[baseline]
+    row, base = rows[(*layout, "none")], rows[(*baseline, "none")]
     assert row["status"] == "ok", row["error"]
     curve = row["loss_curve"]
     assert len(curve) == 3 and curve[-1] < curve[0]  # it trains
@@ -79,8 +81,18 @@ def test_a_layout_apart_from_fsdp_changes_the_losses_it_is_compared_on(layout_ro
     """The check above can fail: FSDP over 2 and over 4 ranks train on other tokens (a step's loss is the mean
     over its data-parallel ranks' batches), and their curves differ by far more than the tolerance."""
     rows, _ = layout_rows
-    two, four = rows[(2, 1, 1)]["loss_curve"], rows[(4, 1, 1)]["loss_curve"]
+    two, four = rows[(2, 1, 1, "none")]["loss_curve"], rows[(4, 1, 1, "none")]["loss_curve"]
     assert max(abs(a - b) / b for a, b in zip(two, four)) > 10 * TOLERANCE
+
+
+def test_a_regionally_compiled_tp_trial_trains_as_the_eager_one(layout_rows):
+    """Each block compiled with its TP collectives inside: the same losses as eager TP 2 (inductor reorders fp32
+    sums, well within the tolerance). With plain tensors between the compiled blocks the embedding got no
+    gradient, and the second loss was 0.03 off (trainer/tensor_parallel.py)."""
+    rows, _ = layout_rows
+    compiled, eager = rows[(2, 1, 2, "regional")], rows[(2, 1, 2, "none")]
+    assert compiled["status"] == "ok", compiled["error"]
+    assert compiled["loss_curve"] == pytest.approx(eager["loss_curve"], rel=TOLERANCE)
 
 
 def test_compare_by_tp_sets_each_layout_against_fsdp_on_as_many_ranks(layout_rows, cli):
