@@ -66,7 +66,8 @@ def layout_unsupported(trial) -> str | None:
     if recipe.layers == "te":
         return f"{trial.precision}: tensor parallel (tp > 1) is not wired for Transformer Engine layers yet"
     if recipe.backend == "torchao":
-        return f"{trial.precision}: tensor parallel (tp > 1) with torchao float8 (its float8 TP styles) is not built yet"
+        return (f"{trial.precision}: tensor parallel (tp > 1) with torchao float8 (its float8 TP styles) is not "
+                f"built yet")
     if trial.model.arch == "gpt":
         return "tp > 1: tensor parallel is built for llama models (gpt ties its output head to the embedding)"
     if trial.compile == "full":  # dynamo over the whole TP model: "Attempting to use FunctionalTensor on its own"

@@ -66,7 +66,8 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
             # the sequence all-gathered before attention (it needs every token); the RoPE table is not an activation
             "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
             "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),  # by heads
-            "attn.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),  # reduce-scattered back onto the sequence
+            # reduce-scattered back onto the sequence, kept a DTensor (module docstring)
+            "attn.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
             "ffn_norm": SequenceParallel(),
             "ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             "ffn.w1": ColwiseParallel(), "ffn.w3": ColwiseParallel(),  # by hidden units

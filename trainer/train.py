@@ -226,8 +226,9 @@ def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank:
     with torch.device("meta"):  # build on meta, shard, then materialise only this rank's shard
         model = models.build_model(spec, backend=plan.model_backend, fp8_lm_head=config.options.fp8_lm_head)
     n_params = sum(p.numel() for p in model.parameters())  # N of the FLOP formula: every parameter
-    model = parallelize(model, plan=plan, compile_mode=config.compile, ac=config.ac, mesh=rank.layout_mesh(config.options),
-                        reduce_dtype=config.options.reduce_dtype, dynamic_batch=config.options.dynamic_batch)
+    model = parallelize(model, plan=plan, compile_mode=config.compile, ac=config.ac,
+                        mesh=rank.layout_mesh(config.options), reduce_dtype=config.options.reduce_dtype,
+                        dynamic_batch=config.options.dynamic_batch)
     whole = (whole_model(spec, plan, fp8_lm_head=config.options.fp8_lm_head)
              if rank.device.type == "cpu" and rank.world_size > 1 else None)
     model.to_empty(device=rank.device)
@@ -236,7 +237,6 @@ def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank:
     if whole is not None:
         init_layout_independent(model, whole)
     return model, n_params
-
 
 
 def _local_numel(model: nn.Module) -> int:
@@ -285,8 +285,8 @@ class TrainStep:
         self.model, self.optimizer, self.plan, self.data, self.options = model, optimizer, plan, data, options
         # Compiled with the model: inductor fuses the fp32 upcast into the log-softmax, so the
         # (tokens x vocab) logits are never materialised in fp32 (torchtitan compiles its loss too).
-        # With TP the logits are vocab-sharded DTensors and the loss runs eagerly under loss_parallel (its sharded
-        # log-softmax is a DTensor op override, not something inductor fuses).
+        # With TP the logits are vocab-sharded DTensors and the loss runs eagerly under loss_parallel (a DTensor
+        # dispatch override; compiling it is not tried here).
         self.loss_fn = torch.compile(cross_entropy) if compiled and options.tp == 1 else cross_entropy
         self.loss_context = loss_context(options.tp)  # loss_parallel, for the loss and its backward alike
         self.dynamic_batch = compiled and options.dynamic_batch  # every compiled call's batch dimension symbolic
