@@ -90,3 +90,8 @@ def grid_layout_problem(grid) -> str | None:
                 return (f"{axis}: {value}: gpus {grid.gpus[0] if len(grid.gpus) == 1 else grid.gpus} is not a "
                         f"multiple of dp_replicate x tp x cp ({least} at the least with {axis} {value})")
     return None
+
+
+def layout_text(trial) -> str:
+    """`dp_replicate 2 x tp 2`: the layout axes off their default (empty for FSDP over all ranks)."""
+    return " x ".join(f"{axis} {getattr(trial, axis)}" for axis in LAYOUT_AXES if getattr(trial, axis) != 1)

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sweep.layout import layout_text
 from sweep.memory_model import GiB, Calibration, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
 
 # what a row must say for the calibration to learn from it (store.read_columns reads these alone)
@@ -126,8 +127,9 @@ class Predictor:
             rows = self.calibration.rows.get((t.precision, t.compile), 0)
             basis = f"calibrated on {rows} row{'s' * (rows != 1)}" if rows else "uncalibrated"
             best = self.max_batch(replace(t, predict_memory=True))  # --no-predict still shows what is predicted
+            layout = f" as {layout_text(t)}" if layout_text(t) else ""  # e.g. "8 ranks as tp 2"
             lines.append(f"predicted max batch: {t.model.label} {t.precision} (compile {t.compile}, ac {t.ac}, seq "
-                         f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}): {best}, {basis}")
+                         f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}{layout}): {best}, {basis}")
         return lines
 
     def basis(self) -> str:

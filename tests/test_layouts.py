@@ -115,3 +115,21 @@ def test_ranks_fill_nodes_in_rank_order_so_a_tp_group_is_on_one_node():
     for tp in (2, 4, 8):
         assert all(len({node[r] for r in range(start, start + tp)}) == 1 for start in range(0, 16, tp))
     assert placement(h200, 8) == ([{"CPU": h200.cpus_per_rank, "GPU": 1}] * 8, "STRICT_PACK")  # one node: as before
+
+
+def test_the_state_is_checked_against_the_ranks_that_shard_it(cli):
+    """Llama3-70B's 16 B x 70.6B of training state over 8 H200s: FSDP and FSDP 4 x TP 2 shard it 8 ways (fits),
+    HSDP 2 x 4 only 4 ways within each replica (263 GiB a rank: planned unsupported, no GPU time)."""
+    result = cli("plan", "--cluster", "h200", "--model", "llama3-70b", "--batch-size", "1", "--gpus", "8",
+                 "--seq-len", "1024", "--dp-replicate", "1", "--dp-replicate", "2", "--tp", "1", "--tp", "2",
+                 "--no-predict")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "state need 263 GiB per rank (16 B × 70.6B params / 4 ranks) > 141 GiB per h200" in text, text
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│") and "GiB" in line]
+    # in grid order: FSDP 8, FSDP 4 x TP 2, HSDP 2 x 4, HSDP 2 x 2 x TP 2 (whose tp=2 wraps onto a line of its own)
+    cells = [[cell.strip() for cell in line.split("│")[2:5]] for line in rows]
+    assert [(options, runs == "yes") for options, _, runs in cells] == [
+        ("-", True), ("tp=2", True), ("dp_replicate=2", False), ("dp_replicate=2", False)], rows
+    # the predicted largest batch names the layout: TP splits activations and logits, so more fits
+    assert "8 ranks as tp 2): 4" in text and "8 ranks): 2" in text
