@@ -44,6 +44,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from clusters._load import display_path, read_mapping, unknown_name, validation_message
 from clusters.schema import parse_memory_size
 from sweep.errors import UserError
+from sweep.layout import divides, grid_layout_problem, layout_problem
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, TrainingOptions, option_types
 from trainer.recipes import RECIPES
@@ -290,6 +291,11 @@ class Trial(TrainingOptions):
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
+    def dp_shard(self) -> int:
+        """What remains of the ranks once replicas, TP and CP take theirs (`sweep.layout`)."""
+        return self.gpus // (self.dp_replicate * self.tp * self.cp)
+
+    @property
     def config_key(self) -> tuple:
         """Everything but the batch: trials that differ only in batch share it (OOM retry, search)."""
         return (self.cluster, self.model.to_json(), self.precision, self.compile, self.ac, self.seq_len, self.gpus,
@@ -357,14 +363,18 @@ def fold_options(options: dict, *, model: ModelSpec, precision: str, gpus: int, 
 
 def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | None = None,
            timeout_s: float | None = None, memory_cap_bytes: int | None = None,
-           default_memory_cap: int | None = None) -> list[Trial]:
+           default_memory_cap: int | None = None, ranks_per_node: int | None = None) -> list[Trial]:
     """The cartesian product of the grid's axes, in a stable order. `timeout_s` is the profile's: a trial's
-    limit is the grid's timeout_s, else that, else DEFAULT_TIMEOUT_S (decided here, once)."""
+    limit is the grid's timeout_s, else that, else DEFAULT_TIMEOUT_S (decided here, once). A layout (dp_replicate x
+    tp x cp) that does not divide a trial's ranks is left out of that gpus value's trials (gpus: [2, 4] with tp: [1, 4]
+    runs tp 4 at 4 ranks only); one that divides none of them, or cannot split a model, is refused (sweep.layout)."""
     if max_ranks is not None:
         too_many = [g for g in grid.gpus if g > max_ranks]
         if too_many:
             raise UserError(f"Invalid grid {source}: gpus: {too_many[0]} ranks per trial, but cluster '{cluster}' "
                             f"has {max_ranks}")
+    if problem := grid_layout_problem(grid):
+        raise UserError(f"Invalid grid {source}: {problem}")
     cap = next((c for c in (memory_cap_bytes, grid.memory_cap, default_memory_cap) if c is not None), None)
     limit = grid.timeout_s or timeout_s or DEFAULT_TIMEOUT_S
     option_sets = [dict(zip(OPTION_DEFAULTS, values))
@@ -376,6 +386,10 @@ def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | N
         if seq_len > model.max_seq_len:  # gpt: learned positions; llama: the RoPE table
             raise UserError(f"Invalid grid {source}: seq_len: {seq_len} exceeds {model.label}'s max_seq_len "
                             f"({model.max_seq_len})")
+        if not divides(gpus, options):
+            continue
+        if problem := layout_problem(model, seq_len=seq_len, options=options, ranks_per_node=ranks_per_node):
+            raise UserError(f"Invalid grid {source}: {problem}")
         trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
                             batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,
                             measure_steps=grid.steps.measure, memory_cap_bytes=cap, timeout_s=limit,

@@ -22,6 +22,9 @@
   checkpoints every other block (trainer/parallelize.py), so half the blocks keep everything.
 * Logits and loss: B·T·V logits in bf16 and their fp32 upcast for the loss, the largest single temporary at
   the end of forward (6 B per element).
+* Layouts (sweep.layout): dp is the ranks that shard the state, dp_shard x tp (an HSDP replica holds a whole
+  copy); with tensor parallel the compute copies, activations and logits are each divided by tp (column/row
+  parallel inside the blocks, sequence parallel between them, logits sharded on the vocabulary).
 
 The figure is then multiplied by a calibration ratio learned from the clean ok rows a cluster has already
 measured (`calibrate`): compile fusion and the allocator move it, and the ratio says by how much.
@@ -55,9 +58,10 @@ class Shape:
     max_seq_len: int
     batch_size: int
     seq_len: int
-    ranks: int
+    ranks: int  # the ranks the training state is sharded over: dp_shard x tp (HSDP replicas each hold a copy)
     ac: str = "none"
     grad_accum: int = 1
+    tp: int = 1  # tensor (and sequence) parallel: activations, logits and a unit's gathered weights split tp ways
     fp8_saved: bool = False  # torchao FP8: the matmul inputs backward needs are kept as FP8 (1 B), not bf16
 
     @staticmethod
@@ -70,15 +74,15 @@ class Shape:
     def of(cls, trial) -> "Shape":
         """From a `sweep.grid.Trial` (its ModelSpec and layout)."""
         return cls.of_spec(trial.model, precision=trial.precision, batch_size=trial.batch_size, seq_len=trial.seq_len,
-                           ranks=trial.gpus, ac=trial.ac, grad_accum=trial.grad_accum)
+                           ranks=trial.dp_shard * trial.tp, ac=trial.ac, grad_accum=trial.grad_accum, tp=trial.tp)
 
     @classmethod
     def of_spec(cls, m, *, precision: str, batch_size: int, seq_len: int, ranks: int, ac: str = "none",
-                grad_accum: int = 1) -> "Shape":
+                grad_accum: int = 1, tp: int = 1) -> "Shape":
         """From a `trainer.models.specs.ModelSpec` and a layout (a trial's, or a recorded row's)."""
         return cls(arch=m.arch, n_layers=m.n_layers, d_embd=m.d_embd, n_heads=m.n_heads, vocab_size=m.vocab_size,
                    n_params=m.n_params(), n_kv_heads=m.n_kv_heads, ffn_hidden=m.ffn_hidden, max_seq_len=m.max_seq_len,
-                   batch_size=batch_size, seq_len=seq_len, ranks=ranks, ac=ac, grad_accum=grad_accum,
+                   batch_size=batch_size, seq_len=seq_len, ranks=ranks, ac=ac, grad_accum=grad_accum, tp=tp,
                    fp8_saved=cls.saves_fp8(precision))
 
 
@@ -155,11 +159,13 @@ def breakdown(s: Shape) -> Breakdown:
     """The uncalibrated peak of one rank for `s`, part by part."""
     fwd_state = (16 if s.grad_accum > 1 else 12) * s.n_params / s.ranks
     if s.ranks > 1:
-        copies = 2 * 2 * max(_unit_params(s))  # bf16, the unit computing and the one prefetched
+        copies = 2 * 2 * max(_unit_params(s)) / s.tp  # bf16, the unit computing and the one prefetched
     else:
         copies = 2 * _matmul_params(s)
-    logits = LOGIT_BYTES * s.batch_size * s.seq_len * s.vocab_size
-    return Breakdown(state=fwd_state, compute_copies=copies, activations=activation_bytes(s), logits=logits,
+    # with TP the logits stay sharded on the vocabulary, and sequence parallel splits what lives between the
+    # matmuls (norms, residuals) as column/row parallel splits what lives inside them: each about 1 / tp
+    logits = LOGIT_BYTES * s.batch_size * s.seq_len * s.vocab_size / s.tp
+    return Breakdown(state=fwd_state, compute_copies=copies, activations=activation_bytes(s) / s.tp, logits=logits,
                      backward_end=16 * s.n_params / s.ranks + copies)
 
 

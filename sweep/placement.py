@@ -25,25 +25,23 @@ def bundle(profile) -> dict:
 def placement(profile, ranks: int) -> tuple[list[dict], str]:
     """The placement group's bundles and strategy for `ranks` ranks.
 
-    One node if it fits (STRICT_PACK keeps NVLink/xGMI traffic on the node). Else on GPU nodes one
-    bundle per rank, PACKed onto as few nodes as possible (ceil(ranks / gpus_per_node)): a node's GPU
-    count bounds its ranks. A CPU node has no such count (PACK would put every rank on one big node),
-    so there each node's share of ranks is one bundle and the bundles go to distinct nodes
-    (STRICT_SPREAD): at most gpus_per_node ranks of the trial on a node, as on GPUs.
+    One node if it fits (STRICT_PACK keeps NVLink/xGMI traffic on the node). Else each node's share of the
+    ranks (gpus_per_node of them, the last share what remains) is one bundle, and the bundles go to distinct
+    nodes (STRICT_SPREAD): ranks fill nodes in rank order (`bundle_index`), so a trial's TP group (tp consecutive
+    ranks, tp dividing gpus_per_node: sweep.layout) is on one node and its HSDP replicas (dp_shard x tp
+    consecutive ranks each) fill nodes one after another. A GPU count bounds a node's ranks; a CPU node has no
+    such count (PACK would put every rank on one big node): there gpus_per_node bounds them, as on GPUs.
     """
     per_node = profile.ranks_per_node
     if ranks <= per_node:
         return [bundle(profile) for _ in range(ranks)], "STRICT_PACK"
-    if profile.is_gpu:
-        return [bundle(profile) for _ in range(ranks)], "PACK"
     shares = [min(per_node, ranks - start) for start in range(0, ranks, per_node)]
-    return [{"CPU": profile.cpus_per_rank * n} for n in shares], "STRICT_SPREAD"
+    return [{key: amount * n for key, amount in bundle(profile).items()} for n in shares], "STRICT_SPREAD"
 
 
 def bundle_index(profile, rank: int, ranks: int) -> int:
-    """The bundle a rank's actor goes into (see `placement`)."""
-    spread = not profile.is_gpu and ranks > profile.ranks_per_node
-    return rank // profile.ranks_per_node if spread else rank
+    """The bundle a rank's actor goes into (see `placement`): its node's share, in rank order."""
+    return rank // profile.ranks_per_node if ranks > profile.ranks_per_node else rank
 
 
 def rank_env(profile) -> dict[str, str]:

@@ -11,11 +11,12 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sweep.layout import layout_text
 from sweep.memory_model import GiB, Calibration, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
 
 # what a row must say for the calibration to learn from it (store.read_columns reads these alone)
 CALIBRATION_COLUMNS = ("model_spec", "precision", "compile", "ac", "batch_size", "seq_len", "grad_accum", "world_size",
-                       "peak_mem_gib", "status", "alloc_retries")
+                       "peak_mem_gib", "status", "alloc_retries", "tp", "dp_shard")
 NO_ROWS = Calibration(ratios={}, rows={})
 
 
@@ -23,9 +24,11 @@ def _shape(row: dict) -> Shape:
     """The memory model's view of a recorded row (its model_spec and layout)."""
     from trainer.models.specs import ModelSpec
 
+    tp = row.get("tp") or 1
     return Shape.of_spec(ModelSpec(**json.loads(row["model_spec"])), precision=row["precision"],
-                         batch_size=row["batch_size"], seq_len=row["seq_len"], ranks=row["world_size"],
-                         ac=row.get("ac") or "none", grad_accum=row.get("grad_accum") or 1)
+                         batch_size=row["batch_size"], seq_len=row["seq_len"], ac=row.get("ac") or "none",
+                         grad_accum=row.get("grad_accum") or 1, tp=tp,
+                         ranks=(row.get("dp_shard") or row["world_size"]) * tp)  # rows before 1.12: FSDP over all
 
 
 def sample(row: dict) -> Sample | None:
@@ -124,8 +127,9 @@ class Predictor:
             rows = self.calibration.rows.get((t.precision, t.compile), 0)
             basis = f"calibrated on {rows} row{'s' * (rows != 1)}" if rows else "uncalibrated"
             best = self.max_batch(replace(t, predict_memory=True))  # --no-predict still shows what is predicted
+            layout = f" as {layout_text(t)}" if layout_text(t) else ""  # e.g. "8 ranks as tp 2"
             lines.append(f"predicted max batch: {t.model.label} {t.precision} (compile {t.compile}, ac {t.ac}, seq "
-                         f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}): {best}, {basis}")
+                         f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}{layout}): {best}, {basis}")
         return lines
 
     def basis(self) -> str:

@@ -1,6 +1,7 @@
 """Turn an attempt's outcome into one result row: the measurement arithmetic lives here.
 
-    tokens/s/GPU  = grad_accum * batch_size * seq_len / median step time
+    tokens/s/GPU  = grad_accum * batch_size * seq_len / (tp * cp) / median step time
+                    (batch_size is per data-parallel rank: a TP group of tp ranks trains one micro-batch together)
                     (each rank trains its own micro-batches; a step ends with the optimizer step, so gradient
                     accumulation's saving on optimizer work is counted, never a micro-batch alone)
     TFLOP/s/GPU   = flops_per_token * tokens/s/GPU / 1e12          (trainer.flops: 6N + 12·L·H·D·T)
@@ -77,7 +78,7 @@ def base_row(trial: Trial, *, run_id: str, profile, grid_name: str | None) -> di
         "compile": trial.compile, "ac": trial.ac, "batch_size": trial.batch_size, "seq_len": trial.seq_len,
         # `auto` steps: the counts are known once run (`outcome_row`)
         "warmup_steps": _count(trial.warmup_steps), "measure_steps": _count(trial.measure_steps),
-        **trial.training_options,
+        **trial.training_options, "dp_shard": trial.dp_shard,
         "memory_cap_gib": trial.memory_cap_bytes / GiB if trial.memory_cap_bytes else None,
         "peak_tflops": profile.peak_tflops(recipe.family),
         "flops_per_token": spec_flops_per_token(trial.model, trial.seq_len),
@@ -111,7 +112,8 @@ def outcome_row(outcome, **base) -> dict:
     # The slowest rank sets the pace of a synchronous step: take the per-step max over ranks.
     step_times = [max(times) for times in zip(*(r["step_times"] for r in ranks))]
     median = statistics.median(step_times)
-    tokens_per_s = trial.grad_accum * trial.batch_size * trial.seq_len / median
+    # a TP (and CP) group of tp x cp ranks trains one batch_size micro-batch together: its tokens are shared
+    tokens_per_s = trial.grad_accum * trial.batch_size * trial.seq_len / trial.layout_ranks / median
     fpt = spec_flops_per_token(trial.model, trial.seq_len, n_params=rank0["n_params"])
     tflops = fpt * tokens_per_s / 1e12
     peak = row["peak_tflops"]
@@ -138,7 +140,7 @@ def outcome_row(outcome, **base) -> dict:
     )
     row.update(profile_columns(rank0.get("profile")))
     row.update(loss_curve_columns(ranks))
-    tokens = trial.gpus * trial.grad_accum * trial.batch_size * trial.seq_len * len(step_times)
+    tokens = trial.gpus // trial.layout_ranks * trial.grad_accum * trial.batch_size * trial.seq_len * len(step_times)
     row.update(energy_columns([r.get("energy") for r in ranks], tokens=tokens, flops_per_token=fpt))
     return row
 

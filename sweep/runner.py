@@ -32,13 +32,16 @@ def unsupported(trial: Trial, profile, calibration=None) -> str | None:
     whether the training state alone fits each rank's memory, then (GPU ranks, unless the trial says not to)
     whether its predicted peak does (sweep.memory_model; `calibration` from the cluster's rows)."""
     from sweep.capacity import per_rank_memory, predicted_reason, state_reason
+    from sweep.layout import layout_unsupported
 
     info = profile.accelerator_info
     memory = per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=profile.memory_per_device_bytes,
                              accelerator=profile.accelerator, memory_gib=info.memory_gib)
     return (unsupported_reason(RECIPES[trial.precision], accelerator=profile.accelerator, vendor=info.vendor,
                                compute_capability=info.compute_capability, has_fp8=info.peak_tflops["fp8"] is not None)
-            or state_reason(n_params=trial.model.n_params(), ranks=trial.gpus, memory=memory)
+            or layout_unsupported(trial)
+            # HSDP replicas each hold the whole state: it is sharded over one replica's ranks, dp_shard x tp
+            or state_reason(n_params=trial.model.n_params(), ranks=trial.dp_shard * trial.tp, memory=memory)
             # GPU ranks only: a CPU rank's peak is its resident set's high-water mark (trainer/memory.py), which
             # counts what glibc's arenas and touched pages hold, not tensor bytes, and is not predicted here
             or (predicted_reason(trial, memory, calibration) if profile.is_gpu and trial.predict_memory else None))

@@ -12,13 +12,13 @@ import pyarrow as pa
 
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.11"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.12"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
 #                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
 #                          1.8: + process_start_s, import_s, process_setup_s, model_build_s;
 #                          1.9: + ci_target_met, loss_curve, loss_curve_tokens;
 #                          1.10: + energy_j ... energy_source (energy), power_cost_per_kwh, pue, profile_power_limit_w;
-#                          1.11: + dynamic_batch
+#                          1.11: + dynamic_batch; 1.12: + dp_replicate, tp, cp, dp_shard (the parallel layout)
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -28,7 +28,8 @@ STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 TRAINING_DEFAULTS = dict(OPTION_DEFAULTS)
 # The schema version that added each option's column: a new option is a new column, so a version bump.
 _OPTION_SINCE = {"grad_accum": "1.3", "grad_clip": "1.3", "fp8_lm_head": "1.3",
-                 "reduce_dtype": "1.4", "grad_sync": "1.4", "dynamic_batch": "1.11"}
+                 "reduce_dtype": "1.4", "grad_sync": "1.4", "dynamic_batch": "1.11",
+                 "dp_replicate": "1.12", "tp": "1.12", "cp": "1.12"}
 _ARROW_TYPES = {int: pa.int32(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
 
 
@@ -77,11 +78,13 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("precision", pa.string(), "precision recipe name"),
     ("compile", pa.string(), "none | regional | full"),
     ("ac", pa.string(), "activation checkpointing: none | selective | full"),
-    ("batch_size", pa.int32(), "per-GPU micro-batch"),
+    ("batch_size", pa.int32(), "per-GPU micro-batch (with tp or cp > 1: per tp x cp group of ranks)"),
     ("seq_len", pa.int32(), "tokens per sample"),
     ("warmup_steps", pa.int32(), "steps run before timing (steps: auto: as many as it took; null if none ran)"),
     ("measure_steps", pa.int32(), "timed steps (steps: auto: as many as it took; null if none ran)"),
-    *_option_columns(),  # grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync
+    *_option_columns(),  # grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync, ..., dp_replicate, tp, cp
+    ("dp_shard", pa.int32(), "ranks each data-parallel replica shards the model over: world_size / (dp_replicate x "
+                             "tp x cp) (world_size in rows before schema 1.12)"),
     ("memory_cap_gib", pa.float64(), "per-rank memory cap imposed by sweep, else null"),
     # outcome
     ("status", pa.string(), "ok | oom | error | timeout | unsupported"),
@@ -96,7 +99,7 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("ci_target_met", pa.bool_(), "steps: {measure: auto}: step_time_ci_pct within auto's ±1 % target (false: short "
                                   "of it, as when auto stops at its most steps or 300 s first); null for a fixed "
                                   "measure count, for rows that ran no steps and before schema 1.9"),
-    ("tokens_per_s_per_gpu", pa.float64(), "grad_accum * batch_size * seq_len / step_time_s"),
+    ("tokens_per_s_per_gpu", pa.float64(), "grad_accum * batch_size * seq_len / (tp x cp) / step_time_s"),
     ("tflops_per_gpu", pa.float64(), "flops_per_token * tokens_per_s_per_gpu / 1e12"),
     ("mfu", pa.float64(), "tflops_per_gpu / peak_tflops"),
     ("peak_tflops", pa.float64(), "the MFU divisor: accelerator peak dense TFLOP/s for this precision"),
@@ -112,7 +115,7 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
                                            "ranks of each rank's loss, i.e. the step's global batch, computed before "
                                            "the step's update; null for rows that ran no steps and before schema 1.9"),
     ("loss_curve_tokens", pa.list_(pa.int64()), "tokens trained when each loss_curve loss was computed: 0 at step 1, "
-                                                "then grad_accum * batch_size * seq_len * world_size more per step"),
+                                                "then grad_accum * batch_size * seq_len * world_size / (tp x cp) more per step"),
     ("init_time_s", pa.float64(), "actor start (on a warm group: the trial's start) to model built, sharded and ready"),
     ("compile_time_s", pa.float64(), "first step's time beyond a steady step (compilation, autotuning)"),
     ("steps_time_s", pa.float64(), "sum of measured step times"),

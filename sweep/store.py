@@ -183,6 +183,10 @@ def open_dataset(output: Path, skip_bad: bool = False) -> ds.Dataset:
         field = RESULT_SCHEMA.field(name)
         filled = pc.fill_null(table.column(name), pa.scalar(default, type=field.type))
         table = table.set_column(table.schema.get_field_index(name), field, filled)
+    # A row before schema 1.12 sharded over all its ranks (its layout options read as 1 above): dp_shard = world_size
+    at = table.schema.get_field_index("dp_shard")
+    table = table.set_column(at, RESULT_SCHEMA.field("dp_shard"),
+                             pc.coalesce(table.column("dp_shard"), table.column("world_size")))
     return ds.dataset(table)
 
 

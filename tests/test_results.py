@@ -227,8 +227,9 @@ def test_where_filters(dataset):
 HEADER_KEYS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile", "ac": "ac",
                "batch": "batch_size", "seq": "seq_len", "GPUs": "world_size", "accum": "grad_accum", "clip": "grad_clip",
                "fp8 head": "fp8_lm_head", "reduce": "reduce_dtype", "grad sync": "grad_sync",
-               "dyn batch": "dynamic_batch"}
+               "dyn batch": "dynamic_batch", "replicas": "dp_replicate"}
 PARSE = {"batch_size": int, "seq_len": int, "world_size": int, "grad_accum": int, "grad_clip": float,
+         "dp_replicate": int, "tp": int, "cp": int,
          "fp8_lm_head": lambda text: text == "True", "dynamic_batch": lambda text: text == "True"}
 
 

@@ -17,7 +17,7 @@ def _row(**changes) -> dict:
     row = {"run_id": "r1", "trial_id": "t1", "attempt": 1, "cluster": "local", "accelerator": "cpu", "world_size": 2,
            "model": "gpt-tiny", "precision": "bf16", "compile": "none", "batch_size": 2, "seq_len": 64,
            "status": "ok", "step_time_s": 0.5, "tflops_per_gpu": 1.5, "node_ids": ["a", "b"],
-           "params_local": [10, 10], "started_at": now, "finished_at": now, **TRAINING_DEFAULTS}
+           "params_local": [10, 10], "started_at": now, "finished_at": now, **TRAINING_DEFAULTS, "dp_shard": 2}
     row.update(changes)
     return row
 
@@ -50,6 +50,18 @@ def test_a_1_8_file_reads_back_with_the_1_9_columns_null(tmp_path):
     assert [rows["t1"][c] for c in added] == [None, None, None] and rows["t1"]["step_time_ci_pct"] == 12.5
     assert [rows["t2"][c] for c in added] == [True, [6.0], [0]]
     assert tuple(map(int, SCHEMA_VERSION.split("."))) >= (1, 9)
+
+
+def test_a_1_11_file_reads_back_as_fsdp_over_every_rank(tmp_path):
+    """Rows before the layout columns (1.12) sharded over all their ranks: tp, cp, dp_replicate 1, dp_shard the
+    world size; so `compare --by tp` and `--where tp=1` take them as the FSDP-only layout they were."""
+    added = ["dp_replicate", "tp", "cp", "dp_shard"]
+    old = to_table([_row(world_size=4)]).drop_columns(added).replace_schema_metadata({VERSION_KEY: b"1.11"})
+    pq.write_table(old, tmp_path / "old.parquet")
+    store.write_row(tmp_path, _row(trial_id="t2", world_size=4, tp=2, dp_shard=2))
+    rows = {r["trial_id"]: r for r in store.read_table(tmp_path).to_pylist()}
+    assert [rows["t1"][c] for c in added] == [1, 1, 1, 4]
+    assert [rows["t2"][c] for c in added] == [1, 2, 1, 2]
 
 
 def test_contract_columns_exist():

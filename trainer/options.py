@@ -46,6 +46,15 @@ class TrainingOptions:
     """Compiled trials trace the batch dimension as a symbol (`torch._dynamo.maybe_mark_dynamic`) and a process keeps
     its compiled code for its next trial when that differs only in batch size: a warm group compiles each graph once.
     false: every batch size is a static shape, compiled afresh in every trial (before schema 1.11 every row ran so)."""
+    # The parallel layout (schema 1.12): the trial's ranks as a (dp_replicate, dp_shard, tp) mesh, dp_shard being
+    # what remains (ranks / (dp_replicate x tp x cp)); trainer.parallelize applies it.
+    dp_replicate: Annotated[int, Field(gt=0)] = _option(1, "HSDP: data-parallel replicas, each sharding the model "
+                                                           "over its own ranks (1: FSDP over all ranks)")
+    """Replicas of the sharded model (HSDP): gradients all-reduce across replicas, parameters shard within one."""
+    tp: Annotated[int, Field(gt=0)] = _option(1, "tensor-parallel ranks (with sequence parallel), within one node")
+    """Each block's matmuls split over tp ranks (Megatron column/row parallel), norms sequence parallel."""
+    cp: Annotated[int, Field(gt=0)] = _option(1, "context-parallel ranks (not built yet: only 1 runs)")
+    """Context parallel: the sequence split over cp ranks. Not built yet: a grid with cp > 1 is refused."""
 
     def __post_init__(self) -> None:
         for f in fields(TrainingOptions):  # a subclass's own fields are its own business
@@ -62,6 +71,11 @@ class TrainingOptions:
     def changed(self) -> dict[str, Any]:
         """The options not at their default."""
         return {k: v for k, v in self.as_dict().items() if v != OPTION_DEFAULTS[k]}
+
+    @property
+    def layout_ranks(self) -> int:
+        """Ranks one data-parallel shard spans: tp x cp (they see the same batch)."""
+        return self.tp * self.cp
 
     def options(self) -> "TrainingOptions":
         """The options alone, as a TrainingOptions (from a subclass such as sweep's Trial)."""

@@ -1,13 +1,22 @@
-"""The one place where a model is turned into what trains: precision → AC → compile → FSDP2.
+"""The one place where a model is turned into what trains: precision → TP → AC → compile → FSDP2 / HSDP.
 
 The order is fixed and matters (torchtitan's `parallelize_llama` does the same):
-  1. precision conversion first, so compile traces and FSDP shards the final (e.g. float8) modules;
-  2. activation checkpointing wraps each block, inside what is compiled, so compile sees the recompute;
-  3. regional compile: each block compiled in place before sharding, so FSDP2's all-gather hooks stay
+  1. precision conversion first, so that everything after sees the final (e.g. float8) modules: TP would shard
+     them (torchao's float8 TP styles; not built, `sweep.layout` refuses torchao with tp > 1), compile traces
+     them and FSDP shards them;
+  2. tensor parallel (tp > 1; `trainer.tensor_parallel`) before everything that wraps or traces a block: its
+     plan names the plain submodules (attn.wq, ffn.w2, ...), which AC's wrapper would hide, and compile must
+     trace the TP collectives (DTensor ops) inside each block; FSDP comes after so it shards the TP shards
+     further over the data-parallel ranks (2-D parameters: dp x tp);
+  3. activation checkpointing wraps each block, inside what is compiled, so compile sees the recompute;
+  4. regional compile: each block compiled in place before sharding, so FSDP2's all-gather hooks stay
      outside the compiled graphs (no graph breaks on collectives) and identical blocks reuse one graph;
-  4. fully_shard each block, then the root (embeddings, final norm, head) — when there is more than one
-     rank. On one rank FSDP2 has nothing to shard and would only add copies; the plain model trains under
-     bf16 autocast instead (`PrecisionPlan.training_context`), as single-GPU training scripts do.
+  5. fully_shard each block, then the root (embeddings, final norm, head), over the data-parallel sub-mesh —
+     when there is more than one rank: "dp_shard" (FSDP), or ("dp_replicate", "dp_shard") for HSDP (shard
+     within a replica, all-reduce across replicas). With TP and no data parallelism (dp of 1) FSDP2 still
+     wraps the model, over a mesh of one, for its mixed precision: the bf16 compute with fp32 master weights
+     every multi-rank trial has. On one rank FSDP2 has nothing to shard and would only add copies; the plain
+     model trains under bf16 autocast instead (`PrecisionPlan.training_context`), as single-GPU scripts do.
 `full` compile wraps the whole sharded model instead (slow to compile on large models: a
 GPT-1.5B with torchao rowwise did not finish compiling in 230 s on an H200).
 
@@ -64,19 +73,26 @@ def _mark_after_fsdp(module: nn.Module, args: tuple) -> None:
 
 def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh, reduce_dtype: str = "fp32",
                 dynamic_batch: bool = False) -> nn.Module:
-    """Apply the transforms in order and return the model to train (sharded over `mesh`)."""
+    """Apply the transforms in order and return the model to train. `mesh`: the trial's ranks, 1-D (FSDP over all
+    of them) or the named (dp_replicate, dp_shard, tp) mesh of `trainer.tensor_parallel.layout_mesh`."""
     from torch.distributed.fsdp import fully_shard
 
+    from trainer.tensor_parallel import apply_tp, dp_mesh
+
     plan.convert(model)  # 1. precision
-    if ac != "none":  # 2. activation checkpointing
+    named = mesh.mesh_dim_names is not None
+    if named and mesh["tp"].size() > 1:  # 2. tensor parallel
+        apply_tp(model, mesh["tp"])
+    if ac != "none":  # 3. activation checkpointing
         _checkpoint_blocks(model, ac)
-    if compile_mode == "regional":  # 3. compile
+    if compile_mode == "regional":  # 4. compile
         for block in model.blocks:
             _compile_block(block, dynamic_batch)
-    if mesh.size() == 1:  # 4. nothing to shard
+    if mesh.size() == 1:  # 5. nothing to shard
         return torch.compile(model) if compile_mode == "full" else model
+    mesh = dp_mesh(mesh) if named else mesh
     mp_policy = plan.mp_policy(reduce_dtype)
-    for i, block in enumerate(model.blocks):  # 4. FSDP2
+    for i, block in enumerate(model.blocks):  # 5. FSDP2 (HSDP over a 2-D mesh)
         # The last block is not resharded after forward: backward needs it first (saves one all-gather).
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(model.blocks) - 1)
         if compile_mode != "none" and dynamic_batch:  # `full` too: dynamo compiles each sharded block's forward apart

@@ -30,6 +30,7 @@ from trainer.parallelize import mark_batch_dynamic, parallelize
 from trainer.precision import PrecisionPlan, precision_plan
 from trainer.profiling import BACKWARD, FORWARD, OPTIMIZER, profile_steps
 from trainer.stopping import PHASES, Schedule
+from trainer.tensor_parallel import init_layout_independent, local_value, loss_context, whole_model
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,29 @@ class Rank:
     device: torch.device
     mesh: object  # torch.distributed.device_mesh.DeviceMesh
     rank: int = 0
+    layouts: dict = field(default_factory=dict, compare=False, repr=False)  # (dp_replicate, tp) -> its named mesh
 
     @property
     def world_size(self) -> int:
         return self.mesh.size()
+
+    def layout_mesh(self, options: TrainingOptions):
+        """The mesh a trial of `options` trains over: the ranks' own 1-D mesh for FSDP over all of them (as every
+        trial before layouts), else the named (dp_replicate, dp_shard, tp) mesh, made once per layout in this
+        process group (a warm group's later trials of the layout reuse its process groups)."""
+        from trainer.tensor_parallel import layout_mesh
+
+        key = (options.dp_replicate, options.tp)
+        if key == (1, 1):
+            return self.mesh
+        if key not in self.layouts:
+            self.layouts[key] = layout_mesh(self.device.type, self.world_size, dp_replicate=options.dp_replicate,
+                                            tp=options.tp)
+        return self.layouts[key]
+
+    def data_rank(self, options: TrainingOptions) -> int:
+        """This rank's index among the data-parallel ranks: the ranks of one TP group (consecutive) train one batch."""
+        return self.rank // options.layout_ranks
 
 
 @dataclass
@@ -108,7 +128,8 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
             profile = profile_steps(step, len(losses), rank)
             dist.barrier()
     measured = schedule.measure.times
-    tokens_per_step = config.options.grad_accum * config.batch_size * config.seq_len * rank.world_size
+    data_ranks = rank.world_size // config.options.layout_ranks  # a TP group trains one batch together
+    tokens_per_step = config.options.grad_accum * config.batch_size * config.seq_len * data_ranks
     return Measurement(step_times=measured, warmup_steps=len(schedule.warmup.times), losses=losses,
                        tokens_per_step=tokens_per_step,
                        init_time_s=ready_at - started_at, model_build_s=ready_at - called_at, n_params=n_params,
@@ -205,11 +226,16 @@ def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank:
     with torch.device("meta"):  # build on meta, shard, then materialise only this rank's shard
         model = models.build_model(spec, backend=plan.model_backend, fp8_lm_head=config.options.fp8_lm_head)
     n_params = sum(p.numel() for p in model.parameters())  # N of the FLOP formula: every parameter
-    model = parallelize(model, plan=plan, compile_mode=config.compile, ac=config.ac, mesh=rank.mesh,
-                        reduce_dtype=config.options.reduce_dtype, dynamic_batch=config.options.dynamic_batch)
+    model = parallelize(model, plan=plan, compile_mode=config.compile, ac=config.ac,
+                        mesh=rank.layout_mesh(config.options), reduce_dtype=config.options.reduce_dtype,
+                        dynamic_batch=config.options.dynamic_batch)
+    whole = (whole_model(spec, plan, fp8_lm_head=config.options.fp8_lm_head)
+             if rank.device.type == "cpu" and rank.world_size > 1 else None)
     model.to_empty(device=rank.device)
     with torch.no_grad():
         model.init_weights()  # a fully compiled model forwards the call to the original
+    if whole is not None:
+        init_layout_independent(model, whole)
     return model, n_params
 
 
@@ -228,7 +254,8 @@ class SyntheticData:
         device, accum = rank.device, config.options.grad_accum
         self.perm = torch.randperm(spec.vocab_size, generator=torch.Generator(device=device).manual_seed(config.seed),
                                    device=device)
-        gen = torch.Generator(device=device).manual_seed(config.seed + 1 + rank.rank)
+        # one stream of tokens per data-parallel rank: FSDP 2 x TP 2 trains the tokens of FSDP 2
+        gen = torch.Generator(device=device).manual_seed(config.seed + 1 + rank.data_rank(config.options))
         n_batches = max(4, accum)
         if "auto" not in (config.warmup_steps, config.measure_steps):  # else the step count is known only after
             n_batches = min(n_batches, (config.warmup_steps + config.measure_steps) * accum)
@@ -258,7 +285,10 @@ class TrainStep:
         self.model, self.optimizer, self.plan, self.data, self.options = model, optimizer, plan, data, options
         # Compiled with the model: inductor fuses the fp32 upcast into the log-softmax, so the
         # (tokens x vocab) logits are never materialised in fp32 (torchtitan compiles its loss too).
-        self.loss_fn = torch.compile(cross_entropy) if compiled else cross_entropy
+        # With TP the logits are vocab-sharded DTensors and the loss runs eagerly under loss_parallel (a DTensor
+        # dispatch override; compiling it is not tried here).
+        self.loss_fn = torch.compile(cross_entropy) if compiled and options.tp == 1 else cross_entropy
+        self.loss_context = loss_context(options.tp)  # loss_parallel, for the loss and its backward alike
         self.dynamic_batch = compiled and options.dynamic_batch  # every compiled call's batch dimension symbolic
         # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
         # rest (weights only change at the optimizer step), TE's `is_first_microbatch`.
@@ -284,10 +314,11 @@ class TrainStep:
                     logits = self.model(tokens, **kwargs)
                 if self.dynamic_batch:
                     mark_batch_dynamic(logits)
-                loss = self.loss_fn(logits, labels) / accum
-            with self.label(BACKWARD):
+                with self.loss_context():
+                    loss = self.loss_fn(logits, labels) / accum
+            with self.label(BACKWARD), self.loss_context():
                 loss.backward()
-            total += loss.detach()
+            total += local_value(loss.detach())
         with self.label(OPTIMIZER):
             if self.options.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.grad_clip)  # default 1.0

@@ -58,6 +58,8 @@ class By(str, Enum):
     ac = "ac"
     reduce_dtype = "reduce_dtype"
     grad_sync = "grad_sync"
+    tp = "tp"
+    dp_replicate = "dp_replicate"
 
 
 # The FLOP conventions of trainer.flops (pure, light to import): how a table's TFLOP/s and MFU are counted.
@@ -141,7 +143,7 @@ def compare(
     baseline: Annotated[Optional[str], typer.Option(
         "--baseline", "-b", show_default=False,
         help="The value of --by to divide by. Default: bf16, compile none, ac none, reduce_dtype fp32, grad_sync "
-             "micro_batch; --by cluster needs one.")] = None,
+             "micro_batch, tp 1, dp_replicate 1; --by cluster needs one.")] = None,
     by: Annotated[By, typer.Option("--by", help="The config key that varies: everything else stays the same "
                                                "(precisions on one cluster, clusters for one precision, ...).")] = By.precision,
     best: Annotated[bool, flag(
@@ -175,6 +177,7 @@ def compare(
                                flops.value)
     configs, costs = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
+    baseline = aggregate.typed_baseline(by.value, baseline)
     if len(present) < 2:  # whatever the baseline, default or given: there is no other side
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}")
     if baseline is None:
@@ -183,7 +186,7 @@ def compare(
         baseline = aggregate.COMPARE_BY[by.value]
         if baseline not in present:
             raise UserError(f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
-                            f"--baseline, one of: {', '.join(present)}")
+                            f"--baseline, one of: {', '.join(map(str, present))}")
     table = aggregate.compare_table(configs, baseline, by.value, costs, energy.cluster_prices(rows))
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")

@@ -64,6 +64,12 @@ class Axes:
     gpus: Annotated[Optional[list[int]], typer.Option("--gpus", help="Ranks per trial (repeatable).")] = _axis("gpus")
     grad_accum: Annotated[Optional[list[int]], typer.Option(
         "--grad-accum", help="Micro-batches per optimizer step (repeatable).")] = _axis("grad_accum")
+    dp_replicate: Annotated[Optional[list[int]], typer.Option(
+        "--dp-replicate", help="HSDP replicas of the sharded model (repeatable).")] = _axis("dp_replicate")
+    tp: Annotated[Optional[list[int]], typer.Option(
+        "--tp", help="Tensor-parallel ranks, with sequence parallel (repeatable).")] = _axis("tp")
+    cp: Annotated[Optional[list[int]], typer.Option(
+        "--cp", help="Context-parallel ranks: not built yet, 1 only (repeatable).")] = _axis("cp")
 
     def grid_data(self) -> dict:
         """The axes given, as a grid file writes them."""
@@ -105,7 +111,8 @@ def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, axes: Axes
         raise UserError(f"--memory-cap: {e}") from None
     # the cap: --memory-cap, else the grid's memory_cap, else the profile's memory_per_device
     trials = expand(spec, cluster=profile.name, source=source, max_ranks=profile.total_ranks, timeout_s=profile.timeout_s,
-                    memory_cap_bytes=cap, default_memory_cap=profile.memory_per_device_bytes)
+                    memory_cap_bytes=cap, default_memory_cap=profile.memory_per_device_bytes,
+                    ranks_per_node=profile.ranks_per_node)
     return profile, spec, trials
 
 

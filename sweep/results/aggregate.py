@@ -42,7 +42,18 @@ BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
 # reference for precisions, no compile / no checkpointing, and the training options' defaults. Clusters
 # have no natural baseline: the user names one.
 COMPARE_BY: dict[str, str | None] = {"precision": "bf16", "cluster": None, "compile": "none", "ac": "none",
-                                     "reduce_dtype": "fp32", "grad_sync": "micro_batch"}
+                                     "reduce_dtype": "fp32", "grad_sync": "micro_batch",
+                                     "tp": 1, "dp_replicate": 1}  # layouts: against FSDP over the same ranks
+
+
+def typed_baseline(by: str, baseline: str | int | None) -> str | int | None:
+    """`--baseline` as the `--by` column holds it: a layout axis counts ranks (`--by tp --baseline 2`)."""
+    if baseline is None or not isinstance(COMPARE_BY.get(by), int):
+        return baseline
+    try:
+        return int(baseline)
+    except ValueError:
+        raise UserError(f"--baseline {baseline!r}: --by {by} compares whole numbers of ranks (1, 2, 4, ...)") from None
 
 
 def _failure_text(count: str) -> str:
@@ -271,7 +282,8 @@ def _check_baseline(table, baseline: str, by: str) -> None:
     values = run_sql(f"SELECT DISTINCT {by} AS v FROM rows", rows=table).column("v").to_pylist()
     present = sorted(v for v in values if v is not None)
     if baseline not in present:
-        raise UserError(f"--baseline {baseline!r}: no {by} of that name in the results; valid: {', '.join(present)}")
+        raise UserError(f"--baseline {baseline!r}: no {by} of that name in the results; valid: "
+                        f"{', '.join(map(str, present))}")
 
 
 # `compare --best`: a precision's best is per this group, whatever its batch and options

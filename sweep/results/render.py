@@ -27,6 +27,7 @@ CONFIG_HEADERS = {"cluster": "cluster", "model": "model", "precision": "precisio
                   "ac": "ac", "batch_size": "batch", "seq_len": "seq", "world_size": "GPUs",
                   "grad_accum": "accum", "grad_clip": "clip", "fp8_lm_head": "fp8 head",
                   "reduce_dtype": "reduce", "grad_sync": "grad sync", "dynamic_batch": "dyn batch",
+                  "dp_replicate": "replicas", "tp": "tp", "cp": "cp",
                   "memory_cap_gib": "cap (GiB)"}
 
 
