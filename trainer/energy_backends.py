@@ -59,27 +59,54 @@ def open_device(index: Optional[int]):
     return backend(identity(index))
 
 
-class NvmlDevice:
+class _Library:
+    """What the NVML and amdsmi devices share: the library imported when a rank opens its GPU, initialised, and
+    the rank's GPU found in it; a failure of any of these is Unavailable (the energy is not measured)."""
+
+    module = ""  # the Python module of the library
+    missing = ""  # what Unavailable says when it does not import
+    label = ""  # the library's name in Unavailable's message
+
+    @classmethod
+    def library(cls):
+        import importlib
+
+        try:
+            return importlib.import_module(cls.module)
+        except ImportError:
+            raise Unavailable(cls.missing) from None
+
+    def __init__(self, who: DeviceIdentity) -> None:
+        self.lib = self.library()
+        try:
+            self._start()
+            self.handle = self._find(who)
+        except self._error() as e:
+            raise Unavailable(f"{self.label}: {e}") from None
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _error(self) -> type[Exception]:
+        raise NotImplementedError
+
+    def _find(self, who: DeviceIdentity):
+        raise NotImplementedError
+
+
+class NvmlDevice(_Library):
     """An NVIDIA GPU through NVML. The energy counter is mJ since the driver loaded (Volta and later)."""
 
     counter_modulus_mj = None  # unsigned long long mJ: never wraps
+    module, missing, label = "pynvml", "nvidia-ml-py (pynvml) is not installed", "NVML"
 
-    @staticmethod
-    def library():
-        try:
-            import pynvml
-        except ImportError:
-            raise Unavailable("nvidia-ml-py (pynvml) is not installed") from None
-        return pynvml
-
-    def __init__(self, who: DeviceIdentity) -> None:
-        self.nvml = pynvml = self.library()
+    def _start(self) -> None:
+        self.nvml = self.lib
         self.instant = True  # until the driver refuses the instant power field
-        try:
-            pynvml.nvmlInit()
-            self.handle = self._find(who)
-        except pynvml.NVMLError as e:
-            raise Unavailable(f"NVML: {e}") from None
+        self.nvml.nvmlInit()
+
+    def _error(self) -> type[Exception]:
+        return self.lib.NVMLError
 
     def _find(self, who: DeviceIdentity):
         if who.uuid is not None:
@@ -124,27 +151,19 @@ def _number(value) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-class AmdSmiDevice:
+class AmdSmiDevice(_Library):
     """An AMD GPU through amdsmi (ROCm ships it). Energy: accumulator ticks × counter_resolution µJ; power in
     W; the power cap in µW; clocks in MHz (the GFX clock is the SM clock's counterpart)."""
 
     counter_modulus_mj = None  # a 64-bit accumulator
+    module, missing, label = "amdsmi", "amdsmi is not importable (ROCm's share/amd_smi on PYTHONPATH?)", "amdsmi"
 
-    @staticmethod
-    def library():
-        try:
-            import amdsmi
-        except ImportError:
-            raise Unavailable("amdsmi is not importable (ROCm's share/amd_smi on PYTHONPATH?)") from None
-        return amdsmi
+    def _start(self) -> None:
+        self.smi = self.lib
+        self.smi.amdsmi_init()
 
-    def __init__(self, who: DeviceIdentity) -> None:
-        self.smi = amdsmi = self.library()
-        try:
-            amdsmi.amdsmi_init()
-            self.handle = self._find(who)
-        except amdsmi.AmdSmiException as e:
-            raise Unavailable(f"amdsmi: {e}") from None
+    def _error(self) -> type[Exception]:
+        return self.lib.AmdSmiException
 
     def _find(self, who: DeviceIdentity):
         if who.pci is None:
