@@ -57,26 +57,3 @@ def size(n_bytes: float) -> str:
         if n_bytes >= scale:
             return f"{n_bytes / scale:.3g} {unit}"
     return f"{n_bytes:.0f} B"
-
-
-def predicted_reason(trial, memory: tuple[float, str] | None, calibration=None) -> str | None:
-    """`predicted OOM: <pred> > <avail>` when the trial's predicted peak (sweep.memory_model, corrected by
-    `calibration` where it has rows of the trial's precision and compile mode) does not fit `memory`, else None."""
-    if memory is None:
-        return None
-    prediction = predict(trial, calibration)
-    available, per = memory
-    if prediction.fits(available):
-        return None
-    return (f"predicted OOM: {size(prediction.bytes)} > {size(available)} {per} "
-            f"(sweep.memory_model, {prediction.basis()}; --no-predict or predict_memory: false runs it anyway)")
-
-
-def predict(trial, calibration=None):
-    """The trial's `sweep.memory_model.Prediction`: raw, and calibrated where `calibration` can."""
-    from sweep.memory_model import Prediction, Shape, predicted_bytes
-
-    raw = predicted_bytes(Shape.of(trial))
-    ratio = calibration.ratio(trial.precision, trial.compile) if calibration else None
-    rows = calibration.rows.get((trial.precision, trial.compile), 0) if calibration else 0
-    return Prediction(raw=raw, ratio=ratio, rows=rows)

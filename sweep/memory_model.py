@@ -198,6 +198,10 @@ class Calibration:
         ratio = self.ratio(precision, compile)
         return Prediction(raw=raw, ratio=ratio, rows=self.rows.get((precision, compile), 0))
 
+    def predict_trial(self, trial) -> "Prediction":
+        """A `sweep.grid.Trial`'s prediction: raw, and calibrated where rows of its precision and compile mode are."""
+        return self.predict(Shape.of(trial), trial.precision, trial.compile)
+
 
 @dataclass(frozen=True)
 class Prediction:

@@ -48,7 +48,7 @@ def next_batch_after_oom(policy: OomPolicy, failed: int, *, ok: set[int], tried:
 
 
 def is_predicted_oom(row: dict | None) -> bool:
-    """Whether an `unsupported` row is one the memory model ruled out (`sweep.capacity.predicted_reason`)."""
+    """Whether an `unsupported` row is one the memory model ruled out (`sweep.predictor.predicted_reason`)."""
     return bool(row) and (row.get("error") or "").startswith("predicted OOM:")
 
 

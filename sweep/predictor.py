@@ -87,9 +87,7 @@ class Predictor:
                                accelerator=self.profile.accelerator, memory_gib=self.profile.accelerator_info.memory_gib)
 
     def predict(self, trial) -> Prediction:
-        from sweep.capacity import predict
-
-        return predict(trial, self.calibration)
+        return self.calibration.predict_trial(trial)
 
     def max_batch(self, trial, *, point: bool = False) -> int | None:
         """The largest batch of `trial`'s config predicted to fit its ranks (0: none), as `sweep.runner.unsupported`
@@ -141,6 +139,21 @@ class Predictor:
         kinds = ", ".join(f"{p} {c}: {n}" for (p, c), n in sorted(rows.items()))
         total = sum(rows.values())
         return f"memory prediction calibrated on {total} row{'s' * (total != 1)} of {self.profile.name} in {where} ({kinds})"
+
+
+def predicted_reason(trial, memory: tuple[float, str] | None, calibration: Calibration = NO_ROWS) -> str | None:
+    """`predicted OOM: <pred> > <avail>` when the trial's predicted peak (sweep.memory_model, corrected by
+    `calibration` where it has rows of the trial's precision and compile mode) does not fit `memory`, else None."""
+    from sweep.capacity import size
+
+    if memory is None:
+        return None
+    prediction = (calibration or NO_ROWS).predict_trial(trial)
+    available, per = memory
+    if prediction.fits(available):
+        return None
+    return (f"predicted OOM: {size(prediction.bytes)} > {size(available)} {per} "
+            f"(sweep.memory_model, {prediction.basis()}; --no-predict or predict_memory: false runs it anyway)")
 
 
 def peak_line(v: dict, peaks) -> str:

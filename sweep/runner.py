@@ -31,8 +31,9 @@ def unsupported(trial: Trial, profile, calibration=None) -> str | None:
     """Why `trial` cannot run on `profile`, or None: the recipe on this hardware and install first, then
     whether the training state alone fits each rank's memory, then (GPU ranks, unless the trial says not to)
     whether its predicted peak does (sweep.memory_model; `calibration` from the cluster's rows)."""
-    from sweep.capacity import per_rank_memory, predicted_reason, state_reason
+    from sweep.capacity import per_rank_memory, state_reason
     from sweep.layout import layout_unsupported
+    from sweep.predictor import predicted_reason
 
     info = profile.accelerator_info
     memory = per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=profile.memory_per_device_bytes,

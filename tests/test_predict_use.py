@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from clusters import load_profile
 from sweep import store
-from sweep.capacity import predict
 from sweep.cli import app
 from sweep.grid import OomPolicy, expand, parse_grid
 from sweep.policy import GridPlan, next_batch_after_oom
+from sweep.predictor import NO_ROWS
 from sweep.rows import base_row
 
 from conftest import ROOT
@@ -33,7 +33,7 @@ def _trial(batch: int, precision: str = "bf16", cluster: str = "h200"):
 def _write(out, trial, *, ratio: float, status: str = "ok", alloc_retries: int = 0, cluster: str = "h200"):
     """A measured row as `sweep run` writes it, its peak `ratio` × the model's uncalibrated prediction."""
     row = base_row(trial, run_id="r0", profile=load_profile(cluster), grid_name=None)
-    row.update(status=status, peak_mem_gib=ratio * predict(trial).raw / GiB, alloc_retries=alloc_retries)
+    row.update(status=status, peak_mem_gib=ratio * NO_ROWS.predict_trial(trial).raw / GiB, alloc_retries=alloc_retries)
     store.write_row(out, row)
 
 
@@ -182,7 +182,7 @@ def test_probe_peaks_compare_the_prediction_the_run_began_with_against_the_measu
 
     predictor = Predictor(profile=load_profile("h200"))
     ok = {**base_row(_trial(4), run_id="r", profile=load_profile("h200"), grid_name=None), "status": "ok",
-          "peak_mem_gib": predict(_trial(4)).raw / GiB / 1.25}
+          "peak_mem_gib": NO_ROWS.predict_trial(_trial(4)).raw / GiB / 1.25}
     oom = {**base_row(_trial(5), run_id="r", profile=load_profile("h200"), grid_name=None), "status": "oom"}
     predictor.learn(ok)  # refines what later trials are predicted with, not what this search's probes were
     line = peak_line({"model": "llama3-8b", "precision": "bf16", "compile": "regional", "gpus": 2},
@@ -190,7 +190,7 @@ def test_probe_peaks_compare_the_prediction_the_run_began_with_against_the_measu
     from sweep.capacity import size
 
     assert line == ("predicted / measured peak, llama3-8b bf16 (compile regional, 2 ranks): "
-                    f"batch 4 129 GiB / 103 GiB (+25.0 %) · batch 5 {size(predict(_trial(5)).raw)} / oom")
+                    f"batch 4 129 GiB / 103 GiB (+25.0 %) · batch 5 {size(NO_ROWS.predict_trial(_trial(5)).raw)} / oom")
     assert predictor.calibration.ratio("bf16", "regional") == pytest.approx(0.8)
 
 
