@@ -104,8 +104,7 @@ def show(
     cols = energy_view.with_energy(render.SHOW_COLS, energy_view.SHOW_COLS, before="loss_last")
     columns = [c.key for c in cols if c is not render.LOSS_AT] + ["loss_first", "started_at", "run_id", *aggregate.LOSS_CURVES]
     table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value, row_id=True)
-    rows, tokens = aggregate.show_rows(table, limit)  # tokens: over every selected row, not only those printed
-    total = table.num_rows  # after the rows are read: a file found damaged there is no longer counted
+    rows, tokens, total = aggregate.show_rows(table, limit)  # tokens, total: over every selected row
     rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in rows]
     more = "" if total <= len(rows) else f"{total - len(rows)} more rows not printed: --limit 0 for all, or --where"
     losses_at = loss_at.note({tokens} - {None}, "every ok row")

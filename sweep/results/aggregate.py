@@ -50,44 +50,52 @@ def _failure_text(count: str) -> str:
     return "concat_ws('/', " + ", ".join(f"CASE WHEN {count.format(s)} > 0 THEN '{s}' END" for s in FAILURES) + ")"
 
 
+def _config_aggregates(reached: bool) -> dict[str, str]:
+    """Every column of ``config_table`` past the config keys, as its SQL aggregate, in the table's order."""
+    from sweep.results.curves import REACHED
+
+    ok = "FILTER (WHERE status = 'ok')"
+    return {
+        "status": f"""CASE WHEN count(*) {ok} > 0 THEN 'ok'
+           ELSE {_failure_text("count(*) FILTER (WHERE status = '{}')")} END""",
+        "n_attempts": "count(*)",
+        "n_ok": f"count(*) {ok}",
+        "n_runs": "count(DISTINCT run_id)",
+        **{f"n_{s}": f"count(*) FILTER (WHERE status = '{s}')" for s in FAILURES},
+        **{m: f"median({m}) {ok}" for m in (*METRICS, *LOSSES)},
+        **energy.config_aggregates(ok),
+        "alloc_retries": f"max(alloc_retries) {ok}",
+        "step_time_ci_pct": f"max(step_time_ci_pct) {ok}",
+        "ci_target_met": f"bool_and(ci_target_met) {ok}",
+        "tflops_min": f"min(tflops_per_gpu) {ok}",
+        "tflops_max": f"max(tflops_per_gpu) {ok}",
+        "spread_pct": f"""100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
+          / nullif(median(tflops_per_gpu) {ok}, 0)""",
+        "error": "first(error ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE status <> 'ok' AND error IS NOT NULL)",
+        **({"loss_reached": REACHED} if reached else {}),
+    }
+
+
 def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
     """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config; with ``columns``, only
-    those (and the config keys): DuckDB then computes no other aggregate (a median of a million rows costs).
+    those (and the config keys): DuckDB then computes no other aggregate (a median of a million rows costs, and
+    DuckDB does not drop an aggregate that an outer SELECT leaves out).
 
     ``alloc_retries`` is the most of any ok attempt: one thrashing repeat is enough to warn of. Likewise
     ``step_time_ci_pct`` is the widest interval of its ok attempts, and ``ci_target_met`` false when any of them
     missed `steps: auto`'s target (null when none had one).
     """
-    from sweep.results.curves import REACHED
-
     keys = ", ".join(CONFIG_KEYS)
-    ok = "FILTER (WHERE status = 'ok')"
     # `compare` reads each config's loss curves' reach here, in the same read (asked for by name)
     wanted = columns is not None and "loss_reached" in columns
     if wanted and not set(LOSS_CURVES) <= set(rows.column_names):  # rows read without their curves
         columns = [c for c in columns if c != "loss_reached"]
-    reached = f",\n      {REACHED} AS loss_reached" if wanted and "loss_reached" in columns else ""
-    medians = ",\n  ".join(f"median({m}) {ok} AS {m}" for m in (*METRICS, *LOSSES))
-    counts = ",\n  ".join(f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in FAILURES)
+    aggregates = _config_aggregates(wanted and "loss_reached" in columns)
+    if columns is not None:
+        aggregates = {name: sql for name, sql in aggregates.items() if name in columns}
+    listed = ",\n      ".join(f"{sql} AS {name}" for name, sql in aggregates.items())
     sql = f"""
-    SELECT {keys},
-      CASE WHEN count(*) {ok} > 0 THEN 'ok'
-           ELSE {_failure_text("count(*) FILTER (WHERE status = '{}')")} END AS status,
-      count(*) AS n_attempts,
-      count(*) {ok} AS n_ok,
-      count(DISTINCT run_id) AS n_runs,
-      {counts},
-      {medians},
-      {energy.config_sql(ok)},
-      max(alloc_retries) {ok} AS alloc_retries,
-      max(step_time_ci_pct) {ok} AS step_time_ci_pct,
-      bool_and(ci_target_met) {ok} AS ci_target_met,
-      min(tflops_per_gpu) {ok} AS tflops_min,
-      max(tflops_per_gpu) {ok} AS tflops_max,
-      100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
-          / nullif(median(tflops_per_gpu) {ok}, 0) AS spread_pct,
-      first(error ORDER BY finished_at DESC NULLS LAST)
-          FILTER (WHERE status <> 'ok' AND error IS NOT NULL) AS error{reached}
+    SELECT {keys}{", " if listed else ""}{listed}
     FROM rows GROUP BY {keys} ORDER BY {keys}
     """
     if columns is not None:
@@ -100,15 +108,17 @@ def distinct_configs(rows) -> list[dict]:
     return run_sql(f"SELECT DISTINCT {', '.join(CONFIG_KEYS)} FROM rows", rows=rows).to_pylist()
 
 
-def show_rows(rows, limit: int) -> tuple[list[dict], int | None]:
-    """`results show`'s first ``limit`` rows (0: all) by config and start time, with their loss curves, and the
-    largest token count every ok row's curve reached (``curves.common_tokens``)."""
+def show_rows(rows, limit: int) -> tuple[list[dict], int | None, int]:
+    """`results show`'s first ``limit`` rows (0: all) by config and start time, with their loss curves; the
+    largest token count every ok row's curve reached (``curves.count_and_tokens``) and the number of rows."""
     from sweep.results import curves
 
     order = ", ".join((*CONFIG_KEYS, "started_at", "filename", "file_row_number"))
     printed = run_sql(f"SELECT * EXCLUDE ({', '.join(LOSS_CURVES)}) FROM rows ORDER BY {order}"
                       + (f" LIMIT {int(limit)}" if limit else ""), rows=rows).to_pylist()
-    return curves.row_curves(rows, printed), curves.common_tokens(rows)
+    printed = curves.row_curves(rows, printed)
+    total, tokens = curves.count_and_tokens(rows)  # after the rows are read: a damaged file left out is not counted
+    return printed, tokens, total
 
 
 def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False, extra: Iterable[str] = (),
