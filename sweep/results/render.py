@@ -161,13 +161,23 @@ def rich_table(rows: list[dict], cols: list[Col], title: str, note: str = "", al
     caption folds what is constant over ``selected`` (``split_constant``)."""
     from rich.table import Table
 
+    from sweep.results import plain_table
+
     cols, caption = split_constant(rows, cols, always, selected)
-    table = Table(title=title or None, caption=" · ".join(p for p in (caption, note) if p) or None, title_justify="left")
+    caption = " · ".join(p for p in (caption, note) if p) or None
+    console = stdout_console()
+    if not console.is_terminal and console.color_system is None:  # Rich would print plain text: draw it directly
+        text = plain_table.draw(console, title or None, caption, [c.header for c in cols], [c.numeric for c in cols],
+                                [[c.text(r) for c in cols] for r in rows])
+        if text is not None:
+            console.file.write(text)
+            return
+    table = Table(title=title or None, caption=caption, title_justify="left")
     for col in cols:
         table.add_column(col.header, justify="right" if col.numeric else "left", overflow="fold")
     for row in rows:
         table.add_row(*(_styled(col, row) for col in cols))
-    stdout_console().print(table)
+    console.print(table)
 
 
 def _styled(col: Col, row: dict) -> str:
