@@ -174,8 +174,9 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
-def measure(data: Path, sizes: list[int], runs: int) -> dict[tuple[str, int], tuple[float, int]]:
-    """(command, rows) -> (median wall s, largest peak RSS bytes)."""
+def measure(data: Path, sizes: list[int], runs: int, loads: list[float]) -> dict[tuple[str, int], tuple[float, int]]:
+    """(command, rows) -> (median wall s, largest peak RSS bytes); ``loads`` gets the 1-minute load average after
+    each command (the machine is shared: a figure means little without it)."""
     found = {}
     for n in sizes:
         out = folder(data, n)
@@ -183,6 +184,7 @@ def measure(data: Path, sizes: list[int], runs: int) -> dict[tuple[str, int], tu
             argv = [a.format(dir=out, tmp=data) for a in argv]
             samples = [run_once(argv) for _ in range(runs)]
             found[name, n] = (statistics.median(s[0] for s in samples), max(s[1] for s in samples))
+            loads.append(os.getloadavg()[0])
             print(f"{name:<22} {n:>9,} rows: {found[name, n][0]:6.2f} s {found[name, n][1] / 2**20:6.0f} MiB", file=sys.stderr)
     return found
 
@@ -207,9 +209,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000, 100_000, 1_000_000])
     parser.add_argument("--runs", type=int, default=3, help="runs of each command (the median wall is shown)")
     args = parser.parse_args()
-    found = measure(args.data, sorted(args.rows), args.runs)
+    loads: list[float] = []
+    found = measure(args.data, sorted(args.rows), args.runs, loads)
     print(f"{dt.date.today()}, {machine()}: `PYTHONPATH=. python benchmarks/bench_results.py` "
-          f"(median of {args.runs} runs, a fresh interpreter each)\n")
+          f"(median of {args.runs} runs, a fresh interpreter each; 1-minute load average "
+          f"{min(loads):.1f}–{max(loads):.1f}, median {statistics.median(loads):.1f})\n")
     print(table(found, sorted(args.rows)), end="")
 
 

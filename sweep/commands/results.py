@@ -202,6 +202,9 @@ def compare(
           footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
 
 
+BEST_REACH = ("loss_reached", "base_loss_reached")  # read by best_losses, printed as loss_at_tokens
+
+
 def _compare_best(directory: Path, baseline: str, by: By, where, fmt: TableFormat, limit: int, flops, skip_bad: bool) -> None:
     from sweep.results import aggregate, loss_at, provenance, recount, verdicts
 
@@ -221,7 +224,8 @@ def _compare_best(directory: Path, baseline: str, by: By, where, fmt: TableForma
                        "best: a fastest search's measured best, else the config with the fastest median of its ok attempts"]
                       + ([loss_at.note(tokens)] if tokens else []))
     _emit(pairs, verdicts.best_cols(baseline, tokens_column=len(tokens) > 1), fmt, title, note, always=("precision",),
-          csv_columns=[*table.column_names, "loss_at_tokens", "loss_at", "base_loss_at"], limit=limit,
+          csv_columns=[*(c for c in table.column_names if c not in BEST_REACH), "loss_at_tokens", "loss_at",
+                       "base_loss_at"], limit=limit,
           footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
 
 
