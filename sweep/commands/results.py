@@ -172,7 +172,7 @@ def compare(
     rows = aggregate.load_rows(directory, where or (), skip_bad,
                                ("cost_per_gpu_hour", *energy.PRICES, *aggregate.LOSS_CURVES, *provenance.COLUMNS),
                                flops.value)
-    configs, costs = aggregate.compare_inputs(rows, by.value)
+    configs, costs, prices = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
     if len(present) < 2:  # whatever the baseline, default or given: there is no other side
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}")
@@ -183,7 +183,7 @@ def compare(
         if baseline not in present:
             raise UserError(f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
                             f"--baseline, one of: {', '.join(present)}")
-    table = aggregate.compare_table(configs, baseline, by.value, costs, energy.cluster_prices(rows))
+    table = aggregate.compare_table(configs, baseline, by.value, costs, prices)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
     printed = (limit or None) if fmt is TableFormat.table else None  # a terminal table reads the losses it prints

@@ -347,9 +347,10 @@ def best_table(rows: pa.Table, baseline: str, finalists: Iterable[tuple[str, str
     return run_sql(sql, {"baseline": baseline}, rows=rows, found=found, ran=ran)
 
 
-def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float | None] | None]:
-    """The configs of ``rows`` (from ``load_rows`` with ``cost_per_gpu_hour``) and, for ``by == "cluster"``,
-    each cluster's $ per GPU-hour.
+def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float | None] | None, pa.Table | None]:
+    """The configs of ``rows`` (from ``load_rows`` with ``cost_per_gpu_hour`` and ``energy.PRICES``) and, for
+    ``by == "cluster"``, each cluster's $ per GPU-hour and its power price (``energy.cluster_prices``, in the same
+    read of the rows); None for the others, which ``compare_table`` then does not price.
 
     The cost is the one the rows were written with (a profile given by path is in no registry, and a
     renamed or edited profile does not rewrite history); the registry profile's only for clusters whose
@@ -357,17 +358,18 @@ def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float |
     """
     table = config_table(rows, COMPARE_INPUTS)
     if by != "cluster":
-        return table, None
-    latest = run_sql("""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)
-                       FILTER (WHERE cost_per_gpu_hour > 0) AS cost FROM rows GROUP BY cluster""", rows=rows)
+        return table, None, None
+    latest = run_sql(f"""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)
+                       FILTER (WHERE cost_per_gpu_hour > 0) AS cost, {energy.PRICES_SQL} FROM rows GROUP BY cluster""",
+                     rows=rows)
     recorded = {c: v for c, v in zip(latest.column("cluster").to_pylist(), latest.column("cost").to_pylist()) if v}
     names = sorted(set(table.column("cluster").to_pylist()) - set(recorded))
-    return table, {**cluster_costs(names), **recorded}
+    return table, {**cluster_costs(names), **recorded}, latest.select(["cluster", *energy.PRICES])
 
 
 def compare(directory: Path, baseline: str, by: str = "precision", where: Iterable[str] = ()) -> pa.Table:
-    table, costs = compare_inputs(load_rows(directory, where, extra=("cost_per_gpu_hour",)), by)
-    return compare_table(table, baseline, by, costs)
+    table, costs, prices = compare_inputs(load_rows(directory, where, extra=("cost_per_gpu_hour", *energy.PRICES)), by)
+    return compare_table(table, baseline, by, costs, prices)
 
 
 def cluster_costs(names: Iterable[str]) -> dict[str, float | None]:

@@ -57,16 +57,18 @@ def cost_sql() -> tuple[str, str]:
     return select, joins
 
 
+# each cluster's power price and PUE, the latest its rows were written with, as a select list over GROUP BY cluster
+PRICES_SQL = """first(power_cost_per_kwh ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE power_cost_per_kwh IS NOT NULL)
+          AS power_cost_per_kwh,
+        first(pue ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE pue IS NOT NULL) AS pue"""
+
+
 def cluster_prices(rows: pa.Table) -> pa.Table:
     """Each cluster's power price and PUE, the latest its rows were written with (null where none set them)."""
-    if isinstance(rows, pa.Table) and rows.num_rows == 0:  # a view of rows is never empty: `query.load` says so
+    if rows.num_rows == 0:
         return pa.table({"cluster": pa.array([], pa.string()), "power_cost_per_kwh": pa.array([], pa.float64()),
                          "pue": pa.array([], pa.float64())})
-    return run_sql("""SELECT cluster,
-        first(power_cost_per_kwh ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE power_cost_per_kwh IS NOT NULL)
-          AS power_cost_per_kwh,
-        first(pue ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE pue IS NOT NULL) AS pue
-      FROM rows GROUP BY cluster""", rows=rows)
+    return run_sql(f"SELECT cluster, {PRICES_SQL} FROM rows GROUP BY cluster", rows=rows)
 
 
 def drop_empty(table: pa.Table, columns=(*MEDIANS, "tokens_per_kwh_min", "tokens_per_kwh_max", "energy_source",
