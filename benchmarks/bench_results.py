@@ -150,8 +150,9 @@ def folder(data: Path, n_rows: int) -> Path:
     return out
 
 
-def run_once(argv: list[str]) -> tuple[float, int, int]:
-    """(wall seconds, peak RSS bytes, exit status) of one `python -m sweep results ...` in a fresh interpreter."""
+def run_once(argv: list[str]) -> tuple[float, int, int, float]:
+    """(wall seconds, peak RSS bytes, exit status, CPU seconds) of one `python -m sweep results ...` in a fresh
+    interpreter. CPU (user + system, the child's own) moves less than wall when neighbours load the machine."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "sweep", "results", *argv], env=env,
@@ -162,7 +163,7 @@ def run_once(argv: list[str]) -> tuple[float, int, int]:
     if child.returncode:
         sys.stderr.write(f"{' '.join(argv)}: exit {child.returncode}: {child.stderr.read().decode()[-300:]}\n")
     child.stderr.close()
-    return wall, usage.ru_maxrss * 1024, child.returncode
+    return wall, usage.ru_maxrss * 1024, child.returncode, usage.ru_utime + usage.ru_stime
 
 
 def machine() -> str:
@@ -174,27 +175,33 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
-def measure(data: Path, sizes: list[int], runs: int) -> dict[tuple[str, int], tuple[float, int]]:
-    """(command, rows) -> (median wall s, largest peak RSS bytes)."""
+def measure(data: Path, sizes: list[int], runs: int,
+            loads: list[float]) -> dict[tuple[str, int], tuple[float, int, float]]:
+    """(command, rows) -> (median wall s, largest peak RSS bytes, median CPU s); ``loads`` gets the 1-minute load
+    average after each command (the machine is shared: a figure means little without it)."""
     found = {}
     for n in sizes:
         out = folder(data, n)
         for name, argv in COMMANDS.items():
             argv = [a.format(dir=out, tmp=data) for a in argv]
             samples = [run_once(argv) for _ in range(runs)]
-            found[name, n] = (statistics.median(s[0] for s in samples), max(s[1] for s in samples))
-            print(f"{name:<22} {n:>9,} rows: {found[name, n][0]:6.2f} s {found[name, n][1] / 2**20:6.0f} MiB", file=sys.stderr)
+            found[name, n] = (statistics.median(s[0] for s in samples), max(s[1] for s in samples),
+                              statistics.median(s[3] for s in samples))
+            loads.append(os.getloadavg()[0])
+            wall, rss, cpu = found[name, n]
+            print(f"{name:<22} {n:>9,} rows: {wall:6.2f} s wall {cpu:6.2f} s CPU {rss / 2**20:6.0f} MiB", file=sys.stderr)
     return found
 
 
-def table(found: dict[tuple[str, int], tuple[float, int]], sizes: list[int]) -> str:
-    """The markdown table: per command, wall and peak RSS at each size, and whether the largest meets the targets."""
-    head = " | ".join(f"{n:,} rows: s / MiB" for n in sizes)
+def table(found: dict[tuple[str, int], tuple[float, int, float]], sizes: list[int]) -> str:
+    """The markdown table: per command, wall, CPU and peak RSS at each size, and whether the largest meets the
+    targets (on wall time)."""
+    head = " | ".join(f"{n:,} rows: wall s / CPU s / MiB" for n in sizes)
     lines = [f"| command | {head} | ≤ {TARGET_S:g} s, ≤ 1 GiB, ≤ {TARGET_RATIO:g}× the {sizes[0]:,}-row time |",
              "|---|" + "---:|" * len(sizes) + "---|"]
     for name in COMMANDS:
-        cells = [f"{found[name, n][0]:.2f} / {found[name, n][1] / 2**20:.0f}" for n in sizes]
-        wall, rss = found[name, sizes[-1]]
+        cells = [f"{found[name, n][0]:.2f} / {found[name, n][2]:.2f} / {found[name, n][1] / 2**20:.0f}" for n in sizes]
+        wall, rss, _ = found[name, sizes[-1]]
         misses = [m for m, bad in (("time", wall > TARGET_S), ("memory", rss > TARGET_BYTES),
                                    ("growth", wall > TARGET_RATIO * found[name, sizes[0]][0])) if bad]
         lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {'met' if not misses else 'missed: ' + ', '.join(misses)} |")
@@ -207,9 +214,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000, 100_000, 1_000_000])
     parser.add_argument("--runs", type=int, default=3, help="runs of each command (the median wall is shown)")
     args = parser.parse_args()
-    found = measure(args.data, sorted(args.rows), args.runs)
+    loads: list[float] = []
+    found = measure(args.data, sorted(args.rows), args.runs, loads)
     print(f"{dt.date.today()}, {machine()}: `PYTHONPATH=. python benchmarks/bench_results.py` "
-          f"(median of {args.runs} runs, a fresh interpreter each)\n")
+          f"(median of {args.runs} runs, a fresh interpreter each; 1-minute load average "
+          f"{min(loads):.1f}–{max(loads):.1f}, median {statistics.median(loads):.1f})\n")
     print(table(found, sorted(args.rows)), end="")
 
 

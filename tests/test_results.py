@@ -430,11 +430,13 @@ def test_query_reads_the_dataset_only(dataset, statement):
 
 
 def _damaged_pages(path: Path) -> None:
-    """A result file whose footer reads but whose first column's pages are overwritten."""
+    """A result file whose footer reads but whose ``status`` pages are overwritten (a column every command reads:
+    DuckDB reads only the columns a statement needs)."""
     dst = path / "cluster=h200" / "run=damaged" / "t.parquet"
     dst.parent.mkdir(parents=True)
     write_row(path, {**make_rows()[0], "run_id": "damaged", "trial_id": "t"})
-    chunk = pq.ParquetFile(dst).metadata.row_group(0).column(0)
+    meta = pq.ParquetFile(dst).metadata
+    chunk = meta.row_group(0).column(meta.schema.names.index("status"))
     data = bytearray(dst.read_bytes())
     data[chunk.data_page_offset:chunk.data_page_offset + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
     dst.write_bytes(bytes(data))

@@ -106,8 +106,7 @@ def show(
     cols = energy_view.with_energy(render.SHOW_COLS, energy_view.SHOW_COLS, before="loss_last")
     columns = [c.key for c in cols if c is not render.LOSS_AT] + ["loss_first", "started_at", "run_id", *aggregate.LOSS_CURVES]
     table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value, row_id=True)
-    rows, tokens = aggregate.show_rows(table, limit)  # tokens: over every selected row, not only those printed
-    total = table.num_rows  # after the rows are read: a file found damaged there is no longer counted
+    rows, tokens, total = aggregate.show_rows(table, limit)  # tokens, total: over every selected row
     rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in rows]
     more = "" if total <= len(rows) else f"{total - len(rows)} more rows not printed: --limit 0 for all, or --where"
     losses_at = loss_at.note({tokens} - {None}, "every ok row")
@@ -175,7 +174,7 @@ def compare(
     rows = aggregate.load_rows(directory, where or (), skip_bad,
                                ("cost_per_gpu_hour", *energy.PRICES, *aggregate.LOSS_CURVES, *provenance.COLUMNS),
                                flops.value)
-    configs, costs = aggregate.compare_inputs(rows, by.value)
+    configs, costs, prices = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
     baseline = aggregate.typed_baseline(by.value, baseline)
     if len(present) < 2:  # whatever the baseline, default or given: there is no other side
@@ -187,7 +186,7 @@ def compare(
         if baseline not in present:
             raise UserError(f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
                             f"--baseline, one of: {', '.join(map(str, present))}")
-    table = aggregate.compare_table(configs, baseline, by.value, costs, energy.cluster_prices(rows))
+    table = aggregate.compare_table(configs, baseline, by.value, costs, prices)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
     printed = (limit or None) if fmt is TableFormat.table else None  # a terminal table reads the losses it prints
@@ -204,6 +203,9 @@ def compare(
     _emit(pairs, cols, fmt, title, note, always=(by.value,), limit=limit,
           csv_columns=[*energy.drop_empty(table).column_names, "loss_at_tokens", "loss_at", "base_loss_at"],
           footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
+
+
+BEST_REACH = ("loss_reached", "base_loss_reached")  # read by best_losses, printed as loss_at_tokens
 
 
 def _compare_best(directory: Path, baseline: str, by: By, where, fmt: TableFormat, limit: int, flops, skip_bad: bool) -> None:
@@ -225,7 +227,8 @@ def _compare_best(directory: Path, baseline: str, by: By, where, fmt: TableForma
                        "best: a fastest search's measured best, else the config with the fastest median of its ok attempts"]
                       + ([loss_at.note(tokens)] if tokens else []))
     _emit(pairs, verdicts.best_cols(baseline, tokens_column=len(tokens) > 1), fmt, title, note, always=("precision",),
-          csv_columns=[*table.column_names, "loss_at_tokens", "loss_at", "base_loss_at"], limit=limit,
+          csv_columns=[*(c for c in table.column_names if c not in BEST_REACH), "loss_at_tokens", "loss_at",
+                       "base_loss_at"], limit=limit,
           footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
 
 

@@ -61,44 +61,52 @@ def _failure_text(count: str) -> str:
     return "concat_ws('/', " + ", ".join(f"CASE WHEN {count.format(s)} > 0 THEN '{s}' END" for s in FAILURES) + ")"
 
 
+def _config_aggregates(reached: bool) -> dict[str, str]:
+    """Every column of ``config_table`` past the config keys, as its SQL aggregate, in the table's order."""
+    from sweep.results.curves import REACHED
+
+    ok = "FILTER (WHERE status = 'ok')"
+    return {
+        "status": f"""CASE WHEN count(*) {ok} > 0 THEN 'ok'
+           ELSE {_failure_text("count(*) FILTER (WHERE status = '{}')")} END""",
+        "n_attempts": "count(*)",
+        "n_ok": f"count(*) {ok}",
+        "n_runs": "count(DISTINCT run_id)",
+        **{f"n_{s}": f"count(*) FILTER (WHERE status = '{s}')" for s in FAILURES},
+        **{m: f"median({m}) {ok}" for m in (*METRICS, *LOSSES)},
+        **energy.config_aggregates(ok),
+        "alloc_retries": f"max(alloc_retries) {ok}",
+        "step_time_ci_pct": f"max(step_time_ci_pct) {ok}",
+        "ci_target_met": f"bool_and(ci_target_met) {ok}",
+        "tflops_min": f"min(tflops_per_gpu) {ok}",
+        "tflops_max": f"max(tflops_per_gpu) {ok}",
+        "spread_pct": f"""100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
+          / nullif(median(tflops_per_gpu) {ok}, 0)""",
+        "error": "first(error ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE status <> 'ok' AND error IS NOT NULL)",
+        **({"loss_reached": REACHED} if reached else {}),
+    }
+
+
 def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
     """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config; with ``columns``, only
-    those (and the config keys): DuckDB then computes no other aggregate (a median of a million rows costs).
+    those (and the config keys): DuckDB then computes no other aggregate (a median of a million rows costs, and
+    DuckDB does not drop an aggregate that an outer SELECT leaves out).
 
     ``alloc_retries`` is the most of any ok attempt: one thrashing repeat is enough to warn of. Likewise
     ``step_time_ci_pct`` is the widest interval of its ok attempts, and ``ci_target_met`` false when any of them
     missed `steps: auto`'s target (null when none had one).
     """
-    from sweep.results.curves import REACHED
-
     keys = ", ".join(CONFIG_KEYS)
-    ok = "FILTER (WHERE status = 'ok')"
     # `compare` reads each config's loss curves' reach here, in the same read (asked for by name)
     wanted = columns is not None and "loss_reached" in columns
     if wanted and not set(LOSS_CURVES) <= set(rows.column_names):  # rows read without their curves
         columns = [c for c in columns if c != "loss_reached"]
-    reached = f",\n      {REACHED} AS loss_reached" if wanted and "loss_reached" in columns else ""
-    medians = ",\n  ".join(f"median({m}) {ok} AS {m}" for m in (*METRICS, *LOSSES))
-    counts = ",\n  ".join(f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in FAILURES)
+    aggregates = _config_aggregates(wanted and "loss_reached" in columns)
+    if columns is not None:
+        aggregates = {name: sql for name, sql in aggregates.items() if name in columns}
+    listed = ",\n      ".join(f"{sql} AS {name}" for name, sql in aggregates.items())
     sql = f"""
-    SELECT {keys},
-      CASE WHEN count(*) {ok} > 0 THEN 'ok'
-           ELSE {_failure_text("count(*) FILTER (WHERE status = '{}')")} END AS status,
-      count(*) AS n_attempts,
-      count(*) {ok} AS n_ok,
-      count(DISTINCT run_id) AS n_runs,
-      {counts},
-      {medians},
-      {energy.config_sql(ok)},
-      max(alloc_retries) {ok} AS alloc_retries,
-      max(step_time_ci_pct) {ok} AS step_time_ci_pct,
-      bool_and(ci_target_met) {ok} AS ci_target_met,
-      min(tflops_per_gpu) {ok} AS tflops_min,
-      max(tflops_per_gpu) {ok} AS tflops_max,
-      100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
-          / nullif(median(tflops_per_gpu) {ok}, 0) AS spread_pct,
-      first(error ORDER BY finished_at DESC NULLS LAST)
-          FILTER (WHERE status <> 'ok' AND error IS NOT NULL) AS error{reached}
+    SELECT {keys}{", " if listed else ""}{listed}
     FROM rows GROUP BY {keys} ORDER BY {keys}
     """
     if columns is not None:
@@ -111,15 +119,17 @@ def distinct_configs(rows) -> list[dict]:
     return run_sql(f"SELECT DISTINCT {', '.join(CONFIG_KEYS)} FROM rows", rows=rows).to_pylist()
 
 
-def show_rows(rows, limit: int) -> tuple[list[dict], int | None]:
-    """`results show`'s first ``limit`` rows (0: all) by config and start time, with their loss curves, and the
-    largest token count every ok row's curve reached (``curves.common_tokens``)."""
+def show_rows(rows, limit: int) -> tuple[list[dict], int | None, int]:
+    """`results show`'s first ``limit`` rows (0: all) by config and start time, with their loss curves; the
+    largest token count every ok row's curve reached (``curves.count_and_tokens``) and the number of rows."""
     from sweep.results import curves
 
     order = ", ".join((*CONFIG_KEYS, "started_at", "filename", "file_row_number"))
     printed = run_sql(f"SELECT * EXCLUDE ({', '.join(LOSS_CURVES)}) FROM rows ORDER BY {order}"
                       + (f" LIMIT {int(limit)}" if limit else ""), rows=rows).to_pylist()
-    return curves.row_curves(rows, printed), curves.common_tokens(rows)
+    printed = curves.row_curves(rows, printed)
+    total, tokens = curves.count_and_tokens(rows)  # after the rows are read: a damaged file left out is not counted
+    return printed, tokens, total
 
 
 def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False, extra: Iterable[str] = (),
@@ -270,8 +280,12 @@ def best_losses(best: list[dict], attempts, baseline: str, finalists: Iterable[t
     values = ", ".join(f"({_quote(c)}, {_quote(t)})" for c, t in found) or "(NULL::VARCHAR, NULL::VARCHAR)"
     source = f"""(SELECT r.*, f.trial_id IS NOT NULL AS tuned FROM rows r
       LEFT JOIN (VALUES {values}) f(cluster, trial_id) ON f.cluster = r.cluster AND f.trial_id = r.trial_id)"""
+    reached = None
+    if best and "loss_reached" in best[0]:  # best_table read each side's reach: the curves are read once less
+        reached = {**{key(p, p["tuned"]): p["loss_reached"] for p in best},
+                   **{base(p): p["base_loss_reached"] for p in best}}
     return losses_at(attempts, best, (*CONFIG_KEYS, "tuned"), lambda pair: key(pair, pair["tuned"]), base, source,
-                     printed)
+                     printed, reached)
 
 
 def _quote(text: str | None) -> str:
@@ -298,14 +312,24 @@ def best_table(rows: pa.Table, baseline: str, finalists: Iterable[tuple[str, str
     except that a fastest search's best (``finalists``: (cluster, trial_id) from its verdicts) comes first:
     it was fully measured, where the search's short probes were not. ``tuned`` says which was taken. A
     precision without an ok attempt in a group keeps its failure as its status; ``ratio`` is null then.
-    ``rows`` need ``trial_id`` besides LOAD_COLUMNS.
+    ``rows`` need ``trial_id`` besides LOAD_COLUMNS; with LOSS_CURVES too, each side's ``REACHED``
+    (``loss_reached``, ``base_loss_reached``) comes in the same read, for ``best_losses``.
     """
-    _check_baseline(rows, baseline, "precision")
+    from sweep.results.curves import REACHED
+
+    group, config = ", ".join(BEST_GROUP), ", ".join(BEST_CONFIG)
+    # what each precision ran per group, read once: the baseline's check and the statuses below both use it
+    ran = run_sql(f"""SELECT {group}, precision,
+        CASE WHEN count(*) FILTER (WHERE status = 'ok') > 0 THEN 'ok'
+             ELSE {_failure_text("count(*) FILTER (WHERE status = '{}')")} END AS status
+      FROM rows GROUP BY ALL""", rows=rows)
+    _check_baseline(ran, baseline, "precision")
     found = pa.table({"cluster": pa.array([c for c, _ in finalists], pa.string()),
                       "trial_id": pa.array([t for _, t in finalists], pa.string())})
-    group, config = ", ".join(BEST_GROUP), ", ".join(BEST_CONFIG)
     same = " AND ".join(f"c.{k} IS NOT DISTINCT FROM b.{k}" for k in BEST_GROUP)
     side = ["status", *BEST_CONFIG, "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_last", "n_ok", "tuned"]
+    reach = [f"{REACHED} AS loss_reached"] if set(LOSS_CURVES) <= set(rows.column_names) else []
+    side_reach = side + (["loss_reached"] if reach else [])
     sql = f"""
     WITH ok AS (
       SELECT r.*, f.trial_id IS NOT NULL AS tuned FROM rows r
@@ -314,34 +338,31 @@ def best_table(rows: pa.Table, baseline: str, finalists: Iterable[tuple[str, str
     c AS (
       SELECT {group}, precision, {config}, tuned, median(tflops_per_gpu) AS tflops_per_gpu,
         median(tokens_per_s_per_gpu) AS tokens_per_s_per_gpu, median(loss_last) AS loss_last, count(*) AS n_ok
+        {"".join(", " + r for r in reach)}
       FROM ok GROUP BY ALL),
     best AS (
       SELECT * EXCLUDE (pick) FROM (
         SELECT *, row_number() OVER (PARTITION BY {group}, precision
                                      ORDER BY tuned DESC, tflops_per_gpu DESC NULLS LAST, {config}) AS pick
         FROM c) WHERE pick = 1),
-    ran AS (
-      SELECT {group}, precision,
-        CASE WHEN count(*) FILTER (WHERE status = 'ok') > 0 THEN 'ok'
-             ELSE {_failure_text("count(*) FILTER (WHERE status = '{}')")} END AS status
-      FROM rows GROUP BY ALL),
     s AS (
-      SELECT ran.*, {", ".join(f"b.{k}" for k in side if k != "status")}
+      SELECT ran.*, {", ".join(f"b.{k}" for k in side_reach if k != "status")}
       FROM ran LEFT JOIN best b ON b.precision = ran.precision
         AND {" AND ".join(f"b.{k} IS NOT DISTINCT FROM ran.{k}" for k in BEST_GROUP)})
-    SELECT {", ".join(f"c.{k}" for k in BEST_GROUP)}, c.precision, {", ".join(f"c.{k}" for k in side)},
-      {", ".join(f"b.{k} AS base_{k}" for k in side)},
+    SELECT {", ".join(f"c.{k}" for k in BEST_GROUP)}, c.precision, {", ".join(f"c.{k}" for k in side_reach)},
+      {", ".join(f"b.{k} AS base_{k}" for k in side_reach)},
       c.tflops_per_gpu / b.tflops_per_gpu AS ratio
     FROM s c LEFT JOIN s b ON b.precision = $baseline AND {same}
     WHERE c.precision <> $baseline
     ORDER BY {", ".join(f"c.{k}" for k in BEST_GROUP)}, c.precision
     """
-    return run_sql(sql, {"baseline": baseline}, rows=rows, found=found)
+    return run_sql(sql, {"baseline": baseline}, rows=rows, found=found, ran=ran)
 
 
-def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float | None] | None]:
-    """The configs of ``rows`` (from ``load_rows`` with ``cost_per_gpu_hour``) and, for ``by == "cluster"``,
-    each cluster's $ per GPU-hour.
+def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float | None] | None, pa.Table | None]:
+    """The configs of ``rows`` (from ``load_rows`` with ``cost_per_gpu_hour`` and ``energy.PRICES``) and, for
+    ``by == "cluster"``, each cluster's $ per GPU-hour and its power price (``energy.cluster_prices``, in the same
+    read of the rows); None for the others, which ``compare_table`` then does not price.
 
     The cost is the one the rows were written with (a profile given by path is in no registry, and a
     renamed or edited profile does not rewrite history); the registry profile's only for clusters whose
@@ -349,17 +370,18 @@ def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float |
     """
     table = config_table(rows, COMPARE_INPUTS)
     if by != "cluster":
-        return table, None
-    latest = run_sql("""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)
-                       FILTER (WHERE cost_per_gpu_hour > 0) AS cost FROM rows GROUP BY cluster""", rows=rows)
+        return table, None, None
+    latest = run_sql(f"""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)
+                       FILTER (WHERE cost_per_gpu_hour > 0) AS cost, {energy.PRICES_SQL} FROM rows GROUP BY cluster""",
+                     rows=rows)
     recorded = {c: v for c, v in zip(latest.column("cluster").to_pylist(), latest.column("cost").to_pylist()) if v}
     names = sorted(set(table.column("cluster").to_pylist()) - set(recorded))
-    return table, {**cluster_costs(names), **recorded}
+    return table, {**cluster_costs(names), **recorded}, latest.select(["cluster", *energy.PRICES])
 
 
 def compare(directory: Path, baseline: str, by: str = "precision", where: Iterable[str] = ()) -> pa.Table:
-    table, costs = compare_inputs(load_rows(directory, where, extra=("cost_per_gpu_hour",)), by)
-    return compare_table(table, baseline, by, costs)
+    table, costs, prices = compare_inputs(load_rows(directory, where, extra=("cost_per_gpu_hour", *energy.PRICES)), by)
+    return compare_table(table, baseline, by, costs, prices)
 
 
 def cluster_costs(names: Iterable[str]) -> dict[str, float | None]:

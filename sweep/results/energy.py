@@ -25,12 +25,11 @@ COMPARE_INPUTS = ("tflops_per_watt", "joules_per_token", "avg_power_w")  # the c
 FOOTER = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "energy_source")
 
 
-def config_sql(ok: str) -> str:
-    """The select list `aggregate.config_table` adds: medians, the plot's error bars, the source (any sampled
-    attempt makes the config's 'sampled')."""
-    medians = ", ".join(f"median({m}) {ok} AS {m}" for m in MEDIANS)
-    return (f"{medians}, min(tokens_per_kwh) {ok} AS tokens_per_kwh_min, max(tokens_per_kwh) {ok} AS "
-            f"tokens_per_kwh_max, max(energy_source) {ok} AS energy_source")
+def config_aggregates(ok: str) -> dict[str, str]:
+    """The aggregates `aggregate.config_table` adds, by column: medians, the plot's error bars, the source (any
+    sampled attempt makes the config's 'sampled')."""
+    return {**{m: f"median({m}) {ok}" for m in MEDIANS}, "tokens_per_kwh_min": f"min(tokens_per_kwh) {ok}",
+            "tokens_per_kwh_max": f"max(tokens_per_kwh) {ok}", "energy_source": f"max(energy_source) {ok}"}
 
 
 def watt_sql() -> str:
@@ -58,16 +57,18 @@ def cost_sql() -> tuple[str, str]:
     return select, joins
 
 
+# each cluster's power price and PUE, the latest its rows were written with, as a select list over GROUP BY cluster
+PRICES_SQL = """first(power_cost_per_kwh ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE power_cost_per_kwh IS NOT NULL)
+          AS power_cost_per_kwh,
+        first(pue ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE pue IS NOT NULL) AS pue"""
+
+
 def cluster_prices(rows: pa.Table) -> pa.Table:
     """Each cluster's power price and PUE, the latest its rows were written with (null where none set them)."""
     if rows.num_rows == 0:
         return pa.table({"cluster": pa.array([], pa.string()), "power_cost_per_kwh": pa.array([], pa.float64()),
                          "pue": pa.array([], pa.float64())})
-    return run_sql("""SELECT cluster,
-        first(power_cost_per_kwh ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE power_cost_per_kwh IS NOT NULL)
-          AS power_cost_per_kwh,
-        first(pue ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE pue IS NOT NULL) AS pue
-      FROM rows GROUP BY cluster""", rows=rows)
+    return run_sql(f"SELECT cluster, {PRICES_SQL} FROM rows GROUP BY cluster", rows=rows)
 
 
 def drop_empty(table: pa.Table, columns=(*MEDIANS, "tokens_per_kwh_min", "tokens_per_kwh_max", "energy_source",

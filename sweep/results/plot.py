@@ -152,24 +152,33 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
     title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
     if title:
         fig.suptitle(_wrap(title, int(width_px // 8)), fontsize="medium")
-    for ax, batches in perf_axes:
-        _batch_ticks(fig, ax, batches)
+    _batch_ticks(fig, perf_axes)
     return fig
 
 
-def _batch_ticks(fig, ax, batches: list[int]) -> None:
+def _batch_ticks(fig, panels: list[tuple[object, list[int]]]) -> None:
     """Every batch tried gets a tick; a number only where it does not run into its neighbour's.
 
     The first and last batch are always numbered. Overlap is measured on the laid-out figure: batches a
-    search probed close together (113, 117, 118, 119) would otherwise print as one smudge.
+    search probed close together (113, 117, 118, 119) would otherwise print as one smudge. One layout serves
+    every panel (each costs a draw of the whole figure): a panel's numbers keep their height when another's are
+    thinned, the first and last stay, so no panel moves.
     """
-    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+    from matplotlib.ticker import FixedLocator, ScalarFormatter
 
-    if batches[-1] >= 4 * batches[0]:
-        ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(batches))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
+    for ax, batches in panels:
+        if batches[-1] >= 4 * batches[0]:
+            ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(batches))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
     fig.draw_without_rendering()
+    for ax, batches in panels:
+        _thin(fig, ax, batches)
+
+
+def _thin(fig, ax, batches: list[int]) -> None:
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
     labels = ax.get_xticklabels()
     boxes = [t.get_window_extent() for t in labels]
     # half an em between two numbers: closer, "510 926" reads as one number, or as two printed over each other

@@ -68,7 +68,8 @@ def _when(stacks: pa.Table) -> str:
 
 def markdown(rows, flops: tuple[str, str] | None = None) -> str:
     """The footer for ``rows`` (at least COLUMNS): one bullet per field; ``flops`` = (convention, formula)."""
-    n, stacks = rows.num_rows, _stacks(rows)
+    stacks = _stacks(rows)
+    n = sum(stacks.column("n").to_pylist())  # the rows counted in the same read
     lines = [f"Measured with ({n} attempt{'s' if n != 1 else ''}, {_when(stacks)}):", ""]
     for column, label, ok_only, null in FIELDS:
         lines.append(f"- {label}: {field_text(_counts(stacks, column, ok_only), null)}")

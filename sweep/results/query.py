@@ -87,7 +87,7 @@ def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | No
 
     wheres = [parse_where(w) for w in where]
     rows = select(Path(directory), wheres, columns or RESULT_SCHEMA.names, skip_bad, row_id)
-    if rows.num_rows == 0:
+    if rows.empty:
         raise UserError(_nothing_matches(rows, wheres, directory))
     return rows
 

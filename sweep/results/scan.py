@@ -1,7 +1,7 @@
 """The selected rows of a results folder as a DuckDB view over its Parquet files: nothing is read into Python.
 
 A year of sweeps on several clusters is a million rows (hundreds of files); reading them into Arrow or Python
-costs seconds and gigabytes. ``select`` checks every file's footer (``store.check_files``), prunes the files a
+costs seconds and gigabytes. ``select`` checks every file's footer (``footers.checked``), prunes the files a
 ``--where cluster=`` or ``--where run_id=`` filter rules out by their ``cluster=`` / ``run=`` folder, and defines
 the view ``rows``: the columns asked for, from every file (NULL where a file of an older minor schema lacks a
 column; a training option at its default, as ``store.open_dataset`` reads it), filtered by the ``--where``
@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from sweep.errors import UserError, one_line
 from sweep.schema import RESULT_SCHEMA, TRAINING_DEFAULTS
-from sweep.store import check_files, safe_part
+from sweep.store import safe_part
 
 _SQL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
               pa.bool_(): "BOOLEAN", pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ", pa.list_(pa.float64()): "DOUBLE[]",
@@ -103,14 +103,10 @@ class Rows:
     """
 
     def __init__(self, directory: Path, files: dict[Path, frozenset[str]], columns: Sequence[str], wheres: Sequence,
-                 row_id: bool = False, skip_bad: bool = False):
-        import duckdb
-
+                 row_id: bool = False, skip_bad: bool = False, con=None):
         self.directory, self.files, self.columns, self.wheres = Path(directory), files, list(columns), list(wheres)
         self.row_id, self.skip_bad = row_id, skip_bad
-        self.con = duckdb.connect()
-        self.con.execute("SET TimeZone = 'UTC'")
-        self.con.execute("SET enable_progress_bar = false")  # a long statement would draw one on the terminal
+        self.con = con if con is not None else connect()
         self._count: int | None = None
         self._layers: list[tuple[Callable[[str], str], dict[str, pa.Table]]] = []
         self._build()
@@ -186,18 +182,37 @@ class Rows:
         return list(self.con.sql("SELECT * FROM rows LIMIT 0").columns)
 
     @property
+    def empty(self) -> bool:
+        """Whether no row is selected: the first selected row ends the read, where a count reads every file."""
+        return self.sql("SELECT 1 AS one FROM rows LIMIT 1").num_rows == 0
+
+    @property
     def num_rows(self) -> int:
         if self._count is None:
             self._count = self.sql("SELECT count(*) AS n FROM rows").column("n")[0].as_py()
         return self._count
 
 
+def connect():
+    """A DuckDB connection of its own, as ``Rows`` reads with it."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute("SET enable_progress_bar = false")  # a long statement would draw one on the terminal
+    # a command runs several statements over the same hundreds of files: parse each footer once, not per statement
+    con.execute("SET parquet_metadata_cache = true")
+    return con
+
+
 def select(directory: Path, wheres: Sequence, columns: Iterable[str], skip_bad: bool = False,
            row_id: bool = False) -> Rows:
     """The rows under ``directory`` passing ``wheres`` (``query.Where``) with ``columns``, as a ``Rows`` view."""
-    root = Path(directory)
-    files = check_files(root, skip_bad)
-    return Rows(root, _pruned(files, root, wheres), list(dict.fromkeys(columns)), wheres, row_id, skip_bad)
+    from sweep.results.footers import checked
+
+    root, con = Path(directory), connect()
+    files = checked(con, root, skip_bad)  # the footers, parsed once, stay in the connection's cache
+    return Rows(root, _pruned(files, root, wheres), list(dict.fromkeys(columns)), wheres, row_id, skip_bad, con)
 
 
 def _damaged(files: dict[Path, frozenset[str]], columns: Sequence[str], error: Exception) -> dict[Path, str]:

@@ -1,0 +1,133 @@
+"""The table around the cells: its columns (``Col``), the config columns folded into a caption, and the three ways
+a table is printed (a Rich table on the terminal, GitHub markdown, CSV); ``render`` defines the columns' text.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from sweep.schema import TRAINING_DEFAULTS
+
+DASH = "—"
+CONFIG_HEADERS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile",
+                  "ac": "ac", "batch_size": "batch", "seq_len": "seq", "world_size": "GPUs",
+                  "grad_accum": "accum", "grad_clip": "clip", "fp8_lm_head": "fp8 head",
+                  "reduce_dtype": "reduce", "grad_sync": "grad sync", "dynamic_batch": "dyn batch",
+                  "dp_replicate": "replicas", "tp": "tp", "cp": "cp",
+                  "memory_cap_gib": "cap (GiB)"}
+
+
+@dataclass(frozen=True, slots=True)
+class Col:
+    """One output column: the row key, its header, how a row becomes text, right-aligned or not."""
+
+    key: str
+    header: str
+    text: Callable[[dict], str]
+    numeric: bool = True
+    optional: bool = False  # left out of a table where no row has a value (rows older than the column, say)
+
+
+def says_nothing(key: str, value: object) -> bool:
+    """A config value every row shares that no caption or title needs: null everywhere (no memory cap) or a
+    training option at its default."""
+    return value is None or (key in TRAINING_DEFAULTS and value == TRAINING_DEFAULTS[key])
+
+
+def split_constant(rows: list[dict], cols: list[Col], always: Sequence[str] = (),
+                   selected: Sequence[dict] | None = None) -> tuple[list[Col], str]:
+    """Drop config columns (but ``always``) with one value across ``selected`` (default ``rows``); return the rest
+    and a caption.
+
+    ``selected``: every row the table stands for when it prints only some (``--limit``), or their distinct
+    configs: a caption says what holds for all of them, not for the first few. A one-row table folds too: its
+    config reads as one caption line, not as a column each.
+    """
+    selected = rows if selected is None else selected
+    keep, caption = [], []
+    for col in cols:
+        if col.optional and all(r.get(col.key) is None for r in rows):
+            continue
+        values = {col.text(r) for r in selected}
+        if col.key in CONFIG_HEADERS and col.key not in always and len(values) == 1:
+            if not says_nothing(col.key, selected[0].get(col.key)):
+                caption.append(f"{col.key} {values.pop()}")
+        else:
+            keep.append(col)
+    return keep, " · ".join(caption)
+
+
+def stdout_console():
+    """A Rich console on stdout, wide when stdout is not a terminal: a pipe or log gets every cell whole."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 400, highlight=False)
+
+
+def rich_table(rows: list[dict], cols: list[Col], title: str, note: str = "", always: Sequence[str] = (),
+               selected: Sequence[dict] | None = None) -> None:
+    """Print ``rows`` as a Rich table on stdout (wide when stdout is not a terminal, so nothing is cut); the
+    caption folds what is constant over ``selected`` (``split_constant``)."""
+    from rich.table import Table
+
+    from sweep.results import plain_table
+
+    cols, caption = split_constant(rows, cols, always, selected)
+    caption = " · ".join(p for p in (caption, note) if p) or None
+    console = stdout_console()
+    if not console.is_terminal and console.color_system is None:  # Rich would print plain text: draw it directly
+        text = plain_table.draw(console, title or None, caption, [c.header for c in cols], [c.numeric for c in cols],
+                                [[c.text(r) for c in cols] for r in rows])
+        if text is not None:
+            console.file.write(text)
+            return
+    table = Table(title=title or None, caption=caption, title_justify="left")
+    for col in cols:
+        table.add_column(col.header, justify="right" if col.numeric else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(_styled(col, row) for col in cols))
+    console.print(table)
+
+
+def _styled(col: Col, row: dict) -> str:
+    from rich.markup import escape
+
+    text = escape(col.text(row))
+    if col.key in ("status", "tflops_per_gpu") and row.get("status") not in (None, "ok"):
+        return f"[red]{text}[/red]"
+    return text
+
+
+def markdown(rows: list[dict], cols: list[Col], always: Sequence[str] = (), note: str = "") -> str:
+    """A GitHub-flavoured markdown table, with the caption line above it when there is one."""
+    cols, caption = split_constant(rows, cols, always)
+    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    caption = " · ".join(p for p in (caption, note) if p)
+    lines = [f"_{caption}_", ""] if caption else []
+    lines.append("| " + " | ".join(c.header for c in cols) + " |")
+    lines.append("|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|")
+    lines += ["| " + " | ".join(esc(c.text(r)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(rows: list[dict], columns: Sequence[str]) -> str:
+    """Plain CSV: raw values (full precision floats, empty for null), one header line."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if row.get(c) is None else _csv_value(row[c]) for c in columns])
+    return out.getvalue()
+
+
+def _csv_value(value: object) -> object:
+    if isinstance(value, (list, tuple)):
+        return ";".join(map(str, value))
+    return value
+
+
+# --- column sets of each command -----------------------------------------------------------------

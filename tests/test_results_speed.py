@@ -1,0 +1,56 @@
+"""What makes `sweep results` fast on a million rows, held to what it was before: the footers are checked once, by
+DuckDB, with the pyarrow check's answer; a folder that is not clean still gets the pyarrow check's message; `plot`
+lays its figure out once, not once per panel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from results_golden_rows import write_folder
+from sweep.cli import app
+from sweep.results import footers, scan
+from sweep.store import check_files
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return write_folder(tmp_path_factory.mktemp("speed") / "results")
+
+
+def test_duckdb_reads_the_footers_as_pyarrow_does(folder):
+    found = footers.checked(scan.connect(), folder)
+    assert found == check_files(folder)
+    old = folder / "cluster=h200" / "run=h200-old" / "old.parquet"  # an older minor schema: fewer columns
+    assert "loss_curve" not in found[old] and "loss_curve" in found[next(f for f in found if f != old)]
+
+
+def test_a_folder_with_a_foreign_file_gets_the_pyarrow_check(folder, tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tree = tmp_path / "results"
+    shutil.copytree(folder, tree)
+    pq.write_table(pa.table({"x": [1]}), tree / "foreign.parquet")
+    with pytest.raises(Exception) as raised:
+        footers.checked(scan.connect(), tree)
+    with pytest.raises(Exception) as expected:
+        check_files(tree)
+    assert str(raised.value) == str(expected.value) and "foreign.parquet" in str(raised.value)
+    assert footers.checked(scan.connect(), tree, skip_bad=True) == check_files(tree, skip_bad=True)
+
+
+def test_plot_lays_the_figure_out_once_for_all_panels(folder, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    layouts = []
+    draw = Figure.draw_without_rendering
+    monkeypatch.setattr(Figure, "draw_without_rendering", lambda fig: layouts.append(fig) or draw(fig))
+    res = CliRunner().invoke(app, ["results", "plot", str(folder), "--out", str(tmp_path / "fig.png")])
+    assert res.exit_code == 0, res.output
+    panels = [ax for ax in layouts[0].axes if ax.get_visible()]
+    assert len(panels) == 6 and len(layouts) == 1  # three models, a speed and a max-batch panel each
