@@ -128,13 +128,15 @@ def test_rank_zero_holds_its_master_port_from_choice_to_rendezvous(rank_jobs):
     assert result["status"] == "ok", result.get("error")
 
 
-@pytest.mark.integration
-def test_many_two_rank_trials_starting_together_on_one_node_all_rendezvous(ray_session, cli, write_grid, tmp_path):
-    # 6 trials, two at a time on the session's 4 CPUs: each pair's ranks pick their ports at the same moment
-    grid = write_grid(TINY.replace("batch_sizes: [2]", "batch_sizes: [1, 2, 3]") + "precisions: [fp32]\n"
-                      "grad_clip: [0.0, 1.0]\n")
-    out = tmp_path / "out"
-    result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")
-    assert result.exit_code == 0, result.output
-    rows = store.read_table(out).to_pylist()
-    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+def test_a_worker_outside_ray_does_not_start_ray(sweep_env):
+    """node_info asks Ray where the rank runs only inside Ray: outside it (a fresh process here, since this test
+    session may hold its own Ray), asking Ray's runtime context would start a Ray instance, which a later
+    `ray.init` then refuses ("called twice")."""
+    import subprocess
+    import sys
+
+    code = ("import ray\nfrom trainer.worker import RankWorker\ninfo = RankWorker().node_info()\n"
+            "print(info['node_id'], ray.is_initialized())")
+    done = subprocess.run([sys.executable, "-c", code], env=sweep_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["None", "False"]

@@ -101,6 +101,8 @@ class RankWorker:
         try:
             import ray
 
+            if not ray.is_initialized():  # a worker outside Ray (a test): asking Ray's context would start Ray
+                raise RuntimeError("not in Ray")
             node_id = ray.get_runtime_context().get_node_id()
             ip = ray.util.get_node_ip_address()
         except Exception:
