@@ -206,6 +206,7 @@ def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
         from sweep.tune_plan import TunePlan
 
         return TunePlan(trials, spec, capacity_bytes=_capacity(profile, trials), is_gpu=profile.is_gpu,
+                        ranks_per_node=profile.ranks_per_node,
                         predicted_max=predictor.max_batch if predictor else None)
     return GridPlan(trials, spec.on_oom, predicted_max=point)
 
