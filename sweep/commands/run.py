@@ -69,7 +69,7 @@ class Axes:
     tp: Annotated[Optional[list[int]], typer.Option(
         "--tp", help="Tensor-parallel ranks, with sequence parallel (repeatable).")] = _axis("tp")
     cp: Annotated[Optional[list[int]], typer.Option(
-        "--cp", help="Context-parallel ranks: not built yet, 1 only (repeatable).")] = _axis("cp")
+        "--cp", help="Context-parallel ranks: not built (no CPU path in torch 2.13), 1 only (repeatable).")] = _axis("cp")
 
     def grid_data(self) -> dict:
         """The axes given, as a grid file writes them."""
