@@ -45,7 +45,7 @@ def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
              help=f"An option the search may change (repeatable; default: {', '.join(DEFAULT_VARY)}). "
                   "reduce_dtype, grad_sync and fp8_lm_head change the numerics: they vary only when named; "
                   "tp and dp_replicate: one search per layout.")] = None,
-         budget: Annotated[int, typer.Option(min=1, help="Trial attempts at most per model and precision.")]
+         budget: Annotated[int, typer.Option(min=1, help="Trial attempts at most per model and precision (and layout).")]
          = TuneSpec.model_fields["budget"].default,
          global_batch_tokens: Annotated[Optional[int], typer.Option(
              min=1, help="Hold micro-batch x grad_accum x ranks x seq_len at this: the best split of one global batch.")]
