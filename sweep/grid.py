@@ -44,7 +44,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from clusters._load import display_path, read_mapping, unknown_name, validation_message
 from clusters.schema import parse_memory_size
 from sweep.errors import UserError
-from sweep.layout import divides, grid_layout_problem, layout_problem
+from sweep.layout import LAYOUT_VARY, divides, grid_layout_problem, layout_problem
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, TrainingOptions, option_types
 from trainer.recipes import RECIPES
@@ -109,7 +109,7 @@ class Steps(BaseModel):
 # only when `tune.vary` names them.
 TUNABLE = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")
 NUMERICS_CHANGING = ("reduce_dtype", "grad_sync", "fp8_lm_head")
-DEFAULT_VARY = ("batch_size", "ac", "compile", "grad_accum")
+DEFAULT_VARY, VARIABLE = ("batch_size", "ac", "compile", "grad_accum"), TUNABLE + LAYOUT_VARY  # layouts: sweep.layout
 
 
 class TuneSpec(BaseModel):
@@ -118,7 +118,7 @@ class TuneSpec(BaseModel):
     its values (grad_accum: 1, 2, 4, 8)."""
 
     model_config = _STRICT
-    vary: list[Literal[TUNABLE]] = Field(default=list(DEFAULT_VARY), description="options the search may change")
+    vary: list[Literal[VARIABLE]] = Field(default=list(DEFAULT_VARY), description="options the search may change")
     budget: int = Field(default=40, gt=0, description="probes (trial attempts) at most, per model and precision")
     global_batch_tokens: int | None = Field(
         default=None, gt=0, description="micro-batch x grad_accum x ranks x seq_len held at this, if given")

@@ -12,11 +12,17 @@ recorded `unsupported` with the reason (`layout_unsupported`), as a recipe the h
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from trainer.models.specs import ModelSpec
 from trainer.recipes import RECIPES
 
 LAYOUT_AXES = ("dp_replicate", "tp", "cp")
+# What tune.vary may name besides sweep.grid.TUNABLE: a layout is searched as its own group, one search per value
+# (sweep.tune_plan), as the layout sets each rank's share of the memory (so its batch fit) and its communication.
+LAYOUT_VARY = ("tp", "dp_replicate")
+CP_NOT_BUILT = ("context parallel is not built: torch 2.13's context_parallel has no sharding rule for CPU attention "
+                "(aten._scaled_dot_product_flash_attention_for_cpu), so it cannot be tested on CPU ranks; use cp: 1")
 
 
 def layout_ranks(options: dict) -> int:
@@ -81,7 +87,10 @@ def grid_layout_problem(grid) -> str | None:
     """Why a listed dp_replicate, tp or cp value can never run in this grid, or None: cp > 1 (not built), or a value
     with which dp_replicate x tp x cp divides none of the grid's gpus (a trial's ranks are a multiple of it)."""
     if any(cp > 1 for cp in grid.cp):
-        return f"cp: {max(grid.cp)}: context parallel is not built yet; use cp: 1"
+        # torch's ring attention shards only the flash, efficient and cuDNN SDPA ops (GPU); on CPU ranks SDPA is
+        # aten._scaled_dot_product_flash_attention_for_cpu, and the math backend mixes DTensors with plain tensors:
+        # measured on 2 gloo ranks, torch 2.13. A GPU-only path would be code no test here runs.
+        return f"cp: {max(grid.cp)}: {CP_NOT_BUILT}"
     combos = [dict(zip(LAYOUT_AXES, values)) for values in itertools.product(*(getattr(grid, a) for a in LAYOUT_AXES))]
     for axis in ("tp", "dp_replicate"):
         for value in getattr(grid, axis):  # a value of 1 fails only with another axis's, which is named instead
@@ -95,3 +104,29 @@ def grid_layout_problem(grid) -> str | None:
 def layout_text(trial) -> str:
     """`dp_replicate 2 x tp 2`: the layout axes off their default (empty for FSDP over all ranks)."""
     return " x ".join(f"{axis} {getattr(trial, axis)}" for axis in LAYOUT_AXES if getattr(trial, axis) != 1)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def searched_layouts(template, spec, vary: list[str], *, ranks_per_node: int | None) -> list[dict]:
+    """The layouts (dp_replicate, tp) a `search: fastest` group searches, one search each: an axis tune.vary names
+    ranges over the grid's list when it lists several values, else over the divisors of the trial's ranks; one not
+    named stays at the template's. Kept: the template's own (the grid's trial: a recipe that does not build it is
+    recorded unsupported, as in a grid), and others that divide the ranks, split the model (`layout_problem`) and
+    that this recipe builds (`layout_unsupported`). `template`: the group's first trial (sweep.grid.Trial)."""
+    values = {}
+    for axis in LAYOUT_VARY:
+        listed = list(getattr(spec, axis))
+        values[axis] = (listed if len(listed) > 1 else _divisors(template.gpus)) if axis in vary \
+            else [getattr(template, axis)]
+    kept = []
+    own = {a: getattr(template, a) for a in LAYOUT_VARY}
+    for combo in (dict(zip(LAYOUT_VARY, v)) for v in itertools.product(*values.values())):
+        options = {**template.as_dict(), **combo}
+        fits = divides(template.gpus, options) and not layout_problem(
+            template.model, seq_len=template.seq_len, options=options, ranks_per_node=ranks_per_node)
+        if combo == own or (fits and not layout_unsupported(replace(template, **combo))):
+            kept.append(combo)
+    return kept

@@ -1,13 +1,16 @@
 """The plan of `search: fastest` (sweep.policy's protocol): one sweep.tune.GroupSearch per (model, precision,
-seq_len, ranks) group of the grid's trials, each with a search id that a resumed search keeps. Pure."""
+seq_len, ranks) group of the grid's trials and per layout it searches (sweep.layout.searched_layouts: tune.vary
+naming tp or dp_replicate), each with a search id that a resumed search keeps. Pure."""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Callable
 
 from sweep.advice import discouraged
 from sweep.grid import GridSpec, Trial, TuneSpec
+from sweep.layout import LAYOUT_VARY, searched_layouts
 from sweep.tune import GroupSearch
 from sweep.tune_space import Space
 
@@ -16,10 +19,17 @@ def group_key(t: Trial) -> tuple:
     return t.cluster, t.model.to_json(), t.precision, t.seq_len, t.gpus
 
 
+def search_key(t: Trial) -> tuple:
+    """A group's search at one layout: the layout enters only off its default, so the ids of searches from
+    before tune could vary it stay (a resumed search keeps its probes)."""
+    layout = tuple((a, getattr(t, a)) for a in LAYOUT_VARY if getattr(t, a) != 1)
+    return group_key(t) + layout
+
+
 def search_id(t: Trial, tune: TuneSpec) -> str:
-    """The search of one group for what it may vary and the global batch: a resumed search keeps its id
-    and its probes, also with a larger budget (the same search, continued)."""
-    what = (group_key(t), tune.vary, tune.global_batch_tokens)
+    """The search of one group (at one layout) for what it may vary and the global batch: a resumed search keeps
+    its id and its probes, also with a larger budget (the same search, continued)."""
+    what = (search_key(t), tune.vary, tune.global_batch_tokens)
     return hashlib.sha256(repr(what).encode()).hexdigest()[:12]
 
 
@@ -29,15 +39,20 @@ class TunePlan:
     single batch and its options at their first values."""
 
     def __init__(self, seeds: list[Trial], spec: GridSpec, *, capacity_bytes: float | None, is_gpu: bool = False,
-                 predicted_max: Callable[[Trial], int | None] | None = None):
+                 predicted_max: Callable[[Trial], int | None] | None = None, ranks_per_node: int | None = None):
         """`is_gpu`: the ranks are GPUs (the plan's warnings apply: sweep.advice.discouraged); `predicted_max`: the
-        memory model's largest batch of a trial's config (sweep.predictor.Predictor.max_batch)."""
+        memory model's largest batch of a trial's config (sweep.predictor.Predictor.max_batch); `ranks_per_node`: the
+        cluster's, which a searched tp must divide (sweep.layout.layout_problem)."""
         tune = spec.tune or TuneSpec()
         self.searches: dict[tuple, GroupSearch] = {}
+        groups: dict[tuple, Trial] = {}
         for t in seeds:
-            if group_key(t) not in self.searches:
+            groups.setdefault(group_key(t), t)  # each group's first trial
+        for first in groups.values():
+            for layout in searched_layouts(first, spec, tune.vary, ranks_per_node=ranks_per_node):
+                t = replace(first, **layout)
                 space = Space(t, spec, tune, avoid=discouraged(t.precision, is_gpu=is_gpu))
-                self.searches[group_key(t)] = GroupSearch(
+                self.searches[search_key(t)] = GroupSearch(
                     space, budget=tune.budget, capacity_bytes=capacity_bytes, sid=search_id(t, tune),
                     final_steps=(spec.steps.warmup, spec.steps.measure), max_cost=tune.max_cost,
                     predicted_max=predicted_max)
@@ -46,7 +61,7 @@ class TunePlan:
         return [t for s in self.searches.values() for t in s.start()]
 
     def on_result(self, trial: Trial, status: str, infrastructure: bool = False, row: dict | None = None) -> list[Trial]:
-        return self.searches[group_key(trial)].on_result(trial, status, infrastructure, row or {})
+        return self.searches[search_key(trial)].on_result(trial, status, infrastructure, row or {})
 
     def verdicts(self) -> list[dict]:
         return [s.verdict() for s in self.searches.values()]

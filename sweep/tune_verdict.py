@@ -8,6 +8,7 @@ from collections import Counter
 from sweep.cost import fresh_trial_s
 from sweep.tune_cost import spent_s
 from sweep.grid import NUMERICS_CHANGING
+from sweep.layout import LAYOUT_VARY
 
 PROFILE_KEYS = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "other_pct")
 
@@ -45,7 +46,13 @@ def fastest_verdict(search) -> dict:
             "skipped_for_cost": [c._asdict() for c in search.unaffordable],
             "probes": len(search.results), "search_wall_s": wall,
             "cost_vs_one_trial": wall / one_trial if one_trial else None,
-            "aborted": None if best else _why_none(search), "profile": _profile(search._ok_row(best, 3))}
+            "aborted": None if best else _why_none(search), "profile": _profile(search._ok_row(best, 3)),
+            **_layout(t, space.vary)}
+
+
+def _layout(t, vary: list[str]) -> dict:
+    """The layout a search ran at, when tune.vary names a layout axis (one search per layout: sweep.tune_plan)."""
+    return {a: getattr(t, a) for a in LAYOUT_VARY} if set(vary) & set(LAYOUT_VARY) else {}
 
 
 def _why_none(search) -> str:

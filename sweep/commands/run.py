@@ -69,7 +69,7 @@ class Axes:
     tp: Annotated[Optional[list[int]], typer.Option(
         "--tp", help="Tensor-parallel ranks, with sequence parallel (repeatable).")] = _axis("tp")
     cp: Annotated[Optional[list[int]], typer.Option(
-        "--cp", help="Context-parallel ranks: not built yet, 1 only (repeatable).")] = _axis("cp")
+        "--cp", help="Context-parallel ranks: not built (no CPU path in torch 2.13), 1 only (repeatable).")] = _axis("cp")
 
     def grid_data(self) -> dict:
         """The axes given, as a grid file writes them."""
@@ -206,6 +206,7 @@ def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
         from sweep.tune_plan import TunePlan
 
         return TunePlan(trials, spec, capacity_bytes=_capacity(profile, trials), is_gpu=profile.is_gpu,
+                        ranks_per_node=profile.ranks_per_node,
                         predicted_max=predictor.max_batch if predictor else None)
     return GridPlan(trials, spec.on_oom, predicted_max=point)
 

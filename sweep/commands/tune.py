@@ -20,10 +20,11 @@ from sweep.commands._common import dataclass_options, flag, user_errors
 from sweep.commands.run import (Axes, CapOpt, ClusterOpt, FreshOpt, OutputOpt, ProgressOpt, StartOpt, _execute,
                                 _prepare_search, make_plan)
 from sweep.grid import DEFAULT_VARY, TUNABLE, TuneSpec
+from sweep.layout import LAYOUT_VARY
 
 app = typer.Typer()
 
-Option = Enum("Option", {name: name for name in TUNABLE}, type=str)  # what --vary may name
+Option = Enum("Option", {name: name for name in TUNABLE + LAYOUT_VARY}, type=str)  # what --vary may name
 _STEPS_HELP = "a count, or auto: until the step times are stable (the finalists' and the baseline's full measurement)"
 
 
@@ -42,8 +43,9 @@ def _steps(value: str) -> int | str:
 def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
          vary: Annotated[Optional[list[Option]], typer.Option(
              help=f"An option the search may change (repeatable; default: {', '.join(DEFAULT_VARY)}). "
-                  "reduce_dtype, grad_sync and fp8_lm_head change the numerics: they vary only when named.")] = None,
-         budget: Annotated[int, typer.Option(min=1, help="Trial attempts at most per model and precision.")]
+                  "reduce_dtype, grad_sync and fp8_lm_head change the numerics: they vary only when named; "
+                  "tp and dp_replicate: one search per layout.")] = None,
+         budget: Annotated[int, typer.Option(min=1, help="Trial attempts at most per model and precision (and layout).")]
          = TuneSpec.model_fields["budget"].default,
          global_batch_tokens: Annotated[Optional[int], typer.Option(
              min=1, help="Hold micro-batch x grad_accum x ranks x seq_len at this: the best split of one global batch.")]

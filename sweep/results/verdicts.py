@@ -121,7 +121,8 @@ def tune_table(verdicts: list[dict]) -> None:
         baseline = v.get("baseline") or {}
         best = f"[red]aborted: {escape(str(v['aborted']))}[/red]" if v.get("aborted") else escape(config_text(
             v.get("best"), {**DEFAULT_CONFIG, **baseline}))
-        table.add_row(*([str(v.get("cluster"))] if clusters else []), v["model"], v["precision"], str(v["seq_len"]),
+        table.add_row(*([str(v.get("cluster"))] if clusters else []), _model_at_layout(v), v["precision"],
+                      str(v["seq_len"]),
                       str(v["gpus"]), best, _opt(v.get("tflops_at_best"), sig, DASH), escape(config_text(baseline)),
                       _opt(v.get("baseline_tflops"), sig, DASH), ratio_text("speedup")(v),
                       f"{v.get('probes', DASH)} / {v.get('budget', DASH)}",
@@ -137,12 +138,18 @@ def tune_table(verdicts: list[dict]) -> None:
             console.print(escape(skipped_line(v)), soft_wrap=True)
 
 
+def _model_at_layout(v: dict) -> str:
+    """`llama-tiny tp 2`: the model, and the layout its search ran at when the search varied it."""
+    layout = " x ".join(f"{a} {v[a]}" for a in ("dp_replicate", "tp") if (v.get(a) or 1) != 1)
+    return f"{v['model']} {layout}" if layout else v["model"]
+
+
 def profile_line(v: dict) -> str:
     """'llama3-8b fp8-te T4096 ×2, the best's step: GEMM 61.2 %, attention 14.0 %, ... · trace run1/x.json'."""
     p = v["profile"]
     shares = ", ".join(f"{name} {_opt(p.get(key), lambda x: sig(x, RATIO_SIGNIFICANT), DASH)} %" for key, name in PROFILE_PARTS)
     trace = f" · trace {p['trace_file']}" if p.get("trace_file") else ""
-    return f"{v['model']} {v['precision']} T{v['seq_len']} ×{v['gpus']}, the best's step: {shares}{trace}"
+    return f"{_model_at_layout(v)} {v['precision']} T{v['seq_len']} ×{v['gpus']}, the best's step: {shares}{trace}"
 
 
 def skipped_line(v: dict) -> str:
@@ -150,7 +157,7 @@ def skipped_line(v: dict) -> str:
     compile full': what a fastest search skipped for cost (sweep.tune_cost)."""
     base = {**DEFAULT_CONFIG, **(v.get("baseline") or {})}
     said = "; ".join(config_text(c, base) for c in v["skipped_for_cost"])
-    return (f"{v['model']} {v['precision']} T{v['seq_len']} ×{v['gpus']}, not probed (predicted past max_cost "
+    return (f"{_model_at_layout(v)} {v['precision']} T{v['seq_len']} ×{v['gpus']}, not probed (predicted past max_cost "
             f"{v.get('max_cost'):g}x one trial): {said}")
 
 
