@@ -53,7 +53,7 @@ class TrainingOptions:
     """Replicas of the sharded model (HSDP): gradients all-reduce across replicas, parameters shard within one."""
     tp: Annotated[int, Field(gt=0)] = _option(1, "tensor-parallel ranks (with sequence parallel), within one node")
     """Each block's matmuls split over tp ranks (Megatron column/row parallel), norms sequence parallel."""
-    cp: Annotated[int, Field(gt=0)] = _option(1, "context-parallel ranks (not built yet: only 1 runs)")
+    cp: Annotated[int, Field(gt=0)] = _option(1, "context-parallel ranks (not built: no CPU path to test it in torch 2.13; only 1 runs)")
     """Context parallel: the sequence split over cp ranks. Not built yet: a grid with cp > 1 is refused."""
 
     def __post_init__(self) -> None:
