@@ -15,18 +15,16 @@ exits 1 when one failed, 2 when there are no rows. Arithmetic from sweep.cost an
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
 
 from sweep import store  # noqa: E402
 from sweep.cost import attempt_seconds, fresh_trial_s, gpu_seconds  # noqa: E402
-from sweep.memory_model import GiB, Sample, Shape, leave_one_out, predicted_bytes  # noqa: E402
-from trainer.models.specs import ModelSpec  # noqa: E402
+from sweep.memory_model import GiB, leave_one_out  # noqa: E402
+from sweep.predictor import sample  # noqa: E402
 
 HALF, HELD_S, NEW_BATCH_COMPILE_S, TFLOPS_PCT = 0.5, {"cold": 8.0, "warm": 4.0}, 2.0, 1.0
 OOM_SHARE, MAX_BATCH_COST, PREDICTION_PCT = 0.05, 1.5, 10.0
@@ -107,17 +105,10 @@ def search_checks(rows: list[dict], tree: str) -> list[tuple[bool, str]]:
 
 def prediction_checks(rows: list[dict]) -> list[tuple[bool, str]]:
     """Every clean GPU row's predicted peak, calibrated leave-one-out, against its measured peak."""
-    clean = [r for r in rows if r["status"] == "ok" and r.get("peak_mem_gib") and not r.get("alloc_retries")
-             and r.get("model_spec")]
-    samples = []
-    for r in clean:
-        spec = ModelSpec(**json.loads(r["model_spec"]))
-        shape = Shape.of_spec(spec, precision=r["precision"], batch_size=r["batch_size"], seq_len=r["seq_len"],
-                              ranks=r["world_size"], ac=r.get("ac") or "none", grad_accum=r.get("grad_accum") or 1)
-        samples.append(Sample(precision=r["precision"], compile=r["compile"], predicted=predicted_bytes(shape),
-                              measured=r["peak_mem_gib"] * GiB))
+    clean = [(r, s) for r in rows if (s := sample(r)) is not None]  # the calibration's own notion of clean
+    samples = [s for _, s in clean]
     out = []
-    for r, s, calibrated in zip(clean, samples, leave_one_out(samples)):
+    for (r, s), calibrated in zip(clean, leave_one_out(samples)):
         raw = 100 * (s.predicted / s.measured - 1)
         if calibrated is None:
             out.append((False, f"prediction: {_name(r)} ({r['grid_name']}): no other clean row to calibrate on "
@@ -145,11 +136,9 @@ def main() -> int:
     for tree in ("base", "current"):
         checks += search_checks(folders.get(f"{tree}-searches") or [], tree)
     checks += prediction_checks([r for rows in folders.values() for r in rows])
-    by_grid = defaultdict(int)
     for ok, line in checks:
-        by_grid[ok] += 1
         print(("ok   " if ok else "FAIL ") + line)
-    print(f"cold_sweep_check: {by_grid[True]} of {len(checks)} checks hold")
+    print(f"cold_sweep_check: {sum(ok for ok, _ in checks)} of {len(checks)} checks hold")
     return 0 if all(ok for ok, _ in checks) else 1
 
 
