@@ -97,16 +97,15 @@ class RankWorker:
 
     def node_info(self) -> dict:
         """Where this rank runs, and a port it holds listening on its address (rank 0's becomes MASTER_PORT)."""
-        node_id = None
-        try:
-            import ray
+        import ray
 
-            if not ray.is_initialized():  # a worker outside Ray (a test): asking Ray's context would start Ray
-                raise RuntimeError("not in Ray")
-            node_id = ray.get_runtime_context().get_node_id()
-            ip = ray.util.get_node_ip_address()
-        except Exception:
-            ip = "127.0.0.1"
+        node_id, ip = None, "127.0.0.1"
+        if ray.is_initialized():  # outside Ray (a test's worker), asking Ray's context would start a Ray instance
+            try:
+                node_id = ray.get_runtime_context().get_node_id()
+                ip = ray.util.get_node_ip_address()
+            except Exception:
+                node_id, ip = None, "127.0.0.1"
         self.listener = _listen(ip, 0)
         port = self.listener.getsockname()[1]
         return {"ip": ip, "port": port, "hostname": socket.gethostname(), "node_id": node_id, "pid": os.getpid()}
@@ -169,10 +168,8 @@ class RankWorker:
 
         from trainer.train import held_bytes, release, run_trial
 
-        joins = self.rank is None
-        if joins and job.trial.compile != "none":
-            _start_compile_workers()
         imported = time.perf_counter()
+        joins = self.rank is None
         rank = self._joined(job)
         if self.keep_group and self.baseline_bytes is None:
             dist.barrier()  # what the process group keeps for itself (a communicator's barrier tensor) is baseline
@@ -190,16 +187,6 @@ class RankWorker:
             release(rank.device, keep_for=job.trial)  # its compiled code stays for a next trial that can run it
             result.update(baseline_bytes=self.baseline_bytes, held_bytes=held_bytes(rank.device))
         return result
-
-
-def _start_compile_workers() -> None:
-    """Start inductor's compile worker processes now, while the device, the process group and the model are set
-    up, rather than at the first compile: torch starts them there (its inductor backend's first call), and a first
-    compile that finds them still importing compiles its kernels in this process or waits. A no-op where inductor
-    compiles in-process (no Triton: CPU builds; one compile thread)."""
-    from torch._inductor.async_compile import maybe_warm_pool
-
-    maybe_warm_pool()
 
 
 def _compile_report() -> None:
