@@ -402,9 +402,10 @@ class GroupSearch:
         fits = [f for f, _ in self._measured(0)]
         configs = [self._placed(rebatched(c, self.ooms, fits, self.space), memory=memory)
                    for c in self.space.configs(self.batches)]
-        placed = (self._under_prediction(unthrashed(c, self.thrashed, self.center, self.space))
-                  for c in [*configs, *fallbacks] if c is not None)
-        return list(dict.fromkeys(c for c in placed if c is not None))
+        # configs are placed under the prediction already (_placed), and unthrashed only lowers a batch
+        fallbacks = [self._under_prediction(c) for c in fallbacks]
+        return list(dict.fromkeys(unthrashed(c, self.thrashed, self.center, self.space)
+                                  for c in [*configs, *fallbacks] if c is not None))
 
     def _predicted(self, c: Config) -> int | None:
         """The largest batch of `c`'s configuration the memory model predicts to fit (None: no prediction)."""
