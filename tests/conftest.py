@@ -149,3 +149,13 @@ def run_one_rank():
             os.environ.update(saved)
 
     return run
+
+
+def rows_folder(tmp_path_factory, name: str, rows) -> Path:
+    """A results folder holding `rows` (result rows as dicts), written as `sweep run` writes them."""
+    from sweep.store import write_row
+
+    out = tmp_path_factory.mktemp(name)
+    for row in rows:
+        write_row(out, row)
+    return out

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row
+
+from conftest import rows_folder
 
 LIMITS = {1: 25, 2: 33}  # tp -> the largest batch that fits
 PROBES = (1, 2, 4, 8, 16, 24, 25, 26, 32, 33, 34, 40)
@@ -47,10 +48,7 @@ def layout_rows() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("layouts")
-    for row in layout_rows():
-        write_row(out, row)
-    return out
+    return rows_folder(tmp_path_factory, "layouts", layout_rows())
 
 
 def test_results_max_batch_finds_each_layouts_limit_apart(cli, results):

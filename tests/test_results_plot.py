@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from sweep.cli import app
 from sweep.results import plot as plotting
 from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row
+from conftest import rows_folder
 
 MODELS = {"llama3-8b": 4, "gpt2-1.5b": 24, "llama-tiny": 121}  # smallest OOM batch at bf16, accum 1
 PROBES = (1, 2, 4, 8, 16, 32, 64, 113, 117, 118, 119, 121)  # a search's probes, in the order it ran them
@@ -54,10 +54,7 @@ def mixed_rows() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("mixed")
-    for row in mixed_rows():
-        write_row(out, row)
-    return out
+    return rows_folder(tmp_path_factory, "mixed", mixed_rows())
 
 
 def invoke(*args: object):
