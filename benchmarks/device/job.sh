@@ -14,33 +14,13 @@ set -uo pipefail
 campaign=$(basename "$1")
 profile=${2:-benchmarks/profiles/h200x2.yaml}
 [ -d "benchmarks/campaigns/$campaign" ] || { echo "error: no campaign '$campaign' under benchmarks/campaigns/" >&2; exit 2; }
-source benchmarks/device/env.sh
-OUT=${OUT:-/tmp/out}
-results=/tmp/sweep-results/$campaign
-mkdir -p "$OUT" "$results"
-exec > >(tee -a "$OUT/$campaign.log") 2>&1
-# A campaign longer than one job (a tune: ~10 min a search) goes on from the rows an earlier job packed:
-# unpacked here into .device-out/CAMPAIGN and carried, they are copied in and every `sweep run` resumes.
-source benchmarks/device/lib.sh
-if [ -d ".device-out/$campaign" ]; then
-  carry_in "$results"
-  export SWEEP_RUN_ARGS="${SWEEP_RUN_ARGS:-} --resume"
-fi
-# the device command's limit is 600 s: stop sweep (SIGINT: it tears down and keeps its rows) in time to pack
-deadline=$((${JOB_LIMIT_S:-570} + SECONDS))
-
-bash benchmarks/device/install.sh || exit 1
 needs_te=0
 grep -qE '^precisions:.*-te\b' "benchmarks/campaigns/$campaign"/*.yaml && needs_te=1
-next=$(next_carry 1 $needs_te)
-if [ -n "$next" ]; then
-  echo "job: $campaign cannot run yet; call this again carrying $next (a fresh machine starts from .whl)"
-  exit 0
-fi
-
-date -u +%FT%TZ
-nvidia-smi --query-gpu=index,name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv
-python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+source benchmarks/device/lib.sh
+job_begin "$campaign" $needs_te  # env, $OUT, $results, the log, installs, $deadline; exits 0 naming the next carry
+# A campaign longer than one job (a tune: ~10 min a search) goes on from the rows an earlier job packed:
+# unpacked here into .device-out/CAMPAIGN and carried (job_begin copied them in), every `sweep run` resumes.
+[ -d ".device-out/$campaign" ] && export SWEEP_RUN_ARGS="${SWEEP_RUN_ARGS:-} --resume"
 
 run() {  # run PROFILE: the campaign, stopped with SIGINT past the deadline
   local left=$((deadline - SECONDS))
