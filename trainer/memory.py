@@ -6,16 +6,29 @@ CPU: RLIMIT_DATA (which on Linux >= 4.7 covers private anonymous mappings, where
 set to what the process already uses plus the cap; an allocation past it fails with ENOMEM and torch
 raises "DefaultCPUAllocator: can't allocate memory", leaving the process usable. Only the soft limit is
 lowered, so it is restored afterwards.
+
+A thread's stack is a private writable mapping too, so it counts against that limit: glibc gives each new
+thread RLIMIT_STACK (8 MiB) of it. Ray's gRPC starts and ends threads of its own at any time (a second
+`grpc_global_timer` was seen appearing in the middle of a trial), and one starting inside a trial took 8.8 MiB of a
+96 MiB cap: the same batch then ran out of memory on a warm process and fitted on a fresh one. Under a CPU cap the
+process's later threads get 1 MiB stacks (`pthread_setattr_default_np`; macOS gives secondary threads 512 KiB and
+Ray, gRPC and torch run there), so a stray thread moves the limit by 1 MiB, not by a batch.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import resource
+import sys
 from contextlib import contextmanager
 
 import torch
 
 GiB = 1024**3
+THREAD_STACK_BYTES = 1024**2
+"""Default stack of the threads a process starts once it has run under a CPU cap (see the module's docstring)."""
+_thread_stacks_set = False
 
 
 def _proc_status_kib(key: str) -> int:
@@ -24,6 +37,43 @@ def _proc_status_kib(key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def default_thread_stack_bytes() -> int | None:
+    """The stack size glibc gives a thread started without one of its own; None where that cannot be read."""
+    libc = _libc()
+    if libc is None:
+        return None
+    attr, size = ctypes.create_string_buffer(128), ctypes.c_size_t()
+    if libc.pthread_getattr_default_np(attr) != 0:
+        return None
+    libc.pthread_attr_getstacksize(attr, ctypes.byref(size))
+    libc.pthread_attr_destroy(attr)
+    return size.value
+
+
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.pthread_setattr_default_np, libc.pthread_getattr_default_np  # glibc >= 2.18
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def _small_thread_stacks() -> None:
+    """Give the threads this process starts from now on THREAD_STACK_BYTES of stack (once per process)."""
+    global _thread_stacks_set
+    libc = _libc()
+    if _thread_stacks_set or libc is None:
+        return
+    attr = ctypes.create_string_buffer(128)  # pthread_attr_t is 56 bytes on x86-64 and aarch64 glibc
+    if libc.pthread_attr_init(attr) == 0:
+        if libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(THREAD_STACK_BYTES)) == 0:
+            _thread_stacks_set = libc.pthread_setattr_default_np(attr) == 0
+        libc.pthread_attr_destroy(attr)
 
 
 @contextmanager
@@ -39,6 +89,7 @@ def memory_cap(cap_bytes: int | None, device: torch.device):
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, device)
         return
+    _small_thread_stacks()
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     limit = _proc_status_kib("VmData") * 1024 + cap_bytes
     if hard != resource.RLIM_INFINITY:
