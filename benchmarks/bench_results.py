@@ -122,7 +122,7 @@ def write_dataset(out: Path, n_rows: int) -> int:
     """Write exactly ``n_rows`` rows as one file per cluster and run; return the number of files."""
     import pyarrow.parquet as pq
 
-    from sweep.schema import to_table
+    from sweep.record.schema import to_table
 
     rng, written, files, run = random.Random(0), 0, 0, 0
     per_file = max(1, n_rows // 8)  # a small folder still spans every cluster (compare --by cluster)

@@ -10,7 +10,7 @@ held (current at most half of base's), the mean seconds a trial holds beyond its
 (within 1 %); the OOM grid's share of GPU-s in OOM attempts (at most 5 %); max-batch's cost in fresh trials of
 its fastest batch (at most 1.5); and every clean row's predicted peak against its measured one, calibrated on the
 campaign's other clean rows of the same precision and compile mode (within 10 %). One line per check (ok / FAIL);
-exits 1 when one failed, 2 when there are no rows. Arithmetic from sweep.cost and sweep.memory_model.
+exits 1 when one failed, 2 when there are no rows. Arithmetic from sweep.record.cost and sweep.memory.model.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
 
-from sweep import store  # noqa: E402
-from sweep.cost import attempt_seconds, fresh_trial_s, gpu_seconds  # noqa: E402
-from sweep.memory_model import GiB, leave_one_out  # noqa: E402
-from sweep.predictor import sample  # noqa: E402
+from sweep.record import store  # noqa: E402
+from sweep.record.cost import attempt_seconds, fresh_trial_s, gpu_seconds  # noqa: E402
+from sweep.memory.model import GiB, leave_one_out  # noqa: E402
+from sweep.memory.predictor import sample  # noqa: E402
 
 HALF, HELD_S, NEW_BATCH_COMPILE_S, TFLOPS_PCT = 0.5, {"cold": 8.0, "warm": 4.0}, 2.0, 1.0
 OOM_SHARE, MAX_BATCH_COST, PREDICTION_PCT = 0.05, 1.5, 10.0

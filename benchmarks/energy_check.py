@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
 
-from sweep.energy import ENERGY_COLUMNS  # noqa: E402
+from sweep.record.energy import ENERGY_COLUMNS  # noqa: E402
 from sweep.results import aggregate  # noqa: E402
 from sweep.results.query import CONFIG_KEYS  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Predicted against measured peak memory on the GPU rows in benchmarks/history/ (sweep/memory_model.py).
+"""Predicted against measured peak memory on the GPU rows in benchmarks/history/ (sweep/memory/model.py).
 
     PYTHONPATH=$PWD python benchmarks/memory_check.py            # the table (markdown)
     PYTHONPATH=$PWD python benchmarks/memory_check.py --summary  # per model, precision, compile and ranks
@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from sweep.memory_model import GiB, Sample, Shape, leave_one_out, predicted_bytes
+from sweep.memory.model import GiB, Sample, Shape, leave_one_out, predicted_bytes
 from trainer.models.specs import REGISTRY, ModelSpec
 
 HISTORY = Path(__file__).parent / "history"

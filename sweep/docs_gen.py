@@ -3,8 +3,8 @@
     python -m sweep.docs_gen            # (re)write docs/reference/*.md
     python -m sweep.docs_gen --check    # exit 1, naming the stale pages, when they differ from the code
 
-Grid keys come from the pydantic models of `sweep.grid` (and the training options of `trainer.options`),
-result columns from `sweep.schema`'s column docs, commands and options from the Typer app, the accelerator
+Grid keys come from the pydantic models of `sweep.spec.grid` (and the training options of `trainer.options`),
+result columns from `sweep.record.schema`'s column docs, commands and options from the Typer app, the accelerator
 catalog from clusters/accelerators.yaml and cluster profile keys from `clusters.schema`. A meaning missing
 here is missing in the code: add it there (a `description=` or an attribute docstring), not in the page.
 """
@@ -90,7 +90,7 @@ TABLE = "| key | type | default | meaning |\n|---|---|---|---|\n"
 
 
 def grid_page() -> str:
-    from sweep.grid import GridSpec
+    from sweep.spec.grid import GridSpec
 
     from trainer.options import OPTION_DEFAULTS
 
@@ -98,7 +98,7 @@ def grid_page() -> str:
     own = [n for n in GridSpec.model_fields if n not in OPTION_DEFAULTS]
     at = own.index("ac") + 1  # the training options after the other axes, as a grid file lists them
     order = own[:at] + list(OPTION_DEFAULTS) + own[at:]
-    return (f"{HEADER}# Grid keys\n\nEvery key of a grid file (`sweep run grid.yaml`), from `sweep.grid.GridSpec` "
+    return (f"{HEADER}# Grid keys\n\nEvery key of a grid file (`sweep run grid.yaml`), from `sweep.spec.grid.GridSpec` "
             f"and `trainer.options.TrainingOptions`. A key given as a list is an axis: the trials are the "
             f"cartesian product of the axes. [The grid guide](../grids.md) explains them with examples.\n\n"
             + TABLE + "\n".join(_field_rows(GridSpec, axes=axes, order=order)) + "\n")
@@ -117,11 +117,11 @@ def profile_page() -> str:
 
 
 def columns_page() -> str:
-    from sweep.schema import RESULT_SCHEMA, SCHEMA_VERSION
+    from sweep.record.schema import RESULT_SCHEMA, SCHEMA_VERSION
 
     rows = [f"| `{f.name}` | {_cell(f.type)} | {_cell((f.metadata or {}).get(b'doc', b'').decode())} |"
             for f in RESULT_SCHEMA]
-    return (f"{HEADER}# Result columns\n\nOne row per attempt, schema version {SCHEMA_VERSION} (`sweep.schema`); "
+    return (f"{HEADER}# Result columns\n\nOne row per attempt, schema version {SCHEMA_VERSION} (`sweep.record.schema`); "
             f"the version is in each Parquet file's metadata, and each column's meaning in its field metadata "
             f"(`pyarrow.parquet.read_schema(file).field(name).metadata`). [Reading results](../results.md) "
             f"shows them in use.\n\n| column | type | meaning |\n|---|---|---|\n" + "\n".join(rows) + "\n")

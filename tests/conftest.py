@@ -92,10 +92,10 @@ def free_ports():
 def _rank_jobs(spec, precision: str, *, world_size: int = 1, master_addr: str = "127.0.0.1",
                master_port: int | None = None, device_type: str = "cpu", **fields) -> list:
     """The RankJobs of a trial on this machine (CPU, gloo), one per rank, all on one fresh rendezvous port,
-    built as the scheduler builds them (`sweep.scheduler.rank_jobs`): tiny steps, no compile, unless
+    built as the scheduler builds them (`sweep.execution.scheduler.rank_jobs`): tiny steps, no compile, unless
     `fields` (any Trial field: batch_size, grad_accum, ...) say otherwise."""
-    from sweep.grid import Trial
-    from sweep.scheduler import rank_jobs
+    from sweep.spec.grid import Trial
+    from sweep.execution.scheduler import rank_jobs
 
     base = dict(cluster="local", model=spec, precision=precision, compile="none", ac="none", batch_size=2,
                 seq_len=32, warmup_steps=1, measure_steps=4, gpus=world_size)
@@ -153,7 +153,7 @@ def run_one_rank():
 
 def rows_folder(tmp_path_factory, name: str, rows) -> Path:
     """A results folder holding `rows` (result rows as dicts), written as `sweep run` writes them."""
-    from sweep.store import write_row
+    from sweep.record.store import write_row
 
     out = tmp_path_factory.mktemp(name)
     for row in rows:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sweep.schema import RESULT_SCHEMA, TRAINING_DEFAULTS, VERSION_KEY, to_table
-from sweep.store import write_verdicts
+from sweep.record.schema import RESULT_SCHEMA, TRAINING_DEFAULTS, VERSION_KEY, to_table
+from sweep.record.store import write_verdicts
 from trainer.models.specs import REGISTRY
 
 CLUSTERS = {"h200": (989.0, 420.0, 141, 3.5), "mi300x": (1307.0, 470.0, 192, None), "b200": (2250.0, 900.0, 180, 6.0)}

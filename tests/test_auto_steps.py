@@ -13,10 +13,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sweep import store
+from sweep.record import store
 from sweep.cli import app
 from sweep.results.render import sig
-from sweep.schema import TRAINING_DEFAULTS, VERSION_KEY, to_table
+from sweep.record.schema import TRAINING_DEFAULTS, VERSION_KEY, to_table
 
 # a bounded timeout: ranks that disagreed on the last step would wait in a collective until it
 GRID = {"models": ["llama-tiny"], "precisions": ["bf16"], "batch_sizes": [2], "seq_len": 32, "gpus": 2,
@@ -112,7 +112,7 @@ def test_fixed_steps_run_exactly(ray_session, tmp_path):
 
 
 def test_auto_is_not_the_default():
-    from sweep.grid import parse_grid
+    from sweep.spec.grid import parse_grid
 
     steps = parse_grid(GRID).steps
     assert (steps.warmup, steps.measure) == (3, 10)

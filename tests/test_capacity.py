@@ -9,8 +9,8 @@ import sys
 import pytest
 import yaml
 
-from sweep import store
-from sweep.capacity import BYTES_PER_PARAM, per_rank_memory, state_bytes_per_rank, state_reason
+from sweep.record import store
+from sweep.memory.capacity import BYTES_PER_PARAM, per_rank_memory, state_bytes_per_rank, state_reason
 from trainer.models import REGISTRY
 
 from conftest import ROOT

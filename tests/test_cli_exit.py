@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweep import store
-
+from sweep.record import store
 TINY = """
 models: [gpt-tiny]
 compile: none
@@ -34,7 +33,7 @@ def test_a_long_teardown_is_said_after_the_run(capsys, tmp_path, teardown_s, sai
     """The rank processes and Ray are stopped after the last attempt, the GPUs held meanwhile: a teardown over
     TEARDOWN_NOTE_S is printed with its seconds, one under it is not."""
     from sweep.commands.run import _finish
-    from sweep.runner import RunReport
+    from sweep.execution.runner import RunReport
 
     _finish(RunReport(run_id="r1", teardown_s=teardown_s), tmp_path, plan=object())
     err = capsys.readouterr().err
@@ -47,7 +46,7 @@ def test_an_interrupted_run_exits_128_plus_its_signal_and_says_how_to_resume(cap
     import typer
 
     from sweep.commands.run import _finish
-    from sweep.runner import RunReport
+    from sweep.execution.runner import RunReport
 
     with pytest.raises(typer.Exit) as exited:
         _finish(RunReport(run_id="r1", interrupted_by=signum), tmp_path, plan=object())

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from sweep import store
+from sweep.record import store
 from test_train import _fresh_process, _one_rank_group  # noqa: E402
 from trainer.models.specs import REGISTRY
 
 
 def test_dynamic_batch_folds_away_without_compile():
     """`dynamic_batch: [true, false]` is two trials where a trial compiles, one where nothing is traced."""
-    from sweep.grid import expand, parse_grid
+    from sweep.spec.grid import expand, parse_grid
 
     grid = parse_grid({"models": ["gpt-tiny"], "batch_sizes": [2], "compile": ["none", "regional"],
                        "dynamic_batch": [True, False]})
@@ -26,7 +26,7 @@ def test_dynamic_batch_folds_away_without_compile():
 
 def test_torchao_fp8_keeps_static_shapes():
     """A torchao FP8 trial compiles for each batch (measured slower with a symbolic batch); bf16 keeps the option."""
-    from sweep.grid import expand, parse_grid
+    from sweep.spec.grid import expand, parse_grid
 
     grid = parse_grid({"models": ["gpt-tiny"], "batch_sizes": [2], "compile": ["regional"],
                        "precisions": ["bf16", "fp8-torchao-tensorwise"]})

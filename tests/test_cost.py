@@ -1,4 +1,4 @@
-"""Where a sweep's GPU time went: the arithmetic (sweep.cost, pure) and what `sweep run` and `results show` print."""
+"""Where a sweep's GPU time went: the arithmetic (sweep.record.cost, pure) and what `sweep run` and `results show` print."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from sweep import store
-from sweep.cost import attempt_seconds, gpu_seconds, measured_share, percents, summary_line
+from sweep.record import store
+from sweep.record.cost import attempt_seconds, gpu_seconds, measured_share, percents, summary_line
 from sweep.results.render import sig
 
 FIVE = ["measured steps", "warm-up", "compile", "start-up", "OOM attempts"]
@@ -113,7 +113,7 @@ def test_sweep_run_says_where_the_gpu_time_went_and_results_show_has_the_measure
 
 
 def test_a_search_is_told_against_one_fresh_trial_of_its_answer():
-    from sweep.cost import fresh_trial_s
+    from sweep.record.cost import fresh_trial_s
 
     # Llama3-8B bf16 max-batch on 2xH200 (RESULTS.md): batch 1 on a fresh group, the rest warm
     probes = [{"status": "ok", "batch_size": 1, "group_trial_index": 0, "init_time_s": 12.5, "trial_wall_s": 24.3},

@@ -82,8 +82,8 @@ def test_the_check_fails_on_a_stale_page(tmp_path, monkeypatch):
 
 
 def test_the_reference_has_every_key_column_and_command():
-    from sweep.grid import GridSpec
-    from sweep.schema import RESULT_SCHEMA
+    from sweep.spec.grid import GridSpec
+    from sweep.record.schema import RESULT_SCHEMA
 
     grid, columns, cli = (docs_gen.grid_page(), docs_gen.columns_page(), docs_gen.cli_page())
     assert all(f"| `{key}` |" in grid for key in GridSpec.model_fields)

@@ -1,5 +1,5 @@
 """The energy meter (trainer.energy) behind its interface, with a fake GPU: the counter and its readings are the
-only part faked. The row's energy columns (sweep.energy) from the reports, with their formulas."""
+only part faked. The row's energy columns (sweep.record.energy) from the reports, with their formulas."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sweep.energy import ENERGY_COLUMNS, energy_columns, power_limit_mismatch
+from sweep.record.energy import ENERGY_COLUMNS, energy_columns, power_limit_mismatch
 from trainer import energy
 from trainer.energy import DeviceMeter, EnergyReport, NullMeter, integrate_j, window_energy_j
 from trainer.energy_backends import DeviceIdentity, parse_bdf
@@ -205,8 +205,7 @@ power_limit_w: 700
 def test_cpu_ranks_write_null_energy_and_the_profile_power_keys(ray_session, cli, write_grid, tmp_path):
     """A real `sweep run` (Ray, FSDP2 over gloo): CPU ranks have no meter, so every energy column is null (never
     0), while the profile's power price, PUE and declared limit are recorded on the row."""
-    from sweep import store
-
+    from sweep.record import store
     grid = write_grid("name: e\nmodels: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2]\ncompile: none\n"
                       "seq_len: 32\ngpus: 1\nsteps: {warmup: 1, measure: 3}\n")
     profile = tmp_path / "local-priced.yaml"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep import store
-from sweep.scheduler import INFEASIBLE_LIMIT_S
+from sweep.record import store
+from sweep.execution.scheduler import INFEASIBLE_LIMIT_S
 
 pytestmark = pytest.mark.integration
 

@@ -128,9 +128,9 @@ def test_flops_use_the_batch_actually_trained(monkeypatch, run_one_rank):
     run for real (one CPU rank), the model records the shape of every batch it is given, and the result
     row's TFLOP/s must equal flops_per_token × (rows seen × seq_len) / step time.
     """
-    from sweep.grid import Trial
-    from sweep.rows import outcome_row
-    from sweep.outcome import Outcome
+    from sweep.spec.grid import Trial
+    from sweep.record.rows import outcome_row
+    from sweep.execution.outcome import Outcome
     import trainer.models
 
     spec, batch, seq = REGISTRY["gpt-tiny"], 3, 32
@@ -166,8 +166,7 @@ def test_git_sha_names_the_shipped_commit_when_given(monkeypatch):
     import subprocess
     from pathlib import Path
 
-    from sweep import rows
-
+    from sweep.record import rows
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(Path(rows.__file__).parent), *args], capture_output=True, text=True)
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep import store
-
+from sweep.record import store
 GRIDS_DOC = Path(__file__).resolve().parents[1] / "docs" / "grids.md"
 
 

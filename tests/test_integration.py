@@ -11,8 +11,8 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
-from sweep import store
-from sweep.schema import RESULT_SCHEMA, SCHEMA_VERSION, VERSION_KEY
+from sweep.record import store
+from sweep.record.schema import RESULT_SCHEMA, SCHEMA_VERSION, VERSION_KEY
 from trainer.models import REGISTRY
 
 pytestmark = pytest.mark.integration

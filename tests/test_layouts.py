@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from sweep.grid import expand, parse_grid
+from sweep.spec.grid import expand, parse_grid
 from test_grid_cli import error_line  # exit 2, one `error: ...` line, no traceback
 
 LLAMA = "{arch: llama, name: l4, n_layers: 1, d_embd: 64, n_heads: 4, n_kv_heads: 2, ffn_hidden: 96, vocab_size: 128}"
@@ -109,7 +109,7 @@ def test_ranks_fill_nodes_in_rank_order_so_a_tp_group_is_on_one_node():
     goes to bundle r // gpus_per_node: a TP group (tp consecutive ranks, tp dividing gpus_per_node) never straddles
     two nodes, and an HSDP replica of dp_shard x tp = 8 ranks is one node."""
     from clusters import load_profile
-    from sweep.placement import bundle_index, placement
+    from sweep.execution.placement import bundle_index, placement
 
     h200 = load_profile("h200")  # 8 GPUs a node
     bundles, strategy = placement(h200, 16)

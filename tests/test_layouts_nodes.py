@@ -1,7 +1,7 @@
 """HSDP x TP over two nodes of a real Ray cluster (both on this machine, as tests/test_multinode.py starts them).
 
 A profile of two nodes of two ranks runs HSDP 2 x TP 2 (dp_shard 1) on four ranks through `sweep run` in a
-subprocess: ranks fill nodes in rank order (sweep.placement), so each TP group (ranks 0-1, 2-3) is on one node
+subprocess: ranks fill nodes in rank order (sweep.execution.placement), so each TP group (ranks 0-1, 2-3) is on one node
 and the two replicas are on different nodes; the row's node_ids say so, and the trial trains.
 """
 
@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep import store
-
+from sweep.record import store
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]

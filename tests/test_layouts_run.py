@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweep import store
-
+from sweep.record import store
 pytestmark = pytest.mark.integration
 
 GRID = """

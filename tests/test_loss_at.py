@@ -1,5 +1,5 @@
 """Losses at the same tokens trained: the pure reading of a loss curve (`sweep.results.loss_at`), the row's curve
-from its ranks (`sweep.rows`), and `results compare` / `show` reading every side at one token count."""
+from its ranks (`sweep.record.rows`), and `results compare` / `show` reading every side at one token count."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import io
 import pytest
 
 from sweep.results.loss_at import Curve, LossAt, common_tokens, compare, median_at, row_at
-from sweep.rows import loss_curve_columns
-from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row, write_verdicts
+from sweep.record.rows import loss_curve_columns
+from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.record.store import write_row, write_verdicts
 
 
 def test_a_curve_is_read_exactly_on_a_step_and_linearly_between_two():

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from sweep import probe_budget
-from sweep.policy import MAX_BATCH, MaxBatchSearch
+from sweep.search import probe_budget
+from sweep.search.policy import MAX_BATCH, MaxBatchSearch
 
 GiB = 1024**3
 CAPACITY = 80 * GiB

@@ -1,10 +1,10 @@
-"""The memory predictor (sweep/memory_model.py) against figures worked by hand for llama-tiny, and its calibration."""
+"""The memory predictor (sweep/memory/model.py) against figures worked by hand for llama-tiny, and its calibration."""
 
 from dataclasses import replace
 
 import pytest
 
-from sweep.memory_model import (UNCALIBRATED_MARGIN, Prediction, Sample, Shape, activation_bytes, breakdown,
+from sweep.memory.model import (UNCALIBRATED_MARGIN, Prediction, Sample, Shape, activation_bytes, breakdown,
                                 calibrate, layer_bytes_per_token, leave_one_out, max_batch, predicted_bytes)
 from trainer.models.specs import REGISTRY
 

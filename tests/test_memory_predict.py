@@ -10,10 +10,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sweep import store
+from sweep.record import store
 from sweep.cli import app
-from sweep.grid import OomPolicy, expand, parse_grid
-from sweep.policy import GridPlan
+from sweep.spec.grid import OomPolicy, expand, parse_grid
+from sweep.search.policy import GridPlan
 
 from conftest import ROOT
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sweep import store
-from sweep.schema import RESULT_SCHEMA
+from sweep.record import store
+from sweep.record.schema import RESULT_SCHEMA
 from test_grid_cli import error_line  # exit 2, one `error: ...` line, no traceback
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from sweep.errors import UserError
-from sweep.grid import parse_grid
+from sweep.spec.grid import parse_grid
 from trainer.models import REGISTRY, ModelSpec, build_model, resolve
 from trainer.models.te import init_rule
 

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep import store
-
+from sweep.record import store
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]

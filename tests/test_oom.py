@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from sweep import store
+from sweep.record import store
 from trainer.job import PG_TIMEOUT_S
 
 pytestmark = pytest.mark.integration

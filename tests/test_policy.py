@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from sweep.grid import OomPolicy, parse_grid, expand
-from sweep.policy import GridPlan, MaxBatchPlan, MaxBatchSearch, infra_retry, next_batch_after_oom
+from sweep.spec.grid import OomPolicy, parse_grid, expand
+from sweep.search.policy import GridPlan, MaxBatchPlan, MaxBatchSearch, infra_retry, next_batch_after_oom
 
 
 @pytest.mark.parametrize("policy,failed,ok,expected", [

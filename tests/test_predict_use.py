@@ -12,12 +12,12 @@ import yaml
 from typer.testing import CliRunner
 
 from clusters import load_profile
-from sweep import store
+from sweep.record import store
 from sweep.cli import app
-from sweep.grid import OomPolicy, expand, parse_grid
-from sweep.policy import GridPlan, next_batch_after_oom
-from sweep.predictor import NO_ROWS
-from sweep.rows import base_row
+from sweep.spec.grid import OomPolicy, expand, parse_grid
+from sweep.search.policy import GridPlan, next_batch_after_oom
+from sweep.memory.predictor import NO_ROWS
+from sweep.record.rows import base_row
 
 from conftest import ROOT
 
@@ -78,7 +78,7 @@ def test_plan_is_calibrated_on_the_clusters_clean_rows(tmp_path):
     assert (f"memory prediction calibrated on 3 rows of h200 in {out} (bf16 regional: 2, "
             "fp8-torchao-tensorwise regional: 1)") in result.stdout
     assert "154 GiB / 141 GiB" in result.stdout
-    assert "predicted OOM: 154 GiB > 141 GiB per h200 (sweep.memory_model, × 1.200, the median measured/predicted " \
+    assert "predicted OOM: 154 GiB > 141 GiB per h200 (sweep.memory.model, × 1.200, the median measured/predicted " \
            "of 2 clean rows" in result.stdout
     assert "seq 4096, 2 ranks): 3, calibrated on 2 rows" in result.stdout
 
@@ -136,7 +136,7 @@ def test_run_retries_a_predicted_oom_at_the_predicted_batch_without_ray(tmp_path
 
 
 def test_a_max_batch_search_starts_at_the_predicted_limit():
-    from sweep.policy import MaxBatchPlan
+    from sweep.search.policy import MaxBatchPlan
 
     seed = _trial(1)
     plan = MaxBatchPlan([seed], capacity_bytes=141 * GiB, predicted_max=lambda t: 5)
@@ -151,7 +151,7 @@ def test_a_max_batch_search_starts_at_the_predicted_limit():
 def test_a_probe_predicted_not_to_fit_is_an_oom_to_the_search():
     """Calibrated, the neighbour of the predicted limit is predicted not to fit: recorded without GPU time, and
     the verdict stands on it rather than the search stopping as after an unsupported recipe."""
-    from sweep.policy import MaxBatchPlan
+    from sweep.search.policy import MaxBatchPlan
 
     plan = MaxBatchPlan([_trial(1)], capacity_bytes=141 * GiB, predicted_max=lambda t: 5)
     (first,) = plan.initial()
@@ -178,7 +178,7 @@ def test_a_max_batch_verdict_prints_predicted_against_measured_peak(tmp_path, sw
 
 
 def test_probe_peaks_compare_the_prediction_the_run_began_with_against_the_measured_peak():
-    from sweep.predictor import Predictor, peak_line
+    from sweep.memory.predictor import Predictor, peak_line
 
     predictor = Predictor(profile=load_profile("h200"))
     ok = {**base_row(_trial(4), run_id="r", profile=load_profile("h200"), grid_name=None), "status": "ok",
@@ -187,7 +187,7 @@ def test_probe_peaks_compare_the_prediction_the_run_began_with_against_the_measu
     predictor.learn(ok)  # refines what later trials are predicted with, not what this search's probes were
     line = peak_line({"model": "llama3-8b", "precision": "bf16", "compile": "regional", "gpus": 2},
                      predictor.probe_peaks([ok, oom]))
-    from sweep.capacity import size
+    from sweep.memory.capacity import size
 
     assert line == ("predicted / measured peak, llama3-8b bf16 (compile regional, 2 ranks): "
                     f"batch 4 129 GiB / 103 GiB (+25.0 %) · batch 5 {size(NO_ROWS.predict_trial(_trial(5)).raw)} / oom")
@@ -204,7 +204,7 @@ def test_an_uncalibrated_retry_goes_to_the_models_estimate_not_to_its_margin(tmp
     24 of the cold-sweep model: the retry went to 12 and ran out of memory; 10 fit). The retry goes to the
     model's own estimate."""
     from sweep.commands.run import make_plan
-    from sweep.predictor import Predictor
+    from sweep.memory.predictor import Predictor
 
     profile = load_profile(str(ROOT / "benchmarks" / "profiles" / "h200x1.yaml"))
     spec = parse_grid({"models": [HELD_OUT], "precisions": ["bf16"], "batch_sizes": [24], "seq_len": 4096,

@@ -12,7 +12,7 @@ import json
 import pyarrow.dataset as ds
 import pytest
 
-from sweep import store
+from sweep.record import store
 from trainer.profiling import OPTIMIZER, STEP, Span, classify, kernel_kind, op_kind, shares, summarize
 
 SHARES = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "other_pct")

@@ -1,6 +1,6 @@
 """`sweep results`: aggregation, comparisons, exports, plot and query over a synthetic dataset.
 
-The dataset is written with ``sweep.store.write_row`` exactly as ``sweep run`` writes it: two
+The dataset is written with ``sweep.record.store.write_row`` exactly as ``sweep run`` writes it: two
 clusters, three runs each, two models, three precisions, batches 1..16, with OOMs above each
 model's limit, a precision unsupported on one cluster, a timeout, and two configs where one repeat
 failed among ok ones. Expected numbers are computed here, in plain Python, from the rows.
@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 
 from sweep.cli import app
 from sweep.results import aggregate, query
-from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row
+from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.record.store import write_row
 
 KEYS = tuple(k for k in query.CONFIG_KEYS if k != "memory_cap_gib")  # the synthetic rows have no cap
 GROUP = tuple(k for k in KEYS if k != "batch_size")

@@ -2,7 +2,7 @@
 whatever its batch and options, against the baseline precision's fastest; `sweep results verdicts` prints what
 the searches saved, a fastest search's verdict with its speedup, an aborted one with its reason.
 
-The rows are written with ``sweep.store.write_row`` and the verdicts with ``store.write_verdicts``, as `sweep run`
+The rows are written with ``sweep.record.store.write_row`` and the verdicts with ``store.write_verdicts``, as `sweep run`
 writes them. Numbers from the issue's 2×H200 Llama3-8B measurements, T 4096.
 """
 
@@ -14,8 +14,8 @@ import io
 from typer.testing import CliRunner
 
 from sweep.cli import app
-from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row, write_verdicts
+from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.record.store import write_row, write_verdicts
 
 BASE = {"run_id": "r1", "attempt": 1, "cluster": "h200", "accelerator": "h200", "world_size": 2, "model": "llama3-8b",
         "compile": "none", "ac": "none", "seq_len": 4096, **TRAINING_DEFAULTS}

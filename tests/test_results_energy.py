@@ -9,10 +9,10 @@ import io
 import pyarrow.parquet as pq
 import pytest
 
-from sweep import store
-from sweep.energy import ENERGY_COLUMNS
-from sweep.schema import TRAINING_DEFAULTS, VERSION_KEY, to_table
-from sweep.store import write_row
+from sweep.record import store
+from sweep.record.energy import ENERGY_COLUMNS
+from sweep.record.schema import TRAINING_DEFAULTS, VERSION_KEY, to_table
+from sweep.record.store import write_row
 
 T0 = dt.datetime(2026, 12, 1, 9, 0, tzinfo=dt.timezone.utc)
 NEW = (*ENERGY_COLUMNS, "power_cost_per_kwh", "pue", "profile_power_limit_w")  # the columns of schema 1.10

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sweep.cli import app
-from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row
+from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.record.store import write_row
 from trainer.flops import spec_flops_per_token
 from trainer.models.specs import REGISTRY, ModelSpec
 

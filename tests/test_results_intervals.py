@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 from test_loss_at import _rich_rows
 
 from sweep.results.intervals import ci_note, missed_target_warnings
-from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row
+from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.record.store import write_row
 from trainer.stopping import MEASURE_TARGET_PCT, Measure, ci_target_met
 
 

@@ -1,5 +1,5 @@
 """`sweep results max-batch` and `sweep results plot` per layout (issue 33 item 5): rows of a max-batch search at
-tp 1 and at tp 2 on the same two ranks, as `sweep run` writes them (``sweep.store.write_row``), stay two groups,
+tp 1 and at tp 2 on the same two ranks, as `sweep run` writes them (``sweep.record.store.write_row``), stay two groups,
 each with its own limit, and two series of the figure named by their layout. The rows' numbers are the shape of a
 real run: `sweep max-batch --tp 1 --tp 2` of llama-tiny fp32 at seq 256 on 2 CPU ranks under a 128 MiB cap found
 25 and 33 (tp 2 splits each rank's activations)."""
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.schema import TRAINING_DEFAULTS
+from sweep.record.schema import TRAINING_DEFAULTS
 
 from conftest import rows_folder
 

@@ -9,8 +9,8 @@ import io
 from typer.testing import CliRunner
 
 from sweep.cli import app
-from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row
+from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.record.store import write_row
 
 # (trial, precision, run, TFLOP/s, first loss, last loss): fp8-torchao is faster and does not train
 ROWS = [("a", "bf16", 1, 500.0, 11.77, 7.5), ("b", "bf16", 2, 510.0, 11.77, 7.25),

@@ -3,7 +3,7 @@
 Three models, two precisions, grad_accum 1 and 8, reduce_dtype fp32 and bf16; compile regional, no
 gradient clipping, grad_sync step and a 120 GiB cap everywhere; each series a max-batch search whose probes end close together (113, 117, 118, 119, 121),
 and one series per model that never ran out of memory (its largest batch is only a lower bound).
-Rows are written with ``sweep.store.write_row`` as ``sweep run`` writes them.
+Rows are written with ``sweep.record.store.write_row`` as ``sweep run`` writes them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from sweep.cli import app
 from sweep.results import plot as plotting
-from sweep.schema import TRAINING_DEFAULTS
+from sweep.record.schema import TRAINING_DEFAULTS
 from conftest import rows_folder
 
 MODELS = {"llama3-8b": 4, "gpt2-1.5b": 24, "llama-tiny": 121}  # smallest OOM batch at bf16, accum 1

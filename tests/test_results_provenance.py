@@ -1,6 +1,6 @@
 """`sweep results export --format md` (and the md of max-batch and compare) ends with what the rows were
 measured with: a table pasted in an issue without its stack cannot be reproduced. Rows are written with
-``sweep.store.write_row`` as `sweep run` writes them; the rank-reported versions exist in ok rows only."""
+``sweep.record.store.write_row`` as `sweep run` writes them; the rank-reported versions exist in ok rows only."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import datetime as dt
 from typer.testing import CliRunner
 
 from sweep.cli import app
-from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row
+from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.record.store import write_row
 
 T0 = dt.datetime(2025, 6, 2, 9, 0, tzinfo=dt.timezone.utc)
 STACK = {"gpu_name": "NVIDIA H200", "driver_version": "570.124.06", "cuda_version": "cuda 12.8",

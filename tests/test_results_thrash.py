@@ -11,8 +11,8 @@ import json
 from typer.testing import CliRunner
 
 from sweep.cli import app
-from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row
+from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.record.store import write_row
 
 BASE = {"run_id": "r1", "attempt": 1, "cluster": "h200", "accelerator": "h200", "world_size": 2,
         "model": "qwen-7b", "compile": "regional", "ac": "none", "seq_len": 4096, "memory_cap_gib": 80.0,

@@ -3,7 +3,7 @@ emptied a selection, `nothing to compare`, `--out` a folder, `-n 0`, a memory ca
 `results query` within bounds (a row limit pushed into the query, a memory limit, a timeout, Ctrl-C, one
 statement at a time).
 
-Rows are written with ``sweep.store.write_row`` as ``sweep run`` writes them: a max-batch search of gpt-tiny
+Rows are written with ``sweep.record.store.write_row`` as ``sweep run`` writes them: a max-batch search of gpt-tiny
 on CPU ranks under `--memory-cap 1500MiB` (probes 1, 38, 2039, ..., limit 981), and a small grid of two
 models × two precisions × three batches.
 """
@@ -23,8 +23,8 @@ import pytest
 
 from sweep.results import aggregate, render
 from sweep.results import plot as plotting
-from sweep.schema import TRAINING_DEFAULTS
-from sweep.store import write_row
+from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.record.store import write_row
 
 CAP_GIB = 1500 * 2**20 / 2**30  # --memory-cap 1500MiB: 1.46484375
 PROBES = (1, 38, 2039, 2040, 1020, 510, 765, 852, 926, 963, 981, 990, 985, 983, 982)  # limit 981

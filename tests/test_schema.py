@@ -7,9 +7,9 @@ from datetime import datetime, timezone
 import pyarrow.parquet as pq
 import pytest
 
-from sweep import store
+from sweep.record import store
 from sweep.errors import UserError
-from sweep.schema import COLUMNS, RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, to_table
+from sweep.record.schema import COLUMNS, RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, to_table
 
 
 def _row(**changes) -> dict:

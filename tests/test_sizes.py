@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweep import store
-from sweep.schema import int_range
+from sweep.record import store
+from sweep.record.schema import int_range
 
 INT32_MAX = int_range("batch_size")[1]
 INT64_MAX = int_range("n_params")[1]

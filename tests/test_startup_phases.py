@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweep import store
+from sweep.record import store
 from sweep.results.render import sig
 
 pytestmark = pytest.mark.integration
@@ -75,7 +75,7 @@ def test_rows_older_than_the_phases_read_null_and_show_without_them(cli, tmp_pat
     """A file of schema 1.7 has no phase columns: they read as null, and `results show` leaves them out."""
     import pyarrow.parquet as pq
 
-    from sweep.schema import VERSION_KEY, to_table
+    from sweep.record.schema import VERSION_KEY, to_table
     from test_schema import _row
 
     old = to_table([_row(init_time_s=3.0, trial_wall_s=5.0)]).drop_columns(list(PHASES))

@@ -128,7 +128,7 @@ def test_schedule_auto_max_stops_noisy_steps_there_and_leaves_counts_alone():
     while s.phase != "done":
         s.add(noisy[len(s.times)])
     assert (len(s.warmup.times), len(s.measure.times)) == (50, 100)
-    capped = Schedule("auto", "auto", auto_max=(8, 16))  # a tune's final (sweep.tune_cost.final_auto_max)
+    capped = Schedule("auto", "auto", auto_max=(8, 16))  # a tune's final (sweep.search.fastest.cost.final_auto_max)
     while capped.phase != "done":
         capped.add(noisy[len(capped.times)])
     assert (len(capped.warmup.times), len(capped.measure.times)) == (8, 16)

@@ -1,4 +1,4 @@
-"""`search: fastest` (sweep.tune): the search, driven by a simulated runner. Pure logic: no Ray, no torch.
+"""`search: fastest` (sweep.search.fastest.search): the search, driven by a simulated runner. Pure logic: no Ray, no torch.
 
 The simulated machine plays the runner: a trial's peak memory is fixed + batch x (activations its ac
 keeps), it runs out of memory past the capacity, and its TFLOP/s is a product of per-option factors, so
@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from sweep.errors import UserError
-from sweep.grid import DEFAULT_TIMEOUT_S, NUMERICS_CHANGING, expand, parse_grid
-from sweep.tune import LONGER, SHORT, probe_steps
-from sweep.tune_cost import final_auto_max
-from sweep.tune_memory import fitted, needs
-from sweep.tune_plan import TunePlan
-from sweep.tune_space import Config, Space, at_least_as_heavy
+from sweep.spec.grid import DEFAULT_TIMEOUT_S, NUMERICS_CHANGING, expand, parse_grid
+from sweep.search.fastest.search import LONGER, SHORT, probe_steps
+from sweep.search.fastest.cost import final_auto_max
+from sweep.search.fastest.memory import fitted, needs
+from sweep.search.fastest.plan import TunePlan
+from sweep.search.fastest.space import Config, Space, at_least_as_heavy
 
 GIB = 1024**3
 ACTIVATIONS = {"none": 1.0, "selective": 0.5, "full": 0.2}  # GiB per sample kept for the backward pass
@@ -37,7 +37,7 @@ VERDICT_KEYS = {"kind", "search_id", "model", "precision", "seq_len", "gpus", "c
 
 @dataclass
 class Machine:
-    """Plays the runner: one row per trial, as sweep.rows.outcome_row writes it (the fields a plan reads)."""
+    """Plays the runner: one row per trial, as sweep.record.rows.outcome_row writes it (the fields a plan reads)."""
 
     capacity_gib: float = 40.0
     fixed_gib: float = 4.0
@@ -53,7 +53,7 @@ class Machine:
     compile_gib: dict = field(default_factory=dict)  # compile mode -> GiB per sample it adds
     lost: set[int] = field(default_factory=set)  # attempt numbers lost to the infrastructure
     failing_steps: tuple | None = None  # trials of these (warm-up, measured) steps error (not memory)
-    timed: bool = False  # rows say what a step and a start-up take: the cost cap (sweep.tune_cost) has its numbers
+    timed: bool = False  # rows say what a step and a start-up take: the cost cap (sweep.search.fastest.cost) has its numbers
     hangs: Any = None  # trial -> bool: it hangs until its timeout_s (the scheduler then kills it: status timeout)
     attempts: int = 0
 
@@ -111,7 +111,7 @@ class Run:
 
 
 def run(plan, machine=None, recorded: dict | None = None, last_first: bool = False) -> Run:
-    """The runner's loop (sweep.runner): run what the plan asks, feed each row back, queue its follow-ups.
+    """The runner's loop (sweep.execution.runner): run what the plan asks, feed each row back, queue its follow-ups.
     A trial asked twice fails the test (the runner would drop it silently and the search would stall).
     last_first: the latest queued trial first, as concurrent trials may finish in any order."""
     queue, out = deque(plan.initial()), Run([], [])
@@ -349,7 +349,7 @@ def test_no_probe_needs_the_memory_of_an_earlier_oom_and_an_oom_is_not_retried()
 
 
 def test_where_the_grid_options_ran_out_of_memory_bounds_what_a_rank_may_use():
-    from sweep.tune_memory import usable
+    from sweep.search.fastest.memory import usable
 
     peaks = {59: 125.2 * GIB, 66: 137.9 * GIB}  # GPT-1.5B torchao on one H200, session 10: 1.81 GiB a sample
     # the most the grid's options peaked at clean under their OOM: 66's 137.9, not the line's 139.7 at 67 (failed)
@@ -721,7 +721,7 @@ def test_a_runner_up_is_fully_measured_only_if_the_cost_cap_has_room_for_it(max_
 
 
 def test_a_probe_that_hangs_costs_a_few_times_its_prediction_not_the_grids_timeout_and_the_search_goes_on():
-    from sweep.tune_cost import HANG_FLOOR_S
+    from sweep.search.fastest.cost import HANG_FLOOR_S
 
     def hangs(t) -> bool:  # every accumulating probe hangs (on a GPU: until the scheduler's deadline)
         return t.grad_accum > 1
@@ -768,7 +768,7 @@ def test_without_a_capacity_more_checkpointing_does_not_gallop_past_a_batch_that
 
 @pytest.mark.parametrize("accum_gain, runner_up", [(0.03, False), (0.005, True)])
 def test_a_runner_up_is_fully_measured_only_within_final_margin_of_the_fastest(accum_gain, runner_up):
-    from sweep.tune import FINAL_MARGIN
+    from sweep.search.fastest.search import FINAL_MARGIN
 
     gains = {"bf16": 1.05, "step": 1.04, "head": 1.03, "accum": accum_gain}
     r = run(p := plan(tune={"budget": 13}), Machine(gains=gains))

@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 
-from sweep.tune_space import SHORT, probe_steps
+from sweep.search.fastest.space import SHORT, probe_steps
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""What a tune probe will cost before it runs, and what the search may still spend (sweep.tune_cost). Pure.
+"""What a tune probe will cost before it runs, and what the search may still spend (sweep.search.fastest.cost). Pure.
 The search's use of it, replayed on the GPUs' rows, is in tests/test_tune_replay.py; through the CLI in
 tests/test_tune_cli.py."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.tune_cost import (COMPILE_VS_REGIONAL, FINAL_AUTO_MAX, HANG_FLOOR_S, HANG_X, affordable, compile_times,
+from sweep.search.fastest.cost import (COMPILE_VS_REGIONAL, FINAL_AUTO_MAX, HANG_FLOOR_S, HANG_X, affordable, compile_times,
                              final_auto_max, final_s, one_trial_s, probe_s, time_limit_s)
-from sweep.tune_space import SHORT, Config
+from sweep.search.fastest.space import SHORT, Config
 
 
 def cfg(batch=32, compile="regional", accum=1) -> Config:
@@ -26,7 +26,7 @@ def test_one_trial_is_the_leader_fresh_at_the_finals_steps():
     # auto steps run at least 3 + 5: three more steps than the probe's 2 + 3
     assert one_trial_s(fresh, [fresh], ("auto", "auto")) == pytest.approx(40.0 + 3 * 2.0)
     assert one_trial_s(fresh, [fresh], (3, 10)) == pytest.approx(40.0 + 8 * 2.0)
-    warm = row(20.0, step=2.0, fresh=False)  # its start-up swapped for a fresh group's (15 s, sweep.cost)
+    warm = row(20.0, step=2.0, fresh=False)  # its start-up swapped for a fresh group's (15 s, sweep.record.cost)
     assert one_trial_s(warm, [fresh, warm], (2, 3)) == pytest.approx(20.0 - 0.5 + 15.0)
     assert one_trial_s({**fresh, "step_time_s": None}, [fresh], (3, 10)) is None
     assert one_trial_s(None, [], (3, 10)) is None

@@ -1,5 +1,5 @@
-"""`tune.vary` naming tp or dp_replicate (issue 33 item 5): one search per layout (sweep.layout.searched_layouts,
-sweep.tune_plan). Pure: the plan is driven by a simulated runner, as in tests/test_tune.py; the real run on CPU
+"""`tune.vary` naming tp or dp_replicate (issue 33 item 5): one search per layout (sweep.spec.layout.searched_layouts,
+sweep.search.fastest.plan). Pure: the plan is driven by a simulated runner, as in tests/test_tune.py; the real run on CPU
 ranks is in tests/test_tune_layouts_run.py."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections import deque
 import pytest
 
 from sweep.errors import UserError
-from sweep.grid import expand, parse_grid
-from sweep.tune_plan import TunePlan, group_key, search_id
+from sweep.spec.grid import expand, parse_grid
+from sweep.search.fastest.plan import TunePlan, group_key, search_id
 
 GIB = 1024**3
 
@@ -56,7 +56,7 @@ def test_tp_not_named_in_vary_stays_at_the_grids_first_value():
 
 
 def test_a_layout_the_recipe_does_not_build_or_a_node_cannot_hold_is_not_searched():
-    # torchao float8 with tensor parallel is not built (sweep.layout.layout_unsupported)
+    # torchao float8 with tensor parallel is not built (sweep.spec.layout.layout_unsupported)
     assert layouts(plan(precisions=["fp8-torchao-tensorwise"], tune={"vary": ["tp"], "budget": 6})) == [(1, 1)]
     # 4 ranks over nodes of 1: a TP group would span nodes
     assert layouts(plan(ranks_per_node=1, tune={"vary": ["tp"], "budget": 6})) == [(1, 1)]
@@ -69,7 +69,7 @@ def test_vary_names_an_unknown_option_in_one_line():
 
 
 def run(p: TunePlan, tflops) -> list:
-    """The runner's loop (sweep.runner): every probe fits; `tflops(trial)` is its speed."""
+    """The runner's loop (sweep.execution.runner): every probe fits; `tflops(trial)` is its speed."""
     queue, asked = deque(p.initial()), []
     while queue:
         t = queue.popleft()

@@ -1,4 +1,4 @@
-"""`search: fastest` with the memory model (sweep.predictor): each level's fit starts at the predicted limit, no
+"""`search: fastest` with the memory model (sweep.memory.predictor): each level's fit starts at the predicted limit, no
 candidate runs past the batch predicted to fit, a probe recorded as a predicted OOM teaches the search as an OOM
 does, and on GPU ranks torchao FP8 is never probed with `compile: none` unless the grid lists it. Pure logic on
 the simulated machine of tests/test_tune.py, and one run through the CLI that never reaches Ray."""
@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import yaml
 
-from sweep.tune_plan import TunePlan
+from sweep.search.fastest.plan import TunePlan
 from test_predict_use import dead_h200_profile
 from test_tune import GIB, Machine, grid, run
 
@@ -101,8 +101,7 @@ def test_a_tune_whose_every_probe_is_predicted_not_to_fit_runs_nothing(tmp_path,
                            "--no-progress"], cwd=ROOT, env={**sweep_env(), "COLUMNS": "250"}, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    from sweep import store
-
+    from sweep.record import store
     rows = [r for r in store.read_table(out).to_pylist() if r["run_id"] != "r0"]
     assert rows and all(r["status"] == "unsupported" and r["error"].startswith("predicted OOM:") for r in rows)
     assert {r["ac"] for r in rows} == {"none", "selective", "full"}  # each level fitted on: none stopped the search

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sweep.grid import DEFAULT_TIMEOUT_S, expand, parse_grid
-from sweep.tune_cost import compile_times, final_s, one_trial_s, probe_s, spent_s
-from sweep.tune_plan import TunePlan
-from sweep.tune_space import SHORT
+from sweep.spec.grid import DEFAULT_TIMEOUT_S, expand, parse_grid
+from sweep.search.fastest.cost import compile_times, final_s, one_trial_s, probe_s, spent_s
+from sweep.search.fastest.plan import TunePlan
+from sweep.search.fastest.space import SHORT
 
 HISTORY = Path(__file__).resolve().parent.parent / "benchmarks" / "history"
 GIB = 1024**3
@@ -229,7 +229,7 @@ def test_every_recorded_attempt_ran_within_the_time_limit_the_search_now_gives_i
 def test_the_gpu_time_session_13_reports_is_what_its_recorded_rows_give(name, held, startup, warmup, oom):
     """RESULTS.md session 13 cites each search's start-up and warm-up shares (and GPT-1.5B's OOM attempts) from
     `sweep tune`'s 'GPU time' line; the same line again, from the rows kept in benchmarks/history."""
-    from sweep.cost import summary_line
+    from sweep.record.cost import summary_line
 
     number = lambda v: float(v) if v else None  # noqa: E731
     with open(HISTORY / f"rows-2026-12-01-{name}.csv", newline="") as f:

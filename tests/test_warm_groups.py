@@ -1,4 +1,4 @@
-"""Warm groups: rank processes that run trial after trial (sweep.scheduler), and when they must not.
+"""Warm groups: rank processes that run trial after trial (sweep.execution.scheduler), and when they must not.
 
 Through `sweep run` / `sweep max-batch` on the session's real Ray: FSDP2 over gloo, 2 CPU ranks, tiny models.
 A grid runs on one group with the losses of fresh processes; an OOM, a killed rank or `--fresh-actors` (grid
@@ -17,8 +17,7 @@ import types
 
 import pytest
 
-from sweep import store
-
+from sweep.record import store
 # /proc helpers of the fault tests: a rank found among this process's descendants by its Ray title
 from test_faults import _alive, _not_master, _rank_workers, _training_ranks, _wait_for  # noqa: E402
 
@@ -58,7 +57,7 @@ def test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes(ray_se
     # one group, trial after trial, whatever the model: its processes ran them all
     assert [r["group_trial_index"] for r in warm] == [0, 1, 2]
     assert [r["actor_reused"] for r in warm] == [False, True, True]
-    # the first starts the group; the group then takes the smaller model first (sweep.groups.footprint)
+    # the first starts the group; the group then takes the smaller model first (sweep.execution.groups.footprint)
     assert [r["model"] for r in warm] == ["gpt-tiny", "llama-tiny", "gpt-wide"]
     assert warm[1]["n_params"] < warm[2]["n_params"]
 
@@ -98,7 +97,7 @@ def test_grid_reuse_actors_false_gives_every_trial_fresh_processes(ray_session, 
 def test_a_warm_group_takes_the_smallest_trial_of_its_kind_first(ray_session, cli, write_grid, tmp_path, gpus, limit):
     """The first trial starts the group (the oldest: placement stays in submission order); the group then runs
     the rest smallest first, so the one likeliest to run out of memory (and retire the group) comes last
-    (sweep.groups.footprint). Also when the next trial's placement was already requested and waits for the
+    (sweep.execution.groups.footprint). Also when the next trial's placement was already requested and waits for the
     group's CPUs (4-rank trials on 4 CPUs, no --max-concurrent): the group, once idle, still picks the
     smallest, not the waiting one."""
     profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
@@ -133,8 +132,8 @@ def test_an_oom_retires_the_group_and_the_next_trial_runs_on_a_fresh_one(ray_ses
 @pytest.mark.timeout(180)
 def test_plain_torch_then_torchao_share_a_group_with_the_losses_of_fresh_processes(ray_session, cli, write_grid,
                                                                                   tmp_path):
-    """torchao's float8 conversion patches inductor for its whole process (sweep.groups.STACKS), so a group runs
-    plain torch first, also the group placed for a torchao trial listed first (sweep.groups.opener), then
+    """torchao's float8 conversion patches inductor for its whole process (sweep.execution.groups.STACKS), so a group runs
+    plain torch first, also the group placed for a torchao trial listed first (sweep.execution.groups.opener), then
     torchao on the same processes: one group start, not two, and each trial trains as in processes where
     nothing ran before it."""
     grid = write_grid("models: [gpt-tiny]\nprecisions: [fp8-torchao-tensorwise, bf16]\nbatch_sizes: [2]\n"
@@ -242,7 +241,7 @@ def _warm_rank(jobs: list, queue) -> None:
 
 
 def test_each_trial_gives_back_the_memory_its_process_held_before(rank_jobs, run_ranks):
-    from sweep.scheduler import returned_to_baseline
+    from sweep.execution.scheduler import returned_to_baseline
     from trainer.models.specs import REGISTRY
 
     leaky = REGISTRY["gpt-tiny"].model_copy(update={"name": "leaky"})
@@ -314,7 +313,7 @@ def test_on_a_gpu_transformer_engine_trials_give_back_their_memory(rank_jobs, ru
     workspaces, each ended 32.0 MiB above it on an H200 and retired its group (RESULTS.md, session 10)."""
     import torch
 
-    from sweep.groups import KEPT_BYTES_ALLOWED
+    from sweep.execution.groups import KEPT_BYTES_ALLOWED
     from trainer.models.specs import REGISTRY
 
     if not torch.cuda.is_available() or torch.version.hip:
@@ -331,7 +330,7 @@ def test_on_a_gpu_transformer_engine_trials_give_back_their_memory(rank_jobs, ru
 # -- pure rules --------------------------------------------------------------------------------------------
 
 def _trial(**changes):
-    from sweep.grid import Trial
+    from sweep.spec.grid import Trial
     from trainer.models.specs import REGISTRY
 
     base = dict(cluster="local", model=REGISTRY["gpt-tiny"], precision="bf16", compile="none", ac="none",
@@ -340,7 +339,7 @@ def _trial(**changes):
 
 
 def test_a_group_stays_warm_over_a_library_cache_but_not_over_a_trials_leftovers():
-    from sweep.groups import KEPT_BYTES_ALLOWED, returned_to_baseline
+    from sweep.execution.groups import KEPT_BYTES_ALLOWED, returned_to_baseline
 
     base = 5 << 30
     assert returned_to_baseline([{"baseline_bytes": base, "held_bytes": base + 3072},
@@ -351,7 +350,7 @@ def test_a_group_stays_warm_over_a_library_cache_but_not_over_a_trials_leftovers
 
 
 def test_one_group_runs_trials_of_one_shape_cap_and_process_family():
-    from sweep.groups import group_key
+    from sweep.execution.groups import group_key
     from trainer.models.specs import REGISTRY
 
     same = [_trial(), _trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"), _trial(precision="fp32"),
@@ -363,7 +362,7 @@ def test_one_group_runs_trials_of_one_shape_cap_and_process_family():
 
 
 def test_a_group_picks_plain_torch_before_torchao_then_the_smallest_and_never_goes_back():
-    from sweep.groups import group_key, pick
+    from sweep.execution.groups import group_key, pick
 
     key = group_key(_trial())
     small, large = _trial(batch_size=4), _trial(batch_size=8)
@@ -379,7 +378,7 @@ def test_a_group_picks_plain_torch_before_torchao_then_the_smallest_and_never_go
 
 
 def test_a_new_group_runs_what_it_was_placed_for_unless_an_earlier_stage_waits():
-    from sweep.groups import opener
+    from sweep.execution.groups import opener
 
     placed, large, fp8 = _trial(batch_size=8), _trial(batch_size=16), _trial(precision="fp8-torchao-tensorwise")
     te = _trial(precision="fp8-te-delayed")
@@ -403,7 +402,7 @@ def test_a_profiled_trial_retires_its_group(ray_session, cli, write_grid, tmp_pa
 def test_rows_before_schema_1_6_read_the_new_columns_as_null(tmp_path):
     import pyarrow.parquet as pq
 
-    from sweep.schema import VERSION_KEY, to_table
+    from sweep.record.schema import VERSION_KEY, to_table
 
     row = {"run_id": "r", "trial_id": "t", "cluster": "c", "model": "m", "status": "ok", "actor_reused": True,
            "group_trial_index": 3}

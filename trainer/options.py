@@ -1,7 +1,7 @@
 """The training options: how a trial trains, beyond what model at which batch. Declared once, here.
 
-Everything else is derived from `TrainingOptions`: the grid's axes and their defaults (`sweep.grid`),
-the result columns and the value an older row without one is read with (`sweep.schema`), and what each
+Everything else is derived from `TrainingOptions`: the grid's axes and their defaults (`sweep.spec.grid`),
+the result columns and the value an older row without one is read with (`sweep.record.schema`), and what each
 rank is sent (`trainer.job.TrialConfig.options`). Each field's type carries its constraint, so a value
 is checked the same way in a grid file (pydantic, one line naming the key) and here (`__post_init__`,
 a ValueError naming the field). Pure: pydantic only, no torch.

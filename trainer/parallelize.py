@@ -2,7 +2,7 @@
 
 The order is fixed and matters (torchtitan's `parallelize_llama` does the same):
   1. precision conversion first, so that everything after sees the final (e.g. float8) modules: TP would shard
-     them (torchao's float8 TP styles; not built, `sweep.layout` refuses torchao with tp > 1), compile traces
+     them (torchao's float8 TP styles; not built, `sweep.spec.layout` refuses torchao with tp > 1), compile traces
      them and FSDP shards them;
   2. tensor parallel (tp > 1; `trainer.tensor_parallel`) before everything that wraps or traces a block: its
      plan names the plain submodules (attn.wq, ffn.w2, ...), which AC's wrapper would hide, and compile must

@@ -10,7 +10,7 @@ nvbench do:
   of the median, at least 5 and at most 100 steps, or until the measured steps have taken `time_cap_s`.
 
 `Schedule(..., auto_max=(w, m))` lowers those maxima to w warm-up and m measured steps: a tune's finals, whose
-GPU time its cost cap has to know in advance (sweep.tune_cost.FINAL_AUTO_MAX). A noisy step then stops at the
+GPU time its cost cap has to know in advance (sweep.search.fastest.cost.FINAL_AUTO_MAX). A noisy step then stops at the
 maximum with the confidence interval it reached, which its row keeps (step_time_ci_pct; ci_target_met false).
 
 `Fixed(n)` has the same interface, so that a loop need not care which it has. `Schedule` chains a

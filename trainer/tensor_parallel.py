@@ -1,7 +1,7 @@
 """The parallel layout on the ranks: the named mesh, tensor parallel with sequence parallel, the sharded loss.
 
 The trial's ranks are the mesh (dp_replicate, dp_shard, tp), row-major in rank order: tp innermost, so a TP group
-is tp consecutive ranks, which `sweep.layout` keeps on one node (each block's TP collectives stay on its fabric).
+is tp consecutive ranks, which `sweep.spec.layout` keeps on one node (each block's TP collectives stay on its fabric).
 
 Tensor parallel follows Megatron-LM (Shoeybi et al. 2019) with sequence parallel (Korthikanti et al. 2022), as
 torchtitan's `apply_tp` for Llama: between blocks the activations are sharded on the sequence (each TP rank holds
@@ -51,7 +51,7 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
 
-    if not hasattr(model, "output"):  # sweep.layout refuses it at plan time: a caller that did not is a bug
+    if not hasattr(model, "output"):  # sweep.spec.layout refuses it at plan time: a caller that did not is a bug
         raise ValueError(f"tensor parallel is built for llama models, not {type(model).__name__}")
     parallelize_module(model, tp_mesh, {
         # rows of the vocabulary: each rank looks up its slice, the partial sums reduce-scatter onto the sequence

@@ -83,7 +83,7 @@ class Measurement:
     energy: EnergyReport | None = None  # this rank's GPU over the measured steps (`trainer.energy`); None on CPU
 
     def report(self) -> dict:
-        """The fields the driver turns into a row (`sweep.rows.outcome_row`)."""
+        """The fields the driver turns into a row (`sweep.record.rows.outcome_row`)."""
         return {"step_times": self.step_times, "warmup_steps": self.warmup_steps, "compile_time_s": self.compile_time_s,
                 "init_time_s": self.init_time_s, "model_build_s": self.model_build_s, "loss_first": self.losses[0],
                 "loss_last": self.losses[-1], "losses": self.losses, "tokens_per_step": self.tokens_per_step,
@@ -139,7 +139,7 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
 
 
 # How many trials' compiled code a process keeps, by `_graph_key`, oldest first. A warm group runs trials smallest
-# first (sweep.groups.footprint), so a grid's precisions alternate at each batch size: keeping only the last
+# first (sweep.execution.groups.footprint), so a grid's precisions alternate at each batch size: keeping only the last
 # trial's code would recompile every one. Each graph kept is one more entry in dynamo's cache of the same block
 # code, under its recompile_limit (8; past it dynamo runs the block uncompiled): 4 graphs and their batch-1
 # variants stay within it.

@@ -80,7 +80,7 @@ class Axes:
 def _grid_data(grid: Path | None, axes: Axes) -> tuple[dict, str]:
     """The grid file's mapping as written, the options on top: validated once, by `_prepare`."""
     from clusters._load import display_path
-    from sweep.grid import read_grid
+    from sweep.spec.grid import read_grid
 
     if grid is not None:
         data, source = read_grid(grid), display_path(grid)
@@ -95,7 +95,7 @@ def _prepare(grid: Path | None, cluster: str, memory_cap: str | None, axes: Axes
     from clusters import load_profile
     from sweep.errors import UserError
     from clusters.schema import parse_memory_size
-    from sweep.grid import expand, parse_grid
+    from sweep.spec.grid import expand, parse_grid
 
     profile = load_profile(cluster)
     data, source = _grid_data(grid, axes)
@@ -121,7 +121,7 @@ def _prepare_search(command: str, cluster: str, memory_cap: str | None, axes: Ax
     is needed, and --start is the one batch its searches start from."""
     from sweep.errors import UserError
 
-    from sweep.grid import unstorable
+    from sweep.spec.grid import unstorable
 
     if not axes.model:
         raise UserError(f"{command} needs --model")
@@ -141,9 +141,9 @@ def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes()
         no_predict: NoPredictOpt = False,
         yes: Annotated[bool, flag("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False) -> None:
     """Run a grid of trials and write one Parquet row per attempt."""
-    from sweep.advice import LARGE_GRID, needs_confirmation
+    from sweep.spec.advice import LARGE_GRID, needs_confirmation
     from sweep.errors import UserError
-    from sweep.predictor import Predictor
+    from sweep.memory.predictor import Predictor
 
     extra = ({"profile": True} if profile_steps else {}) | ({"predict_memory": False} if no_predict else {})
     profile, spec, trials = _prepare(grid, cluster, memory_cap, axes, extra)
@@ -166,7 +166,7 @@ def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(
     """Show the trials a grid expands to, and which cannot run here and why. Nothing runs."""
     from rich.console import Console
 
-    from sweep.predictor import Predictor
+    from sweep.memory.predictor import Predictor
     from sweep.results import render
     from sweep.text import plural
 
@@ -185,7 +185,7 @@ def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(
 
 def _predicted_cell(trial, predictor) -> str:
     """`41.2 GiB / 140 GiB`: the trial's predicted peak per rank against the rank's memory; '-' off GPUs."""
-    from sweep.capacity import size
+    from sweep.memory.capacity import size
 
     memory = predictor.memory(trial)
     return "-" if memory is None else f"{size(predictor.predict(trial).bytes)} / {size(memory[0])}"
@@ -194,8 +194,8 @@ def _predicted_cell(trial, predictor) -> str:
 def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
     """What runs: the grid's trials (with OOM retries), or the search its `search:` asks for. `step`: a
     max-batch search's granularity (`sweep max-batch --step`; a grid's search goes to the batch). `predictor`
-    (sweep.predictor): where OOM retries and a max-batch search's first probes go."""
-    from sweep.policy import GridPlan, MaxBatchPlan
+    (sweep.memory.predictor): where OOM retries and a max-batch search's first probes go."""
+    from sweep.search.policy import GridPlan, MaxBatchPlan
 
     # where a probe or a retry goes: the model's estimate itself, not the batch it would refuse past its margin (on
     # one H200, uncalibrated, a bf16 retry from 24 went to 12, inside the margin, and ran out of memory; 10 fits)
@@ -203,7 +203,7 @@ def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
     if spec.search == "max_batch":
         return MaxBatchPlan(trials, capacity_bytes=_capacity(profile, trials), step=step, predicted_max=point)
     if spec.search == "fastest":
-        from sweep.tune_plan import TunePlan
+        from sweep.search.fastest.plan import TunePlan
 
         return TunePlan(trials, spec, capacity_bytes=_capacity(profile, trials), is_gpu=profile.is_gpu,
                         ranks_per_node=profile.ranks_per_node,
@@ -214,7 +214,7 @@ def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
 def _plan_rows(trials, predictor) -> tuple[list[dict], dict[str, int]]:
     """One row of text per trial, and each reason a trial cannot run here numbered in order of appearance."""
     from sweep.results.render import param_count
-    from sweep.runner import unsupported
+    from sweep.execution.runner import unsupported
 
     reasons: dict[str, int] = {}
     rows = []
@@ -241,7 +241,7 @@ def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
               fresh_actors: FreshOpt = False, profile_steps: ProfileOpt = False) -> None:
     """Find the largest batch that fits, and the fastest, per model and precision."""
     extra = {"search": "max_batch", "steps": {"warmup": warmup, "measure": measure}, "profile": profile_steps}
-    from sweep.predictor import Predictor
+    from sweep.memory.predictor import Predictor
 
     profile, spec, trials = _prepare_search("max-batch", cluster, memory_cap, axes, start, extra)
     predictor = Predictor.load(profile, output)
@@ -252,8 +252,8 @@ def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
 def _execute(plan, trials, profile, output: Path, predictor=None, **options) -> None:
     """What `run`, `max-batch` and `tune` do once planned: check --output, warn, run the plan, report and exit.
     `predictor`: the memory model calibrated on --output's rows (loaded here when the plan did not need one)."""
-    from sweep.predictor import Predictor
-    from sweep.runner import execute, new_run_id
+    from sweep.memory.predictor import Predictor
+    from sweep.execution.runner import execute, new_run_id
 
     check_output(output)
     _print_warnings(trials, profile)
@@ -263,10 +263,10 @@ def _execute(plan, trials, profile, output: Path, predictor=None, **options) -> 
 
 
 def _print_warnings(trials, profile, console=None) -> None:
-    """Combinations that run but mislead (sweep.advice), in yellow: under the plan, on stderr before a run."""
+    """Combinations that run but mislead (sweep.spec.advice), in yellow: under the plan, on stderr before a run."""
     from rich.console import Console
 
-    from sweep.advice import plan_warnings
+    from sweep.spec.advice import plan_warnings
 
     _warn(plan_warnings(trials, is_gpu=profile.is_gpu), console or Console(stderr=True))
 
@@ -319,7 +319,7 @@ def _finish(report, output: Path, plan, predictor=None) -> None:
     target, the verdicts of a search, then the exit status."""
     from rich.console import Console
 
-    from sweep import cost
+    from sweep.record import cost
     from sweep.results import intervals, render
     from sweep.text import plural
 
@@ -358,10 +358,10 @@ def _finish(report, output: Path, plan, predictor=None) -> None:
 
 def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[dict], predictor=None) -> None:
     """Print a search's verdicts and record them beside the rows (`_search/`, ignored as data). A max-batch
-    verdict is completed here from its rows; a fastest-configuration one (`sweep.tune`) comes whole. Under
+    verdict is completed here from its rows; a fastest-configuration one (`sweep.search.fastest.search`) comes whole. Under
     each max-batch verdict, on GPU ranks: predicted against measured peak per probe."""
-    from sweep import store
-    from sweep.predictor import peak_line
+    from sweep.record import store
+    from sweep.memory.predictor import peak_line
     from sweep.results.verdicts import print_tables
 
     for v in verdicts:
@@ -376,7 +376,7 @@ def _write_verdicts(output: Path, run_id: str, verdicts: list[dict], rows: list[
 
 def _complete_verdict(v: dict, rows: list[dict]) -> None:
     """Add to a search's verdict what its rows say: allocator retries, speed and what the search cost."""
-    from sweep import cost
+    from sweep.record import cost
     from sweep.results.render import thrash_note
 
     by_batch = {r["batch_size"]: r for r in rows if r["status"] == "ok" and r.get("search_id") == v["search_id"]}

@@ -4,7 +4,7 @@
         --cluster h200 --budget 40 --vary batch_size --vary grad_accum --vary reduce_dtype
 
 is the grid `{models: [llama3-8b], precisions: [...], gpus: 2, seq_len: 4096, batch_sizes: [1], search: fastest,
-tune: {vary: [...], budget: 40}, steps: {warmup: auto, measure: auto}}` run by `sweep run` (sweep.tune says how
+tune: {vary: [...], budget: 40}, steps: {warmup: auto, measure: auto}}` run by `sweep run` (sweep.search.fastest.search says how
 the search goes); the command's options and a grid's keys are one thing.
 """
 
@@ -19,8 +19,8 @@ import typer
 from sweep.commands._common import dataclass_options, flag, user_errors
 from sweep.commands.run import (Axes, CapOpt, ClusterOpt, FreshOpt, OutputOpt, ProgressOpt, StartOpt, _execute,
                                 _prepare_search, make_plan)
-from sweep.grid import DEFAULT_VARY, TUNABLE, TuneSpec
-from sweep.layout import LAYOUT_VARY
+from sweep.spec.grid import DEFAULT_VARY, TUNABLE, TuneSpec
+from sweep.spec.layout import LAYOUT_VARY
 
 app = typer.Typer()
 

@@ -1,6 +1,6 @@
 """Reading result datasets back: filter, aggregate, compare, render, plot, query.
 
-Every entry point takes the result directory that ``sweep run`` wrote (see ``sweep.store``):
+Every entry point takes the result directory that ``sweep run`` wrote (see ``sweep.record.store``):
 
 - ``query``: ``--where`` filters, loading the rows, and DuckDB SQL over them;
 - ``aggregate``: one row per config (median over repeats), max batch, ratios against a baseline;

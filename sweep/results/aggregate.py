@@ -22,13 +22,13 @@ import pyarrow as pa
 from sweep.errors import UserError
 from sweep.results import energy
 from sweep.results.query import CONFIG_KEYS, load, run_sql
-from sweep.schema import STATUSES, TRAINING_DEFAULTS
+from sweep.record.schema import STATUSES, TRAINING_DEFAULTS
 
 METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak_mem_gib")
 # Beside the speed: a recipe that runs fast and does not train is no result (median over ok attempts too)
 LOSSES = ("loss_first", "loss_last")
 FAILURES = tuple(s for s in STATUSES if s != "ok")
-# What an attempt's GPU time bought (`sweep.cost`, the `time measured` column of `results show`)
+# What an attempt's GPU time bought (`sweep.record.cost`, the `time measured` column of `results show`)
 TIMES = ("trial_wall_s", "steps_time_s", "compile_time_s", "warmup_steps")
 # The median's interval and whether `steps: auto` reached its target (`results show` and `export` print them)
 INTERVALS = ("step_time_ci_pct", "ci_target_met")

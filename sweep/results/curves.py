@@ -35,7 +35,7 @@ def _configs(keys: Sequence[str], configs: list[tuple], extra: dict[str, list] |
 
 
 def _arrow(key: str) -> pa.DataType:
-    from sweep.schema import RESULT_SCHEMA
+    from sweep.record.schema import RESULT_SCHEMA
 
     return pa.bool_() if key == "tuned" else RESULT_SCHEMA.field(key).type
 

@@ -1,6 +1,6 @@
 """Energy in `sweep results`: the SQL of perf per watt and $ per million tokens (`energy_view` formats them).
 
-The row's figures are `sweep.energy`'s; here they are aggregated per config (the median of ok attempts, as the
+The row's figures are `sweep.record.energy`'s; here they are aggregated per config (the median of ok attempts, as the
 speed is) and priced. `compare --by cluster`, per config:
 
     $/Mtok, GPU     = cost_per_gpu_hour / 3600 / tokens_per_s_per_gpu × 1e6

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sweep.schema import VERSION_KEY
-from sweep.store import _version_problem, check_files, result_files
+from sweep.record.schema import VERSION_KEY
+from sweep.record.store import _version_problem, check_files, result_files
 
 
 def checked(con, root: Path, skip_bad: bool = False) -> dict[Path, frozenset[str]]:

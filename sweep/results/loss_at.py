@@ -3,7 +3,7 @@
 `loss_last` is the loss after however many steps a trial ran: an `auto` trial may stop after 6 measured steps and
 its neighbour after 28, and with grad_accum a step is several micro-batches, so two last losses say nothing of two
 recipes' numerics. Each row's loss curve (`loss_curve`, with `loss_curve_tokens`: the tokens trained when each
-step's loss was computed, `sweep.schema`) lets every side be read at one token count instead:
+step's loss was computed, `sweep.record.schema`) lets every side be read at one token count instead:
 
 - the count is the largest that every curve reached (the smallest of their last token counts), so no side is
   read past its end;

@@ -26,7 +26,7 @@ from sweep.errors import UserError
 from sweep.results import aggregate
 from sweep.results.energy import PLOT_METRICS
 from sweep.results.render import CONFIG_HEADERS, says_nothing, setting
-from sweep.schema import TRAINING_DEFAULTS
+from sweep.record.schema import TRAINING_DEFAULTS
 
 SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", *TRAINING_DEFAULTS, "memory_cap_gib")
 DPI = 110  # the tick thinning measures text at this resolution: the saved image must use the same

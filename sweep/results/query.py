@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sweep.errors import UserError
-from sweep.schema import RESULT_SCHEMA, STATUSES, TRAINING_DEFAULTS
-from sweep.store import open_dataset
+from sweep.record.schema import RESULT_SCHEMA, STATUSES, TRAINING_DEFAULTS
+from sweep.record.store import open_dataset
 
 # The columns that make two attempts "the same config": repeats of one config aggregate together.
 # memory_cap_gib: a run under `--memory-cap 80GiB` answers another question than one on the whole card

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from sweep.cost import measured_share
+from sweep.record.cost import measured_share
 from sweep.results.aggregate import BATCH_GROUP, FAILURES
 from sweep.results.query import CONFIG_KEYS
 from sweep.results.table_out import (CONFIG_HEADERS, DASH, Col, csv_text, markdown, rich_table,  # noqa: F401
@@ -136,13 +136,13 @@ STEP_CI = Col("step_time_ci_pct", "step ±CI", _ci, optional=True)
 
 
 def _measured(row: dict) -> str:
-    """The attempt's wall time in measured steps (`sweep.cost`): 0 % for a failed attempt, — for one never run."""
+    """The attempt's wall time in measured steps (`sweep.record.cost`): 0 % for a failed attempt, — for one never run."""
     share = measured_share(row)
     return DASH if share is None else f"{sig(share * 100, RATIO_SIGNIFICANT)} %"
 
 
 MEASURED = Col("steps_time_s", "time measured", _measured)  # reads aggregate.TIMES and step_time_s too
-# The start-up in the order it happens (`sweep.schema`): a fresh group's first trial pays all four, a warm one only
+# The start-up in the order it happens (`sweep.record.schema`): a fresh group's first trial pays all four, a warm one only
 # its build (the rest "—")
 STARTUP = [Col(key, header, num(key), optional=True) for key, header in (
     ("process_start_s", "spawn (s)"), ("import_s", "import (s)"), ("process_setup_s", "setup (s)"),

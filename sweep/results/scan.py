@@ -18,8 +18,8 @@ from typing import Callable, Iterable, Sequence
 import pyarrow as pa
 
 from sweep.errors import UserError, one_line
-from sweep.schema import RESULT_SCHEMA, TRAINING_DEFAULTS
-from sweep.store import safe_part
+from sweep.record.schema import RESULT_SCHEMA, TRAINING_DEFAULTS
+from sweep.record.store import safe_part
 
 _SQL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
               pa.bool_(): "BOOLEAN", pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ", pa.list_(pa.float64()): "DOUBLE[]",

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from sweep.schema import TRAINING_DEFAULTS
+from sweep.record.schema import TRAINING_DEFAULTS
 
 DASH = "—"
 CONFIG_HEADERS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile",

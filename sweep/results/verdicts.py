@@ -1,5 +1,5 @@
 """What searches concluded, as tables: the verdicts of a max-batch search (`sweep max-batch`) and of a
-fastest-configuration search (`search: fastest`, `sweep.tune`), and each precision at its best
+fastest-configuration search (`search: fastest`, `sweep.search.fastest.search`), and each precision at its best
 (`sweep results compare --best`).
 
 A search prints its verdicts when it ends and saves them in ``<output>/_search/<run_id>.json`` (a JSON
@@ -16,7 +16,7 @@ from typing import Callable
 from sweep.errors import UserError
 from sweep.results.render import (CONFIG_HEADERS, DASH, RATIO_SIGNIFICANT, TFLOPS, Col, base_tflops, config_cols,
                                   loss_at_cols, num, ratio_text, sig, stdout_console)
-from sweep.schema import TRAINING_DEFAULTS
+from sweep.record.schema import TRAINING_DEFAULTS
 
 # The configuration a search starts from and `compare --best` describes others against: no compile, no
 # activation checkpointing, the training options' defaults (the batch is always said).
@@ -154,7 +154,7 @@ def profile_line(v: dict) -> str:
 
 def skipped_line(v: dict) -> str:
     """'gpt2-1.5b fp8-torchao-tensorwise T1024 ×1, not probed (predicted past max_cost 10x one trial): batch 32 ·
-    compile full': what a fastest search skipped for cost (sweep.tune_cost)."""
+    compile full': what a fastest search skipped for cost (sweep.search.fastest.cost)."""
     base = {**DEFAULT_CONFIG, **(v.get("baseline") or {})}
     said = "; ".join(config_text(c, base) for c in v["skipped_for_cost"])
     return (f"{_model_at_layout(v)} {v['precision']} T{v['seq_len']} ×{v['gpus']}, not probed (predicted past max_cost "

@@ -113,7 +113,7 @@ REGISTRY: dict[str, ModelSpec] = {
     "llama3-8b": _spec(arch="llama", name="llama3-8b", n_layers=32, d_embd=4096, n_heads=32, n_kv_heads=8,
                        ffn_hidden=14336, vocab_size=128256),
     # Llama3-70B (80 layers, d 8192, 64 heads, 8 kv heads, ffn 28672, vocab 128256, RoPE 500000): 70.55 B
-    # params, whose training state alone (16 B per param) needs ~8 H200s or MI300Xs (sweep/capacity.py)
+    # params, whose training state alone (16 B per param) needs ~8 H200s or MI300Xs (sweep/memory/capacity.py)
     "llama3-70b": _spec(arch="llama", name="llama3-70b", n_layers=80, d_embd=8192, n_heads=64, n_kv_heads=8,
                         ffn_hidden=28672, vocab_size=128256),
     # Llama3-70B dims with only 4 layers, so one or two GPUs can run its GEMM shapes

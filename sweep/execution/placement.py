@@ -2,14 +2,14 @@
 
 `placement(profile, ranks)` gives the placement group's bundles and strategy, `bundle_index` the bundle
 of each rank's actor, `rank_env(profile)` the rank processes' environment, and `rank_jobs` what each rank
-is sent for a trial once they run (`sweep.scheduler` uses them).
+is sent for a trial once they run (`sweep.execution.scheduler` uses them).
 """
 
 from __future__ import annotations
 
 import socket
 
-from sweep.grid import Trial
+from sweep.spec.grid import Trial
 from trainer.job import PG_TIMEOUT_S, RankJob, TrialConfig
 
 # The loopback interface ('lo' on Linux, 'lo0' on macOS): gloo and NCCL sockets of an embedded trial.
@@ -28,7 +28,7 @@ def placement(profile, ranks: int) -> tuple[list[dict], str]:
     One node if it fits (STRICT_PACK keeps NVLink/xGMI traffic on the node). Else each node's share of the
     ranks (gpus_per_node of them, the last share what remains) is one bundle, and the bundles go to distinct
     nodes (STRICT_SPREAD): ranks fill nodes in rank order (`bundle_index`), so a trial's TP group (tp consecutive
-    ranks, tp dividing gpus_per_node: sweep.layout) is on one node and its HSDP replicas (dp_shard x tp
+    ranks, tp dividing gpus_per_node: sweep.spec.layout) is on one node and its HSDP replicas (dp_shard x tp
     consecutive ranks each) fill nodes one after another. A GPU count bounds a node's ranks; a CPU node has no
     such count (PACK would put every rank on one big node): there gpus_per_node bounds them, as on GPUs.
     """

@@ -22,7 +22,7 @@
   checkpoints every other block (trainer/parallelize.py), so half the blocks keep everything.
 * Logits and loss: B·T·V logits in bf16 and their fp32 upcast for the loss, the largest single temporary at
   the end of forward (6 B per element).
-* Layouts (sweep.layout): dp is the ranks that shard the state, dp_shard x tp (an HSDP replica holds a whole
+* Layouts (sweep.spec.layout): dp is the ranks that shard the state, dp_shard x tp (an HSDP replica holds a whole
   copy); with tensor parallel the compute copies, activations and logits are each divided by tp (column/row
   parallel inside the blocks, sequence parallel between them, logits sharded on the vocabulary).
 
@@ -72,7 +72,7 @@ class Shape:
 
     @classmethod
     def of(cls, trial) -> "Shape":
-        """From a `sweep.grid.Trial` (its ModelSpec and layout)."""
+        """From a `sweep.spec.grid.Trial` (its ModelSpec and layout)."""
         return cls.of_spec(trial.model, precision=trial.precision, batch_size=trial.batch_size, seq_len=trial.seq_len,
                            ranks=trial.dp_shard * trial.tp, ac=trial.ac, grad_accum=trial.grad_accum, tp=trial.tp)
 
@@ -199,7 +199,7 @@ class Calibration:
         return Prediction(raw=raw, ratio=ratio, rows=self.rows.get((precision, compile), 0))
 
     def predict_trial(self, trial) -> "Prediction":
-        """A `sweep.grid.Trial`'s prediction: raw, and calibrated where rows of its precision and compile mode are."""
+        """A `sweep.spec.grid.Trial`'s prediction: raw, and calibrated where rows of its precision and compile mode are."""
         return self.predict(Shape.of(trial), trial.precision, trial.compile)
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sweep import store
-from sweep.grid import Trial
-from sweep.energy import power_limit_mismatch
-from sweep.rows import outcome_row, unsupported_row
+from sweep.record import store
+from sweep.spec.grid import Trial
+from sweep.record.energy import power_limit_mismatch
+from sweep.record.rows import outcome_row, unsupported_row
 from trainer.recipes import RECIPES, unsupported_reason
 
 
@@ -30,10 +30,10 @@ def new_run_id() -> str:
 def unsupported(trial: Trial, profile, calibration=None) -> str | None:
     """Why `trial` cannot run on `profile`, or None: the recipe on this hardware and install first, then
     whether the training state alone fits each rank's memory, then (GPU ranks, unless the trial says not to)
-    whether its predicted peak does (sweep.memory_model; `calibration` from the cluster's rows)."""
-    from sweep.capacity import per_rank_memory, state_reason
-    from sweep.layout import layout_unsupported
-    from sweep.predictor import predicted_reason
+    whether its predicted peak does (sweep.memory.model; `calibration` from the cluster's rows)."""
+    from sweep.memory.capacity import per_rank_memory, state_reason
+    from sweep.spec.layout import layout_unsupported
+    from sweep.memory.predictor import predicted_reason
 
     info = profile.accelerator_info
     memory = per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=profile.memory_per_device_bytes,
@@ -112,10 +112,10 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
             resume: bool = False, max_concurrent: int | None = None, progress: bool = True,
             reuse_actors: bool = True, predictor=None) -> RunReport:
     """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
-    `reuse_actors` (the default) rank processes run one trial after another (`sweep.scheduler`); without
-    it (`--fresh-actors`) every trial starts processes of its own. `predictor` (sweep.predictor): the memory
+    `reuse_actors` (the default) rank processes run one trial after another (`sweep.execution.scheduler`); without
+    it (`--fresh-actors`) every trial starts processes of its own. `predictor` (sweep.memory.predictor): the memory
     model's calibration, refined by each clean row the run records."""
-    from sweep.ray_init import signals_held
+    from sweep.execution.ray_connection import signals_held
 
     report = RunReport(run_id=run_id or new_run_id())
     recorded = store.existing_rows(output) if resume else {}
@@ -127,7 +127,7 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
                          predictor=predictor)
         try:
             run.loop(ctrl_c)
-        except KeyboardInterrupt as e:  # sweep.ray_init.Interrupted names its signal
+        except KeyboardInterrupt as e:  # sweep.execution.ray_connection.Interrupted names its signal
             report.interrupted_by = getattr(e, "signum", signal.SIGINT)
         finally:
             began = time.perf_counter()
@@ -155,7 +155,7 @@ class _Execution:
         bar.add(len(self.queue))
 
     def loop(self, ctrl_c: list) -> None:
-        from sweep.ray_init import Interrupted
+        from sweep.execution.ray_connection import Interrupted
 
         # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
         # (exit 2, no rows), not a run with only its unsupported rows written.
@@ -169,8 +169,8 @@ class _Execution:
                 self.collect()
 
     def start(self) -> None:
-        from sweep.ray_init import connect
-        from sweep.scheduler import Scheduler
+        from sweep.execution.ray_connection import connect
+        from sweep.execution.scheduler import Scheduler
 
         self.started_ray = connect(self.profile)
         self.scheduler = Scheduler(self.profile, max_concurrent=self.max_concurrent, reuse=self.reuse_actors)
@@ -230,7 +230,7 @@ class _Execution:
         self.queue.extend(follow)
 
     def close(self) -> None:
-        from sweep.ray_init import disconnect
+        from sweep.execution.ray_connection import disconnect
 
         if self.scheduler is not None:
             self.scheduler.shutdown()
@@ -239,6 +239,6 @@ class _Execution:
 
 def _was_infrastructure(row: dict) -> bool:
     """Whether a recorded attempt was lost to the machinery (so the plan retries it), from its row alone."""
-    from sweep.outcome import is_infrastructure_error
+    from sweep.execution.outcome import is_infrastructure_error
 
     return row["status"] == "error" and is_infrastructure_error(row.get("error"))

@@ -1,11 +1,11 @@
-"""The candidate space of `search: fastest` (sweep.tune): which configurations one group may run. Pure.
+"""The candidate space of `search: fastest` (sweep.search.fastest.search): which configurations one group may run. Pure.
 
 A configuration is the seven options TUNABLE names (a `Config`). Each option in `tune.vary` ranges over
 its grid axis when the grid lists several values for it, else over all of its values (ALL_VALUES); an
 option not in vary stays at the grid's first value, so the options that change numerics
 (NUMERICS_CHANGING) move only when vary names them. `fold_options` turns a configuration into the one the
 trial really runs: two that fold to the same are one candidate. The batch is not enumerated here: a
-LevelFit per `ac` level finds the batches that fit, and the search (sweep.tune) passes them in.
+LevelFit per `ac` level finds the batches that fit, and the search (sweep.search.fastest.search) passes them in.
 
 Under `global_batch_tokens` G, batch and accumulation come in pairs (splits) with
 batch_size * grad_accum * ranks * seq_len == G, so grad_accum follows from the batch.
@@ -20,8 +20,8 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from sweep.errors import UserError
-from sweep.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec, fold_options
-from sweep.policy import MaxBatchSearch
+from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec, fold_options
+from sweep.search.policy import MaxBatchSearch
 
 
 class Config(NamedTuple):
@@ -42,7 +42,7 @@ assert Config._fields == TUNABLE  # one list of tunables: the grid's
 ALL_VALUES = {"ac": ("none", "selective", "full"), "compile": ("none", "regional", "full"),
               "grad_accum": (1, 2, 4, 8), "reduce_dtype": ("fp32", "bf16"),
               "grad_sync": ("micro_batch", "step"), "fp8_lm_head": (False, True)}
-FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.policy.MaxBatchSearch)
+FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.search.policy.MaxBatchSearch)
 _FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")  # the training options among TUNABLE
 SHORT = (2, 3)  # a search's short probe: warm-up 2 (a compile), measure 3: enough to rank candidates
 LONGER = (3, 9)  # its rung: three times the measured steps to separate the close ones
@@ -120,7 +120,7 @@ class Space:
     """The configurations of one (model, precision, seq_len, ranks) group, from its first trial."""
 
     def __init__(self, template: Trial, spec: GridSpec, tune: TuneSpec, *, avoid: dict[str, set] | None = None):
-        """`avoid`: option values the plan warns against for this group (sweep.advice.discouraged): left out of
+        """`avoid`: option values the plan warns against for this group (sweep.spec.advice.discouraged): left out of
         the values an option in vary ranges over unless the grid's own axis lists them."""
         self.template, self.vary, self.avoid = template, list(tune.vary), avoid or {}
         axes = {"batch_size": [template.batch_size], **{n: list(getattr(spec, n)) for n in TUNABLE[1:]}}
@@ -242,7 +242,7 @@ class LevelFit:
 
     def __init__(self, ac: str, *, start: int, allowed: list[int] | None, ceiling: int | None,
                  capacity_bytes: float | None, need: float | None = None, predicted: int | None = None):
-        """`predicted`: the memory model's largest batch for this level's config (sweep.predictor), its first
+        """`predicted`: the memory model's largest batch for this level's config (sweep.memory.predictor), its first
         probe in place of `start` (kept under `ceiling`); None or 0: from `start`."""
         self.ac, self.allowed, self.ceiling, self.need = ac, allowed, ceiling, need
         start = start if ceiling is None else min(start, ceiling - 1)

@@ -22,7 +22,7 @@ _TORCHAO_EAGER = ("torchao FP8 with compile: none ({n} trial{s}): its scaling ca
 
 def discouraged(precision: str, *, is_gpu: bool) -> dict[str, set]:
     """Option values the plan warns against for `precision` (option -> values): a fastest-configuration search
-    never probes them unless the grid names them itself (sweep.tune_space.Space)."""
+    never probes them unless the grid names them itself (sweep.search.fastest.space.Space)."""
     # on CPU ranks torchao only emulates FP8: no speed to mislead about
     return {"compile": {"none"}} if is_gpu and RECIPES[precision].backend == "torchao" else {}
 

@@ -1,6 +1,6 @@
 """What became of one trial attempt (`Outcome`), and the words for a failure. Pure: no Ray, no torch.
 
-`sweep.scheduler` makes Outcomes; `sweep.rows` turns them into rows. An attempt lost to a dead or unstartable
+`sweep.execution.scheduler` makes Outcomes; `sweep.record.rows` turns them into rows. An attempt lost to a dead or unstartable
 rank process has an error starting with INFRA_PREFIX: a resumed run knows from the row alone to retry it.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sweep.grid import Trial
+from sweep.spec.grid import Trial
 
 INFRA_PREFIX = "infrastructure: "  # starts the error of every attempt lost to a dead or unstartable process
 

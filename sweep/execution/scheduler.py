@@ -2,7 +2,7 @@
 
 The scheduler knows nothing of grids or policies: `submit(trial)` queues an attempt, `poll()` returns
 the attempts that finished as `Outcome`s. A group is one placement group and one actor per rank; it runs
-the trials it may (`sweep.groups`: the same ranks and memory cap; plain torch, then torchao; Transformer
+the trials it may (`sweep.execution.groups`: the same ranks and memory cap; plain torch, then torchao; Transformer
 Engine apart) one after the other without restarting its processes: imports, the CUDA context and the
 process group stay, and each trial builds its own model, optimizer, compiled graphs and precision state
 (`trainer.train`). A group moves through
@@ -21,8 +21,8 @@ A rank process that dies (SIGKILL, segfault, node lost) is an infrastructure fai
 starts with INFRA_PREFIX, which is how a resumed run knows, from the row alone, to retry it. When one
 rank dies its peers fail too ("Connection reset by peer" inside a collective), often in the same instant;
 the dead rank is the cause, so a rank's `error` waits up to DEATH_GRACE_S for a peer's death to show.
-A new group runs the trial it was placed for first (stage permitting: `sweep.groups.opener`); an idle one
-picks among the waiting trials it may run (`sweep.groups.pick`: plain torch before torchao, then the
+A new group runs the trial it was placed for first (stage permitting: `sweep.execution.groups.opener`); an idle one
+picks among the waiting trials it may run (`sweep.execution.groups.pick`: plain torch before torchao, then the
 smallest first); otherwise trials start in submission order and one placement
 group is requested at a time, only for the oldest waiting trial, so a big trial waiting for GPUs is not
 overtaken forever by small ones (only by the queued trials an idle group may run). One that no set of live
@@ -37,10 +37,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from sweep.grid import Trial
-from sweep.groups import fits, group_key, kept_note, opener, pick, returned_to_baseline, stack_stage
-from sweep.outcome import INFRA_PREFIX, Outcome, deaths, short
-from sweep.placement import bundle, bundle_index, placement, rank_env, rank_jobs
+from sweep.spec.grid import Trial
+from sweep.execution.groups import fits, group_key, kept_note, opener, pick, returned_to_baseline, stack_stage
+from sweep.execution.outcome import INFRA_PREFIX, Outcome, deaths, short
+from sweep.execution.placement import bundle, bundle_index, placement, rank_env, rank_jobs
 from sweep.text import seconds
 from trainer.job import PG_TIMEOUT_S
 
@@ -56,13 +56,13 @@ class _Group:
     key: tuple
     pg: object
     ready_ref: object
-    first: Trial | None  # the trial it was requested for, until it is up (sweep.groups.opener)
+    first: Trial | None  # the trial it was requested for, until it is up (sweep.execution.groups.opener)
     state: str = "placing"
     actors: list = field(default_factory=list)
     info_refs: list = field(default_factory=list)
     nodes: list = field(default_factory=list)
     trials: int = 0  # trials launched on it: the next one's group_trial_index
-    stage: int = 0  # the latest stack stage it ran (sweep.groups.stack_stage): it runs none earlier
+    stage: int = 0  # the latest stack stage it ran (sweep.execution.groups.stack_stage): it runs none earlier
     deadline: float = math.inf  # starting: the rank processes must be up by then
     placed_at: float | None = None
     up_at: float | None = None  # monotonic: every rank process answered node_info (spawned, trainer.worker imported)
@@ -157,7 +157,7 @@ class Scheduler:
         self._retire_idle(placing)
 
     def _keep_idle_busy(self) -> None:
-        """An idle group takes the waiting trial it picks (`sweep.groups.pick`), even one behind a trial of
+        """An idle group takes the waiting trial it picks (`sweep.execution.groups.pick`), even one behind a trial of
         another kind: on a node with room for one group, two searches (or a grid's precisions) submitted in
         turn would otherwise retire and restart a group for every trial. It holds up the oldest trial only
         while trials of an idle group's kind are queued, which are finite (a search's probes come one round

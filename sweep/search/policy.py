@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple
 
-from sweep import probe_budget
-from sweep.grid import OomPolicy, Trial
-from sweep.schema import int_range
+from sweep.search import probe_budget
+from sweep.spec.grid import OomPolicy, Trial
+from sweep.record.schema import int_range
 
 INFRA_RETRIES = 1  # a dead rank process or lost node is retried once; OOM/unsupported/timeout never
 
@@ -48,7 +48,7 @@ def next_batch_after_oom(policy: OomPolicy, failed: int, *, ok: set[int], tried:
 
 
 def is_predicted_oom(row: dict | None) -> bool:
-    """Whether an `unsupported` row is one the memory model ruled out (`sweep.predictor.predicted_reason`)."""
+    """Whether an `unsupported` row is one the memory model ruled out (`sweep.memory.predictor.predicted_reason`)."""
     return bool(row) and (row.get("error") or "").startswith("predicted OOM:")
 
 
@@ -60,7 +60,7 @@ def infra_retry(trial: Trial, status: str, infrastructure: bool) -> Trial | None
 
 class GridPlan:
     """Run every trial of the grid; after an OOM, retry the same config at a lower batch. `predicted_max`: the
-    largest batch of a trial's config predicted to fit (sweep.predictor.Predictor.max_batch; None: no prediction)."""
+    largest batch of a trial's config predicted to fit (sweep.memory.predictor.Predictor.max_batch; None: no prediction)."""
 
     def __init__(self, trials: list[Trial], oom: OomPolicy, predicted_max: Callable[[Trial], int | None] | None = None):
         self.trials = trials
@@ -118,7 +118,7 @@ class MaxBatchSearch:
 
     Bound: at most 2·⌈log₂ B⌉ + 2 probes for a limit B (one more when `start` is past it) on any memory
     curve that grows with the batch, whatever the memory model guesses: every probe is taken inside
-    sweep.probe_budget.window, the probes that keep that bound whichever way they come out.
+    sweep.search.probe_budget.window, the probes that keep that bound whichever way they come out.
     Inside it, an OOM probe costs most (its rank processes are retired and the next probe starts fresh
     ones; a fitting probe leaves them warm), so with a known `capacity_bytes` the probes are ordered to fit:
       1. `start`; if that fails, batch 1 (if 1 fails, nothing fits). Halving could fail several times.
@@ -141,12 +141,12 @@ class MaxBatchSearch:
     start: int = 1
     step: int = 1
     capacity_bytes: float | None = None
-    # the memory model's largest batch under the capacity (sweep.predictor): the first probe in place of `start`,
+    # the memory model's largest batch under the capacity (sweep.memory.predictor): the first probe in place of `start`,
     # and, when it fits, its neighbour next (a right prediction is found in 2 probes); a failed one is `start`'s
     # one probe past the bound, and from there on the search goes as from a failed start
     predicted: int | None = None
     max_batch: int = 1 << 16  # where growth stops without an OOM (an uncapped CPU); MAX_BATCH bounds it
-    # False: the tune fit's ordering from before the bound (sweep.tune_space.LevelFit): at most FIT_PROBES
+    # False: the tune fit's ordering from before the bound (sweep.search.fastest.space.LevelFit): at most FIT_PROBES
     # probes there, so no bound to keep; a failed L is followed by L - step (on 2xH200 GPT torchao 67 failed
     # and 66 fitted, rows the tune replays reuse), and a wide bracket is crossed no faster than growth
     bounded: bool = True

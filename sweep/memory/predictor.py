@@ -1,7 +1,7 @@
 """The memory model as `sweep plan` and `sweep run` use it: calibrated on the clean rows the cluster has already
 measured in --output, against the memory of the profile's GPU ranks. No torch, no Ray.
 
-A CPU profile predicts nothing (a CPU rank's peak is its resident set, not tensor bytes: sweep.runner.unsupported)
+A CPU profile predicts nothing (a CPU rank's peak is its resident set, not tensor bytes: sweep.execution.runner.unsupported)
 and reads no rows.
 """
 
@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sweep.layout import layout_text
-from sweep.memory_model import GiB, Calibration, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
+from sweep.spec.layout import layout_text
+from sweep.memory.model import GiB, Calibration, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
 
 # what a row must say for the calibration to learn from it (store.read_columns reads these alone)
 CALIBRATION_COLUMNS = ("model_spec", "precision", "compile", "ac", "batch_size", "seq_len", "grad_accum", "world_size",
@@ -64,8 +64,7 @@ class Predictor:
     @classmethod
     def load(cls, profile, output: Path | None) -> "Predictor":
         """Calibrated on the clean rows of `profile`'s cluster under `output` (GPU profiles; none read otherwise)."""
-        from sweep import store
-
+        from sweep.record import store
         rows = store.read_columns(output, CALIBRATION_COLUMNS, cluster=profile.name) if output and profile.is_gpu else []
         samples = [s for r in rows if (s := sample(r)) is not None]
         calibration = calibrate(samples)
@@ -79,7 +78,7 @@ class Predictor:
 
     def memory(self, trial) -> tuple[float, str] | None:
         """The memory one of the trial's ranks may use where a prediction is checked against it (GPU ranks)."""
-        from sweep.capacity import per_rank_memory
+        from sweep.memory.capacity import per_rank_memory
 
         if not self.profile.is_gpu:
             return None
@@ -90,7 +89,7 @@ class Predictor:
         return self.calibration.predict_trial(trial)
 
     def max_batch(self, trial, *, point: bool = False) -> int | None:
-        """The largest batch of `trial`'s config predicted to fit its ranks (0: none), as `sweep.runner.unsupported`
+        """The largest batch of `trial`'s config predicted to fit its ranks (0: none), as `sweep.execution.runner.unsupported`
         decides (uncalibrated, only past the memory by the margin); `point`: the estimate itself, without that
         margin (where a search places a probe). None where nothing is predicted: CPU ranks, no memory known,
         or a trial that runs whatever is predicted (--no-predict)."""
@@ -102,7 +101,7 @@ class Predictor:
 
     def probe_peaks(self, probes: list[dict]) -> list[ProbePeak]:
         """Predicted (by the calibration the run began with) against measured peak, per probe row with a spec."""
-        from sweep.policy import is_predicted_oom
+        from sweep.search.policy import is_predicted_oom
 
         out = []
         for row in probes:
@@ -142,9 +141,9 @@ class Predictor:
 
 
 def predicted_reason(trial, memory: tuple[float, str] | None, calibration: Calibration = NO_ROWS) -> str | None:
-    """`predicted OOM: <pred> > <avail>` when the trial's predicted peak (sweep.memory_model, corrected by
+    """`predicted OOM: <pred> > <avail>` when the trial's predicted peak (sweep.memory.model, corrected by
     `calibration` where it has rows of the trial's precision and compile mode) does not fit `memory`, else None."""
-    from sweep.capacity import size
+    from sweep.memory.capacity import size
 
     if memory is None:
         return None
@@ -153,13 +152,13 @@ def predicted_reason(trial, memory: tuple[float, str] | None, calibration: Calib
     if prediction.fits(available):
         return None
     return (f"predicted OOM: {size(prediction.bytes)} > {size(available)} {per} "
-            f"(sweep.memory_model, {prediction.basis()}; --no-predict or predict_memory: false runs it anyway)")
+            f"(sweep.memory.model, {prediction.basis()}; --no-predict or predict_memory: false runs it anyway)")
 
 
 def peak_line(v: dict, peaks) -> str:
     """Under a max-batch verdict `v`, its probes' predicted against measured peak (the prediction's error):
     `predicted / measured peak, llama3-8b bf16 (...): batch 5 129 GiB / 130 GiB (-0.8 %) · batch 6 150 GiB / oom`."""
-    from sweep.capacity import size
+    from sweep.memory.capacity import size
 
     parts = []
     for p in peaks:

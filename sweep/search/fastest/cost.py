@@ -7,7 +7,7 @@ A probe's seconds are predicted as its compile plus its steps:
   compile  the most a probe of its compile mode compiled in this search (the first compile is the dear one: later
            ones load inductor's cache), else regional's most times COMPILE_VS_REGIONAL (a mode not run yet);
   steps    its warm-up and measured steps, each the leader's step time scaled by the samples a step trains.
-One trial: the leader (the fastest clean short probe) measured once on fresh processes (sweep.cost.fresh_trial_s)
+One trial: the leader (the fastest clean short probe) measured once on fresh processes (sweep.record.cost.fresh_trial_s)
 at the finals' steps (`auto`: at least AUTO_LEAST). Unknown (rows without step times) means no cap.
 The finals are reserved at the most they may take: `auto` steps run at most final_auto_max in a tune's final (the
 trainer stops there: trainer.stopping.Schedule), so the cap holds however noisy a final's steps are.
@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from sweep.cost import fresh_trial_s
-from sweep.tune_space import SHORT, Config
+from sweep.record.cost import fresh_trial_s
+from sweep.search.fastest.space import SHORT, Config
 
 # A compile mode's first compile against regional's. On one H200, GPT-1.5B: full 70.1 s against regional 11.8 s
 # in bf16 (5.9x), 167.5 against 22.0 and ~170 against 17.2 in torchao FP8 (7.6x, 9.9x) (RESULTS.md, sessions 9
 # and 10): the most measured, rounded up. `none` compiles nothing.
 COMPILE_VS_REGIONAL = {"none": 0.0, "regional": 1.0, "full": 10.0}
-AUTO_LEAST = (3, 5)  # `auto` steps run at least this many (warm-up, measured): sweep.grid.Steps
+AUTO_LEAST = (3, 5)  # `auto` steps run at least this many (warm-up, measured): sweep.spec.grid.Steps
 # ...and in a tune's final at most this many micro-batches' worth (final_auto_max). The most any final has taken on
 # 2xH200 is 4 + 12 steps of one micro-batch (Llama3-8B TE, bf16 reduce); the same search's fp32-reduce baseline
 # final then ran past 170 s, probably at the trainer's own maxima (50 + 100 steps), and took the search's GPU time

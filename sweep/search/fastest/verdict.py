@@ -1,14 +1,14 @@
-"""The verdict of one `search: fastest` group (sweep.tune.GroupSearch): what it found, against what, at what
+"""The verdict of one `search: fastest` group (sweep.search.fastest.search.GroupSearch): what it found, against what, at what
 cost. Pure: no torch, no Ray."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from sweep.cost import fresh_trial_s
-from sweep.tune_cost import spent_s
-from sweep.grid import NUMERICS_CHANGING
-from sweep.layout import LAYOUT_VARY
+from sweep.record.cost import fresh_trial_s
+from sweep.search.fastest.cost import spent_s
+from sweep.spec.grid import NUMERICS_CHANGING
+from sweep.spec.layout import LAYOUT_VARY
 
 PROFILE_KEYS = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "other_pct")
 
@@ -51,7 +51,7 @@ def fastest_verdict(search) -> dict:
 
 
 def _layout(t, vary: list[str]) -> dict:
-    """The layout a search ran at, when tune.vary names a layout axis (one search per layout: sweep.tune_plan)."""
+    """The layout a search ran at, when tune.vary names a layout axis (one search per layout: sweep.search.fastest.plan)."""
     return {a: getattr(t, a) for a in LAYOUT_VARY} if set(vary) & set(LAYOUT_VARY) else {}
 
 

@@ -2,7 +2,7 @@
 
 The trial's ranks form the mesh (dp_replicate, dp_shard, tp) in rank (bundle) order, tp innermost: a TP group is
 tp consecutive ranks, so on one node when a node holds a multiple of tp ranks (`layout_problem` asks it); an
-HSDP replica is dp_shard x tp consecutive ranks, so replicas fill nodes one after another (`sweep.placement`).
+HSDP replica is dp_shard x tp consecutive ranks, so replicas fill nodes one after another (`sweep.execution.placement`).
 
 Two kinds of answer, as for recipes: a layout this grid can never split its model or ranks into is the user's
 mistake (`layout_problem`: one line, exit 2); a layout the code does not build for a recipe or model yet is
@@ -18,8 +18,8 @@ from trainer.models.specs import ModelSpec
 from trainer.recipes import RECIPES
 
 LAYOUT_AXES = ("dp_replicate", "tp", "cp")
-# What tune.vary may name besides sweep.grid.TUNABLE: a layout is searched as its own group, one search per value
-# (sweep.tune_plan), as the layout sets each rank's share of the memory (so its batch fit) and its communication.
+# What tune.vary may name besides sweep.spec.grid.TUNABLE: a layout is searched as its own group, one search per value
+# (sweep.search.fastest.plan), as the layout sets each rank's share of the memory (so its batch fit) and its communication.
 LAYOUT_VARY = ("tp", "dp_replicate")
 CP_NOT_BUILT = ("context parallel is not built: torch 2.13's context_parallel has no sharding rule for CPU attention "
                 "(aten._scaled_dot_product_flash_attention_for_cpu), so it cannot be tested on CPU ranks; use cp: 1")
@@ -65,7 +65,7 @@ def layout_problem(model: ModelSpec, *, seq_len: int, options: dict, ranks_per_n
 
 def layout_unsupported(trial) -> str | None:
     """Why this recipe, model or compile mode does not run at the trial's layout yet (recorded `unsupported`), or None.
-    `trial`: a sweep.grid.Trial. The compile limits were measured on torch 2.13 (CPU ranks, gloo)."""
+    `trial`: a sweep.spec.grid.Trial. The compile limits were measured on torch 2.13 (CPU ranks, gloo)."""
     if trial.tp == 1:
         return None
     recipe = RECIPES[trial.precision]
@@ -115,7 +115,7 @@ def searched_layouts(template, spec, vary: list[str], *, ranks_per_node: int | N
     ranges over the grid's list when it lists several values, else over the divisors of the trial's ranks; one not
     named stays at the template's. Kept: the template's own (the grid's trial: a recipe that does not build it is
     recorded unsupported, as in a grid), and others that divide the ranks, split the model (`layout_problem`) and
-    that this recipe builds (`layout_unsupported`). `template`: the group's first trial (sweep.grid.Trial)."""
+    that this recipe builds (`layout_unsupported`). `template`: the group's first trial (sweep.spec.grid.Trial)."""
     values = {}
     for axis in LAYOUT_VARY:
         listed = list(getattr(spec, axis))

@@ -1,5 +1,5 @@
-"""The plan of `search: fastest` (sweep.policy's protocol): one sweep.tune.GroupSearch per (model, precision,
-seq_len, ranks) group of the grid's trials and per layout it searches (sweep.layout.searched_layouts: tune.vary
+"""The plan of `search: fastest` (sweep.search.policy's protocol): one sweep.search.fastest.search.GroupSearch per (model, precision,
+seq_len, ranks) group of the grid's trials and per layout it searches (sweep.spec.layout.searched_layouts: tune.vary
 naming tp or dp_replicate), each with a search id that a resumed search keeps. Pure."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import hashlib
 from dataclasses import replace
 from typing import Callable
 
-from sweep.advice import discouraged
-from sweep.grid import GridSpec, Trial, TuneSpec
-from sweep.layout import LAYOUT_VARY, searched_layouts
-from sweep.tune import GroupSearch
-from sweep.tune_space import Space
+from sweep.spec.advice import discouraged
+from sweep.spec.grid import GridSpec, Trial, TuneSpec
+from sweep.spec.layout import LAYOUT_VARY, searched_layouts
+from sweep.search.fastest.search import GroupSearch
+from sweep.search.fastest.space import Space
 
 
 def group_key(t: Trial) -> tuple:
@@ -35,14 +35,14 @@ def search_id(t: Trial, tune: TuneSpec) -> str:
 
 class TunePlan:
     """One GroupSearch per (model, precision, seq_len, ranks) group of the grid's trials; the plan protocol
-    of sweep.policy (initial, on_result, verdicts). Each seed is one group's first trial: the grid's
+    of sweep.search.policy (initial, on_result, verdicts). Each seed is one group's first trial: the grid's
     single batch and its options at their first values."""
 
     def __init__(self, seeds: list[Trial], spec: GridSpec, *, capacity_bytes: float | None, is_gpu: bool = False,
                  predicted_max: Callable[[Trial], int | None] | None = None, ranks_per_node: int | None = None):
-        """`is_gpu`: the ranks are GPUs (the plan's warnings apply: sweep.advice.discouraged); `predicted_max`: the
-        memory model's largest batch of a trial's config (sweep.predictor.Predictor.max_batch); `ranks_per_node`: the
-        cluster's, which a searched tp must divide (sweep.layout.layout_problem)."""
+        """`is_gpu`: the ranks are GPUs (the plan's warnings apply: sweep.spec.advice.discouraged); `predicted_max`: the
+        memory model's largest batch of a trial's config (sweep.memory.predictor.Predictor.max_batch); `ranks_per_node`: the
+        cluster's, which a searched tp must divide (sweep.spec.layout.layout_problem)."""
         tune = spec.tune or TuneSpec()
         self.searches: dict[tuple, GroupSearch] = {}
         groups: dict[tuple, Trial] = {}

@@ -1,7 +1,7 @@
 """The result schema: one row per attempt, declared once.
 
 Every Parquet file that sweep writes carries this schema and its version in the file metadata
-(key ``sweep.schema_version``). Readers check the version (see ``sweep.store``). Bump
+(key ``sweep.schema_version``). Readers check the version (see ``sweep.record.store``). Bump
 ``SCHEMA_VERSION`` when a column changes meaning or type; adding a nullable column is a minor bump
 that older readers tolerate.
 """
@@ -24,7 +24,7 @@ VERSION_KEY = b"sweep.schema_version"
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 
 # Training options (grid axes since 1.3) at their default: what rows written before they existed ran
-# with. `sweep.store` fills an older row's missing option with its default when it reads the dataset.
+# with. `sweep.record.store` fills an older row's missing option with its default when it reads the dataset.
 TRAINING_DEFAULTS = dict(OPTION_DEFAULTS)
 # The schema version that added each option's column: a new option is a new column, so a version bump.
 _OPTION_SINCE = {"grad_accum": "1.3", "grad_clip": "1.3", "fp8_lm_head": "1.3",
@@ -119,7 +119,7 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("init_time_s", pa.float64(), "actor start (on a warm group: the trial's start) to model built, sharded and ready"),
     ("compile_time_s", pa.float64(), "first step's time beyond a steady step (compilation, autotuning)"),
     ("steps_time_s", pa.float64(), "sum of measured step times"),
-    # energy over the measured steps (sweep.energy has the formulas; trainer.energy measures): null on CPU ranks,
+    # energy over the measured steps (sweep.record.energy has the formulas; trainer.energy measures): null on CPU ranks,
     # where a GPU could not be read, and before schema 1.10; never 0
     ("energy_j", pa.float64(), "joules the trial's GPUs drew over the measured steps, all GPUs summed (energy counter, "
                                "else sampled power; energy_source says which)"),

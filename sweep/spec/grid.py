@@ -20,7 +20,7 @@
                                       # fastest (the fastest configuration: see tune below)
     tune: {vary: [batch_size, ac, grad_accum, compile], budget: 40, global_batch_tokens: 1048576, max_cost: 10}
                                       # search: fastest: the options it may change, its probe budget, an
-                                      # optional global batch every probe keeps, its GPU time in trials (sweep.tune)
+                                      # optional global batch every probe keeps, its GPU time in trials (sweep.search.fastest.search)
     profile: false                    # true: a torch.profiler trace of a few steps after the measured ones
     timeout_s: 1800                   # per trial
     memory_cap: 80GiB                 # optional per-rank cap (a real allocation failure past it)
@@ -44,7 +44,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from clusters._load import display_path, read_mapping, unknown_name, validation_message
 from clusters.schema import parse_memory_size
 from sweep.errors import UserError
-from sweep.layout import LAYOUT_VARY, divides, grid_layout_problem, layout_problem
+from sweep.spec.layout import LAYOUT_VARY, divides, grid_layout_problem, layout_problem
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, TrainingOptions, option_types
 from trainer.recipes import RECIPES
@@ -109,11 +109,11 @@ class Steps(BaseModel):
 # only when `tune.vary` names them.
 TUNABLE = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")
 NUMERICS_CHANGING = ("reduce_dtype", "grad_sync", "fp8_lm_head")
-DEFAULT_VARY, VARIABLE = ("batch_size", "ac", "compile", "grad_accum"), TUNABLE + LAYOUT_VARY  # layouts: sweep.layout
+DEFAULT_VARY, VARIABLE = ("batch_size", "ac", "compile", "grad_accum"), TUNABLE + LAYOUT_VARY  # layouts: sweep.spec.layout
 
 
 class TuneSpec(BaseModel):
-    """How `search: fastest` searches (sweep.tune): which options may vary, in how many probes, under which
+    """How `search: fastest` searches (sweep.search.fastest.search): which options may vary, in how many probes, under which
     global batch. An option varies over its grid axis when that lists several values, else over all of
     its values (grad_accum: 1, 2, 4, 8)."""
 
@@ -183,10 +183,10 @@ class GridSpec(_TrainingAxes):
     memory_cap: int | None = Field(default=None, description=(  # bytes, from a size with a unit
         "per-rank memory cap, a size with a unit (80GiB): allocations past it really fail"))
     predict_memory: bool = Field(default=True, description=(
-        "record a trial whose predicted peak memory (sweep.memory_model) exceeds a GPU rank's memory unsupported, "
+        "record a trial whose predicted peak memory (sweep.memory.model) exceeds a GPU rank's memory unsupported, "
         "without GPU time; false: run it anyway"))
     reuse_actors: bool = Field(default=True, description="run trials of one kind one after the other on warm rank "
-                                                         "processes (sweep.scheduler); false: fresh ones for each")
+                                                         "processes (sweep.execution.scheduler); false: fresh ones for each")
 
     _as_list = field_validator("models", "precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac",
                                *OPTION_DEFAULTS, mode="before")(_listify)
@@ -220,7 +220,7 @@ class GridSpec(_TrainingAxes):
 
     @model_validator(mode="after")
     def _storable(self) -> "GridSpec":
-        """Every size a row records fits its column (sweep.schema): a batch of 3e9 would otherwise run, and then
+        """Every size a row records fits its column (sweep.record.schema): a batch of 3e9 would otherwise run, and then
         fail to be written."""
         sizes = {"batch_sizes": ("batch_size", self.batch_sizes), "seq_len": ("seq_len", self.seq_len),
                  "gpus": ("world_size", self.gpus),
@@ -238,7 +238,7 @@ class GridSpec(_TrainingAxes):
 
 def unstorable(key: str, column: str, values: list) -> str | None:
     """Why one of `values` (given as `key`) cannot be recorded in the integer `column` of the results, or None."""
-    from sweep.schema import RESULT_SCHEMA, int_range
+    from sweep.record.schema import RESULT_SCHEMA, int_range
 
     low, high = int_range(column)
     bad = next((v for v in values if type(v) is int and not low <= v <= high), None)
@@ -292,7 +292,7 @@ class Trial(TrainingOptions):
 
     @property
     def dp_shard(self) -> int:
-        """What remains of the ranks once replicas, TP and CP take theirs (`sweep.layout`)."""
+        """What remains of the ranks once replicas, TP and CP take theirs (`sweep.spec.layout`)."""
         return self.gpus // (self.dp_replicate * self.tp * self.cp)
 
     @property
@@ -367,7 +367,7 @@ def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | N
     """The cartesian product of the grid's axes, in a stable order. `timeout_s` is the profile's: a trial's
     limit is the grid's timeout_s, else that, else DEFAULT_TIMEOUT_S (decided here, once). A layout (dp_replicate x
     tp x cp) that does not divide a trial's ranks is left out of that gpus value's trials (gpus: [2, 4] with tp: [1, 4]
-    runs tp 4 at 4 ranks only); one that divides none of them, or cannot split a model, is refused (sweep.layout)."""
+    runs tp 4 at 4 ranks only); one that divides none of them, or cannot split a model, is refused (sweep.spec.layout)."""
     if max_ranks is not None:
         too_many = [g for g in grid.gpus if g > max_ranks]
         if too_many:

@@ -25,7 +25,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from sweep.errors import UserError, one_line
-from sweep.schema import RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, to_table
+from sweep.record.schema import RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, to_table
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 

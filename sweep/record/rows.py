@@ -16,8 +16,8 @@ import subprocess
 from datetime import datetime, timezone
 from functools import lru_cache
 
-from sweep.energy import energy_columns
-from sweep.grid import Trial
+from sweep.record.energy import energy_columns
+from sweep.spec.grid import Trial
 from trainer.flops import spec_flops_per_token
 from trainer.recipes import RECIPES
 from trainer.stopping import ci_half_width_pct, ci_target_met
@@ -131,7 +131,7 @@ def outcome_row(outcome, **base) -> dict:
         reserved_mem_gib=reserved / GiB if reserved is not None else None, alloc_retries=max_of("alloc_retries"),
         loss_first=rank0["loss_first"], loss_last=rank0["loss_last"], init_time_s=max_of("init_time_s"),
         compile_time_s=max_of("compile_time_s"), steps_time_s=sum(step_times),
-        # start-up phases as rank 0 saw them (sweep.schema)
+        # start-up phases as rank 0 saw them (sweep.record.schema)
         import_s=rank0.get("import_s"), process_setup_s=rank0.get("process_setup_s"),
         model_build_s=rank0.get("model_build_s"),
         torch_version=rank0.get("torch_version"), te_version=rank0.get("te_version"),
@@ -146,7 +146,7 @@ def outcome_row(outcome, **base) -> dict:
 
 
 def loss_curve_columns(ranks: list[dict]) -> dict:
-    """loss_curve and loss_curve_tokens (`sweep.schema`) from every rank's step losses: a step's loss is the mean of
+    """loss_curve and loss_curve_tokens (`sweep.record.schema`) from every rank's step losses: a step's loss is the mean of
     its ranks' (each over its own micro-batches, all of one size), so the loss of the step's global batch; the
     model had trained on the earlier steps' tokens when it was computed (a step's forward precedes its update)."""
     curves = [r["losses"] for r in ranks]
@@ -157,7 +157,7 @@ def loss_curve_columns(ranks: list[dict]) -> dict:
 
 def profile_columns(profile: dict | None) -> dict:
     """The row's profile_* shares from rank 0's profile (`trainer.profiling.profile_steps`); the trace's bytes
-    are the driver's to write (`sweep.store.write_trace`)."""
+    are the driver's to write (`sweep.record.store.write_trace`)."""
     if not profile:
         return {}
     return {f"profile_{key}": value for key, value in profile.items() if key.endswith("_pct")}

@@ -1,7 +1,7 @@
 """`search: fastest`: the fastest configuration of each (model, precision, seq_len, ranks) group, within a
 budget of probes. Pure: no torch, no Ray (tests/test_tune.py drives it with a simulated runner).
 
-The candidates are the configurations of `sweep.tune_space.Space`. Each group's search has five stages;
+The candidates are the configurations of `sweep.search.fastest.space.Space`. Each group's search has five stages;
 a stage decides only once every probe it issued has answered, from results it sorts itself, so the order
 in which answers arrive (concurrent trials, or rows reused by --resume) does not change the search:
 
@@ -17,15 +17,15 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            candidates the measured one-option effects, added in log speed, rate fastest (none rated below the
            fastest clean probe: _promising), each led by a candidate for every option value not yet run clean
            (_untried), until STALE_WAVES waves in a row find nothing faster; then only those leads, while the
-           budget lasts. Each candidate runs where its memory is predicted to fit (_placed, sweep.tune_memory),
-           and never past the batch the memory model predicts to fit (sweep.predictor: the runner would record it
+           budget lasts. Each candidate runs where its memory is predicted to fit (_placed, sweep.search.fastest.memory),
+           and never past the batch the memory model predicts to fit (sweep.memory.predictor: the runner would record it
            unsupported); a level's fit starts at that model's limit.
            Never probed: a candidate as heavy as a known OOM (tune_space.at_least_as_heavy), or with an option
            value that failed on its own. One that runs out of memory, or thrashes (allocator retries: its speed
            measures the memory's limit, so it rates no option), is tried at a smaller batch, and so is every
            candidate that needs its memory (tune_memory: rebatched, unthrashed, needs). A probe predicted to take
            the search past `max_cost` one-trial costs, its finals' included, is skipped for good (_affordable,
-           sweep.tune_cost).
+           sweep.search.fastest.cost).
   rung     successive halving: the fastest third of the short probes (at most the rung size) again,
            with LONGER steps; no rung where it would keep only the finalists (budgets under 19).
   final    the `finalists` fastest of the rung (without one: of the short probes; none that thrashed, as the
@@ -51,13 +51,13 @@ import math
 from typing import Any, Callable
 
 from sweep.errors import UserError
-from sweep.grid import Trial
-from sweep.policy import infra_retry, is_predicted_oom
+from sweep.spec.grid import Trial
+from sweep.search.policy import infra_retry, is_predicted_oom
 from sweep.text import plural
-from sweep.tune_cost import affordable, final_auto_max, time_limit_s
-from sweep.tune_memory import fitted, measured, rebatched, unthrashed, with_headroom
-from sweep.tune_verdict import best_final, fastest_verdict
-from sweep.tune_space import (AC_MEMORY, LONGER, SHORT, Config, LevelFit, Space, at_least_as_heavy, heavy_class,
+from sweep.search.fastest.cost import affordable, final_auto_max, time_limit_s
+from sweep.search.fastest.memory import fitted, measured, rebatched, unthrashed, with_headroom
+from sweep.search.fastest.verdict import best_final, fastest_verdict
+from sweep.search.fastest.space import (AC_MEMORY, LONGER, SHORT, Config, LevelFit, Space, at_least_as_heavy, heavy_class,
                               one_option_effects, probe_steps, thrashes)
 
 KEEP = 3  # the rung keeps the fastest third of the short probes (successive halving's eta)...
@@ -76,7 +76,7 @@ class GroupSearch:
 
     def __init__(self, space: Space, *, budget: int, capacity_bytes: float | None, sid: str, final_steps: tuple,
                  max_cost: float | None = None, predicted_max: Callable[[Trial], int | None] | None = None):
-        """`predicted_max`: the largest batch of a trial's config the memory model predicts to fit (sweep.predictor;
+        """`predicted_max`: the largest batch of a trial's config the memory model predicts to fit (sweep.memory.predictor;
         None: nothing predicted): where each level's fit starts, and a ceiling on every candidate's batch."""
         self.space, self.budget, self.capacity, self.sid, self.max_cost = space, budget, capacity_bytes, sid, max_cost
         self.predicted_max = predicted_max
@@ -254,7 +254,7 @@ class GroupSearch:
             first, todo = [], [c for c in todo if c not in self.unaffordable]
 
     def _affordable(self, wave: list[Config], rung: int) -> list[Config]:
-        """The probes of `wave` the cost cap allows (sweep.tune_cost.affordable); the others are skipped for good."""
+        """The probes of `wave` the cost cap allows (sweep.search.fastest.cost.affordable); the others are skipped for good."""
         steps = [self.steps[2] if rung == 2 else probe_steps(self.steps[rung], c.grad_accum) for c in wave]
         leader, probes = self._spent()
         # the room kept is the best's and the baseline's finals': a runner-up's final is made only if it fits then
@@ -370,7 +370,7 @@ class GroupSearch:
         return d[1:] if moved and self._placed(self.space.at_batch(c, center.batch_size), first=True) == c else d
 
     def _placed(self, c: Config, first: bool = False, memory: tuple | None = None) -> Config | None:
-        """`c` where sweep.tune_memory predicts it fits in memory (`fitted`: lower if it would not); as a
+        """`c` where sweep.search.fastest.memory predicts it fits in memory (`fitted`: lower if it would not); as a
         neighbour (`first`) that changes the compile mode, whose memory is unmeasured, where the fit left room;
         and never past the batch the memory model predicts to fit (`_under_prediction`; None: not even batch 1).
         `memory`: what `_memory` says, for a caller placing many."""
@@ -383,7 +383,7 @@ class GroupSearch:
         return self._under_prediction(c)
 
     def _memory(self) -> tuple[float | None, dict, dict[str, dict[int, float]], dict[str, float | None]]:
-        """What the clean short probes say of memory (sweep.tune_memory.measured)."""
+        """What the clean short probes say of memory (sweep.search.fastest.memory.measured)."""
         return measured(self.space, self._clean(), self.results.values(), self.ooms, capacity=self.capacity)
 
     def _candidates(self) -> list[Config]:

@@ -1,6 +1,6 @@
 """Which trials a warm group of rank processes may run, and in what order. Pure: no Ray, no torch.
 
-A group (`sweep.scheduler`) runs trial after trial in the same processes. It may run a trial when the trial
+A group (`sweep.execution.scheduler`) runs trial after trial in the same processes. It may run a trial when the trial
 has its kind (`group_key`: ranks, memory cap, process family) and does not come at an earlier `stack_stage`
 than a trial the group already ran. Its first trial is the one it was placed for, stage permitting
 (`opener`); after that it takes the lowest stage first, then the smallest (`pick`). A process that a trial
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from sweep.grid import AC_MEMORY, Trial
+from sweep.spec.grid import AC_MEMORY, Trial
 from trainer.recipes import RECIPES
 
 # A precision stack's process family and its stage in it. Plain torch and torchao share processes, plain torch

@@ -1,0 +1,1 @@
+"""Memory before any GPU time: the model of a trial's peak, its calibration on rows, the state check. Pure."""
