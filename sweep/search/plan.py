@@ -1,0 +1,42 @@
+"""What a plan is, declared once (as Ray Tune's `Searcher` declares suggest / on result): the runner asks a plan
+for its first trials, tells it each attempt's result, and asks it for its verdicts at the end. Pure.
+
+Plans: `sweep.search.policy.GridPlan` (the grid's trials, OOM retries), `sweep.search.policy.MaxBatchPlan`
+(`search: max_batch`), `sweep.search.fastest.plan.TunePlan` (`search: fastest`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from sweep.spec.grid import Trial
+
+
+class Verdict(Protocol):
+    """What one search found. Saved as JSON under ``<output>/_search/<run_id>.json`` (one object per search)."""
+
+    kind: str
+    """"max_batch" or "fastest"."""
+    search_id: str | None
+    """The id every probe row of the search carries in its `search_id` column."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The saved object: the same keys, in the same order, as every earlier release wrote."""
+        ...
+
+
+class Plan(Protocol):
+    """Trials in, results back, verdicts out. The runner executes whatever a plan returns and nothing else."""
+
+    def initial(self) -> list[Trial]:
+        """The trials to run first."""
+        ...
+
+    def on_result(self, trial: Trial, status: str, infrastructure: bool = False,
+                  row: dict[str, Any] | None = None) -> list[Trial]:
+        """The follow-up trials after `trial` ended with `status` (its row, when one was written)."""
+        ...
+
+    def verdicts(self) -> list[Verdict]:
+        """One per search the plan ran (none for a plain grid)."""
+        ...
