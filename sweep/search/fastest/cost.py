@@ -16,7 +16,7 @@ trainer stops there: trainer.stopping.Schedule), so the cap holds however noisy 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from sweep.record.cost import fresh_trial_s
 from sweep.search.fastest.space import SHORT, Config
@@ -132,7 +132,7 @@ def affordable(wave: list[Config], steps: list[tuple], *, leader: tuple[Config, 
     profile = probe_s(leader[0], SHORT, leader, compiled) or 0.0
     room = max_cost * unit - spent_s(rows) - finals * final_s(leader, rows, final_steps) - profile
     kept, skipped = [], []
-    for c, at in zip(wave, steps):
+    for c, at in zip(wave, steps, strict=True):
         cost = probe_s(c, at, leader, compiled) or 0.0
         if cost > room:
             skipped.append(c)

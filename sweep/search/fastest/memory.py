@@ -15,7 +15,8 @@ at 66 and at 49, `compile: full` at 66 after 170 s of compiling). Two things are
   (`full` compiles for minutes first). Its first probe (a neighbour of the baseline) runs where the fit left
   HEADROOM of the memory free; its effect is measured against the fit's probe at that batch, and the waves
   may take it higher after. (The FP8 head adds as much, +16.8 % on Llama3-8B torchao at batch 4, but there
-  it thrashed rather than failed, a cheap probe after which the search tries it lower: sweep.search.fastest.search, explore.)
+  it thrashed rather than failed, a cheap probe after which the search tries it lower: sweep.search.fastest.search,
+  explore.)
 
 What the search has measured (`measured`) gives the rest: what a rank may use (`usable`: the device's memory,
 or less where the grid's options ran out of memory), and the candidates moved below a batch that ran out of
@@ -26,7 +27,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from sweep.search.fastest.space import Config, Space, at_least_as_heavy, heavy_class, no_lighter, one_option_effects
 

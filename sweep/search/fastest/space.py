@@ -20,8 +20,8 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from sweep.errors import UserError
-from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec, fold_options
 from sweep.search.policy import MaxBatchSearch
+from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec, fold_options
 
 
 class Config(NamedTuple):
@@ -198,7 +198,8 @@ class Space:
 
     def at_batch(self, c: Config, batch: int) -> Config:
         """`c` at another batch (under G with the accumulation that batch needs)."""
-        return self.fold(c._replace(batch_size=batch, grad_accum=self.samples // batch if self.samples else c.grad_accum))
+        accum = self.samples // batch if self.samples else c.grad_accum
+        return self.fold(c._replace(batch_size=batch, grad_accum=accum))
 
     def configs(self, batches: dict[str, list[int]]) -> list[Config]:
         """Every distinct configuration, given the batches each ac level may run, in a stable order."""
