@@ -8,11 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from sweep.search.fastest.ledger import Learned, Ledger, Row, Rung
-from sweep.search.fastest.memory import fitted, measured, rebatched, unthrashed, with_headroom
+from sweep.search.fastest.memory import Memory, fitted, measured, rebatched, unthrashed, with_headroom
 from sweep.search.fastest.space import Config, Space, at_least_as_heavy, one_option_effects
 from sweep.spec.grid import Trial
-
-Memory = tuple[float | None, dict[tuple[str, Any], float], dict[str, dict[int, float]], dict[str, float | None]]
 
 
 class Candidates:

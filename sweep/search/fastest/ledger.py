@@ -9,10 +9,10 @@ from enum import Enum
 from typing import Any
 
 from sweep.search.fastest.cost import affordable, final_auto_max, time_limit_s
-from sweep.search.fastest.space import Config, Space, probe_steps
+from sweep.search.fastest.space import Config, Row, Space, Steps, probe_steps
 from sweep.spec.grid import Trial
 
-Row = dict[str, Any]
+__all__ = ["Row", "Rung", "Ledger", "Learned", "Prober"]
 
 
 class Rung(Enum):
@@ -100,7 +100,7 @@ class Prober:
     and only those the cost cap allows (sweep.search.fastest.cost)."""
 
     def __init__(self, space: Space, ledger: Ledger, learned: Learned, *, sid: str, caps: dict[Rung, int],
-                 steps: dict[Rung, tuple[Any, Any]], max_cost: float | None):
+                 steps: dict[Rung, Steps], max_cost: float | None):
         self.space, self.ledger, self.learned, self.sid = space, ledger, learned, sid
         self.caps, self.steps, self.max_cost = caps, steps, max_cost
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from sweep.search.fastest.search import GroupSearch
 from sweep.search.fastest.space import Space
-from sweep.search.fastest.verdict import FastestVerdict
+from sweep.search.plan import Verdict
 from sweep.spec.advice import discouraged
 from sweep.spec.grid import GridSpec, Trial, TuneSpec
 from sweep.spec.layout import LAYOUT_VARY, searched_layouts
@@ -70,5 +70,6 @@ class TunePlan:
                   row: dict[str, Any] | None = None) -> list[Trial]:
         return self.searches[search_key(trial)].on_result(trial, status, infrastructure, row or {})
 
-    def verdicts(self) -> list[FastestVerdict]:
+    def verdicts(self) -> list[Verdict]:
+        """One sweep.search.fastest.verdict.FastestVerdict per search."""
         return [s.verdict() for s in self.searches.values()]

@@ -98,6 +98,7 @@ class FitStage:
         batches[fit.ac] = fit.choices()
         if fit.ac == self.space.grid.ac and batches[fit.ac]:
             batch = batches[fit.ac][0] if self.space.samples else fit.fastest()
+            assert batch is not None  # the level has batches: one ran ok
             self.baseline = self.space.baseline(fit.ac, batch)
 
 

@@ -22,8 +22,9 @@ class FastestVerdict:
     """A `search: fastest` group's verdict (README, Tune), saved as `to_json()` under `_search/`: its best and
     baseline fully measured, what it tried and cost. Implements sweep.search.plan.Verdict."""
 
-    search_id: str
-    """The search's id: every probe row of it carries it (sweep.search.fastest.plan.fastest_search_id)."""
+    search_id: str | None
+    """The search's id (always set; typed as sweep.search.plan.Verdict's): every probe row of it carries it
+    (sweep.search.fastest.plan.fastest_search_id)."""
     model: str
     """The group's model label."""
     precision: str
