@@ -10,20 +10,27 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
+import tempfile
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import verdicts_json
 
+from clusters.registry import load_profile
 from sweep.errors import UserError
+from sweep.execution.outcome import INFRA_PREFIX, Outcome
+from sweep.execution.runner import execute
+from sweep.record import store
 from sweep.search.fastest.cost import final_auto_max
 from sweep.search.fastest.memory import fitted, needs
 from sweep.search.fastest.plan import TunePlan
 from sweep.search.fastest.search import LONGER, SHORT, probe_steps
 from sweep.search.fastest.space import Config, Space, at_least_as_heavy
+from sweep.search.fastest.verdict import PROFILE_KEYS
 from sweep.spec.grid import DEFAULT_TIMEOUT_S, NUMERICS_CHANGING, TUNABLE, expand, parse_grid
+from trainer.flops import spec_flops_per_token
 
 GIB = 1024**3
 ACTIVATIONS = {"none": 1.0, "selective": 0.5, "full": 0.2}  # GiB per sample kept for the backward pass
@@ -80,7 +87,7 @@ class Machine:
                "measure_steps": t.measure_steps, "tflops_per_gpu": None, "tokens_per_s_per_gpu": None,
                "peak_mem_gib": None, "params_local": [self.accum_gib * GIB / 4] * t.gpus if self.accum_gib else None}
         if self.attempts in self.lost:
-            return {**row, "status": "error", "error": "rank process died"}, True
+            return {**row, "status": "error", "error": INFRA_PREFIX + "rank process died"}, True
         if t.compile == self.failing_compile or (t.warmup_steps, t.measure_steps) == self.failing_steps:
             return {**row, "status": "error", "error": "compile failed"}, False
         if self.hangs and self.hangs(t):
@@ -98,13 +105,13 @@ class Machine:
                        trial_wall_s=2.0 + 5.0 + (t.warmup_steps + t.measure_steps) * step)
         if t.profile:  # the trainer's summary of the traced steps
             row.update(profile_gemm_pct=60.0, profile_attention_pct=20.0, profile_comm_exposed_pct=5.0,
-                       profile_optimizer_pct=5.0, profile_other_pct=10.0, trace_file=f"traces/{t.trial_id}.json")
+                       profile_optimizer_pct=5.0, profile_other_pct=10.0)
         return row, False
 
 
 @dataclass
 class Run:
-    asked: list
+    asked: list  # the trials in the order they were answered
     rows: list  # (row, infrastructure) per attempt, in order
     known: dict = field(default_factory=dict)  # trial_id -> how many rows the plan had when it asked for it
 
@@ -112,22 +119,117 @@ class Run:
         return next(r for r, _ in self.rows if r["trial_id"] == t.trial_id)
 
 
-def run(plan, machine=None, recorded: dict | None = None, last_first: bool = False) -> Run:
-    """The runner's loop (sweep.execution.runner): run what the plan asks, feed each row back, queue its follow-ups.
-    A trial asked twice fails the test (the runner would drop it silently and the search would stall).
-    last_first: the latest queued trial first, as concurrent trials may finish in any order."""
-    queue, out = deque(plan.initial()), Run([], [])
-    out.known = dict.fromkeys((t.trial_id for t in queue), 0)
-    while queue:
-        t = queue.pop() if last_first else queue.popleft()
-        assert t.trial_id not in {a.trial_id for a in out.asked}, f"asked twice: {t.describe()}"
-        out.asked.append(t)
-        row, infrastructure = recorded[t.trial_id] if recorded is not None else machine(t)
-        out.rows.append((row, infrastructure))
-        more = plan.on_result(t, row["status"], infrastructure, row)
-        out.known.update(dict.fromkeys((u.trial_id for u in more), len(out.rows)))
-        queue.extend(more)
-    return out
+class Watched:
+    """The plan as the runner sees it, watched: what it asked and when, each row it was told. A trial asked twice
+    fails the test (the runner would drop it silently and the search would stall)."""
+
+    def __init__(self, plan):
+        self.plan, self.run = plan, Run([], [])
+
+    def _asked(self, trials: list) -> list:
+        for t in trials:
+            assert t.trial_id not in self.run.known, f"asked twice: {t.describe()}"
+            self.run.known[t.trial_id] = len(self.run.rows)
+        return trials
+
+    def initial(self) -> list:
+        return self._asked(self.plan.initial())
+
+    def on_result(self, trial, status: str, infrastructure: bool = False, row: dict | None = None) -> list:
+        self.run.asked.append(trial)
+        self.run.rows.append((row, infrastructure))
+        return self._asked(self.plan.on_result(trial, status, infrastructure, row))
+
+
+def outcome(t, row: dict, infrastructure: bool) -> Outcome:
+    """The Outcome a scheduler returns for `row` (the simulated machine's, or a recorded one): rank results from
+    which sweep.record.rows.outcome_row writes that row's fields back (its TFLOP/s to a rounding, its step time)."""
+    o = Outcome(trial=t, status=row["status"], error=row.get("error"), wall_s=row["trial_wall_s"],
+                infrastructure=infrastructure, group_trial_index=row.get("group_trial_index") or 0)
+    if row["status"] != "ok":
+        return o
+    # an untimed machine's step: b x accum samples at S TFLOP/s take b x accum / S seconds (as its timed rows say)
+    step = row.get("step_time_s") or t.batch_size * t.grad_accum / row["tflops_per_gpu"]
+    # the parameters that make a token's FLOPs give the row's TFLOP/s at that step time
+    samples = t.batch_size * t.grad_accum * t.seq_len / t.layout_ranks
+    flops = row["tflops_per_gpu"] * 1e12 * step / samples
+    n_params = round((flops - spec_flops_per_token(t.model, t.seq_len, n_params=0)) / 6)
+    warmup, measure = (n if isinstance(n, int) else t_n if isinstance(t_n, int) else most for n, t_n, most in zip(
+        (row.get("warmup_steps"), row.get("measure_steps")), (t.warmup_steps, t.measure_steps), t.auto_max or (3, 5),
+        strict=True))
+    # an untimed machine's rows say nothing of what a trial costs: without a warm-up count no cost is predicted
+    # (sweep.search.fastest.cost.one_trial_s), as without the step times its rows lack
+    warmup = warmup if row.get("step_time_s") else None
+    rank = {"step_times": [step] * measure, "n_params": n_params, "warmup_steps": warmup, "losses": [1.0] * measure,
+            "loss_first": 1.0, "loss_last": 1.0,
+            "tokens_per_step": t.batch_size * t.grad_accum * t.seq_len, "alloc_retries": row.get("alloc_retries"),
+            "peak_mem_bytes": row["peak_mem_gib"] * GIB if row.get("peak_mem_gib") is not None else None,
+            "compile_time_s": row.get("compile_time_s"),
+            "init_time_s": row.get("init_time_s")}
+    if t.profile:  # what the trainer's profiler hands the driver: the traced steps' shares, the trace's bytes
+        rank["profile"] = {**{k: row.get(f"profile_{k}") for k in PROFILE_KEYS}, "trace_gz": b"trace"}
+    o.ranks = [{**rank, "params_local": n} for n in row.get("params_local") or [0] * t.gpus]
+    return o
+
+
+class SimScheduler:
+    """The runner's scheduler (sweep.execution.scheduler: submit, poll, busy, running, shutdown) on the simulated
+    machine (a trial -> (row, infrastructure)): one answer a poll, the first submitted first (last_first: the
+    latest, as concurrent trials may finish in any order). Without a machine a submitted trial fails the test (a
+    resumed run must reuse every row). A machine that answers None stops: that trial and those submitted after it
+    are left `unanswered`, and the run ends."""
+
+    def __init__(self, machine, last_first: bool = False):
+        self.machine, self.last_first, self.waiting = machine, last_first, []
+        self.unanswered: list = []
+
+    def __call__(self, profile, *, max_concurrent, reuse) -> SimScheduler:  # the runner's factory
+        return self
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting)
+
+    def running(self) -> list:
+        return []
+
+    def submit(self, trial) -> None:
+        assert self.machine is not None, f"not recorded: {trial.describe()}"
+        self.waiting.append(trial)
+
+    def poll(self, timeout: float = 1.0) -> list[Outcome]:
+        t = self.waiting[-1] if self.last_first else self.waiting[0]
+        answer = self.machine(t)
+        if answer is None:
+            self.unanswered, self.waiting = self.waiting, []
+            return []
+        self.waiting.remove(t)
+        return [outcome(t, *answer)]
+
+    def shutdown(self) -> None:
+        pass
+
+
+def run(plan, machine=None, recorded: list | None = None, last_first: bool = False, profile: str = "local",
+        scheduler: SimScheduler | None = None) -> Run:
+    """The runner (sweep.execution.runner.execute) on the simulated machine: it runs what the plan asks, records
+    each row, feeds it back and queues the follow-ups. `recorded`: the rows of an earlier run, reused (--resume)."""
+    watched = Watched(plan)
+    scheduler = scheduler or SimScheduler(machine, last_first)
+    with tempfile.TemporaryDirectory() as output:
+        for row, _ in recorded or []:
+            store.write_row(Path(output), row)
+        # one run id for every run: a row's trace file is named by it (trace_file), and two runs compare equal
+        execute(watched, profile=load_profile(profile), output=Path(output), run_id="simulated",
+                resume=recorded is not None, progress=False, scheduler=scheduler)
+    return watched.run
+
+
+def trace_file(r: Run, t) -> str:
+    """Where the runner wrote `t`'s trace (sweep.record.store.write_trace): beside its row, named by its trial id."""
+    row = r.of(t)
+    assert row["trace_file"] == f"cluster=local/run={row['run_id']}/_traces/{t.trial_id}.pt.trace.json.gz"
+    return row["trace_file"]
 
 
 def grid(**extra):
@@ -311,9 +413,8 @@ def test_the_search_id_is_the_groups_and_a_resumed_search_asks_for_the_same_tria
     m = Machine(lost={4})
     first_plan = plan(tune={"vary": ALL_OPTIONS})
     first = run(first_plan, m)
-    recorded = {row["trial_id"]: (row, infra) for row, infra in first.rows}
     again_plan = plan(tune={"vary": ALL_OPTIONS})
-    again = run(again_plan, recorded=recorded)  # no machine: every trial must be one already recorded
+    again = run(again_plan, recorded=first.rows)  # no machine: every trial must be one already recorded
     assert [t.trial_id for t in again.asked] == [t.trial_id for t in first.asked]
     assert verdicts_json(again_plan) == verdicts_json(first_plan)
     assert len([t for t in again.asked if t.profile]) == 1 and verdicts_json(again_plan)[0]["profile"] is not None
@@ -643,7 +744,7 @@ def test_the_best_is_the_fastest_full_measurement_and_the_baseline_is_measured_i
     assert v["search_wall_s"] == pytest.approx(sum(row["trial_wall_s"] for row, _ in r.rows))
     assert v["cost_vs_one_trial"] == pytest.approx(v["search_wall_s"] / r.of(best)["trial_wall_s"])
     assert v["profile"] == {"gemm_pct": 60.0, "attention_pct": 20.0, "comm_exposed_pct": 5.0, "optimizer_pct": 5.0,
-                            "other_pct": 10.0, "trace_file": f"traces/{profiled.trial_id}.json"}
+                            "other_pct": 10.0, "trace_file": trace_file(r, profiled)}
     assert v["numerics_allowed"] == list(NUMERICS_CHANGING) and v["allowed"] == ALL_OPTIONS
 
 
@@ -700,7 +801,7 @@ def test_a_profile_trial_lost_to_the_infrastructure_is_retried_only_within_the_b
     assert w["probes"] == len(again.asked) <= budget and w["tflops_at_best"] == v["tflops_at_best"]
     if room:  # retried, as any stage's attempt under its cap; the verdict cites the retry's trace
         assert [t.retry for t in profiled] == [0, 1]
-        assert w["profile"]["trace_file"] == f"traces/{profiled[1].trial_id}.json"
+        assert w["profile"]["trace_file"] == trace_file(again, profiled[1])
     else:  # no room: the attempt stays failed, and the verdict has no profile
         assert [t.retry for t in profiled] == [0] and w["profile"] is None
 
