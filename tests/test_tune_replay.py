@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 from conftest import verdicts_json
+from test_tune import SimScheduler, run
 
+from sweep.execution import runner
 from sweep.search.fastest.cost import compile_times, final_s, one_trial_s, probe_s, spent_s
 from sweep.search.fastest.plan import TunePlan
 from sweep.search.fastest.space import SHORT
@@ -61,21 +63,28 @@ def _key(t) -> tuple:
 
 
 def _replay(name: str, grid: dict) -> tuple[list, list, TunePlan]:
-    """The probes the search asks for, answered from the rows, up to the first one the GPUs never ran, as
-    (trial, recorded status); the probes asked with that one, not yet answered (its wave: [] if the search
-    ended on the rows); and the plan."""
+    """The probes the search asks for, answered from the rows by the runner (sweep.execution.runner), up to the
+    first one the GPUs never ran, as (trial, recorded status); the probes asked with that one, not yet answered
+    (its wave: [] if the search ended on the rows); and the plan."""
     spec = parse_grid({"search": "fastest", "steps": {"warmup": "auto", "measure": "auto"}, **grid})
     plan = TunePlan(expand(spec, cluster="h200x2"), spec, capacity_bytes=H200_GIB * GIB)
-    rows, asked = _rows(name), []
-    queue = list(plan.initial())
-    while queue:
-        t = queue.pop(0)
+    rows = _rows(name)
+
+    def recorded(t) -> tuple[dict, bool] | None:
         row = rows.get(_key(t))
-        asked.append((t, row and row["status"]))
-        if row is None:
-            return asked, [t, *queue], plan
-        queue += plan.on_result(t, row["status"], False, {**row, "trial_id": t.trial_id})
-    return asked, [], plan
+        return None if row is None else ({**row, "trial_id": t.trial_id}, False)
+
+    scheduler = SimScheduler(recorded)
+    out = run(plan, scheduler=scheduler)
+    asked = [(t, row["status"]) for t, (row, _) in zip(out.asked, out.rows, strict=True)]
+    return asked + [(t, None) for t in scheduler.unanswered[:1]], scheduler.unanswered, plan
+
+
+@pytest.fixture(autouse=True)
+def _as_recorded(monkeypatch):
+    """The rows were recorded on 2xH200: what this machine could run (Transformer Engine installed, a CPU rank's
+    memory) is not the runner's question here."""
+    monkeypatch.setattr(runner, "unsupported", lambda trial, profile, calibration=None: None)
 
 
 def _worst_and_cap(plan: TunePlan, finals: int) -> tuple[float, float]:
