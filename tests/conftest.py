@@ -159,3 +159,8 @@ def rows_folder(tmp_path_factory, name: str, rows) -> Path:
     for row in rows:
         write_row(out, row)
     return out
+
+
+def verdicts_json(plan) -> list[dict]:
+    """A plan's verdicts as `sweep run` saves them under `_search/` (`Verdict.to_json()`)."""
+    return [v.to_json() for v in plan.verdicts()]

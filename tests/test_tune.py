@@ -1,4 +1,5 @@
-"""`search: fastest` (sweep.search.fastest.search): the search, driven by a simulated runner. Pure logic: no Ray, no torch.
+"""`search: fastest` (sweep.search.fastest.search): the search, driven by a simulated runner. Pure logic: no Ray, no
+torch.
 
 The simulated machine plays the runner: a trial's peak memory is fixed + batch x (activations its ac
 keeps), it runs out of memory past the capacity, and its TFLOP/s is a product of per-option factors, so
@@ -9,25 +10,33 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
+import tempfile
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import verdicts_json
 
+from clusters.registry import load_profile
 from sweep.errors import UserError
-from sweep.spec.grid import DEFAULT_TIMEOUT_S, NUMERICS_CHANGING, expand, parse_grid
-from sweep.search.fastest.search import LONGER, SHORT, probe_steps
+from sweep.execution.outcome import INFRA_PREFIX, Outcome
+from sweep.execution.runner import execute
+from sweep.record import store
 from sweep.search.fastest.cost import final_auto_max
 from sweep.search.fastest.memory import fitted, needs
 from sweep.search.fastest.plan import TunePlan
+from sweep.search.fastest.search import LONGER, SHORT, probe_steps
 from sweep.search.fastest.space import Config, Space, at_least_as_heavy
+from sweep.search.fastest.verdict import PROFILE_KEYS
+from sweep.spec.grid import DEFAULT_TIMEOUT_S, NUMERICS_CHANGING, TUNABLE, expand, parse_grid
+from trainer.flops import spec_flops_per_token
 
 GIB = 1024**3
 ACTIVATIONS = {"none": 1.0, "selective": 0.5, "full": 0.2}  # GiB per sample kept for the backward pass
 AC_SPEED = {"none": 1.0, "selective": 0.9, "full": 0.75}  # recomputation costs time
 COMPILE_SPEED = {"none": 0.8, "regional": 1.0, "full": 1.05}
-ALL_OPTIONS = ["batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head"]
+ALL_OPTIONS = list(TUNABLE)
 VERDICT_KEYS = {"kind", "search_id", "model", "precision", "seq_len", "gpus", "cluster", "allowed", "numerics_allowed",
                 "global_batch_tokens", "budget", "max_cost", "best", "baseline", "tflops_at_best", "baseline_tflops",
                 "speedup", "skipped_for_cost",
@@ -53,7 +62,7 @@ class Machine:
     compile_gib: dict = field(default_factory=dict)  # compile mode -> GiB per sample it adds
     lost: set[int] = field(default_factory=set)  # attempt numbers lost to the infrastructure
     failing_steps: tuple | None = None  # trials of these (warm-up, measured) steps error (not memory)
-    timed: bool = False  # rows say what a step and a start-up take: the cost cap (sweep.search.fastest.cost) has its numbers
+    timed: bool = False  # rows say what a step and a start-up take: the cost cap (sweep.search.fastest.cost) has them
     hangs: Any = None  # trial -> bool: it hangs until its timeout_s (the scheduler then kills it: status timeout)
     attempts: int = 0
 
@@ -78,7 +87,7 @@ class Machine:
                "measure_steps": t.measure_steps, "tflops_per_gpu": None, "tokens_per_s_per_gpu": None,
                "peak_mem_gib": None, "params_local": [self.accum_gib * GIB / 4] * t.gpus if self.accum_gib else None}
         if self.attempts in self.lost:
-            return {**row, "status": "error", "error": "rank process died"}, True
+            return {**row, "status": "error", "error": INFRA_PREFIX + "rank process died"}, True
         if t.compile == self.failing_compile or (t.warmup_steps, t.measure_steps) == self.failing_steps:
             return {**row, "status": "error", "error": "compile failed"}, False
         if self.hangs and self.hangs(t):
@@ -96,13 +105,13 @@ class Machine:
                        trial_wall_s=2.0 + 5.0 + (t.warmup_steps + t.measure_steps) * step)
         if t.profile:  # the trainer's summary of the traced steps
             row.update(profile_gemm_pct=60.0, profile_attention_pct=20.0, profile_comm_exposed_pct=5.0,
-                       profile_optimizer_pct=5.0, profile_other_pct=10.0, trace_file=f"traces/{t.trial_id}.json")
+                       profile_optimizer_pct=5.0, profile_other_pct=10.0)
         return row, False
 
 
 @dataclass
 class Run:
-    asked: list
+    asked: list  # the trials in the order they were answered
     rows: list  # (row, infrastructure) per attempt, in order
     known: dict = field(default_factory=dict)  # trial_id -> how many rows the plan had when it asked for it
 
@@ -110,22 +119,117 @@ class Run:
         return next(r for r, _ in self.rows if r["trial_id"] == t.trial_id)
 
 
-def run(plan, machine=None, recorded: dict | None = None, last_first: bool = False) -> Run:
-    """The runner's loop (sweep.execution.runner): run what the plan asks, feed each row back, queue its follow-ups.
-    A trial asked twice fails the test (the runner would drop it silently and the search would stall).
-    last_first: the latest queued trial first, as concurrent trials may finish in any order."""
-    queue, out = deque(plan.initial()), Run([], [])
-    out.known = dict.fromkeys((t.trial_id for t in queue), 0)
-    while queue:
-        t = queue.pop() if last_first else queue.popleft()
-        assert t.trial_id not in {a.trial_id for a in out.asked}, f"asked twice: {t.describe()}"
-        out.asked.append(t)
-        row, infrastructure = recorded[t.trial_id] if recorded is not None else machine(t)
-        out.rows.append((row, infrastructure))
-        more = plan.on_result(t, row["status"], infrastructure, row)
-        out.known.update(dict.fromkeys((u.trial_id for u in more), len(out.rows)))
-        queue.extend(more)
-    return out
+class Watched:
+    """The plan as the runner sees it, watched: what it asked and when, each row it was told. A trial asked twice
+    fails the test (the runner would drop it silently and the search would stall)."""
+
+    def __init__(self, plan):
+        self.plan, self.run = plan, Run([], [])
+
+    def _asked(self, trials: list) -> list:
+        for t in trials:
+            assert t.trial_id not in self.run.known, f"asked twice: {t.describe()}"
+            self.run.known[t.trial_id] = len(self.run.rows)
+        return trials
+
+    def initial(self) -> list:
+        return self._asked(self.plan.initial())
+
+    def on_result(self, trial, status: str, infrastructure: bool = False, row: dict | None = None) -> list:
+        self.run.asked.append(trial)
+        self.run.rows.append((row, infrastructure))
+        return self._asked(self.plan.on_result(trial, status, infrastructure, row))
+
+
+def outcome(t, row: dict, infrastructure: bool) -> Outcome:
+    """The Outcome a scheduler returns for `row` (the simulated machine's, or a recorded one): rank results from
+    which sweep.record.rows.outcome_row writes that row's fields back (its TFLOP/s to a rounding, its step time)."""
+    o = Outcome(trial=t, status=row["status"], error=row.get("error"), wall_s=row["trial_wall_s"],
+                infrastructure=infrastructure, group_trial_index=row.get("group_trial_index") or 0)
+    if row["status"] != "ok":
+        return o
+    # an untimed machine's step: b x accum samples at S TFLOP/s take b x accum / S seconds (as its timed rows say)
+    step = row.get("step_time_s") or t.batch_size * t.grad_accum / row["tflops_per_gpu"]
+    # the parameters that make a token's FLOPs give the row's TFLOP/s at that step time
+    samples = t.batch_size * t.grad_accum * t.seq_len / t.layout_ranks
+    flops = row["tflops_per_gpu"] * 1e12 * step / samples
+    n_params = round((flops - spec_flops_per_token(t.model, t.seq_len, n_params=0)) / 6)
+    warmup, measure = (n if isinstance(n, int) else t_n if isinstance(t_n, int) else most for n, t_n, most in zip(
+        (row.get("warmup_steps"), row.get("measure_steps")), (t.warmup_steps, t.measure_steps), t.auto_max or (3, 5),
+        strict=True))
+    # an untimed machine's rows say nothing of what a trial costs: without a warm-up count no cost is predicted
+    # (sweep.search.fastest.cost.one_trial_s), as without the step times its rows lack
+    warmup = warmup if row.get("step_time_s") else None
+    rank = {"step_times": [step] * measure, "n_params": n_params, "warmup_steps": warmup, "losses": [1.0] * measure,
+            "loss_first": 1.0, "loss_last": 1.0,
+            "tokens_per_step": t.batch_size * t.grad_accum * t.seq_len, "alloc_retries": row.get("alloc_retries"),
+            "peak_mem_bytes": row["peak_mem_gib"] * GIB if row.get("peak_mem_gib") is not None else None,
+            "compile_time_s": row.get("compile_time_s"),
+            "init_time_s": row.get("init_time_s")}
+    if t.profile:  # what the trainer's profiler hands the driver: the traced steps' shares, the trace's bytes
+        rank["profile"] = {**{k: row.get(f"profile_{k}") for k in PROFILE_KEYS}, "trace_gz": b"trace"}
+    o.ranks = [{**rank, "params_local": n} for n in row.get("params_local") or [0] * t.gpus]
+    return o
+
+
+class SimScheduler:
+    """The runner's scheduler (sweep.execution.scheduler: submit, poll, busy, running, shutdown) on the simulated
+    machine (a trial -> (row, infrastructure)): one answer a poll, the first submitted first (last_first: the
+    latest, as concurrent trials may finish in any order). Without a machine a submitted trial fails the test (a
+    resumed run must reuse every row). A machine that answers None stops: that trial and those submitted after it
+    are left `unanswered`, and the run ends."""
+
+    def __init__(self, machine, last_first: bool = False):
+        self.machine, self.last_first, self.waiting = machine, last_first, []
+        self.unanswered: list = []
+
+    def __call__(self, profile, *, max_concurrent, reuse) -> SimScheduler:  # the runner's factory
+        return self
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting)
+
+    def running(self) -> list:
+        return []
+
+    def submit(self, trial) -> None:
+        assert self.machine is not None, f"not recorded: {trial.describe()}"
+        self.waiting.append(trial)
+
+    def poll(self, timeout: float = 1.0) -> list[Outcome]:
+        t = self.waiting[-1] if self.last_first else self.waiting[0]
+        answer = self.machine(t)
+        if answer is None:
+            self.unanswered, self.waiting = self.waiting, []
+            return []
+        self.waiting.remove(t)
+        return [outcome(t, *answer)]
+
+    def shutdown(self) -> None:
+        pass
+
+
+def run(plan, machine=None, recorded: list | None = None, last_first: bool = False, profile: str = "local",
+        scheduler: SimScheduler | None = None) -> Run:
+    """The runner (sweep.execution.runner.execute) on the simulated machine: it runs what the plan asks, records
+    each row, feeds it back and queues the follow-ups. `recorded`: the rows of an earlier run, reused (--resume)."""
+    watched = Watched(plan)
+    scheduler = scheduler or SimScheduler(machine, last_first)
+    with tempfile.TemporaryDirectory() as output:
+        for row, _ in recorded or []:
+            store.write_row(Path(output), row)
+        # one run id for every run: a row's trace file is named by it (trace_file), and two runs compare equal
+        execute(watched, profile=load_profile(profile), output=Path(output), run_id="simulated",
+                resume=recorded is not None, progress=False, scheduler=scheduler)
+    return watched.run
+
+
+def trace_file(r: Run, t) -> str:
+    """Where the runner wrote `t`'s trace (sweep.record.store.write_trace): beside its row, named by its trial id."""
+    row = r.of(t)
+    assert row["trace_file"] == f"cluster=local/run={row['run_id']}/_traces/{t.trial_id}.pt.trace.json.gz"
+    return row["trace_file"]
 
 
 def grid(**extra):
@@ -175,7 +279,7 @@ def test_numerics_changing_options_stay_at_the_grid_values_unless_vary_names_the
     for t in r.asked:
         assert (t.reduce_dtype, t.fp8_lm_head) == ("bf16", True)
         assert t.grad_sync == ("step" if t.grad_accum > 1 else "micro_batch")  # one micro-batch: nothing to wait for
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert v["numerics_allowed"] == [] and v["best"]["reduce_dtype"] == "bf16"
     allowed = run(plan(**fixed, tune={"vary": ALL_OPTIONS}), Machine(capacity_gib=200))
     assert {(t.reduce_dtype, t.fp8_lm_head) for t in allowed.asked} > {("bf16", True)}  # named: they move
@@ -187,7 +291,7 @@ def test_options_that_fold_away_are_one_candidate_and_never_probed_twice():
     p = plan(models=["gpt-tiny"], precisions=["bf16"], gpus=1, tune={"vary": ALL_OPTIONS})
     r = run(p, Machine())
     assert {(t.reduce_dtype, t.grad_sync, t.fp8_lm_head) for t in r.asked} == {("fp32", "micro_batch", False)}
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     batches = {ac: {t.batch_size for t in r.asked if t.ac == ac and is_short(t)} for ac in ACTIVATIONS}
     assert v["candidates"] <= sum(len(b) for b in batches.values()) * 3 * 4  # ac batches x compile x grad_accum
 
@@ -199,7 +303,7 @@ def test_the_batch_search_finds_the_largest_batch_that_fits():
     base = [t for t in r.asked if t.ac == "none" and t.compile == "regional" and t.grad_accum == 1]
     assert max(t.batch_size for t in base if r.of(t)["status"] == "ok") == 36
     assert all(t.batch_size <= 37 for t in r.asked if t.ac == "none")  # past the first OOM: never
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert v["baseline"]["batch_size"] == 36  # the fastest for the grid's options (speed grows with the batch)
 
 
@@ -217,7 +321,7 @@ def test_every_probe_holds_the_global_batch(tokens, vary):
     p = plan(tune={"vary": vary, "global_batch_tokens": tokens})
     r = run(p, Machine(capacity_gib=30))
     assert all(t.batch_size * t.grad_accum * t.gpus * t.seq_len == tokens for t in r.asked)
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert v["global_batch_tokens"] == tokens and v["best"] is not None
     ok = [t for t in r.asked if r.of(t)["status"] == "ok" and t.ac == v["baseline"]["ac"]
           and t.compile == v["baseline"]["compile"]]
@@ -244,7 +348,7 @@ def test_attempts_never_exceed_the_budget(budget):
     spec, trials = grid(precisions=["bf16", "fp8-torchao-tensorwise"], tune={"vary": ALL_OPTIONS, "budget": budget})
     p = TunePlan(trials, spec, capacity_bytes=40 * GIB)
     r = run(p, Machine(failing_compile="full", lost={2, 5, 9, 17}))
-    for v in p.verdicts():
+    for v in verdicts_json(p):
         attempts = [t for t in r.asked if t.precision == v["precision"]]
         assert len(attempts) == v["probes"] <= budget
         assert v["best"] is not None if budget >= 8 else (v["best"] is not None or v["aborted"])
@@ -258,7 +362,7 @@ def test_a_budget_without_room_for_the_baseline_a_finalist_and_the_profile_is_a_
     assert "give budget: 4 or more" in str(e.value)
     p = plan(tune={"budget": 4})
     run(p, Machine())
-    (v,) = p.verdicts()  # one short probe, one final (the baseline), its profile
+    (v,) = verdicts_json(p)  # one short probe, one final (the baseline), its profile
     assert v["best"] == v["baseline"] and v["profile"] is not None and v["probes"] == 3
 
 
@@ -270,7 +374,7 @@ def test_short_probes_then_longer_then_the_grids_own_steps(steps):
     kinds = {("short" if is_short(t) else "longer" if is_longer(t) else (t.warmup_steps, t.measure_steps))
              for t in r.asked if not t.profile}
     assert kinds == {"short", "longer", full}
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     last = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == full]
     assert {t.profile for t in last} == {False} and len(last) <= 3  # two finalists and the baseline, unprofiled
     # `auto` finals run at most final_auto_max steps, as the cost cap reserves; counts are what they say
@@ -309,12 +413,11 @@ def test_the_search_id_is_the_groups_and_a_resumed_search_asks_for_the_same_tria
     m = Machine(lost={4})
     first_plan = plan(tune={"vary": ALL_OPTIONS})
     first = run(first_plan, m)
-    recorded = {row["trial_id"]: (row, infra) for row, infra in first.rows}
     again_plan = plan(tune={"vary": ALL_OPTIONS})
-    again = run(again_plan, recorded=recorded)  # no machine: every trial must be one already recorded
+    again = run(again_plan, recorded=first.rows)  # no machine: every trial must be one already recorded
     assert [t.trial_id for t in again.asked] == [t.trial_id for t in first.asked]
-    assert again_plan.verdicts() == first_plan.verdicts()
-    assert len([t for t in again.asked if t.profile]) == 1 and again_plan.verdicts()[0]["profile"] is not None
+    assert verdicts_json(again_plan) == verdicts_json(first_plan)
+    assert len([t for t in again.asked if t.profile]) == 1 and verdicts_json(again_plan)[0]["profile"] is not None
     other = plan(precisions=["bf16"], tune={"vary": ALL_OPTIONS}).initial()[0]
     assert other.search_id != first.asked[0].search_id
 
@@ -324,7 +427,7 @@ def test_the_order_results_come_back_in_does_not_change_the_search():
     a = run(in_order, Machine(capacity_gib=30))
     b = run(reversed_, Machine(capacity_gib=30), last_first=True)
     assert a.asked != b.asked and sorted(t.trial_id for t in a.asked) == sorted(t.trial_id for t in b.asked)
-    assert in_order.verdicts() == reversed_.verdicts()
+    assert verdicts_json(in_order) == verdicts_json(reversed_)
 
 
 def test_successive_halving_keeps_the_faster_short_probes():
@@ -341,7 +444,7 @@ def test_successive_halving_keeps_the_faster_short_probes():
 def test_no_probe_needs_the_memory_of_an_earlier_oom_and_an_oom_is_not_retried():
     r = run(plan(tune={"vary": ALL_OPTIONS, "budget": 80}), Machine(capacity_gib=30))
     ooms = []
-    for t, (row, _) in zip(r.asked, r.rows):
+    for t, (row, _) in zip(r.asked, r.rows, strict=True):
         assert not any(at_least_as_heavy(config(t), o) for o in ooms), t.describe()
         if row["status"] == "oom":
             ooms.append(config(t))
@@ -420,7 +523,7 @@ def test_a_full_measurement_with_the_short_probes_steps_is_that_probe_not_a_seco
     # runner would drop a trial asked twice, and the search would wait for it forever)
     p = plan(steps={"warmup": SHORT[0], "measure": SHORT[1]})
     r = run(p, Machine())
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert v["baseline_tflops"] is not None and v["best"] is not None
     base = next(t for t in r.asked if t.trial_id == v["baseline_trial_id"])
     assert (base.warmup_steps, base.measure_steps) == SHORT and r.of(base)["tflops_per_gpu"] == v["baseline_tflops"]
@@ -479,9 +582,9 @@ def test_a_batch_that_thrashes_ends_the_fit_and_a_thrashing_candidate_is_tried_s
     t = next(t for t in explore if r.of(t).get("alloc_retries"))
     assert any(config(u)._replace(batch_size=0) == config(t)._replace(batch_size=0) and u.batch_size < t.batch_size
                for u in explore), f"{t.describe()} thrashed and was not tried smaller"
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
-    every = [replace(best, **dict(zip(Config._fields, values))) for values in itertools.product(
+    every = [replace(best, **dict(zip(Config._fields, values, strict=True))) for values in itertools.product(
         range(1, 41), ("none", "selective", "full"), ("none", "regional", "full"), (1, 2, 4, 8), ("fp32", "bf16"),
         ("micro_batch", "step"), (False, True))]
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
@@ -492,7 +595,7 @@ def test_the_baseline_runs_at_a_batch_without_retries_even_where_one_with_them_r
     # a short probe with a few retries may read fast; the fit still ends where memory did (batch 30 thrashes)
     p = plan(tune={"vary": ALL_OPTIONS, "budget": 40})
     r = run(p, Machine(capacity_gib=40, thrash_gib=34.0, thrash_speed=1.0))
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert v["baseline"]["batch_size"] == 29
     assert r.of(next(t for t in r.asked if t.trial_id == v["baseline_trial_id"]))["alloc_retries"] == 0
 
@@ -516,7 +619,7 @@ def test_an_option_that_thrashed_at_the_top_batch_runs_clean_lower_within_a_smal
     short = [t for t in r.asked if is_short(t)]
     assert any(t.fp8_lm_head and _clean(r, t) for t in short), [(t.describe(), r.of(t)) for t in short]
     assert not any(t.grad_accum in (2, 4) for t in short)
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert v["best"]["fp8_lm_head"] and v["probes"] <= 16
 
 
@@ -528,9 +631,9 @@ def test_grad_sync_step_out_of_memory_at_the_top_batch_is_run_lower_and_the_best
     m = Machine(capacity_gib=40, thrash_gib=34.0)
     p = plan(batch_sizes=[3], tune={"vary": NUMERICS_RUN, "budget": 24})
     r = run(p, m)
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
-    every = [replace(best, **dict(zip(NUMERICS_RUN, values))) for values in itertools.product(
+    every = [replace(best, **dict(zip(NUMERICS_RUN, values, strict=True))) for values in itertools.product(
         range(1, 41), (1, 2, 4, 8), ("fp32", "bf16"), ("micro_batch", "step"), (False, True))]
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
     assert v["best"]["grad_sync"] == "step" and _clean(r, best)
@@ -546,10 +649,10 @@ def test_an_option_never_run_clean_is_probed_lower_even_after_waves_found_nothin
     m = Machine(capacity_gib=9, thrash_gib=7.0, gains={"bf16": 1.004, "step": 1.15, "head": 1.0, "accum": 0.015})
     p = plan(batch_sizes=[2], precisions=["bf16"], tune={"vary": NUMERICS_RUN, "budget": 16})
     r = run(p, m)
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert any(t.grad_sync == "step" and _clean(r, t) for t in r.asked)
     best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
-    every = [replace(best, **dict(zip(NUMERICS_RUN, values))) for values in itertools.product(
+    every = [replace(best, **dict(zip(NUMERICS_RUN, values, strict=True))) for values in itertools.product(
         range(1, 6), (1, 2, 4, 8), ("fp32", "bf16"), ("micro_batch", "step"), (False,))]
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
     assert v["best"]["grad_sync"] == "step" and v["tflops_at_best"] >= 0.985 * optimum, (v["best"], optimum)
@@ -573,7 +676,7 @@ def test_accumulation_and_a_compile_mode_are_first_probed_where_memory_is_known_
     assert [r.of(t)["status"] for t in others if r.of(t)["status"] != "ok"] == []
     assert {t.compile for t in others if r.of(t)["status"] == "ok"} == {"none", "regional", "full"}
     assert any(t.grad_accum == 8 and r.of(t)["status"] == "ok" for t in others)
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
     every = [replace(best, batch_size=b, grad_accum=a, compile=c)
              for b, a, c in itertools.product(range(1, 41), (1, 2, 4, 8), ("none", "regional", "full"))]
@@ -588,7 +691,7 @@ def test_no_probe_asked_after_a_thrash_needs_its_memory(capacity, head):
     an FP8 head both add memory, so the search meets thrashes at several batches and with several options)."""
     p = plan(capacity_gib=capacity, tune={"vary": ALL_OPTIONS, "budget": 40})
     r = run(p, Machine(capacity_gib=capacity, thrash_gib=34.0, head_gib=head))
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     base = Config(**v["baseline"])
 
     def changes(c: Config) -> set:  # the options (but the batch, ac and accumulation) changed from the baseline
@@ -623,7 +726,7 @@ def test_an_option_value_that_fails_on_its_own_is_not_tried_again():
 def test_the_best_is_the_fastest_full_measurement_and_the_baseline_is_measured_in_the_same_search():
     p = plan(tune={"vary": ALL_OPTIONS})
     r = run(p, Machine())
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert set(v) == VERDICT_KEYS and v["kind"] == "fastest"
     full = finals(r)
     best = max(full, key=lambda t: r.of(t)["tflops_per_gpu"])
@@ -641,7 +744,7 @@ def test_the_best_is_the_fastest_full_measurement_and_the_baseline_is_measured_i
     assert v["search_wall_s"] == pytest.approx(sum(row["trial_wall_s"] for row, _ in r.rows))
     assert v["cost_vs_one_trial"] == pytest.approx(v["search_wall_s"] / r.of(best)["trial_wall_s"])
     assert v["profile"] == {"gemm_pct": 60.0, "attention_pct": 20.0, "comm_exposed_pct": 5.0, "optimizer_pct": 5.0,
-                            "other_pct": 10.0, "trace_file": f"traces/{profiled.trial_id}.json"}
+                            "other_pct": 10.0, "trace_file": trace_file(r, profiled)}
     assert v["numerics_allowed"] == list(NUMERICS_CHANGING) and v["allowed"] == ALL_OPTIONS
 
 
@@ -649,7 +752,7 @@ def test_the_search_finds_the_simulated_optimum_within_its_default_budget():
     m = Machine(capacity_gib=40)
     p = plan(tune={"vary": ALL_OPTIONS})
     run(p, m)
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     # the machine's best: compile full, 8 micro-batches, bf16 reduce, FP8 head, ac none; grad_sync: step
     # needs a smaller batch (20 fits), which is still faster than micro_batch at 36
     assert {k: v["best"][k] for k in ("ac", "compile", "grad_accum", "reduce_dtype", "fp8_lm_head")} == {
@@ -660,7 +763,7 @@ def test_a_baseline_that_does_not_fit_is_not_measured_again():
     # a fixed batch of 40 does not fit without checkpointing (4 + 40 GiB > 40): the best checkpoints
     p = plan(batch_sizes=[40], tune={"vary": ["ac", "compile"]})
     r = run(p, Machine(capacity_gib=40))
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     base = [t for t in r.asked if t.ac == "none" and t.compile == "regional"]
     assert [r.of(t)["status"] for t in base] == ["oom"]
     assert v["baseline"]["ac"] == "none" and v["baseline_tflops"] is None and v["speedup"] is None
@@ -670,7 +773,7 @@ def test_a_baseline_that_does_not_fit_is_not_measured_again():
 def test_when_the_grids_own_options_fail_the_search_stops_and_says_so():
     p = plan(tune={"vary": ["batch_size", "ac"]})
     r = run(p, Machine(failing_compile="regional"))  # the grid's compile
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert len(r.asked) == v["probes"] == 1 and v["best"] is None and v["profile"] is None
     assert v["aborted"] == "nothing ran: no probe completed (1 error)"
 
@@ -679,7 +782,7 @@ def test_no_profile_trial_when_no_final_ran_ok():
     # every full measurement errors (the grid's steps), the short and rung probes run: nothing to profile
     p = plan(tune={"vary": ALL_OPTIONS})
     r = run(p, Machine(failing_steps=(3, 10)))
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert finals(r) and not any(t.profile for t in r.asked)
     assert v["best"] is None and v["profile"] is None and v["aborted"].startswith("no full measurement completed")
 
@@ -689,16 +792,16 @@ def test_a_profile_trial_lost_to_the_infrastructure_is_retried_only_within_the_b
     # accumulation gains little here: the runner-up's final is within FINAL_MARGIN and runs, so 13 is all spent
     close = {"gains": {"bf16": 1.05, "step": 1.04, "head": 1.03, "accum": 0.005}}
     first = run(p := plan(tune={"budget": budget}), Machine(**close))
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     n = len(first.asked)  # the profile trial is the last attempt
     assert first.asked[-1].profile and (n < budget) == room  # 13: the search spends all of it
     again = run(q := plan(tune={"budget": budget}), Machine(lost={n}, **close))
-    (w,) = q.verdicts()
+    (w,) = verdicts_json(q)
     profiled = [t for t in again.asked if t.profile]
     assert w["probes"] == len(again.asked) <= budget and w["tflops_at_best"] == v["tflops_at_best"]
     if room:  # retried, as any stage's attempt under its cap; the verdict cites the retry's trace
         assert [t.retry for t in profiled] == [0, 1]
-        assert w["profile"]["trace_file"] == f"traces/{profiled[1].trial_id}.json"
+        assert w["profile"]["trace_file"] == trace_file(again, profiled[1])
     else:  # no room: the attempt stays failed, and the verdict has no profile
         assert [t.retry for t in profiled] == [0] and w["profile"] is None
 
@@ -709,7 +812,7 @@ def test_a_runner_up_is_fully_measured_only_if_the_cost_cap_has_room_for_it(max_
     # the cap keeps room for two finals only (the best's, the baseline's), so under a tight one it is skipped, said
     gains = {"bf16": 1.05, "step": 1.04, "head": 1.03, "accum": 0.005}
     r = run(p := plan(tune={"budget": 13, "max_cost": max_cost}), Machine(gains=gains, timed=True))
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     best, base = Config(**v["best"]), Config(**v["baseline"])
     measured = {config(t) for t in finals(r)}
     others = measured - {best, base}
@@ -727,7 +830,7 @@ def test_a_probe_that_hangs_costs_a_few_times_its_prediction_not_the_grids_timeo
         return t.grad_accum > 1
 
     r = run(p := plan(tune={"budget": 13}), Machine(timed=True, hangs=hangs))
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     hung = [t for t in r.asked if hangs(t)]
     assert hung and {r.of(t)["status"] for t in hung} == {"timeout"}
     # the grid's 30 min before anything says what a probe costs; after, a few times the prediction (the floor here)
@@ -741,7 +844,7 @@ def test_a_probe_that_hangs_costs_a_few_times_its_prediction_not_the_grids_timeo
 def test_nothing_fits_is_a_verdict_not_a_hang():
     p = plan(capacity_gib=2.0)
     r = run(p, Machine(capacity_gib=2.0))  # the fixed part alone is 4 GiB
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert v["aborted"].startswith("nothing fits") and "oom" in v["aborted"]
     assert v["best"] is None and v["tflops_at_best"] is None and v["speedup"] is None and v["profile"] is None
     assert len(r.asked) == v["probes"] <= 40
@@ -751,9 +854,9 @@ def test_one_verdict_per_group():
     spec, trials = grid(precisions=["bf16", "fp8-torchao-tensorwise"], seq_len=[64, 128])
     p = TunePlan(trials, spec, capacity_bytes=40 * GIB)
     run(p, Machine())
-    assert sorted((v["precision"], v["seq_len"]) for v in p.verdicts()) == [
+    assert sorted((v["precision"], v["seq_len"]) for v in verdicts_json(p)) == [
         ("bf16", 64), ("bf16", 128), ("fp8-torchao-tensorwise", 64), ("fp8-torchao-tensorwise", 128)]
-    assert len({v["search_id"] for v in p.verdicts()}) == 4
+    assert len({v["search_id"] for v in verdicts_json(p)}) == 4
 
 
 def test_without_a_capacity_more_checkpointing_does_not_gallop_past_a_batch_that_met_no_limit():
@@ -772,7 +875,7 @@ def test_a_runner_up_is_fully_measured_only_within_final_margin_of_the_fastest(a
 
     gains = {"bf16": 1.05, "step": 1.04, "head": 1.03, "accum": accum_gain}
     r = run(p := plan(tune={"budget": 13}), Machine(gains=gains))
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     base = Config(**v["baseline"])
     ranked = sorted(((r.of(t)["tflops_per_gpu"], config(t)) for t in r.asked
                      if is_short(t) and r.of(t)["status"] == "ok"), reverse=True)
@@ -796,5 +899,5 @@ def test_a_probe_that_thrashed_is_never_fully_measured_even_where_its_short_read
     assert config(fastest) in thrashed  # the case: the fastest short reading is a thrashing one
     again = [t for t in r.asked if not is_short(t) and not t.profile and config(t) in thrashed]
     assert again == [], [t.describe() for t in again]
-    (v,) = p.verdicts()
+    (v,) = verdicts_json(p)
     assert v["best"] is not None and Config(**v["best"]) not in thrashed

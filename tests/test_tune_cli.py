@@ -19,13 +19,13 @@ import pytest
 import yaml
 
 from sweep.search.fastest.space import SHORT, probe_steps
+from sweep.spec.grid import TUNABLE
 
 pytestmark = pytest.mark.integration
 
 FINAL = (1, 4)  # the finals' steps (warm-up, measured): neither the short probes' (2, 3) nor the rung's (3, 9)
 COMMON = ("--gpus", 2, "--seq-len", 32, "--compile", "none", "--warmup", FINAL[0], "--measure", FINAL[1],
           "--cluster", "local", "--no-progress")
-OPTIONS = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")  # a verdict's config
 FIXED_NUMERICS = {"reduce_dtype": "fp32", "grad_sync": "micro_batch", "fp8_lm_head": False}
 SHARES = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "other_pct")
 
@@ -49,7 +49,7 @@ def rows(out: Path) -> list[dict]:
 
 
 def config(row_or_config: dict) -> dict:
-    return {k: row_or_config[k] for k in OPTIONS}
+    return {k: row_or_config[k] for k in TUNABLE}
 
 
 def one_line_error(result, *words: str) -> None:

@@ -6,8 +6,19 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.search.fastest.cost import (COMPILE_VS_REGIONAL, FINAL_AUTO_MAX, HANG_FLOOR_S, HANG_X, affordable, compile_times,
-                             final_auto_max, final_s, one_trial_s, probe_s, time_limit_s)
+from sweep.search.fastest.cost import (
+    COMPILE_VS_REGIONAL,
+    FINAL_AUTO_MAX,
+    HANG_FLOOR_S,
+    HANG_X,
+    affordable,
+    compile_times,
+    final_auto_max,
+    final_s,
+    one_trial_s,
+    probe_s,
+    time_limit_s,
+)
 from sweep.search.fastest.space import SHORT, Config
 
 

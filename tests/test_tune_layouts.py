@@ -1,6 +1,6 @@
-"""`tune.vary` naming tp or dp_replicate (issue 33 item 5): one search per layout (sweep.spec.layout.searched_layouts,
-sweep.search.fastest.plan). Pure: the plan is driven by a simulated runner, as in tests/test_tune.py; the real run on CPU
-ranks is in tests/test_tune_layouts_run.py."""
+"""`tune.vary` naming tp or dp_replicate (issue 33 item 5): one search per layout
+(sweep.spec.layout.searched_layouts, sweep.search.fastest.plan). Pure: the plan is driven by a simulated runner, as in
+tests/test_tune.py; the real run on CPU ranks is in tests/test_tune_layouts_run.py."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import hashlib
 from collections import deque
 
 import pytest
+from conftest import verdicts_json
 
 from sweep.errors import UserError
+from sweep.search.fastest.plan import TunePlan, fastest_search_id, search_group
 from sweep.spec.grid import expand, parse_grid
-from sweep.search.fastest.plan import TunePlan, group_key, search_id
 
 GIB = 1024**3
 
@@ -83,7 +84,7 @@ def run(p: TunePlan, tflops) -> list:
 def test_each_layout_is_searched_apart_and_its_verdict_names_it():
     p = plan(tune={"vary": ["batch_size", "tp"], "budget": 6})
     asked = run(p, lambda t: t.batch_size * (2.0 if t.tp == 2 else 1.0))
-    verdicts = p.verdicts()
+    verdicts = verdicts_json(p)
     assert [(v["dp_replicate"], v["tp"]) for v in verdicts] == [(1, 1), (1, 2)]
     assert len({v["search_id"] for v in verdicts}) == 2
     for v in verdicts:  # a search's probes all ran at its layout, within its own budget
@@ -97,8 +98,8 @@ def test_a_search_that_does_not_vary_a_layout_keeps_its_id():
     """A resumed search finds its probes by its id: the layout enters it only off the default."""
     spec, trials = grid()
     t = trials[0]
-    before = hashlib.sha256(repr((group_key(t), spec.tune.vary, None)).encode()).hexdigest()[:12]
-    assert search_id(t, spec.tune) == before
+    before = hashlib.sha256(repr((search_group(t), spec.tune.vary, None)).encode()).hexdigest()[:12]
+    assert fastest_search_id(t, spec.tune) == before
     spec2, trials2 = grid(tp=2)
-    assert search_id(trials2[0], spec2.tune) != search_id(t, spec.tune)
-    assert "tp" not in TunePlan(trials, spec, capacity_bytes=None).verdicts()[0]
+    assert fastest_search_id(trials2[0], spec2.tune) != fastest_search_id(t, spec.tune)
+    assert "tp" not in verdicts_json(TunePlan(trials, spec, capacity_bytes=None))[0]

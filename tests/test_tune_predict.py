@@ -11,12 +11,11 @@ import sys
 from dataclasses import replace
 
 import yaml
-
-from sweep.search.fastest.plan import TunePlan
+from conftest import ROOT, verdicts_json
 from test_predict_use import dead_h200_profile
 from test_tune import GIB, Machine, grid, run
 
-from conftest import ROOT
+from sweep.search.fastest.plan import TunePlan
 
 
 def _exact(machine: Machine):
@@ -49,7 +48,7 @@ def test_no_candidate_runs_past_the_batch_predicted_to_fit():
     machine = Machine(compile_gib={"none": 2.0})
     extra = {"vary": ["batch_size", "compile"], "precisions": ["bf16"]}
     blind = run(_plan(machine, **extra), machine)
-    assert any(r["status"] == "oom" and t.compile == "none" for t, (r, _) in zip(blind.asked, blind.rows))
+    assert any(r["status"] == "oom" and t.compile == "none" for t, (r, _) in zip(blind.asked, blind.rows, strict=True))
     guided = run(_plan(machine, _exact(machine), **extra), machine)
     none = [t for t in guided.asked if t.compile == "none"]
     assert none and all(machine.peak(t) <= machine.capacity_gib for t in none)
@@ -69,9 +68,9 @@ def test_a_predicted_oom_is_an_oom_to_the_fit_not_the_end_of_the_search():
 
     plan = _plan(machine, lambda t: 40, vary=["batch_size"])
     out = run(plan, runner)
-    statuses = [(t.batch_size, r["status"]) for t, (r, _) in zip(out.asked, out.rows)]
+    statuses = [(t.batch_size, r["status"]) for t, (r, _) in zip(out.asked, out.rows, strict=True)]
     assert statuses[0] == (40, "unsupported") and any(s == "ok" for _, s in statuses)
-    (verdict,) = plan.verdicts()
+    (verdict,) = verdicts_json(plan)
     assert verdict["best"] is not None and verdict["best"]["batch_size"] <= 36
 
 

@@ -14,16 +14,18 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import verdicts_json
+from test_tune import SimScheduler, run
 
-from sweep.spec.grid import DEFAULT_TIMEOUT_S, expand, parse_grid
+from sweep.execution import runner
 from sweep.search.fastest.cost import compile_times, final_s, one_trial_s, probe_s, spent_s
 from sweep.search.fastest.plan import TunePlan
 from sweep.search.fastest.space import SHORT
+from sweep.spec.grid import DEFAULT_TIMEOUT_S, TUNABLE, expand, parse_grid
 
 HISTORY = Path(__file__).resolve().parent.parent / "benchmarks" / "history"
 GIB = 1024**3
 H200_GIB = 141  # clusters/accelerators.yaml: what `sweep tune --cluster h200x2` gives the search
-OPTIONS = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")
 
 
 def _kind(profile: bool, warmup: int | str, measure: int | str) -> str:
@@ -41,7 +43,7 @@ def _rows(name: str) -> dict[tuple, dict]:
             key = (_kind(bool(r["trace_file"]), int(r["warmup_steps"]), int(r["measure_steps"])), r["precision"],
                    int(r["batch_size"]), r["ac"], r["compile"], int(r["grad_accum"]), r["reduce_dtype"],
                    r["grad_sync"], r["fp8_lm_head"].lower() == "true")
-            number = lambda k: float(r[k]) if r[k] else None  # noqa: E731
+            number = lambda k, r=r: float(r[k]) if r[k] else None  # noqa: E731
             out[key] = {"status": r["status"], "tflops_per_gpu": number("tflops_per_gpu"),
                         "tokens_per_s_per_gpu": number("tokens_per_s_per_gpu"), "peak_mem_gib": number("peak_mem_gib"),
                         "alloc_retries": int(r["alloc_retries"]) if r["alloc_retries"] else None,
@@ -57,32 +59,39 @@ def _rows(name: str) -> dict[tuple, dict]:
 
 def _key(t) -> tuple:
     """What a trial is in `_rows`: its kind and options."""
-    return (_kind(t.profile, t.warmup_steps, t.measure_steps), t.precision, *(getattr(t, k) for k in OPTIONS))
+    return (_kind(t.profile, t.warmup_steps, t.measure_steps), t.precision, *(getattr(t, k) for k in TUNABLE))
 
 
 def _replay(name: str, grid: dict) -> tuple[list, list, TunePlan]:
-    """The probes the search asks for, answered from the rows, up to the first one the GPUs never ran, as
-    (trial, recorded status); the probes asked with that one, not yet answered (its wave: [] if the search
-    ended on the rows); and the plan."""
+    """The probes the search asks for, answered from the rows by the runner (sweep.execution.runner), up to the
+    first one the GPUs never ran, as (trial, recorded status); the probes asked with that one, not yet answered
+    (its wave: [] if the search ended on the rows); and the plan."""
     spec = parse_grid({"search": "fastest", "steps": {"warmup": "auto", "measure": "auto"}, **grid})
     plan = TunePlan(expand(spec, cluster="h200x2"), spec, capacity_bytes=H200_GIB * GIB)
-    rows, asked = _rows(name), []
-    queue = list(plan.initial())
-    while queue:
-        t = queue.pop(0)
+    rows = _rows(name)
+
+    def recorded(t) -> tuple[dict, bool] | None:
         row = rows.get(_key(t))
-        asked.append((t, row and row["status"]))
-        if row is None:
-            return asked, [t, *queue], plan
-        queue += plan.on_result(t, row["status"], False, {**row, "trial_id": t.trial_id})
-    return asked, [], plan
+        return None if row is None else ({**row, "trial_id": t.trial_id}, False)
+
+    scheduler = SimScheduler(recorded)
+    out = run(plan, scheduler=scheduler)
+    asked = [(t, row["status"]) for t, (row, _) in zip(out.asked, out.rows, strict=True)]
+    return asked + [(t, None) for t in scheduler.unanswered[:1]], scheduler.unanswered, plan
+
+
+@pytest.fixture(autouse=True)
+def _as_recorded(monkeypatch):
+    """The rows were recorded on 2xH200: what this machine could run (Transformer Engine installed, a CPU rank's
+    memory) is not the runner's question here."""
+    monkeypatch.setattr(runner, "unsupported", lambda trial, profile, calibration=None: None)
 
 
 def _worst_and_cap(plan: TunePlan, finals: int) -> tuple[float, float]:
     """Where a replay stopped: the search's worst case (what it spent, `finals` finals at their most, the
     leader's profile as predicted) and its cost cap (max_cost one-trial costs of the leader)."""
     search = next(iter(plan.searches.values()))
-    leader, probes = search._spent()
+    leader, probes = search.prober.spent()
     rows = [r for _, r in probes]
     profile = probe_s(leader[0], SHORT, leader, compile_times(probes))
     worst = spent_s(rows) + finals * final_s(leader, rows, ("auto", "auto")) + profile
@@ -141,7 +150,7 @@ def test_a_whole_model_compile_is_not_probed_where_its_cost_would_take_the_searc
         (32, "regional", 1, "ok"), (59, "regional", 1, "ok"), (67, "regional", 1, "oom"), (66, "regional", 1, "ok"),
         (32, "none", 1, "ok"), (59, "regional", 8, "ok"), (62, "regional", 8, None)]  # None: never run
     assert [(t.batch_size, t.compile, t.grad_accum) for t in wave] == [(62, "regional", 8)]
-    (v,) = plan.verdicts()
+    (v,) = verdicts_json(plan)
     assert {"batch_size": 32, "compile": "full", "grad_accum": 1} in [
         {k: c[k] for k in ("batch_size", "compile", "grad_accum")} for c in v["skipped_for_cost"]]
     assert v["max_cost"] == 10 and v["search_wall_s"] == pytest.approx(149.2, abs=0.1)  # 500.3 s recorded
@@ -173,7 +182,7 @@ def test_the_te_search_measures_its_baseline_at_most_final_auto_max_steps_within
         (4, 1, "fp32", False, None)]  # the baseline's final: never recorded
     (final,) = wave
     assert (final.warmup_steps, final.measure_steps, final.auto_max) == ("auto", "auto", (8, 16))
-    leader, probes = next(iter(plan.searches.values()))._spent()
+    leader, probes = next(iter(plan.searches.values())).prober.spent()
     assert spent_s(r for _, r in probes) == pytest.approx(340.9, abs=0.1)
     assert probe_s(leader[0], SHORT, leader, compile_times(probes)) == pytest.approx(37.6, abs=0.1)  # the profile
     assert _worst_and_cap(plan, finals=1) == pytest.approx((444.3, 490.5), abs=0.1)
@@ -194,7 +203,7 @@ def test_the_te_search_no_longer_fully_measures_a_probe_that_thrashed_and_its_fi
     assert len(asked) == 11 and all(status == "ok" for _, status in asked[:10])
     assert [(t.batch_size, t.grad_accum, t.reduce_dtype, t.warmup_steps) for t in wave] == [
         (4, 1, "bf16", "auto"), (4, 1, "fp32", "auto")]  # recorded: 4 x 8's final, then the baseline's
-    leader, _ = next(iter(plan.searches.values()))._spent()
+    leader, _ = next(iter(plan.searches.values())).prober.spent()
     assert (leader[0].batch_size, leader[0].grad_accum, leader[0].reduce_dtype) == (4, 1, "bf16")
     worst, cap = _worst_and_cap(plan, finals=2)
     assert (worst, cap) == pytest.approx((499.2, 497.6), abs=0.1)

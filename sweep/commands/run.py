@@ -331,7 +331,9 @@ def _finish(report, output: Path, plan, predictor=None) -> None:
     console = Console(stderr=True)
     _warn(intervals.missed_target_warnings(rows), console)  # `steps: auto` that stopped short: said, not only marked
     if hasattr(plan, "verdicts"):  # probes reused by --resume count too
-        _write_verdicts(output, report.run_id, plan.verdicts(), rows + report.reused_rows, predictor)
+        # a fastest verdict is a dataclass (sweep.search.plan.Verdict); a max_batch one still a dict
+        verdicts = [v.to_json() if hasattr(v, "to_json") else v for v in plan.verdicts()]
+        _write_verdicts(output, report.run_id, verdicts, rows + report.reused_rows, predictor)
     gpu_time = cost.summary_line(rows)  # this run's attempts: rows reused by --resume cost nothing now
     if gpu_time:
         typer.echo(gpu_time)

@@ -110,11 +110,13 @@ class _Progress:
 
 def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name: str | None = None,
             resume: bool = False, max_concurrent: int | None = None, progress: bool = True,
-            reuse_actors: bool = True, predictor=None) -> RunReport:
+            reuse_actors: bool = True, predictor=None, scheduler=None) -> RunReport:
     """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
     `reuse_actors` (the default) rank processes run one trial after another (`sweep.execution.scheduler`); without
     it (`--fresh-actors`) every trial starts processes of its own. `predictor` (sweep.memory.predictor): the memory
-    model's calibration, refined by each clean row the run records."""
+    model's calibration, refined by each clean row the run records. `scheduler`: what makes the scheduler,
+    called as `scheduler(profile, max_concurrent=, reuse=)` (its submit / poll / busy / running / shutdown); None:
+    connect to Ray and use `sweep.execution.scheduler.Scheduler` (a test passes a simulated one: no Ray)."""
     from sweep.execution.ray_connection import signals_held
 
     report = RunReport(run_id=run_id or new_run_id())
@@ -124,7 +126,7 @@ def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name
     with _Progress(progress) as bar, signals_held() as ctrl_c:
         run = _Execution(plan, profile=profile, output=output, report=report, recorded=recorded, bar=bar,
                          grid_name=grid_name, max_concurrent=max_concurrent, reuse_actors=reuse_actors,
-                         predictor=predictor)
+                         predictor=predictor, make_scheduler=scheduler)
         try:
             run.loop(ctrl_c)
         except KeyboardInterrupt as e:  # sweep.execution.ray_connection.Interrupted names its signal
@@ -141,10 +143,11 @@ class _Execution:
     Ray is reached. Every attempt is written as it finishes and fed back to the plan for its follow-ups."""
 
     def __init__(self, plan, *, profile, output: Path, report: RunReport, recorded: dict, bar: _Progress,
-                 grid_name: str | None, max_concurrent: int | None, reuse_actors: bool, predictor=None):
+                 grid_name: str | None, max_concurrent: int | None, reuse_actors: bool, predictor=None,
+                 make_scheduler=None):
         self.plan, self.profile, self.output, self.report, self.recorded, self.bar = (
             plan, profile, output, report, recorded, bar)
-        self.predictor = predictor
+        self.predictor, self.make_scheduler = predictor, make_scheduler
         self.base = {"run_id": report.run_id, "profile": profile, "grid_name": grid_name}
         self.max_concurrent, self.reuse_actors = max_concurrent, reuse_actors
         self.queue: deque[Trial] = deque(plan.initial())
@@ -172,8 +175,11 @@ class _Execution:
         from sweep.execution.ray_connection import connect
         from sweep.execution.scheduler import Scheduler
 
-        self.started_ray = connect(self.profile)
-        self.scheduler = Scheduler(self.profile, max_concurrent=self.max_concurrent, reuse=self.reuse_actors)
+        if self.make_scheduler is None:
+            self.started_ray, make = connect(self.profile), Scheduler
+        else:  # no Ray to reach: the caller's scheduler
+            make = self.make_scheduler
+        self.scheduler = make(self.profile, max_concurrent=self.max_concurrent, reuse=self.reuse_actors)
 
     def submit_queued(self) -> None:
         """Each queued trial once: reused from an earlier run (resume), recorded `unsupported`, or scheduled."""

@@ -16,10 +16,10 @@ trainer stops there: trainer.stopping.Schedule), so the cap holds however noisy 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from sweep.record.cost import fresh_trial_s
-from sweep.search.fastest.space import SHORT, Config
+from sweep.search.fastest.space import SHORT, Config, Row, Steps
 
 # A compile mode's first compile against regional's. On one H200, GPT-1.5B: full 70.1 s against regional 11.8 s
 # in bf16 (5.9x), 167.5 against 22.0 and ~170 against 17.2 in torchao FP8 (7.6x, 9.9x) (RESULTS.md, sessions 9
@@ -42,35 +42,40 @@ def final_auto_max(grad_accum: int) -> tuple[int, int]:
     return max(AUTO_LEAST[0], warmup), max(CI_LEAST, measure)
 
 
-def _steps(steps: tuple, auto: tuple = AUTO_LEAST) -> int:
-    return sum(auto[i] if s == "auto" else s for i, s in enumerate(steps))
+def _steps(steps: Steps, auto: tuple[int, int] = AUTO_LEAST) -> int:
+    n: int = sum(auto[i] if s == "auto" else s for i, s in enumerate(steps))
+    return n
 
 
-def one_trial_s(leader: dict | None, rows: Iterable[dict], final_steps: tuple) -> float | None:
+def one_trial_s(leader: Row | None, rows: Iterable[Row], final_steps: Steps) -> float | None:
     """Seconds to measure the leader's row once on fresh processes at the finals' steps; None if unknown."""
-    fresh = fresh_trial_s(leader, rows) if leader else None
-    if fresh is None or not leader.get("step_time_s") or leader.get("warmup_steps") is None:
+    fresh: float | None = fresh_trial_s(leader, rows) if leader else None
+    if fresh is None or not leader or not leader.get("step_time_s") or leader.get("warmup_steps") is None:
         return None
-    ran = leader["warmup_steps"] + leader["measure_steps"]
-    return fresh + max(0, _steps(final_steps) - ran) * leader["step_time_s"]
+    ran: int = leader["warmup_steps"] + leader["measure_steps"]
+    step: float = leader["step_time_s"]
+    return fresh + max(0, _steps(final_steps) - ran) * step
 
 
-def final_s(leader: tuple[Config, dict], rows: Iterable[dict], final_steps: tuple) -> float | None:
+def final_s(leader: tuple[Config, Row], rows: Iterable[Row], final_steps: Steps) -> float | None:
     """The most a final of the leader (config, row) may take: one trial with its `auto` steps at their most
     (final_auto_max)."""
     lead, row = leader
     least = one_trial_s(row, rows, final_steps)
     extra = _steps(final_steps, final_auto_max(lead.grad_accum)) - _steps(final_steps)
-    return None if least is None else least + extra * row["step_time_s"]
+    if least is None:
+        return None
+    step: float = row["step_time_s"]  # (known: least is)
+    return least + extra * step
 
 
-def spent_s(rows: Iterable[dict]) -> float:
+def spent_s(rows: Iterable[Row]) -> float:
     """What a search's attempts took (driver wall seconds; fsum: one sum in any order): its verdict's
     search_wall_s, and what `affordable` counts as spent."""
     return math.fsum(r.get("trial_wall_s") or 0.0 for r in rows)
 
 
-def compile_times(probes: list[tuple[Config, dict]]) -> dict[str, float]:
+def compile_times(probes: list[tuple[Config, Row]]) -> dict[str, float]:
     """The most any attempt (config, row) of each compile mode compiled for: its first compile's, since later
     ones load inductor's cache."""
     compiled: dict[str, float] = {}
@@ -80,7 +85,7 @@ def compile_times(probes: list[tuple[Config, dict]]) -> dict[str, float]:
     return compiled
 
 
-def probe_s(c: Config, steps: tuple, leader: tuple[Config, dict], compiled: dict[str, float]) -> float | None:
+def probe_s(c: Config, steps: Steps, leader: tuple[Config, Row], compiled: dict[str, float]) -> float | None:
     """Predicted seconds of probing `c` at `steps`, from the leader's step time and the compile times measured
     (`compile_times`); None if nothing says."""
     lead, row = leader
@@ -94,7 +99,8 @@ def probe_s(c: Config, steps: tuple, leader: tuple[Config, dict], compiled: dict
         return None
     samples = (c.batch_size * c.grad_accum) / (lead.batch_size * lead.grad_accum)
     # `auto` steps are a final's (a runner-up's): at their most
-    return compile_s + _steps(steps, final_auto_max(c.grad_accum)) * row["step_time_s"] * samples
+    step: float = row["step_time_s"]
+    return compile_s + _steps(steps, final_auto_max(c.grad_accum)) * step * samples
 
 
 # A probe is stopped (status timeout: a row, and the search goes on) past HANG_X times the seconds predicted for it
@@ -107,8 +113,8 @@ HANG_X = 3.0
 HANG_FLOOR_S = 300.0
 
 
-def time_limit_s(c: Config, steps: tuple, leader: tuple[Config, dict] | None, probes: list[tuple[Config, dict]],
-                 final_steps: tuple) -> float | None:
+def time_limit_s(c: Config, steps: Steps, leader: tuple[Config, Row] | None, probes: list[tuple[Config, Row]],
+                 final_steps: Steps) -> float | None:
     """How long probing `c` at `steps` may run before it is stopped; None when nothing says what it costs (no clean
     probe yet, no step times): the grid's timeout_s then."""
     if leader is None:
@@ -118,21 +124,25 @@ def time_limit_s(c: Config, steps: tuple, leader: tuple[Config, dict] | None, pr
     return None if unit is None or own is None else max(HANG_FLOOR_S, HANG_X * (unit + own))
 
 
-def affordable(wave: list[Config], steps: list[tuple], *, leader: tuple[Config, dict] | None, finals: int,
-               max_cost: float | None, probes: list[tuple[Config, dict]], final_steps: tuple) -> tuple[list, list]:
+def affordable(wave: list[Config], steps: list[Steps], *, leader: tuple[Config, Row] | None, finals: int,
+               max_cost: float | None, probes: list[tuple[Config, Row]],
+               final_steps: Steps) -> tuple[list[Config], list[Config]]:
     """(kept, skipped): the probes of `wave` (each at its `steps`) in order while their predicted seconds leave
     room, under `max_cost` one-trial costs of the leader, for what every attempt so far took (`probes`: config
     and row of each; the verdict's search_wall_s), the `finals` full measurements (at their most: final_s) and the
     leader's profile. All kept when nothing says what a trial costs (no leader, no step times, no cap)."""
     rows = [r for _, r in probes]
     unit = one_trial_s(leader[1], rows, final_steps) if leader and max_cost else None
-    if unit is None:
+    if unit is None or leader is None or max_cost is None:  # (unit is None then already)
         return wave, []
     compiled = compile_times(probes)
     profile = probe_s(leader[0], SHORT, leader, compiled) or 0.0
-    room = max_cost * unit - spent_s(rows) - finals * final_s(leader, rows, final_steps) - profile
-    kept, skipped = [], []
-    for c, at in zip(wave, steps):
+    final = final_s(leader, rows, final_steps)
+    assert final is not None  # the unit is known: so is the leader's final
+    room = max_cost * unit - spent_s(rows) - finals * final - profile
+    kept: list[Config] = []
+    skipped: list[Config] = []
+    for c, at in zip(wave, steps, strict=True):
         cost = probe_s(c, at, leader, compiled) or 0.0
         if cost > room:
             skipped.append(c)

@@ -15,7 +15,8 @@ at 66 and at 49, `compile: full` at 66 after 170 s of compiling). Two things are
   (`full` compiles for minutes first). Its first probe (a neighbour of the baseline) runs where the fit left
   HEADROOM of the memory free; its effect is measured against the fit's probe at that batch, and the waves
   may take it higher after. (The FP8 head adds as much, +16.8 % on Llama3-8B torchao at batch 4, but there
-  it thrashed rather than failed, a cheap probe after which the search tries it lower: sweep.search.fastest.search, explore.)
+  it thrashed rather than failed, a cheap probe after which the search tries it lower: sweep.search.fastest.search,
+  explore.)
 
 What the search has measured (`measured`) gives the rest: what a rank may use (`usable`: the device's memory,
 or less where the grid's options ran out of memory), and the candidates moved below a batch that ran out of
@@ -26,9 +27,22 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from sweep.search.fastest.space import Config, Space, at_least_as_heavy, heavy_class, no_lighter, one_option_effects
+from sweep.search.fastest.space import (
+    Config,
+    Row,
+    Space,
+    at_least_as_heavy,
+    heavy_class,
+    no_lighter,
+    one_option_effects,
+)
+
+# What the probes say of memory (`measured`): the most parameters a rank holds, the options' bytes per sample, per
+# ac level the grid options' peak bytes by batch, per ac level the memory a rank may use.
+Memory = tuple[float | None, dict[tuple[str, Any], float], dict[str, dict[int, float]], dict[str, float | None]]
 
 GIB = 1024**3
 GRAD_BYTES = 4  # an fp32 gradient element (the master weights' dtype) per local parameter
@@ -44,8 +58,8 @@ def memory_effects(space: Space, probes: list[tuple[Config, float]], ref: Config
     return one_option_effects(points, space.coords(ref), skip=("ac_batch", "grad_accum"))
 
 
-def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], effects: dict, *,
-           capacity: float | None, params_local: float | None, snap: bool = False) -> Config:
+def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], effects: dict[tuple[str, Any], float],
+           *, capacity: float | None, params_local: float | None, snap: bool = False) -> Config:
     """`c` at the largest batch where its predicted peak is within the capacity, if it is not at its own: the peak of
     `ref` (the grid's options at c's ac) on the line through its two largest clean probes, plus the measured bytes
     per sample of each option `c` changes (an unmeasured one as none: the prediction is then a bound from below),
@@ -58,8 +72,8 @@ def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], ef
     slope, intercept = _peak_line(ref_peaks)
     coords, ref_coords = space.coords(c), space.coords(ref)
     per_sample = slope + sum(effects.get((k, v), 0.0) for k, v in coords.items() if v != ref_coords[k])
-    accumulates = c.grad_accum > 1 and ref.grad_accum == 1 and params_local  # (else `ref`'s peaks hold them)
-    fixed = intercept + (GRAD_BYTES * params_local if accumulates else 0.0)
+    accumulates = c.grad_accum > 1 and ref.grad_accum == 1  # (else `ref`'s peaks hold them)
+    fixed = intercept + (GRAD_BYTES * params_local if accumulates and params_local else 0.0)
     if per_sample <= 0 or fixed + per_sample * c.batch_size <= capacity:
         return c
     batch = min(c.batch_size - 1, math.floor((capacity - fixed) / per_sample))
@@ -90,8 +104,8 @@ def with_headroom(space: Space, c: Config, center: Config, mine: dict[int, float
     return space.at_batch(c, max(safe)) if safe else c
 
 
-def measured(space: Space, clean: list[tuple[Config, dict]], rows: Iterable[dict], ooms: list[Config], *,
-             capacity: float | None) -> tuple[float | None, dict, dict, dict]:
+def measured(space: Space, clean: list[tuple[Config, Row]], rows: Iterable[Row], ooms: list[Config], *,
+             capacity: float | None) -> Memory:
     """What a search's clean short probes (config, row), its attempts' rows and its out-of-memory probes say of
     memory: the most parameters a rank holds (any row's), the options' bytes per sample (memory_effects), per ac
     level the grid options' peak bytes by batch, and per ac level the memory a rank may use (`usable`)."""
@@ -101,7 +115,7 @@ def measured(space: Space, clean: list[tuple[Config, dict]], rows: Iterable[dict
     for f, peak in probes:
         if f == space.baseline(f.ac, f.batch_size):
             peaks[f.ac][f.batch_size] = peak
-    failed = defaultdict(list)
+    failed: defaultdict[str, list[int]] = defaultdict(list)
     for o in ooms:
         if o == space.baseline(o.ac, o.batch_size):
             failed[o.ac].append(o.batch_size)

@@ -20,8 +20,13 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from sweep.errors import UserError
-from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec, fold_options
 from sweep.search.policy import MaxBatchSearch
+from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec, fold_options
+
+__all__ = ["AC_MEMORY"]  # re-exported: the ac levels' memory order, for the search's stages
+
+Row = dict[str, Any]  # an attempt's row, as sweep.record.rows writes it (the fields a search reads)
+Steps = tuple[Any, Any]  # (warm-up, measured) steps: counts, or `auto`
 
 
 class Config(NamedTuple):
@@ -64,7 +69,7 @@ def probe_steps(steps: tuple[int, int], grad_accum: int) -> tuple[int, int]:
 MEMORY_CLASS = ("compile", "reduce_dtype", "grad_sync", "fp8_lm_head")
 
 
-def heavy_class(c: Config) -> tuple:
+def heavy_class(c: Config) -> tuple[Any, ...]:
     """The memory class without the options whose effect on memory is small (compile, reduce_dtype,
     fp8_lm_head): a batch limit found for one value of those is a good first guess for the others (a
     guess only: pruning needs each option of MEMORY_CLASS no lighter). grad_sync: step keeps whole gradients."""
@@ -93,10 +98,11 @@ def at_least_as_heavy(c: Config, oom: Config) -> bool:
             and (c.grad_accum > 1) >= (oom.grad_accum > 1))
 
 
-def one_option_effects(points: list[tuple[dict, float]], ref: dict, skip: tuple = ()) -> dict[tuple[str, Any], float]:
+def one_option_effects(points: list[tuple[dict[str, Any], float]], ref: dict[str, Any],
+                       skip: tuple[str, ...] = ()) -> dict[tuple[str, Any], float]:
     """Each option value's mean effect on a quantity against `ref`'s value of that option, from every pair of
     points (a config's coordinates, the quantity) that differ in that option alone (not one in `skip`)."""
-    samples = defaultdict(list)
+    samples: defaultdict[tuple[str, Any], list[float]] = defaultdict(list)
     for p, vp in points:
         for q, vq in points:
             diff = [k for k in p if p[k] != q[k]]
@@ -105,7 +111,7 @@ def one_option_effects(points: list[tuple[dict, float]], ref: dict, skip: tuple 
     return {k: sum(v) / len(v) for k, v in samples.items()}
 
 
-def thrashes(status: str, row: dict) -> bool:
+def thrashes(status: str, row: Row) -> bool:
     """Whether a probe fit only by the allocator freeing its cache and retrying (the row's alloc_retries):
     it ran, at the memory's limit."""
     return status == "ok" and (row.get("alloc_retries") or 0) > 0
@@ -119,7 +125,7 @@ def _divisors(n: int) -> list[int]:
 class Space:
     """The configurations of one (model, precision, seq_len, ranks) group, from its first trial."""
 
-    def __init__(self, template: Trial, spec: GridSpec, tune: TuneSpec, *, avoid: dict[str, set] | None = None):
+    def __init__(self, template: Trial, spec: GridSpec, tune: TuneSpec, *, avoid: dict[str, set[Any]] | None = None):
         """`avoid`: option values the plan warns against for this group (sweep.spec.advice.discouraged): left out of
         the values an option in vary ranges over unless the grid's own axis lists them."""
         self.template, self.vary, self.avoid = template, list(tune.vary), avoid or {}
@@ -130,7 +136,7 @@ class Space:
         self.samples = self._samples_per_step() if self.tokens else None  # samples per rank per step under G
         self.splits = self._splits(axes) if self.tokens else None
 
-    def _range(self, name: str, axis: list) -> list:
+    def _range(self, name: str, axis: list[Any]) -> list[Any]:
         """An option's values: the grid's axis if it lists several, else all (the grid's first) but those to avoid."""
         if name not in self.vary:
             return axis[:1]
@@ -140,21 +146,24 @@ class Space:
         return list(dict.fromkeys([axis[0], *(v for v in ALL_VALUES[name] if v not in avoided)]))
 
     def _samples_per_step(self) -> int:
-        t = self.template
+        t, tokens = self.template, self.tokens
+        assert tokens is not None  # called under global_batch_tokens only
         per = t.gpus * t.seq_len
-        if self.tokens % per:
+        if tokens % per:
             raise UserError(f"tune.global_batch_tokens: {self.tokens} is not a multiple of ranks x seq_len "
                             f"({t.gpus} x {t.seq_len} = {per}) for {t.model.label} {t.precision}; no micro-batch "
                             f"x grad_accum split can hold it")
-        return self.tokens // per
+        return tokens // per
 
-    def _splits(self, axes: dict) -> list[tuple[int, int]]:
+    def _splits(self, axes: dict[str, list[Any]]) -> list[tuple[int, int]]:
         """(batch, grad_accum) pairs that hold G: any batch if batch_size varies (else the grid's one), any
         accumulation if grad_accum varies and the grid lists one value (else the listed ones)."""
         batch_ok = (lambda b: True) if "batch_size" in self.vary else (lambda b: b == axes["batch_size"][0])
         accums = None if "grad_accum" in self.vary and len(axes["grad_accum"]) == 1 else set(self.values["grad_accum"])
-        splits = [(b, self.samples // b) for b in _divisors(self.samples)
-                  if batch_ok(b) and (accums is None or self.samples // b in accums)]
+        samples = self.samples
+        assert samples is not None  # called under global_batch_tokens only
+        splits = [(b, samples // b) for b in _divisors(samples)
+                  if batch_ok(b) and (accums is None or samples // b in accums)]
         if not splits:
             t = self.template
             batches = "any" if "batch_size" in self.vary else axes["batch_size"][0]
@@ -198,7 +207,8 @@ class Space:
 
     def at_batch(self, c: Config, batch: int) -> Config:
         """`c` at another batch (under G with the accumulation that batch needs)."""
-        return self.fold(c._replace(batch_size=batch, grad_accum=self.samples // batch if self.samples else c.grad_accum))
+        accum = self.samples // batch if self.samples else c.grad_accum
+        return self.fold(c._replace(batch_size=batch, grad_accum=accum))
 
     def configs(self, batches: dict[str, list[int]]) -> list[Config]:
         """Every distinct configuration, given the batches each ac level may run, in a stable order."""
@@ -228,7 +238,7 @@ class Space:
         """`c` as the template's trial, for what depends on its configuration alone (its predicted memory)."""
         return replace(self.template, **c._asdict())
 
-    def trial(self, c: Config, steps: tuple, *, profile: bool, search_id: str,
+    def trial(self, c: Config, steps: Steps, *, profile: bool, search_id: str,
               auto_max: tuple[int, int] | None = None, time_limit_s: float | None = None) -> Trial:
         """`c` as a trial; `time_limit_s` lowers the grid's timeout_s (not part of the trial id)."""
         limit = min(self.template.timeout_s, time_limit_s or math.inf)
@@ -282,7 +292,7 @@ class LevelFit:
         t1 = 1 / s2 - t0 / b2
         return 0.0 if t0 <= 0 else (1 / t1 / s2 - 1 if t1 > 0 else None)
 
-    def record(self, batch: int, status: str, row: dict) -> None:
+    def record(self, batch: int, status: str, row: Row) -> None:
         peak = row.get("peak_mem_gib")
         thrashed = thrashes(status, row)
         # For the search, memory ends where the allocator starts retrying: a larger batch would only thrash
@@ -299,7 +309,7 @@ class LevelFit:
     def fastest(self) -> int | None:
         """The fastest batch without allocator retries (else the fastest with them); a tie: the larger."""
         clean = {b: tf for b, tf in self.tflops.items() if b not in self.thrashed} or self.tflops
-        return max(sorted(clean, reverse=True), key=clean.get, default=None)
+        return max(sorted(clean, reverse=True), key=lambda b: clean[b], default=None)
 
     def choices(self) -> list[int]:
         """The batches this level's candidates run: the largest that fits without allocator retries (else
@@ -313,4 +323,5 @@ class LevelFit:
             return []
         if self.allowed is not None:
             return [b for b in self.allowed if b <= top][-2:][::-1]
-        return list(dict.fromkeys([top, self.fastest()]))
+        fastest = self.fastest()  # some batch ran ok: top is one
+        return list(dict.fromkeys([top] if fastest is None else [top, fastest]))
