@@ -269,7 +269,7 @@ def test_max_batch_plan_runs_one_search_per_config():
     follow = plan.on_result(first[0], "ok", row={"peak_mem_gib": 0.1, "tokens_per_s_per_gpu": 10.0})
     assert [t.batch_size for t in follow] == [2] and follow[0].search_id == first[0].search_id
     (verdict, _) = plan.verdicts()
-    assert verdict["max_batch"] == 1 and verdict["probes"] == 1
+    assert verdict.max_batch == 1 and verdict.probes == 1
 
 
 def test_max_batch_searches_apart_per_training_option():
@@ -277,4 +277,4 @@ def test_max_batch_searches_apart_per_training_option():
     plan = MaxBatchPlan(_trials([2], grad_accum=[1, 8]), capacity_bytes=None)
     first = plan.initial()
     assert len({t.search_id for t in first}) == 2
-    assert sorted(v["options"] for v in plan.verdicts()) == ["", "grad_accum=8"]
+    assert sorted(v.options for v in plan.verdicts()) == ["", "grad_accum=8"]
