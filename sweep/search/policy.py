@@ -115,9 +115,14 @@ GUIDED_PROBES = 6
 
 
 class Probe(NamedTuple):
+    """A search's next probe, and who picked it."""
+
     batch: int
-    guided: bool  # the memory model picked it
-    fits: bool | None  # what the model said it would do (None: no claim)
+    """The batch to probe."""
+    guided: bool
+    """The memory model picked it."""
+    fits: bool | None
+    """What the model said it would do (None: no claim)."""
 
 
 @dataclass
@@ -147,23 +152,33 @@ class MaxBatchSearch:
     """
 
     start: int = 1
+    """The first batch to probe (without a prediction)."""
     step: int = 1
+    """Granularity: the search ends at B ok and B + step oom."""
     capacity_bytes: float | None = None
-    # the memory model's largest batch under the capacity (sweep.memory.predictor): the first probe in place of `start`,
-    # and, when it fits, its neighbour next (a right prediction is found in 2 probes); a failed one is `start`'s
-    # one probe past the bound, and from there on the search goes as from a failed start
+    """Memory a rank may use (None: unknown, e.g. an uncapped CPU: no memory model then)."""
     predicted: int | None = None
-    max_batch: int = 1 << 16  # where growth stops without an OOM (an uncapped CPU); MAX_BATCH bounds it
-    # False: the tune fit's ordering from before the bound (sweep.search.fastest.space.LevelFit): at most FIT_PROBES
-    # probes there, so no bound to keep; a failed L is followed by L - step (on 2xH200 GPT torchao 67 failed
-    # and 66 fitted, rows the tune replays reuse), and a wide bracket is crossed no faster than growth
+    """The memory model's largest batch under the capacity (sweep.memory.predictor): the first probe in place of
+    `start`, and, when it fits, its neighbour next (a right prediction is found in 2 probes); a failed one is
+    `start`'s one probe past the bound, and from there on the search goes as from a failed start."""
+    max_batch: int = 1 << 16
+    """Where growth stops without an OOM (an uncapped CPU); MAX_BATCH bounds it."""
     bounded: bool = True
-    ok: dict[int, dict[str, float | None]] = field(default_factory=dict)  # batch -> {"peak_mem_bytes", "tokens_per_s"}
-    failed: dict[int, str] = field(default_factory=dict)  # batch -> status
+    """False: the tune fit's ordering from before the bound (sweep.search.fastest.space.LevelFit): at most
+    FIT_PROBES probes there, so no bound to keep; a failed L is followed by L - step (on 2xH200 GPT torchao 67
+    failed and 66 fitted, rows the tune replays reuse), and a wide bracket is crossed no faster than growth."""
+    ok: dict[int, dict[str, float | None]] = field(default_factory=dict)
+    """Fitting batch -> {"peak_mem_bytes", "tokens_per_s"}."""
+    failed: dict[int, str] = field(default_factory=dict)
+    """Failed batch -> status."""
     probes: list[int] = field(default_factory=list)
+    """The batches probed, in order."""
     aborted: str | None = None
-    guided: int = 0  # probes the memory model picked
-    misses: int = 0  # of those, how many went the other way than it said
+    """The status that stopped the search (error, timeout, unsupported: the limit is not memory)."""
+    guided: int = 0
+    """Probes the memory model picked."""
+    misses: int = 0
+    """Of those, how many went the other way than it said."""
 
     @property
     def largest_ok(self) -> int | None:
