@@ -31,7 +31,7 @@ def build(only_results: bool = False) -> typer.Typer:
     return cli
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> typer.Typer:
     if name == "app":  # `from sweep.cli import app`: the whole command line, built once
         globals()["app"] = build()
         return globals()["app"]

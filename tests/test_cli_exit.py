@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sweep.record import store
+from sweep.search.policy import GridPlan
+from sweep.spec.grid import OomPolicy
+
 TINY = """
 models: [gpt-tiny]
 compile: none
@@ -32,10 +35,10 @@ def test_a_sweep_whose_every_trial_is_unsupported_exits_3_and_says_so(cli, write
 def test_a_long_teardown_is_said_after_the_run(capsys, tmp_path, teardown_s, said):
     """The rank processes and Ray are stopped after the last attempt, the GPUs held meanwhile: a teardown over
     TEARDOWN_NOTE_S is printed with its seconds, one under it is not."""
-    from sweep.commands.run import _finish
+    from sweep.commands._outcome import finish
     from sweep.execution.runner import RunReport
 
-    _finish(RunReport(run_id="r1", teardown_s=teardown_s), tmp_path, plan=object())
+    finish(RunReport(run_id="r1", teardown_s=teardown_s), tmp_path, plan=GridPlan([], OomPolicy()))
     err = capsys.readouterr().err
     assert ("teardown: 36.2 s to stop the rank processes and Ray after the last attempt" in err) == said
     assert "results: " in err
@@ -45,11 +48,11 @@ def test_a_long_teardown_is_said_after_the_run(capsys, tmp_path, teardown_s, sai
 def test_an_interrupted_run_exits_128_plus_its_signal_and_says_how_to_resume(capsys, tmp_path, signum, code, said):
     import typer
 
-    from sweep.commands.run import _finish
+    from sweep.commands._outcome import finish
     from sweep.execution.runner import RunReport
 
     with pytest.raises(typer.Exit) as exited:
-        _finish(RunReport(run_id="r1", interrupted_by=signum), tmp_path, plan=object())
+        finish(RunReport(run_id="r1", interrupted_by=signum), tmp_path, plan=GridPlan([], OomPolicy()))
     assert exited.value.exit_code == code
     err = " ".join(capsys.readouterr().err.split())  # Rich wraps it at the capture's 80 columns
     assert err == f"{said}0 attempts written to {tmp_path}; rerun with --resume to finish"

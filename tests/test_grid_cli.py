@@ -61,12 +61,12 @@ def test_the_readme_search_line_plans_with_one_start_batch(cli, write_grid):
 
 @pytest.mark.parametrize("text, size", [("4GiB", 4 * 1024**3), ("80GiB", 80 * 1024**3), ('"4096MiB"', 4 * 1024**3)])
 def test_memory_cap_in_a_grid_file_reaches_the_trials(cli, write_grid, text, size):
-    from sweep.commands.run import _prepare
+    from sweep.service import prepare
 
     grid = write_grid(f"models: [gpt-tiny]\nbatch_sizes: [1, 2]\nmemory_cap: {text}\n")
     result = cli("plan", grid, "--cluster", "local")
     assert result.exit_code == 0, result.output
-    _, _, trials = _prepare(grid, "local", None)  # the trials `sweep run` executes, from the same path
+    _, _, trials = prepare(grid, "local", None)  # the trials `sweep run` executes, from the same path
     assert [t.memory_cap_bytes for t in trials] == [size, size]
 
 

@@ -269,7 +269,7 @@ def test_max_batch_plan_runs_one_search_per_config():
     follow = plan.on_result(first[0], "ok", row={"peak_mem_gib": 0.1, "tokens_per_s_per_gpu": 10.0})
     assert [t.batch_size for t in follow] == [2] and follow[0].search_id == first[0].search_id
     (verdict, _) = plan.verdicts()
-    assert verdict["max_batch"] == 1 and verdict["probes"] == 1
+    assert verdict.max_batch == 1 and verdict.probes == 1
 
 
 def test_max_batch_searches_apart_per_training_option():
@@ -277,4 +277,29 @@ def test_max_batch_searches_apart_per_training_option():
     plan = MaxBatchPlan(_trials([2], grad_accum=[1, 8]), capacity_bytes=None)
     first = plan.initial()
     assert len({t.search_id for t in first}) == 2
-    assert sorted(v["options"] for v in plan.verdicts()) == ["", "grad_accum=8"]
+    assert sorted(v.options for v in plan.verdicts()) == ["", "grad_accum=8"]
+
+
+SAVED_KEYS = ["kind", "search_id", "model", "precision", "compile", "ac", "seq_len", "gpus", "options", "max_batch",
+              "first_failing_batch", "fastest_batch", "probes", "probe_batches", "aborted"]
+COMPLETED_KEYS = SAVED_KEYS + ["alloc_retries_at_max", "alloc_retries_at_fastest", "allocator", "tflops_at_fastest",
+                               "search_wall_s", "cost_vs_one_trial"]
+
+
+def test_a_max_batch_verdict_saves_the_keys_every_release_wrote_and_completing_it_leaves_it_alone():
+    """`_search/*.json` keeps its keys and their order; the rows' figures go on a new verdict, after them."""
+    from sweep.service import complete_verdict
+
+    plan = MaxBatchPlan(_trials([1]), capacity_bytes=None)
+    (first,) = plan.initial()
+    plan.on_result(first, "ok", row={"peak_mem_gib": 0.1, "tokens_per_s_per_gpu": 10.0})
+    (verdict,) = plan.verdicts()
+    saved = verdict.to_json()
+    assert list(saved) == SAVED_KEYS
+    assert saved["kind"] == "max_batch" and saved["probe_batches"] == [1] and saved["search_id"] == first.search_id
+    rows = [{"search_id": first.search_id, "batch_size": 1, "status": "ok", "alloc_retries": 0, "tflops_per_gpu": 2.0,
+             "trial_wall_s": 4.0}]
+    done = complete_verdict(verdict, rows)
+    assert verdict.to_json() == saved, "the plan's verdict is not changed"
+    assert list(done.to_json()) == COMPLETED_KEYS
+    assert (done.to_json()["tflops_at_fastest"], done.to_json()["search_wall_s"]) == (2.0, 4.0)

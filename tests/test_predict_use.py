@@ -158,7 +158,7 @@ def test_a_probe_predicted_not_to_fit_is_an_oom_to_the_search():
     (second,) = plan.on_result(first, "ok", row={"peak_mem_gib": 130.0})
     assert plan.on_result(second, "unsupported", row={"error": "predicted OOM: 150 GiB > 141 GiB per h200"}) == []
     (verdict,) = plan.verdicts()
-    assert (verdict["max_batch"], verdict["first_failing_batch"], verdict["aborted"]) == (5, 6, None)
+    assert (verdict.max_batch, verdict.first_failing_batch, verdict.aborted) == (5, 6, None)
 
 
 def test_a_max_batch_verdict_prints_predicted_against_measured_peak(tmp_path, sweep_env):
@@ -203,7 +203,7 @@ def test_an_uncalibrated_retry_goes_to_the_models_estimate_not_to_its_margin(tmp
     a retry placed at the margin's limit runs where the model itself says it does not fit (one H200, bf16 batch
     24 of the cold-sweep model: the retry went to 12 and ran out of memory; 10 fit). The retry goes to the
     model's own estimate."""
-    from sweep.commands.run import make_plan
+    from sweep.service import make_plan
     from sweep.memory.predictor import Predictor
 
     profile = load_profile(str(ROOT / "benchmarks" / "profiles" / "h200x1.yaml"))

@@ -60,19 +60,20 @@ def test_no_allocator_column_when_nothing_thrashes(tmp_path):
 def test_search_verdicts_show_retries_and_say_it_thrashes(tmp_path, capsys):
     """The table `sweep max-batch` prints after its search. On CPU ranks the allocator reports no retries,
     so a real CPU search cannot thrash: the verdicts and rows are given as the search hands them over."""
-    from sweep.commands.run import _write_verdicts
+    from sweep.commands._outcome import write_verdicts
+    from sweep.search.max_batch_verdict import MaxBatchVerdict
 
-    def verdict(search_id: str, precision: str, largest: int, fastest: int) -> dict:
-        return {"kind": "max_batch", "search_id": search_id, "model": "qwen-7b", "precision": precision, "compile": "regional", "ac": "none",
-                "seq_len": 4096, "gpus": 2, "options": "", "max_batch": largest, "first_failing_batch": 4,
-                "fastest_batch": fastest, "probes": 3, "probe_batches": [1, 2, 4], "aborted": None}
+    def verdict(search_id: str, precision: str, largest: int, fastest: int) -> MaxBatchVerdict:
+        return MaxBatchVerdict(search_id=search_id, model="qwen-7b", precision=precision, compile="regional", ac="none",
+                               seq_len=4096, gpus=2, options="", max_batch=largest, first_failing_batch=4,
+                               fastest_batch=fastest, probes=3, probe_batches=(1, 2, 4), aborted=None)
 
     rows = [{"search_id": sid, "batch_size": batch, "status": status, "alloc_retries": retries, "tflops_per_gpu": tflops,
              "trial_wall_s": 10.0}
             for sid, rows_ in (("s-fp8", ROWS[:3]), ("s-bf16", ROWS[3:6]), ("s-te", ROWS[6:]))
             for _, batch, status, tflops, retries in rows_]
     verdicts = [verdict("s-fp8", "fp8-torchao", 2, 2), verdict("s-bf16", "bf16", 2, 1), verdict("s-te", "fp8-te", 2, 2)]
-    _write_verdicts(tmp_path, "run1", verdicts, rows)
+    write_verdicts(tmp_path, "run1", verdicts, rows)
     out = " ".join(capsys.readouterr().out.split())
     assert "alloc retries @max" in out and "alloc retries @fastest" in out
     assert "batch 2 fits, but the allocator thrashes (40 retries)" in out

@@ -8,13 +8,13 @@ import functools
 import inspect
 import sys
 import typing
-from typing import Callable, Collection, TypeVar
+from typing import Any, Callable, Collection, TypeVar
 
 import typer
 
 from sweep.errors import UserError, debug_enabled, one_line
 
-F = TypeVar("F", bound=Callable)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def user_errors(fn: F) -> F:
@@ -24,7 +24,7 @@ def user_errors(fn: F) -> F:
     """
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except UserError as e:
@@ -63,7 +63,7 @@ def dataclass_options(skip: Collection[str] = ()) -> Callable[[F], F]:
         params = [q for p in signature.parameters.values() for q in (fields if p.name == name else [p])]
 
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             values = {f.name: kwargs.pop(f.name) for f in fields}
             return fn(*args, **kwargs, **{name: group(**values)})
 

@@ -8,15 +8,19 @@ are imported inside the commands so that ``sweep --help`` stays instant.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from sweep.commands._common import flag, user_errors
 from sweep.errors import UserError
 from trainer.flops import CONVENTIONS
+
+if TYPE_CHECKING:
+    from sweep.results.table_out import Col
 
 app = typer.Typer(no_args_is_help=True, help="Aggregate, compare, export and plot result datasets.")
 
@@ -73,8 +77,9 @@ Format = Annotated[TableFormat, typer.Option("--format", "-f", help="table: Rich
 Limit = Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows of a terminal table (0: all). md and csv print every row.")]
 
 
-def _emit(rows: list[dict], cols, fmt: TableFormat, title: str, note: str = "", always=(), csv_columns=None, limit: int = 0,
-          footer=None) -> None:
+def _emit(rows: list[dict[str, Any]], cols: list[Col], fmt: TableFormat, title: str, note: str = "",
+          always: Sequence[str] = (), csv_columns: list[str] | None = None, limit: int = 0,
+          footer: Callable[[], str] | None = None) -> None:
     """Print ``rows`` as ``fmt``; ``footer()`` (the provenance) goes under a markdown table."""
     from sweep.results import render
 
@@ -176,16 +181,7 @@ def compare(
                                flops.value)
     configs, costs, prices = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
-    baseline = aggregate.typed_baseline(by.value, baseline)
-    if len(present) < 2:  # whatever the baseline, default or given: there is no other side
-        raise UserError(f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}")
-    if baseline is None:
-        if by is By.cluster:
-            raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
-        baseline = aggregate.COMPARE_BY[by.value]
-        if baseline not in present:
-            raise UserError(f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
-                            f"--baseline, one of: {', '.join(map(str, present))}")
+    baseline = _baseline(directory, by, baseline, present)
     table = aggregate.compare_table(configs, baseline, by.value, costs, prices)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
@@ -205,10 +201,29 @@ def compare(
           footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
 
 
+def _baseline(directory: Path, by: By, given: str | None, present: list[Any]) -> Any:
+    """The value of --by that `compare` divides by: --baseline (typed as the column is), else the key's default;
+    refused where the rows have no other side, or lack the default."""
+    from sweep.results import aggregate
+
+    baseline = aggregate.typed_baseline(by.value, given)
+    if len(present) < 2:  # whatever the baseline, default or given: there is no other side
+        raise UserError(f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}")
+    if baseline is None:
+        if by is By.cluster:
+            raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
+        baseline = aggregate.COMPARE_BY[by.value]
+        if baseline not in present:
+            raise UserError(f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
+                            f"--baseline, one of: {', '.join(map(str, present))}")
+    return baseline
+
+
 BEST_REACH = ("loss_reached", "base_loss_reached")  # read by best_losses, printed as loss_at_tokens
 
 
-def _compare_best(directory: Path, baseline: str, by: By, where, fmt: TableFormat, limit: int, flops, skip_bad: bool) -> None:
+def _compare_best(directory: Path, baseline: str, by: By, where: list[str] | None, fmt: TableFormat, limit: int,
+                  flops: FlopConvention, skip_bad: bool) -> None:
     from sweep.results import aggregate, loss_at, provenance, recount, verdicts
 
     if by is not By.precision:

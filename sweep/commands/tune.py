@@ -16,9 +16,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from sweep import service
 from sweep.commands._common import dataclass_options, flag, user_errors
-from sweep.commands.run import (Axes, CapOpt, ClusterOpt, FreshOpt, OutputOpt, ProgressOpt, StartOpt, _execute,
-                                _prepare_search, make_plan)
+from sweep.commands._outcome import execute
+from sweep.commands.run import Axes, CapOpt, ClusterOpt, FreshOpt, OutputOpt, ProgressOpt, StartOpt
 from sweep.spec.grid import DEFAULT_VARY, TUNABLE, TuneSpec
 from sweep.spec.layout import LAYOUT_VARY
 
@@ -29,6 +30,7 @@ _STEPS_HELP = "a count, or auto: until the step times are stable (the finalists'
 
 
 def _steps(value: str) -> int | str:
+    """A --warmup or --measure value: a step count, or `auto`."""
     if value == "auto":
         return value
     try:
@@ -66,6 +68,6 @@ def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
     tune_block = {"vary": [v.value for v in vary or []] or list(DEFAULT_VARY), "budget": budget,
                   "global_batch_tokens": global_batch_tokens, "max_cost": max_cost}
     extra = {"search": "fastest", "tune": tune_block, "steps": {"warmup": warmup, "measure": measure}}
-    profile, spec, trials = _prepare_search("tune", cluster, memory_cap, axes, start, extra)
-    _execute(make_plan(spec, trials, profile), trials, profile, output, progress=progress, resume=resume,
-             reuse_actors=not fresh_actors)
+    profile, spec, trials = service.prepare_search("tune", cluster, memory_cap, axes.search_data(start) | extra, start)
+    execute(service.make_plan(spec, trials, profile), trials, profile, output, progress=progress, resume=resume,
+            reuse_actors=not fresh_actors)

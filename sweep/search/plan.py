@@ -15,10 +15,17 @@ if TYPE_CHECKING:
 class Verdict(Protocol):
     """What one search found. Saved as JSON under ``<output>/_search/<run_id>.json`` (one object per search)."""
 
-    kind: str
-    """"max_batch" or "fastest"."""
-    search_id: str | None
-    """The id every probe row of the search carries in its `search_id` column."""
+    # read-only members: a frozen dataclass's field satisfies them, and a narrower type (`str` for the id) too
+
+    @property
+    def kind(self) -> str:
+        """"max_batch" or "fastest"."""
+        ...
+
+    @property
+    def search_id(self) -> str | None:
+        """The id every probe row of the search carries in its `search_id` column."""
+        ...
 
     def to_json(self) -> dict[str, Any]:
         """The saved object: the same keys, in the same order, as every earlier release wrote."""

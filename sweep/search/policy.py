@@ -9,11 +9,13 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-from sweep.search import probe_budget
-from sweep.spec.grid import OomPolicy, Trial
 from sweep.record.schema import int_range
+from sweep.search import probe_budget
+from sweep.search.max_batch_verdict import MaxBatchVerdict
+from sweep.search.plan import Verdict
+from sweep.spec.grid import OomPolicy, Trial
 
 INFRA_RETRIES = 1  # a dead rank process or lost node is retried once; OOM/unsupported/timeout never
 
@@ -33,11 +35,11 @@ def next_batch_after_oom(policy: OomPolicy, failed: int, *, ok: set[int], tried:
     if policy.policy == "none":
         return None
     fits = [b for b in ok if b < failed]
-    guided = predicted is not None and max(fits, default=0) < predicted < failed
+    guided = predicted if predicted is not None and max(fits, default=0) < predicted < failed else None
     if policy.policy == "next":
         candidate = failed - 1
-    elif guided:
-        candidate = predicted
+    elif guided is not None:
+        candidate = guided
     elif policy.policy == "halve" or not fits:
         candidate = failed // 2
     else:
@@ -47,12 +49,13 @@ def next_batch_after_oom(policy: OomPolicy, failed: int, *, ok: set[int], tried:
     return candidate
 
 
-def is_predicted_oom(row: dict | None) -> bool:
+def is_predicted_oom(row: dict[str, Any] | None) -> bool:
     """Whether an `unsupported` row is one the memory model ruled out (`sweep.memory.predictor.predicted_reason`)."""
-    return bool(row) and (row.get("error") or "").startswith("predicted OOM:")
+    return bool(row) and str((row or {}).get("error") or "").startswith("predicted OOM:")
 
 
 def infra_retry(trial: Trial, status: str, infrastructure: bool) -> Trial | None:
+    """The same trial once more after a dead rank process or lost node (an error of the infrastructure)."""
     if status == "error" and infrastructure and trial.retry < INFRA_RETRIES:
         return trial.child(retry=trial.retry + 1)
     return None
@@ -66,16 +69,17 @@ class GridPlan:
         self.trials = trials
         self.oom = oom
         self.predicted_max = predicted_max
-        self._grid_batches: dict[tuple, list[int]] = {}
+        self._grid_batches: dict[tuple[Any, ...], list[int]] = {}
         for t in trials:
             self._grid_batches.setdefault(t.config_key, []).append(t.batch_size)
-        self._ok: dict[tuple, set[int]] = {}
-        self._tried: dict[tuple, set[int]] = {}
+        self._ok: dict[tuple[Any, ...], set[int]] = {}
+        self._tried: dict[tuple[Any, ...], set[int]] = {}
 
     def initial(self) -> list[Trial]:
         return list(self.trials)
 
-    def on_result(self, trial: Trial, status: str, infrastructure: bool = False, row: dict | None = None) -> list[Trial]:
+    def on_result(self, trial: Trial, status: str, infrastructure: bool = False,
+                  row: dict[str, Any] | None = None) -> list[Trial]:
         key = trial.config_key
         if status == "unsupported" and is_predicted_oom(row):  # its on_oom applies as to a real OOM
             status = "oom"
@@ -95,6 +99,10 @@ class GridPlan:
                                      predicted=predicted)
         return [] if batch is None else [trial.child(batch_size=batch, retry=0)]
 
+    def verdicts(self) -> list[Verdict]:
+        """None: a grid answers with its rows alone."""
+        return []
+
 
 # The largest batch_size a row can record (its Arrow type): no search proposes a batch past it, whatever its
 # start, max_batch or memory model says (a user's own sizes are checked against the schema before Ray starts).
@@ -107,9 +115,14 @@ GUIDED_PROBES = 6
 
 
 class Probe(NamedTuple):
+    """A search's next probe, and who picked it."""
+
     batch: int
-    guided: bool  # the memory model picked it
-    fits: bool | None  # what the model said it would do (None: no claim)
+    """The batch to probe."""
+    guided: bool
+    """The memory model picked it."""
+    fits: bool | None
+    """What the model said it would do (None: no claim)."""
 
 
 @dataclass
@@ -139,23 +152,33 @@ class MaxBatchSearch:
     """
 
     start: int = 1
+    """The first batch to probe (without a prediction)."""
     step: int = 1
+    """Granularity: the search ends at B ok and B + step oom."""
     capacity_bytes: float | None = None
-    # the memory model's largest batch under the capacity (sweep.memory.predictor): the first probe in place of `start`,
-    # and, when it fits, its neighbour next (a right prediction is found in 2 probes); a failed one is `start`'s
-    # one probe past the bound, and from there on the search goes as from a failed start
+    """Memory a rank may use (None: unknown, e.g. an uncapped CPU: no memory model then)."""
     predicted: int | None = None
-    max_batch: int = 1 << 16  # where growth stops without an OOM (an uncapped CPU); MAX_BATCH bounds it
-    # False: the tune fit's ordering from before the bound (sweep.search.fastest.space.LevelFit): at most FIT_PROBES
-    # probes there, so no bound to keep; a failed L is followed by L - step (on 2xH200 GPT torchao 67 failed
-    # and 66 fitted, rows the tune replays reuse), and a wide bracket is crossed no faster than growth
+    """The memory model's largest batch under the capacity (sweep.memory.predictor): the first probe in place of
+    `start`, and, when it fits, its neighbour next (a right prediction is found in 2 probes); a failed one is
+    `start`'s one probe past the bound, and from there on the search goes as from a failed start."""
+    max_batch: int = 1 << 16
+    """Where growth stops without an OOM (an uncapped CPU); MAX_BATCH bounds it."""
     bounded: bool = True
-    ok: dict[int, dict] = field(default_factory=dict)  # batch -> {"peak_mem_bytes", "tokens_per_s"}
-    failed: dict[int, str] = field(default_factory=dict)  # batch -> status
+    """False: the tune fit's ordering from before the bound (sweep.search.fastest.space.LevelFit): at most
+    FIT_PROBES probes there, so no bound to keep; a failed L is followed by L - step (on 2xH200 GPT torchao 67
+    failed and 66 fitted, rows the tune replays reuse), and a wide bracket is crossed no faster than growth."""
+    ok: dict[int, dict[str, float | None]] = field(default_factory=dict)
+    """Fitting batch -> {"peak_mem_bytes", "tokens_per_s"}."""
+    failed: dict[int, str] = field(default_factory=dict)
+    """Failed batch -> status."""
     probes: list[int] = field(default_factory=list)
+    """The batches probed, in order."""
     aborted: str | None = None
-    guided: int = 0  # probes the memory model picked
-    misses: int = 0  # of those, how many went the other way than it said
+    """The status that stopped the search (error, timeout, unsupported: the limit is not memory)."""
+    guided: int = 0
+    """Probes the memory model picked."""
+    misses: int = 0
+    """Of those, how many went the other way than it said."""
 
     @property
     def largest_ok(self) -> int | None:
@@ -214,6 +237,7 @@ class MaxBatchSearch:
         """Without the model: grow by twice the last gain (from one fit: double), so growth after the
         model's small steps starts small; bisect a bracket between the largest fit and the smallest OOM."""
         if lo is None:
+            assert hi is not None  # neither known is the first probe, taken before this
             return Probe(hi // 2, False, None)
         fits = sorted(self.ok)
         jump = 2 * (lo - fits[-2]) if len(fits) > 1 else lo
@@ -226,28 +250,29 @@ class MaxBatchSearch:
         """The probe the memory model picks inside (lo, hi); None when it has nothing to go on (no
         capacity, no peak, a fit that a failed batch contradicts) or has had its turn."""
         spent = not self.bounded and self.guided >= GUIDED_PROBES
-        if self.capacity_bytes is None or self.misses >= GUIDED_MISSES or spent:
+        capacity = self.capacity_bytes
+        if capacity is None or self.misses >= GUIDED_MISSES or spent:
             return None
         if lo is None:
             return Probe(1, True, True)
         if self.probes == [lo] and lo == self.predicted:  # the prediction fitted: its neighbour says if it is the limit
             return Probe(min(lo + self.step, top), True, False)
-        limit, past = self._model_limit(lo, hi)
+        limit, past = self._model_limit(lo, hi, capacity)
         if limit is None:
             return None
         batch = min(max(limit, lo + self.step), top if hi is None else hi - self.step)
         return Probe(batch, True, True if batch <= limit else past)
 
-    def _model_limit(self, lo: int, hi: int | None) -> tuple[int | None, bool | None]:
+    def _model_limit(self, lo: int, hi: int | None, capacity: float) -> tuple[int | None, bool | None]:
         """The largest batch the memory model puts under the capacity, and what it says of the batch past
         it (False: fails; None: no claim). A failed batch is an upper bound: a model that says it fits is
         wrong there and names nothing, and the search bisects until a new fit refits it."""
-        points = [(b, v["peak_mem_bytes"]) for b, v in sorted(self.ok.items()) if v.get("peak_mem_bytes")]
-        line = _line_limit(points[-2:], self.capacity_bytes)
+        points = self._peaks()
+        line = _line_limit(points[-2:], capacity)
         if line is not None and hi is not None and line >= hi and self.bounded:
             # the line through the two largest fits overshot, as it does where memory grows faster than
             # the batch: the parabola through the three largest bends down with it
-            line = _curve_limit(points[-3:], self.capacity_bytes)
+            line = _curve_limit(points[-3:], capacity)
             return (line, False) if line is not None and line < hi else (None, None)
         if line is not None:
             return line, False
@@ -255,17 +280,23 @@ class MaxBatchSearch:
         if not peak:
             return None, None
         # a bound, not an estimate: a batch past it may fit as well
-        safe = math.floor(lo * self.capacity_bytes / peak)
+        safe = math.floor(lo * capacity / peak)
         return (safe, None) if hi is None or safe < hi or not self.bounded else (None, None)
 
     def _predicted_limit(self) -> int | None:
         """The largest batch under the capacity on the line through the two largest fitting batches."""
-        points = [(b, v["peak_mem_bytes"]) for b, v in sorted(self.ok.items()) if v.get("peak_mem_bytes")]
-        return _line_limit(points[-2:], self.capacity_bytes)
+        if self.capacity_bytes is None:
+            return None
+        return _line_limit(self._peaks()[-2:], self.capacity_bytes)
+
+    def _peaks(self) -> list[tuple[int, float]]:
+        """(batch, peak bytes) of the fitting batches whose peak was measured, smallest batch first."""
+        return [(b, peak) for b, v in sorted(self.ok.items()) if (peak := v.get("peak_mem_bytes"))]
 
     def fastest(self) -> int | None:
-        rated = {b: v["tokens_per_s"] for b, v in self.ok.items() if v.get("tokens_per_s")}
-        return max(rated, key=rated.get) if rated else None
+        """The fitting batch of most tokens per second (a tie: the one probed first)."""
+        rated = {b: speed for b, v in self.ok.items() if (speed := v.get("tokens_per_s"))}
+        return max(rated, key=lambda b: rated[b]) if rated else None
 
 
 def _line_limit(points: list[tuple[int, float]], capacity: float) -> int | None:
@@ -294,7 +325,7 @@ def _curve_limit(points: list[tuple[int, float]], capacity: float) -> int | None
     return math.floor(b2 + 2 * room / (linear + math.sqrt(linear * linear + 4 * bend * room)) + 1e-9)
 
 
-def search_id(trial: Trial) -> str:
+def max_batch_search_id(trial: Trial) -> str:
     """The search for one config (not one run): a resumed search keeps its id and its probes."""
     return hashlib.sha256(repr(trial.config_key).encode()).hexdigest()[:12]
 
@@ -305,18 +336,18 @@ class MaxBatchPlan:
 
     def __init__(self, seeds: list[Trial], *, capacity_bytes: float | None, step: int = 1,
                  predicted_max: Callable[[Trial], int | None] | None = None):
-        self.templates: dict[tuple, Trial] = {}
-        self.searches: dict[tuple, MaxBatchSearch] = {}
+        self.templates: dict[tuple[Any, ...], Trial] = {}
+        self.searches: dict[tuple[Any, ...], MaxBatchSearch] = {}
         for t in seeds:
             if t.config_key in self.templates:
                 continue
-            sid = search_id(t)
+            sid = max_batch_search_id(t)
             self.templates[t.config_key] = replace(t, search_id=sid)
             predicted = predicted_max(t) if predicted_max else None  # None: start from the seed's batch
             self.searches[t.config_key] = MaxBatchSearch(start=t.batch_size, step=step, capacity_bytes=capacity_bytes,
                                                          predicted=predicted)
 
-    def _probe(self, key: tuple) -> list[Trial]:
+    def _probe(self, key: tuple[Any, ...]) -> list[Trial]:
         batch = self.searches[key].next_probe()
         if batch is None:
             return []
@@ -326,7 +357,8 @@ class MaxBatchPlan:
     def initial(self) -> list[Trial]:
         return [t for key in self.searches for t in self._probe(key)]
 
-    def on_result(self, trial: Trial, status: str, infrastructure: bool = False, row: dict | None = None) -> list[Trial]:
+    def on_result(self, trial: Trial, status: str, infrastructure: bool = False,
+                  row: dict[str, Any] | None = None) -> list[Trial]:
         retry = infra_retry(trial, status, infrastructure)
         if retry is not None:
             return [retry]
@@ -339,13 +371,13 @@ class MaxBatchPlan:
                       tokens_per_s=row.get("tokens_per_s_per_gpu"))
         return self._probe(trial.config_key)
 
-    def verdicts(self) -> list[dict]:
-        out = []
+    def verdicts(self) -> list[Verdict]:
+        out: list[Verdict] = []
         for key, search in self.searches.items():
             t = self.templates[key]
-            out.append({"kind": "max_batch", "search_id": t.search_id, "model": t.model.label, "precision": t.precision,
-                        "compile": t.compile, "ac": t.ac, "seq_len": t.seq_len, "gpus": t.gpus,
-                        "options": t.options_text(), "max_batch": search.largest_ok, "first_failing_batch": search.smallest_failed,
-                        "fastest_batch": search.fastest(), "probes": len(search.probes),
-                        "probe_batches": list(search.probes), "aborted": search.aborted})
+            out.append(MaxBatchVerdict(
+                search_id=t.search_id, model=t.model.label, precision=t.precision, compile=t.compile,
+                ac=t.ac, seq_len=t.seq_len, gpus=t.gpus, options=t.options_text(), max_batch=search.largest_ok,
+                first_failing_batch=search.smallest_failed, fastest_batch=search.fastest(),
+                probes=len(search.probes), probe_batches=tuple(search.probes), aborted=search.aborted))
         return out
