@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sweep.errors import UserError
+from clusters.errors import ProfileError
 
 
 class _StrictSafeLoader(yaml.SafeLoader):
@@ -51,30 +51,30 @@ def display_path(path: Path) -> str:
 def read_mapping(path: Path, kind: str) -> dict[str, Any]:
     """Load `path` as a YAML mapping. `kind` ("cluster profile", ...) starts every error message.
 
-    Raises UserError for a missing or unreadable file, a YAML syntax error, a tag safe_load does not
+    Raises ProfileError for a missing or unreadable file, a YAML syntax error, a tag safe_load does not
     allow (`!!python/object`, ...), an empty file, or a document that is not a mapping.
     """
     where = display_path(path)
     if not path.is_file():
-        raise UserError(f"{kind} file not found: {where}")
+        raise ProfileError(f"{kind} file not found: {where}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise UserError(f"Invalid {kind} {where}: not a text (UTF-8 YAML) file") from None
+        raise ProfileError(f"Invalid {kind} {where}: not a text (UTF-8 YAML) file") from None
     except OSError as e:
-        raise UserError(f"cannot read {kind} {where}: {e}") from None
+        raise ProfileError(f"cannot read {kind} {where}: {e}") from None
     try:
         data = yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise UserError(f"Invalid {kind} {where}: YAML error at {at}{e.problem or e.context}") from None
+        raise ProfileError(f"Invalid {kind} {where}: YAML error at {at}{e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise UserError(f"Invalid {kind} {where}: YAML error: {e}") from None
+        raise ProfileError(f"Invalid {kind} {where}: YAML error: {e}") from None
     if data is None:
-        raise UserError(f"Invalid {kind} {where}: the file is empty; expected a mapping of keys")
+        raise ProfileError(f"Invalid {kind} {where}: the file is empty; expected a mapping of keys")
     if not isinstance(data, dict):
-        raise UserError(f"Invalid {kind} {where}: expected a mapping of keys, got a {type(data).__name__}")
+        raise ProfileError(f"Invalid {kind} {where}: expected a mapping of keys, got a {type(data).__name__}")
     return data
 
 

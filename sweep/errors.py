@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import os
 
+from clusters.errors import ProfileError
+
 
 class UserError(Exception):
     """A mistake in the user's input: a file, a field, a value. The message names it and what is allowed."""
 
 
+# What the CLI prints as one line and exits 2 on: sweep's own user errors and those of the cluster profiles
+# (clusters sits below sweep, so its error cannot be a UserError)
+USER_ERRORS: tuple[type[Exception], ...] = (UserError, ProfileError)
+
+
 def one_line(message: str) -> str:
+    """The message on one line: every run of whitespace, newlines included, one space."""
     return " ".join(str(message).split())
 
 

@@ -213,7 +213,7 @@ def make_plan(spec, trials, profile, *, step: int = 1, predictor=None):
 
 def _plan_rows(trials, predictor) -> tuple[list[dict], dict[str, int]]:
     """One row of text per trial, and each reason a trial cannot run here numbered in order of appearance."""
-    from sweep.results.render import param_count
+    from sweep.text import param_count
     from sweep.execution.runner import unsupported
 
     reasons: dict[str, int] = {}

@@ -285,19 +285,6 @@ def generic_cols(schema) -> list[Col]:
 
 # --- the table `sweep plan` prints before a run (the verdicts after a search: `verdicts`) ------------
 
-_PARAM_UNITS = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"))
-
-
-def param_count(n: int) -> str:
-    """8.03B, 124M, 198K, 5.15P: a parameter count at a glance, three significant figures and never an
-    exponent (5.15e+06B for 5.15 x 10^15 reads as a typo)."""
-    rounded = float(f"{n:.3g}")  # first, so that 999.7B is 1T, not 1e+03B
-    for scale, unit in _PARAM_UNITS:
-        if rounded >= scale:
-            value = rounded / scale
-            return f"{value:,.0f}{unit}" if value >= 1000 else f"{value:.3g}{unit}"
-    return str(n)
-
 
 def plan_table(rows: list[dict], title: str, reasons: dict[str, int]) -> None:
     """`sweep plan`'s trials (cells may hold Rich markup), then the values every trial shares, then what each

@@ -41,6 +41,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, \
     PlainValidator, field_validator, model_validator
 
+from clusters.errors import ProfileError
 from clusters._load import display_path, read_mapping, unknown_name, validation_message
 from clusters.schema import parse_memory_size
 from sweep.errors import UserError
@@ -335,7 +336,10 @@ def read_grid(path: str | Path) -> dict[str, Any]:
 
     Read as cluster profiles are: safe YAML (no tags that build objects), a key given twice refused.
     """
-    return read_mapping(Path(path), "grid")
+    try:
+        return read_mapping(Path(path), "grid")
+    except ProfileError as e:  # the reader is the profiles' own; a grid's mistake is sweep's user error
+        raise UserError(str(e)) from None
 
 
 def load_grid(path: str | Path) -> GridSpec:
