@@ -20,7 +20,8 @@
                                       # fastest (the fastest configuration: see tune below)
     tune: {vary: [batch_size, ac, grad_accum, compile], budget: 40, global_batch_tokens: 1048576, max_cost: 10}
                                       # search: fastest: the options it may change, its probe budget, an
-                                      # optional global batch every probe keeps, its GPU time in trials (sweep.search.fastest.search)
+                                      # optional global batch every probe keeps, its GPU time in trials
+                                      # (sweep.search.fastest.search)
     profile: false                    # true: a torch.profiler trace of a few steps after the measured ones
     timeout_s: 1800                   # per trial
     memory_cap: 80GiB                 # optional per-rank cap (a real allocation failure past it)
@@ -31,33 +32,42 @@ The cartesian product of the list axes gives the trials; each has a stable `tria
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, \
-    PlainValidator, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-from clusters.errors import ProfileError
 from clusters._load import display_path, read_mapping, unknown_name, validation_message
+from clusters.errors import ProfileError
 from clusters.schema import parse_memory_size
 from sweep.errors import UserError
 from sweep.spec.layout import LAYOUT_VARY, divides, grid_layout_problem, layout_problem
+from sweep.spec.trial import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S  # explicit re-exports: the grid's importers
+from sweep.spec.trial import Trial as Trial  # find a trial here too (sweep.spec.trial declares it)
 from trainer.models.specs import REGISTRY, ModelSpec
-from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, TrainingOptions, option_types
+from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, option_types
 from trainer.recipes import RECIPES
 from trainer.stopping import StepsSpec
 
 CompileMode = Literal["none", "regional", "full"]
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)  # the modes as values, declared once (the type above)
 AcMode = Literal["none", "selective", "full"]
 # Activations kept for the backward pass, in order: none keeps them all, selective some, full only each
 # block's input. A config that runs out of memory does so with less checkpointing too.
 AC_MEMORY = {"none": 2, "selective": 1, "full": 0}
-DEFAULT_TIMEOUT_S = 1800.0  # a trial's limit when neither grid nor profile sets one: a cold 8B compile plus
-#                             measurement fits; a hung collective does not
+
 
 def _listify(value: Any) -> list:
     return value if isinstance(value, list) else [value]
@@ -248,76 +258,6 @@ def unstorable(key: str, column: str, values: list) -> str | None:
     unit = " parameters" if column == "n_params" else ""
     return (f"{key}: {bad}{unit} is more than the results can record ({column} is "
             f"{RESULT_SCHEMA.field(column).type}: at most {high})")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Trial(TrainingOptions):
-    """One configuration to run once. `trial_id` hashes everything that defines the measurement.
-
-    The training options (grad_accum, grad_clip, ...) are its fields too, from `TrainingOptions`."""
-
-    cluster: str
-    model: ModelSpec
-    precision: str
-    compile: str
-    ac: str
-    batch_size: int
-    seq_len: int
-    gpus: int
-    warmup_steps: StepsSpec  # a count, or "auto" (the rows hold the count run)
-    measure_steps: StepsSpec
-    memory_cap_bytes: int | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S  # `expand` resolves it: the grid's, else the profile's, else this
-    # lineage: not part of the measurement
-    attempt: int = 1
-    parent_trial_id: str | None = None
-    retry: int = 0  # infrastructure retries of the same config
-    search_id: str | None = None
-    profile: bool = False  # a trace of a few steps after the measured ones (does not change the measurement)
-    predict_memory: bool = True  # a trial predicted not to fit is not run (does not change the measurement)
-    auto_max: tuple[int, int] | None = None  # the most warm-up and measured steps `auto` may run: a tune's finals
-
-    @property
-    def trial_id(self) -> str:
-        key = {"cluster": self.cluster, "model": self.model.model_dump(exclude_none=True), "precision": self.precision,
-               "compile": self.compile, "ac": self.ac, "batch_size": self.batch_size, "seq_len": self.seq_len,
-               "gpus": self.gpus, "warmup": self.warmup_steps, "measure": self.measure_steps,
-               "memory_cap": self.memory_cap_bytes, "retry": self.retry}
-        # Keys added later enter the hash only when not at their default, so earlier trial ids stay valid.
-        key.update(self.changed())
-        if self.auto_max is not None:  # fewer steps at most: another measurement
-            key["auto_max"] = list(self.auto_max)
-        if self.profile:  # a profiled attempt is its own row (it has a trace): --resume does not stand one for the other
-            key["profile"] = True
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-    @property
-    def dp_shard(self) -> int:
-        """What remains of the ranks once replicas, TP and CP take theirs (`sweep.spec.layout`)."""
-        return self.gpus // (self.dp_replicate * self.tp * self.cp)
-
-    @property
-    def config_key(self) -> tuple:
-        """Everything but the batch: trials that differ only in batch share it (OOM retry, search)."""
-        return (self.cluster, self.model.to_json(), self.precision, self.compile, self.ac, self.seq_len, self.gpus,
-                *self.changed().items())  # as trial_id: options at their default leave earlier keys alone
-
-    @property
-    def training_options(self) -> dict:
-        return self.as_dict()
-
-    def child(self, **changes) -> "Trial":
-        """A follow-up attempt (lower batch after an OOM, or an infrastructure retry)."""
-        return replace(self, attempt=self.attempt + 1, parent_trial_id=self.trial_id, **changes)
-
-    def options_text(self) -> str:
-        """The training options not at their default, e.g. 'grad_accum=8 fp8_lm_head=True'."""
-        return " ".join(f"{k}={v}" for k, v in self.changed().items())
-
-    def describe(self) -> str:
-        extra = self.options_text()
-        return (f"{self.model.label} {self.precision} bs={self.batch_size} T={self.seq_len} "
-                f"gpus={self.gpus} compile={self.compile}{' ' + extra if extra else ''}")
 
 
 def parse_grid(data: Any, source: str = "<grid>") -> GridSpec:
