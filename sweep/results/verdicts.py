@@ -172,8 +172,8 @@ def _config(row: dict, prefix: str = "") -> str:
 
 
 def best_cols(baseline: str, tokens_column: bool = False) -> list[Col]:
-    """`compare --best`: each precision's best (``aggregate.best_table``) against the baseline precision's best, and
-    each side's loss at the same tokens trained (``aggregate.best_losses``; `tokens_column` as ``loss_at_cols``)."""
+    """`compare --best`: each precision's best (``best.best_table``) against the baseline precision's best, and
+    each side's loss at the same tokens trained (``best.best_losses``; `tokens_column` as ``loss_at_cols``)."""
     picked = {True: "search's best", False: "fastest ok"}
     return [
         *config_cols(("cluster", "model", "seq_len", "world_size", "memory_cap_gib", "precision")),
