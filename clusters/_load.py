@@ -17,14 +17,14 @@ from pydantic import BaseModel, ValidationError
 from clusters.errors import ProfileError
 
 
-class _StrictSafeLoader(yaml.SafeLoader):
+class _StrictSafeLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no type stubs here
     """`yaml.SafeLoader` that rejects a key given twice.
 
     Plain YAML keeps the last one silently; a duplicated `env:` block would drop settings and change
     the benchmark without a word.
     """
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then overriding a key is intended
@@ -108,7 +108,7 @@ def _fields_by_key(model: type[BaseModel]) -> dict[str, Any]:
     return {field.alias or name: field for name, field in model.model_fields.items()}
 
 
-def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
+def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The keys allowed in the mapping that holds `loc`'s last part (nested models, lists of them)."""
     for part in loc[:-1]:
         if isinstance(part, str):  # list indices and pydantic's union tags leave the model as it is
@@ -128,7 +128,9 @@ def validation_message(err: ValidationError, model: type[BaseModel]) -> str:
     """
     unknown: dict[str, list[str]] = {}  # each mapping's unknown keys, in order, by the path to that mapping
     unmatched: dict[str, list[str]] = {}  # the valid keys of each mapping with an unknown key that matched none
-    other, missing, meant = [], set(), set()
+    other: list[tuple[tuple[Any, ...], str]] = []  # (where, text) of every other error
+    missing: set[tuple[Any, ...]] = set()  # the places of required keys not given
+    meant: set[tuple[Any, ...]] = set()  # the places an unknown key's closest valid key names
     for e in err.errors():
         # pydantic marks a dict key's own error with a trailing "[key]"; the key already names it.
         loc = tuple(p for p in e["loc"] if p != "[key]")

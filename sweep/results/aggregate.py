@@ -41,7 +41,7 @@ BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
 # What `compare --by` can divide by (text-valued config keys), with the default baseline: the fair
 # reference for precisions, no compile / no checkpointing, and the training options' defaults. Clusters
 # have no natural baseline: the user names one.
-COMPARE_BY: dict[str, str | None] = {"precision": "bf16", "cluster": None, "compile": "none", "ac": "none",
+COMPARE_BY: dict[str, str | int | None] = {"precision": "bf16", "cluster": None, "compile": "none", "ac": "none",
                                      "reduce_dtype": "fp32", "grad_sync": "micro_batch",
                                      "tp": 1, "dp_replicate": 1}  # layouts: against FSDP over the same ranks
 
@@ -99,9 +99,9 @@ def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
     keys = ", ".join(CONFIG_KEYS)
     # `compare` reads each config's loss curves' reach here, in the same read (asked for by name)
     wanted = columns is not None and "loss_reached" in columns
-    if wanted and not set(LOSS_CURVES) <= set(rows.column_names):  # rows read without their curves
+    if columns is not None and wanted and not set(LOSS_CURVES) <= set(rows.column_names):  # read without curves
         columns = [c for c in columns if c != "loss_reached"]
-    aggregates = _config_aggregates(wanted and "loss_reached" in columns)
+    aggregates = _config_aggregates(wanted and columns is not None and "loss_reached" in columns)
     if columns is not None:
         aggregates = {name: sql for name, sql in aggregates.items() if name in columns}
     listed = ",\n      ".join(f"{sql} AS {name}" for name, sql in aggregates.items())

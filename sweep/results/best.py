@@ -19,7 +19,7 @@ BEST_GROUP = ("cluster", "model", "seq_len", "world_size", "memory_cap_gib")
 BEST_CONFIG = ("batch_size", "compile", "ac", *TRAINING_DEFAULTS)
 
 
-def best_table(rows: pa.Table, baseline: str, finalists: Iterable[tuple[str, str]] = ()) -> pa.Table:
+def best_table(rows: pa.Table, baseline: str, finalists: Iterable[tuple[str | None, str]] = ()) -> pa.Table:
     """Each precision at its best against the ``baseline`` precision at its best, per BEST_GROUP.
 
     A precision's best is the config (BEST_CONFIG) with the highest median TFLOP/s/GPU over its ok attempts,
@@ -73,7 +73,7 @@ def best_table(rows: pa.Table, baseline: str, finalists: Iterable[tuple[str, str
     return run_sql(sql, {"baseline": baseline}, rows=rows, found=found, ran=ran)
 
 
-def best_losses(best: list[dict], attempts, baseline: str, finalists: Iterable[tuple[str, str]] = (),
+def best_losses(best: list[dict], attempts: pa.Table, baseline: str, finalists: Iterable[tuple[str | None, str]] = (),
                 printed: int | None = None) -> list[dict]:
     """``best_table``'s rows with each side's loss at the same tokens trained, as ``compare_losses`` adds them.
 

@@ -69,8 +69,8 @@ def losses_at(rows, pairs: list[dict], keys: Sequence[str], side: Callable[[dict
     shown = list(zip(pairs, tokens))[:printed]
     wanted = sorted({(index[c(p)], t) for p, t in shown if t is not None for c in (side, base)})
     losses = _medians(rows, keys, configs, wanted, match, curves)
-    return [{**p, "loss_at_tokens": t, "loss_at": losses.get((index[side(p)], t)),
-             "base_loss_at": losses.get((index[base(p)], t))} for p, t in zip(pairs, tokens)]
+    return [{**p, "loss_at_tokens": t, "loss_at": None if t is None else losses.get((index[side(p)], t)),
+             "base_loss_at": None if t is None else losses.get((index[base(p)], t))} for p, t in zip(pairs, tokens)]
 
 
 def _medians(rows, keys: Sequence[str], configs: list[tuple], wanted: list[tuple[int, int]], match: str,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import pyarrow as pa
 
@@ -146,7 +146,7 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
                 Line2D([], [], color="0.3", marker="^", markerfacecolor="none", linestyle="none", label="error / timeout / unsupported")]
     # as many columns as the figure's width holds for the longest label (~7 px per character)
     width_px = fig.get_figwidth() * fig.dpi
-    longest = max(len(h.get_label()) for h in handles) * 7 + 40
+    longest = max(len(str(h.get_label())) for h in handles) * 7 + 40
     fig.legend(handles=handles, loc="outside lower center", ncols=max(1, min(len(handles), int(width_px // longest))),
                frameon=False)
     title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
@@ -156,7 +156,7 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
     return fig
 
 
-def _batch_ticks(fig, panels: list[tuple[object, list[int]]]) -> None:
+def _batch_ticks(fig, panels: list[tuple[Any, list[int]]]) -> None:
     """Every batch tried gets a tick; a number only where it does not run into its neighbour's.
 
     The first and last batch are always numbered. Overlap is measured on the laid-out figure: batches a

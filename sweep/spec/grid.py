@@ -33,6 +33,7 @@ The cartesian product of the list axes gives the trials; each has a stable `tria
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -69,7 +70,7 @@ AcMode = Literal["none", "selective", "full"]
 AC_MEMORY = {"none": 2, "selective": 1, "full": 0}
 
 
-def _listify(value: Any) -> list:
+def _listify(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
@@ -98,10 +99,11 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 def _steps(minimum: int) -> PlainValidator:
     def check(value: Any) -> StepsSpec:
         if value == "auto":
-            return value
+            return "auto"
         if type(value) is not int or value < minimum:  # bool is an int subclass: `true` is not a count
             raise ValueError(f"expected a whole number >= {minimum}, or auto")
-        return value
+        count: int = value
+        return count
 
     return PlainValidator(check)
 
@@ -129,7 +131,9 @@ class TuneSpec(BaseModel):
     its values (grad_accum: 1, 2, 4, 8)."""
 
     model_config = _STRICT
-    vary: list[Literal[VARIABLE]] = Field(default=list(DEFAULT_VARY), description="options the search may change")
+    # a Literal of the tuple's values, made at run time (pydantic reads it; mypy cannot)
+    vary: list[Literal[VARIABLE]] = Field(  # type: ignore[valid-type]
+        default=list(DEFAULT_VARY), description="options the search may change")
     budget: int = Field(default=40, gt=0, description="probes (trial attempts) at most, per model and precision")
     global_batch_tokens: int | None = Field(
         default=None, gt=0, description="micro-batch x grad_accum x ranks x seq_len held at this, if given")
@@ -158,12 +162,14 @@ class OomPolicy(BaseModel):
 
 # The training options as grid axes: a list of each option's type (its constraint included), defaulting to
 # the option's default alone (`trainer.options.TrainingOptions` declares them).
-_TrainingAxes = create_model("_TrainingAxes", __config__=_STRICT, **{
-    name: (list[typ], Field(default=[OPTION_DEFAULTS[name]], min_length=1, description=OPTION_DOCS[name]))
+# (built at run time from the options, so mypy sees neither the fields nor the base class: the ignores below)
+_TrainingAxes = create_model("_TrainingAxes", __config__=_STRICT, **{  # type: ignore[call-overload]
+    name: (list[typ], Field(  # type: ignore[valid-type]
+        default=[OPTION_DEFAULTS[name]], min_length=1, description=OPTION_DOCS[name]))
     for name, typ in option_types().items()})
 
 
-class GridSpec(_TrainingAxes):
+class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
 
     name: str | None = Field(default=None, description="the grid's name, stored in every row's grid_name column")
     models: list[Annotated[ModelSpec, BeforeValidator(_registry_model)]] = Field(
@@ -247,7 +253,7 @@ class GridSpec(_TrainingAxes):
         return self
 
 
-def unstorable(key: str, column: str, values: list) -> str | None:
+def unstorable(key: str, column: str, values: Sequence[Any]) -> str | None:
     """Why one of `values` (given as `key`) cannot be recorded in the integer `column` of the results, or None."""
     from sweep.record.schema import RESULT_SCHEMA, int_range
 
@@ -266,9 +272,10 @@ def parse_grid(data: Any, source: str = "<grid>") -> GridSpec:
         raise UserError(f"Invalid grid {source}: the top level must be a mapping of keys (models, precisions, ...), "
                         f"got {type(data).__name__}")
     try:
-        return GridSpec.model_validate(data)
+        grid: GridSpec = GridSpec.model_validate(data)
     except ValidationError as e:
         raise UserError(f"Invalid grid {source}: {validation_message(e, GridSpec)}") from None
+    return grid
 
 
 def read_grid(path: str | Path) -> dict[str, Any]:
@@ -286,7 +293,8 @@ def load_grid(path: str | Path) -> GridSpec:
     return parse_grid(read_grid(path), display_path(Path(path)))
 
 
-def fold_options(options: dict, *, model: ModelSpec, precision: str, gpus: int, compile: str | None = None) -> dict:
+def fold_options(options: Mapping[str, Any], *, model: ModelSpec, precision: str, gpus: int,
+                 compile: str | None = None) -> dict[str, Any]:
     """The options a trial really runs with: one that can do nothing in this trial is back at its default."""
     family = RECIPES[precision].family
     # An FP8 head needs an FP8 recipe and an untied head (GPT's head is the embedding): elsewhere the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
+from typing import Any
 
 from trainer.models.specs import ModelSpec
 from trainer.options import TrainingOptions
@@ -62,16 +63,16 @@ class Trial(TrainingOptions):
         return self.gpus // (self.dp_replicate * self.tp * self.cp)
 
     @property
-    def config_key(self) -> tuple:
+    def config_key(self) -> tuple[Any, ...]:
         """Everything but the batch: trials that differ only in batch share it (OOM retry, search)."""
         return (self.cluster, self.model.to_json(), self.precision, self.compile, self.ac, self.seq_len, self.gpus,
                 *self.changed().items())  # as trial_id: options at their default leave earlier keys alone
 
     @property
-    def training_options(self) -> dict:
+    def training_options(self) -> dict[str, Any]:
         return self.as_dict()
 
-    def child(self, **changes) -> "Trial":
+    def child(self, **changes: Any) -> "Trial":
         """A follow-up attempt (lower batch after an OOM, or an infrastructure retry)."""
         return replace(self, attempt=self.attempt + 1, parent_trial_id=self.trial_id, **changes)
 
