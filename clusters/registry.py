@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from clusters._load import display_path, read_mapping, unknown_name, validation_message
 from clusters.catalog import CATALOG_PATH
-from clusters.schema import ClusterProfile
 from clusters.errors import ProfileError
+from clusters.schema import ClusterProfile
 
 PROFILES_DIR = Path(__file__).parent
 

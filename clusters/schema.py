@@ -10,8 +10,16 @@ import os
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, \
-    model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from clusters._load import unknown_name
 from clusters.catalog import PRECISION_FAMILIES, Accelerator, load_catalog

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sweep.record import store
 from sweep.errors import UserError
+from sweep.record import store
 from sweep.record.schema import COLUMNS, RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, Row, to_table
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from clusters.schema import ClusterProfile
-from sweep.memory.model import GiB, Calibration, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
+from sweep.memory.model import Calibration, GiB, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
 from sweep.record.schema import Row
 from sweep.spec.layout import layout_text
 from sweep.spec.trial import Trial
@@ -72,7 +72,7 @@ class Predictor:
     prior: Calibration = NO_ROWS  # as loaded, before a run's own rows refined it: what its probes were placed by
 
     @classmethod
-    def load(cls, profile: ClusterProfile, output: Path | None) -> "Predictor":
+    def load(cls, profile: ClusterProfile, output: Path | None) -> Predictor:
         """Calibrated on the clean rows of `profile`'s cluster under `output` (GPU profiles; none read otherwise)."""
         from sweep.record import store
         rows = store.read_columns(output, CALIBRATION_COLUMNS, cluster=profile.name) if output and profile.is_gpu else []

@@ -17,7 +17,7 @@ never ran and cost nothing.
 from __future__ import annotations
 
 import statistics
-from typing import Iterable
+from collections.abc import Iterable
 
 from sweep.record.schema import Row
 
@@ -99,6 +99,6 @@ def fresh_trial_s(answer: Row, rows: Iterable[Row]) -> float | None:
         return None
     if not answer.get("group_trial_index"):
         return wall
-    fresh = [init for r in rows
-             if r.get("status") == "ok" and not r.get("group_trial_index") and (init := r.get("init_time_s")) is not None]
+    fresh = [init for r in rows if r.get("status") == "ok" and not r.get("group_trial_index")
+             and (init := r.get("init_time_s")) is not None]
     return wall - (answer.get("init_time_s") or 0.0) + statistics.median(fresh) if fresh else None

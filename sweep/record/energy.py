@@ -20,7 +20,8 @@ ranks, never 0. `energy_source` is "counter" when every GPU's came from its coun
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, cast
+from collections.abc import Sequence
+from typing import Optional, cast
 
 from sweep.record.schema import Row
 from trainer.energy import EnergyReport

@@ -16,8 +16,9 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, cast
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -14,8 +14,8 @@ or per group) that ``render`` and ``plot`` format.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 

@@ -6,7 +6,7 @@ SQL in DuckDB over the rows, as ``aggregate``'s tables (whose rules for a config
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import pyarrow as pa
 

@@ -9,7 +9,7 @@ one, or the mean of the middle two). Python sees one row per config.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 

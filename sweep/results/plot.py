@@ -17,16 +17,17 @@ matplotlib is imported here only, through ``Figure`` and the Agg canvas: no pypl
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 
 from sweep.errors import UserError
+from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.results import aggregate
 from sweep.results.energy import PLOT_METRICS
 from sweep.results.render import CONFIG_HEADERS, says_nothing, setting
-from sweep.record.schema import TRAINING_DEFAULTS
 
 SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", *TRAINING_DEFAULTS, "memory_cap_gib")
 DPI = 110  # the tick thinning measures text at this resolution: the saved image must use the same

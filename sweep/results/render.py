@@ -11,14 +11,25 @@ A config with no ok attempt shows its status text ("oom", "unsupported") in the 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence, cast
+from collections.abc import Callable, Sequence
+from typing import cast
 
 from sweep.record.cost import measured_share
 from sweep.record.schema import Row
 from sweep.results.aggregate import BATCH_GROUP, FAILURES
 from sweep.results.query import CONFIG_KEYS
-from sweep.results.table_out import (CONFIG_HEADERS, DASH, Col, csv_text, markdown, rich_table,  # noqa: F401
-                                     says_nothing, split_constant, stdout_console)
+from sweep.results.table_out import (  # noqa: F401
+    CONFIG_HEADERS,
+    DASH,
+    Col,
+    csv_text,
+    markdown,
+    rich_table,
+    says_nothing,
+    split_constant,
+    stdout_console,
+)
+
 SIGNIFICANT = 4  # measurements: 871.9 vs 867.0 TFLOP/s stay apart, 0.01050 and 0.01440 too
 RATIO_SIGNIFICANT = 3  # ratios and percentages: 1.58× (+58.1 %), ±10.6 %
 
@@ -87,7 +98,8 @@ def config_value(key: str, value: object) -> str:
 
 
 def config_cols(keys: Sequence[str]) -> list[Col]:
-    return [Col(k, CONFIG_HEADERS[k], _cell(k, config_value), k in ("batch_size", "seq_len", "world_size")) for k in keys]
+    return [Col(k, CONFIG_HEADERS[k], _cell(k, config_value), k in ("batch_size", "seq_len", "world_size"))
+            for k in keys]
 
 
 def _cell(key: str, text: Callable[[str, object], str]) -> Callable[[dict], str]:

@@ -12,8 +12,8 @@ filters in SQL. DuckDB then reads only the columns and row groups each statement
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import pyarrow as pa
 

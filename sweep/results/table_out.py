@@ -7,8 +7,8 @@ from __future__ import annotations
 import csv
 import io
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from sweep.record.schema import TRAINING_DEFAULTS
 

@@ -10,13 +10,26 @@ list, ``store.write_verdicts``); ``load`` reads them back for ``sweep results ve
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sweep.errors import UserError
-from sweep.results.render import (CONFIG_HEADERS, DASH, RATIO_SIGNIFICANT, TFLOPS, Col, base_tflops, config_cols,
-                                  loss_at_cols, num, ratio_text, sig, stdout_console)
 from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.results.render import (
+    CONFIG_HEADERS,
+    DASH,
+    RATIO_SIGNIFICANT,
+    TFLOPS,
+    Col,
+    base_tflops,
+    config_cols,
+    loss_at_cols,
+    num,
+    ratio_text,
+    sig,
+    stdout_console,
+)
 
 # The configuration a search starts from and `compare --best` describes others against: no compile, no
 # activation checkpointing, the training options' defaults (the batch is always said).

@@ -214,7 +214,7 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
         return None if value is None else parse_memory_size(str(value))  # "80GiB"; a bare 80 (bytes) is refused
 
     @model_validator(mode="after")
-    def _one_spec_per_name(self) -> "GridSpec":
+    def _one_spec_per_name(self) -> GridSpec:
         """A label is a model's identity in the results: one label, one spec."""
         seen: dict[str, ModelSpec] = {}
         for i, spec in enumerate(self.models):
@@ -227,7 +227,7 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
         return self
 
     @model_validator(mode="after")
-    def _one_start_for_a_search(self) -> "GridSpec":
+    def _one_start_for_a_search(self) -> GridSpec:
         if self.search and len(self.batch_sizes) > 1:
             raise ValueError(f"search: {self.search} starts from one batch and finds the rest; give one batch_sizes "
                              f"entry (the first probe), got {self.batch_sizes}")
@@ -236,7 +236,7 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
         return self
 
     @model_validator(mode="after")
-    def _storable(self) -> "GridSpec":
+    def _storable(self) -> GridSpec:
         """Every size a row records fits its column (sweep.record.schema): a batch of 3e9 would otherwise run, and then
         fail to be written."""
         sizes = {"batch_sizes": ("batch_size", self.batch_sizes), "seq_len": ("seq_len", self.seq_len),

@@ -53,7 +53,8 @@ class Trial(TrainingOptions):
         key.update(self.changed())
         if self.auto_max is not None:  # fewer steps at most: another measurement
             key["auto_max"] = list(self.auto_max)
-        if self.profile:  # a profiled attempt is its own row (it has a trace): --resume does not stand one for the other
+        # a profiled attempt is its own row (it has a trace): --resume does not stand one for the other
+        if self.profile:
             key["profile"] = True
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -72,7 +73,7 @@ class Trial(TrainingOptions):
     def training_options(self) -> dict[str, Any]:
         return self.as_dict()
 
-    def child(self, **changes: Any) -> "Trial":
+    def child(self, **changes: Any) -> Trial:
         """A follow-up attempt (lower batch after an OOM, or an infrastructure retry)."""
         return replace(self, attempt=self.attempt + 1, parent_trial_id=self.trial_id, **changes)
 
