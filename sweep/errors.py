@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import os
-
-from clusters.errors import ProfileError
+import sys
 
 
 class UserError(Exception):
     """A mistake in the user's input: a file, a field, a value. The message names it and what is allowed."""
 
 
-# What the CLI prints as one line and exits 2 on: sweep's own user errors and those of the cluster profiles
-# (clusters sits below sweep, so its error cannot be a UserError)
-USER_ERRORS: tuple[type[Exception], ...] = (UserError, ProfileError)
+def user_error_types() -> tuple[type[Exception], ...]:
+    """What the CLI prints as one line and exits 2 on: UserError, and the cluster profiles' own
+    `clusters.errors.ProfileError` (clusters sits below sweep, so its error cannot be a UserError).
+
+    ProfileError only once clusters is loaded: none can have been raised before, and importing clusters for the
+    check would load the accelerator catalog in every command (`sweep results` imports none of it)."""
+    profiles = sys.modules.get("clusters.errors")
+    return (UserError,) if profiles is None else (UserError, profiles.ProfileError)
 
 
 def one_line(message: str) -> str:

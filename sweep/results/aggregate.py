@@ -23,6 +23,7 @@ from sweep.errors import UserError
 from sweep.record.schema import STATUSES
 from sweep.results import energy
 from sweep.results.query import CONFIG_KEYS, load, run_sql
+from sweep.results.scan import Relation
 
 METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak_mem_gib")
 # Beside the speed: a recipe that runs fast and does not train is no result (median over ok attempts too)
@@ -87,7 +88,7 @@ def _config_aggregates(reached: bool) -> dict[str, str]:
     }
 
 
-def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
+def config_table(rows: Relation, columns: Sequence[str] | None = None) -> pa.Table:
     """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config; with ``columns``, only
     those (and the config keys): DuckDB then computes no other aggregate (a median of a million rows costs, and
     DuckDB does not drop an aggregate that an outer SELECT leaves out).
@@ -114,12 +115,12 @@ def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
     return run_sql(sql, rows=rows)
 
 
-def distinct_configs(rows) -> list[dict]:
+def distinct_configs(rows: Relation) -> list[dict]:
     """The distinct CONFIG_KEYS of ``rows``: what a caption may say of all of them, without a dict per row."""
     return run_sql(f"SELECT DISTINCT {', '.join(CONFIG_KEYS)} FROM rows", rows=rows).to_pylist()
 
 
-def show_rows(rows, limit: int) -> tuple[list[dict], int | None, int]:
+def show_rows(rows: Relation, limit: int) -> tuple[list[dict], int | None, int]:
     """`results show`'s first ``limit`` rows (0: all) by config and start time, with their loss curves; the
     largest token count every ok row's curve reached (``curves.count_and_tokens``) and the number of rows."""
     from sweep.results import curves
@@ -133,7 +134,7 @@ def show_rows(rows, limit: int) -> tuple[list[dict], int | None, int]:
 
 
 def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False, extra: Iterable[str] = (),
-              flops: str = "sweep", row_id: bool = False):
+              flops: str = "sweep", row_id: bool = False) -> Relation:
     """The rows under ``directory`` passing ``where``, with LOAD_COLUMNS and ``extra``, their TFLOP/s and MFU
     counted in the FLOP convention ``flops`` (``recount``): a ``scan.Rows`` view that each statement reads."""
     from sweep.results.recount import COLUMNS, recount
@@ -243,7 +244,7 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table, prices=prices)
 
 
-def compare_losses(pairs: list[dict], attempts, by: str, baseline: str, printed: int | None = None,
+def compare_losses(pairs: list[dict], attempts: Relation, by: str, baseline: str, printed: int | None = None,
                    configs: pa.Table | None = None) -> list[dict]:
     """``compare_table``'s rows with each side's loss at the same tokens trained (``curves.losses_at``):
     ``loss_at_tokens`` (the largest count every ok attempt of both sides reached), ``loss_at``, ``base_loss_at``.
@@ -259,7 +260,7 @@ def compare_losses(pairs: list[dict], attempts, by: str, baseline: str, printed:
                      printed=printed, reached=reached)
 
 
-def check_baseline(table, baseline: str, by: str) -> None:
+def check_baseline(table: Relation, baseline: str, by: str) -> None:
     values = run_sql(f"SELECT DISTINCT {by} AS v FROM rows", rows=table).column("v").to_pylist()
     present = sorted(v for v in values if v is not None)
     if baseline not in present:

@@ -13,13 +13,14 @@ import pyarrow as pa
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.results.aggregate import LOSS_CURVES, check_baseline, failure_text
 from sweep.results.query import CONFIG_KEYS, run_sql
+from sweep.results.scan import Relation
 
 # `compare --best`: a precision's best is per this group, whatever its batch and options
 BEST_GROUP = ("cluster", "model", "seq_len", "world_size", "memory_cap_gib")
 BEST_CONFIG = ("batch_size", "compile", "ac", *TRAINING_DEFAULTS)
 
 
-def best_table(rows: pa.Table, baseline: str, finalists: Iterable[tuple[str | None, str]] = ()) -> pa.Table:
+def best_table(rows: Relation, baseline: str, finalists: Iterable[tuple[str | None, str]] = ()) -> pa.Table:
     """Each precision at its best against the ``baseline`` precision at its best, per BEST_GROUP.
 
     A precision's best is the config (BEST_CONFIG) with the highest median TFLOP/s/GPU over its ok attempts,
@@ -73,7 +74,7 @@ def best_table(rows: pa.Table, baseline: str, finalists: Iterable[tuple[str | No
     return run_sql(sql, {"baseline": baseline}, rows=rows, found=found, ran=ran)
 
 
-def best_losses(best: list[dict], attempts: pa.Table, baseline: str, finalists: Iterable[tuple[str | None, str]] = (),
+def best_losses(best: list[dict], attempts: Relation, baseline: str, finalists: Iterable[tuple[str | None, str]] = (),
                 printed: int | None = None) -> list[dict]:
     """``best_table``'s rows with each side's loss at the same tokens trained, as ``compare_losses`` adds them.
 

@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import cast
 
+import pyarrow as pa
+
 from sweep.record.cost import measured_share
 from sweep.record.schema import Row
 from sweep.results.aggregate import BATCH_GROUP, FAILURES
@@ -292,10 +294,8 @@ def value_text(value: object) -> str:
     return str(value)
 
 
-def generic_cols(schema) -> list[Col]:
+def generic_cols(schema: pa.Schema) -> list[Col]:
     """Columns for an arbitrary Arrow schema (``sweep results query``)."""
-    import pyarrow as pa
-
     return [Col(f.name, f.name, _cell(f.name, lambda _, value: value_text(value)),
                 pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type))
             for f in schema]
