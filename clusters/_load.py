@@ -14,17 +14,17 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sweep.errors import UserError
+from clusters.errors import ProfileError
 
 
-class _StrictSafeLoader(yaml.SafeLoader):
+class _StrictSafeLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no type stubs here
     """`yaml.SafeLoader` that rejects a key given twice.
 
     Plain YAML keeps the last one silently; a duplicated `env:` block would drop settings and change
     the benchmark without a word.
     """
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then overriding a key is intended
@@ -51,30 +51,30 @@ def display_path(path: Path) -> str:
 def read_mapping(path: Path, kind: str) -> dict[str, Any]:
     """Load `path` as a YAML mapping. `kind` ("cluster profile", ...) starts every error message.
 
-    Raises UserError for a missing or unreadable file, a YAML syntax error, a tag safe_load does not
+    Raises ProfileError for a missing or unreadable file, a YAML syntax error, a tag safe_load does not
     allow (`!!python/object`, ...), an empty file, or a document that is not a mapping.
     """
     where = display_path(path)
     if not path.is_file():
-        raise UserError(f"{kind} file not found: {where}")
+        raise ProfileError(f"{kind} file not found: {where}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise UserError(f"Invalid {kind} {where}: not a text (UTF-8 YAML) file") from None
+        raise ProfileError(f"Invalid {kind} {where}: not a text (UTF-8 YAML) file") from None
     except OSError as e:
-        raise UserError(f"cannot read {kind} {where}: {e}") from None
+        raise ProfileError(f"cannot read {kind} {where}: {e}") from None
     try:
         data = yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise UserError(f"Invalid {kind} {where}: YAML error at {at}{e.problem or e.context}") from None
+        raise ProfileError(f"Invalid {kind} {where}: YAML error at {at}{e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise UserError(f"Invalid {kind} {where}: YAML error: {e}") from None
+        raise ProfileError(f"Invalid {kind} {where}: YAML error: {e}") from None
     if data is None:
-        raise UserError(f"Invalid {kind} {where}: the file is empty; expected a mapping of keys")
+        raise ProfileError(f"Invalid {kind} {where}: the file is empty; expected a mapping of keys")
     if not isinstance(data, dict):
-        raise UserError(f"Invalid {kind} {where}: expected a mapping of keys, got a {type(data).__name__}")
+        raise ProfileError(f"Invalid {kind} {where}: expected a mapping of keys, got a {type(data).__name__}")
     return data
 
 
@@ -108,7 +108,7 @@ def _fields_by_key(model: type[BaseModel]) -> dict[str, Any]:
     return {field.alias or name: field for name, field in model.model_fields.items()}
 
 
-def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
+def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The keys allowed in the mapping that holds `loc`'s last part (nested models, lists of them)."""
     for part in loc[:-1]:
         if isinstance(part, str):  # list indices and pydantic's union tags leave the model as it is
@@ -128,7 +128,9 @@ def validation_message(err: ValidationError, model: type[BaseModel]) -> str:
     """
     unknown: dict[str, list[str]] = {}  # each mapping's unknown keys, in order, by the path to that mapping
     unmatched: dict[str, list[str]] = {}  # the valid keys of each mapping with an unknown key that matched none
-    other, missing, meant = [], set(), set()
+    other: list[tuple[tuple[Any, ...], str]] = []  # (where, text) of every other error
+    missing: set[tuple[Any, ...]] = set()  # the places of required keys not given
+    meant: set[tuple[Any, ...]] = set()  # the places an unknown key's closest valid key names
     for e in err.errors():
         # pydantic marks a dict key's own error with a trailing "[key]"; the key already names it.
         loc = tuple(p for p in e["loc"] if p != "[key]")

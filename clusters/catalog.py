@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from clusters._load import read_mapping, validation_message
-from sweep.errors import UserError
+from clusters.errors import ProfileError
 
 CATALOG_PATH = Path(__file__).with_name("accelerators.yaml")
 
@@ -71,15 +71,15 @@ class Accelerator(BaseModel):
 
 @functools.lru_cache(maxsize=1)
 def load_catalog() -> dict[str, Accelerator]:
-    """Every accelerator in accelerators.yaml by name. Read once per process; raises UserError if invalid."""
+    """Every accelerator in accelerators.yaml by name. Read once per process; raises ProfileError if invalid."""
     raw = read_mapping(CATALOG_PATH, "accelerator catalog")
     catalog = {}
     for name, entry in raw.items():
         if not isinstance(entry, dict):
-            raise UserError(f"Invalid accelerator catalog {CATALOG_PATH.name}: {name}: expected a mapping")
+            raise ProfileError(f"Invalid accelerator catalog {CATALOG_PATH.name}: {name}: expected a mapping")
         try:
             catalog[str(name)] = Accelerator.model_validate({**entry, "name": str(name)})
         except ValidationError as e:
             message = validation_message(e, Accelerator)
-            raise UserError(f"Invalid accelerator catalog {CATALOG_PATH.name}: {name}: {message}") from None
+            raise ProfileError(f"Invalid accelerator catalog {CATALOG_PATH.name}: {name}: {message}") from None
     return catalog

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from clusters._load import display_path, read_mapping, unknown_name, validation_message
 from clusters.catalog import CATALOG_PATH
+from clusters.errors import ProfileError
 from clusters.schema import ClusterProfile
-from sweep.errors import UserError
 
 PROFILES_DIR = Path(__file__).parent
 
@@ -37,7 +37,7 @@ def load_profile(name_or_path: str) -> ClusterProfile:
     """The profile named `name_or_path`, or the one in the YAML file at that path.
 
     It is a path when it ends in .yaml/.yml or contains a path separator; otherwise a registry name.
-    Raises UserError, in one line, for an unknown name, a missing or unparsable file, or a profile
+    Raises ProfileError, in one line, for an unknown name, a missing or unparsable file, or a profile
     that breaks the schema (the message names the field, what was given and what is allowed).
     """
     if _looks_like_path(name_or_path):
@@ -45,7 +45,7 @@ def load_profile(name_or_path: str) -> ClusterProfile:
     else:
         paths = _profile_paths()
         if name_or_path not in paths:
-            raise UserError(unknown_name("cluster", name_or_path, sorted(paths), "(or a path to a profile .yaml)"))
+            raise ProfileError(unknown_name("cluster", name_or_path, sorted(paths), "(or a path to a profile .yaml)"))
         path = paths[name_or_path]
     data = read_mapping(path, "cluster profile")
     try:
@@ -55,4 +55,4 @@ def load_profile(name_or_path: str) -> ClusterProfile:
         if "models" in data:  # the likeliest way to get here: a grid file given as --cluster
             message = (f"this looks like a grid file (it has models:); a grid goes first, `sweep run GRID`, "
                        f"and --cluster takes a cluster profile; {message}")
-        raise UserError(f"Invalid cluster profile {display_path(path)}: {message}") from None
+        raise ProfileError(f"Invalid cluster profile {display_path(path)}: {message}") from None

@@ -10,8 +10,16 @@ import os
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, \
-    model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from clusters._load import unknown_name
 from clusters.catalog import PRECISION_FAMILIES, Accelerator, load_catalog
@@ -87,8 +95,8 @@ def parse_memory_size(text: str) -> int:
     Raises ValueError naming the allowed units.
     """
     match = _MEMORY_RE.match(text)
-    unit = match and _MEMORY_UNITS.get(match.group(2).lower())
-    if not unit:
+    unit = _MEMORY_UNITS.get(match.group(2).lower()) if match else None
+    if match is None or not unit:
         units = "B, KiB, MiB, GiB, TiB, KB, MB, GB, TB"
         raise ValueError(f"expected a size with a unit, like 80GiB or 192GB; units: {units}")
     size = int(float(match.group(1)) * unit)
@@ -195,10 +203,11 @@ class ClusterProfile(BaseModel):
             if info.data.get("ray_address", "local") != "local":
                 # `auto` counts the CPUs of the machine sweep runs on, which says nothing about remote nodes.
                 raise ValueError("'auto' needs ray_address: local; give the ranks per node of a remote cluster")
-            return value
+            return "auto"
         if type(value) is not int or value < 1:  # bool is an int subclass: `true` is not a count
             raise ValueError("expected a whole number >= 1, or 'auto' on a CPU profile")
-        return value
+        count: int = value
+        return count
 
     @field_validator("compile_cache")
     @classmethod
@@ -240,7 +249,7 @@ class ClusterProfile(BaseModel):
         """`gpus_per_node`, with `auto` resolved against the CPUs this process may use."""
         if self.gpus_per_node == "auto":
             return max(1, usable_cpus() // self.cpus_per_rank)
-        return self.gpus_per_node  # type: ignore[return-value]
+        return self.gpus_per_node
 
     @property
     def compile_cache_env(self) -> str:

@@ -88,8 +88,7 @@ def make_plan(spec: GridSpec, trials: list[Trial], profile: ClusterProfile, *, s
     if spec.search == "fastest":
         from sweep.search.fastest.plan import TunePlan
 
-        # TunePlan's verdicts are dicts until the fastest verdict is a dataclass (issue 29, its own change)
-        return TunePlan(trials, spec, capacity_bytes=capacity(profile, trials), is_gpu=profile.is_gpu,  # type: ignore[return-value]
+        return TunePlan(trials, spec, capacity_bytes=capacity(profile, trials), is_gpu=profile.is_gpu,
                         ranks_per_node=profile.ranks_per_node,
                         predicted_max=predictor.max_batch if predictor else None)
     return GridPlan(trials, spec.on_oom, predicted_max=point)
@@ -179,8 +178,7 @@ def complete_verdict(v: MaxBatchVerdict, rows: list[dict[str, Any]]) -> MaxBatch
 
 def verdict_json(v: Verdict) -> dict[str, Any]:
     """The verdict as saved and printed."""
-    # TunePlan's verdicts are still dicts on this branch; the fastest verdict's dataclass (with `to_json`) drops this
-    return v if isinstance(v, dict) else v.to_json()
+    return v.to_json()
 
 
 def record_verdicts(output: Path, run_id: str, verdicts: list[Verdict]) -> Path:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import clusters
 from clusters import Accelerator, ClusterProfile, load_catalog, load_profile, parse_memory_size, profile_names
-from sweep.errors import UserError
+from clusters.errors import ProfileError
 
 SHIPPED = ["b200", "h100", "h200", "local", "mi300x", "mi325x", "mi355x"]
 
@@ -28,7 +28,7 @@ def write_profile(tmp_path: Path, body: str | dict, filename: str = "mine.yaml")
 
 
 def load_error(tmp_path: Path, body: str | dict) -> str:
-    with pytest.raises(UserError) as info:
+    with pytest.raises(ProfileError) as info:
         load_profile(str(write_profile(tmp_path, body)))
     message = str(info.value)
     assert "\n" not in message
@@ -73,9 +73,9 @@ def test_h200_keeps_nvlink_multicast_off():
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(UserError, match=r"unknown cluster 'nope'; valid: b200, h100, h200, local, mi300x"):
+    with pytest.raises(ProfileError, match=r"unknown cluster 'nope'; valid: b200, h100, h200, local, mi300x"):
         load_profile("nope")
-    with pytest.raises(UserError, match="unknown cluster 'accelerators'"):  # the catalog is not a profile
+    with pytest.raises(ProfileError, match="unknown cluster 'accelerators'"):  # the catalog is not a profile
         load_profile("accelerators")
 
 
@@ -93,7 +93,7 @@ def test_a_path_loads_and_resolves(tmp_path, monkeypatch):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(UserError, match="cluster profile file not found: .*nothere.yaml"):
+    with pytest.raises(ProfileError, match="cluster profile file not found: .*nothere.yaml"):
         load_profile(str(tmp_path / "nothere.yaml"))
 
 

@@ -160,7 +160,7 @@ def test_plan_gives_a_huge_parameter_count_without_an_exponent(cli, write_grid):
 @pytest.mark.parametrize("n, text", [(5, "5"), (198_000, "198K"), (8_030_261_248, "8.03B"),
                                      (999_700_000_000, "1T"), (5_150_000_000_000_000, "5.15P"), (10**21, "1,000E")])
 def test_param_count(n, text):
-    from sweep.results.render import param_count
+    from sweep.text import param_count
 
     assert param_count(n) == text
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import typing
 from datetime import datetime, timezone
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sweep.record import store
 from sweep.errors import UserError
-from sweep.record.schema import COLUMNS, RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, to_table
+from sweep.record import store
+from sweep.record.schema import COLUMNS, RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, Row, to_table
 
 
 def _row(**changes) -> dict:
@@ -21,6 +23,28 @@ def _row(**changes) -> dict:
     row.update(changes)
     return row
 
+
+
+def _python_type(typ: pa.DataType) -> object:
+    """What a value of an Arrow type reads as in Python (`to_pylist`)."""
+    if pa.types.is_list(typ):
+        return list[_python_type(typ.value_type)]
+    for test, python in ((pa.types.is_string, str), (pa.types.is_boolean, bool), (pa.types.is_integer, int),
+                         (pa.types.is_floating, float), (pa.types.is_timestamp, datetime)):
+        if test(typ):
+            return python
+    raise AssertionError(f"no Python type for {typ}")
+
+
+def test_row_typeddict_is_the_schema_column_for_column():
+    """`Row` cannot drift from RESULT_SCHEMA: the same keys in the same order, each typed as its column reads
+    (None included: every column is nullable)."""
+    hints = typing.get_type_hints(Row)
+    assert list(hints) == list(COLUMNS)
+    assert all(field.nullable for field in RESULT_SCHEMA)
+    assert {name: hints[name] for name in COLUMNS} == {
+        f.name: _python_type(f.type) | None for f in RESULT_SCHEMA}
+    assert Row.__total__ is False  # a row may leave a column out: it is written null
 
 @pytest.mark.parametrize("row", [_row(), _row(trial_id="t2", status="oom", error="CUDA out of memory", step_time_s=None),
                                  _row(trial_id="t3", status="unsupported", error="needs TE", node_ids=None),

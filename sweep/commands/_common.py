@@ -12,7 +12,7 @@ from typing import Any, Callable, Collection, TypeVar
 
 import typer
 
-from sweep.errors import UserError, debug_enabled, one_line
+from sweep.errors import debug_enabled, one_line, user_error_types
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,7 +27,7 @@ def user_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except UserError as e:
+        except user_error_types() as e:
             if debug_enabled():
                 raise
             print(f"error: {one_line(str(e))}", file=sys.stderr)

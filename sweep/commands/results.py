@@ -224,18 +224,18 @@ BEST_REACH = ("loss_reached", "base_loss_reached")  # read by best_losses, print
 
 def _compare_best(directory: Path, baseline: str, by: By, where: list[str] | None, fmt: TableFormat, limit: int,
                   flops: FlopConvention, skip_bad: bool) -> None:
-    from sweep.results import aggregate, loss_at, provenance, recount, verdicts
+    from sweep.results import aggregate, best, loss_at, provenance, recount, verdicts
 
     if by is not By.precision:
         raise UserError(f"--best compares precisions, each at its best; leave out --by {by.value}")
     rows = aggregate.load_rows(directory, where or (), skip_bad, ("trial_id", *aggregate.LOSS_CURVES, *provenance.COLUMNS),
                                flops.value)
     finalists = verdicts.finalists(verdicts.load(directory))
-    table = aggregate.best_table(rows, baseline, finalists)
+    table = best.best_table(rows, baseline, finalists)
     if table.num_rows == 0:
         raise UserError(f"nothing to compare: every row in {directory} has precision {baseline}")
     printed = (limit or None) if fmt is TableFormat.table else None
-    pairs = aggregate.best_losses(table.to_pylist(), rows, baseline, finalists, printed)
+    pairs = best.best_losses(table.to_pylist(), rows, baseline, finalists, printed)
     tokens = {p["loss_at_tokens"] for p in pairs} - {None}
     title = f"{directory}: each precision at its best vs {baseline} at its best (TFLOP/s/GPU)"
     note = " · ".join([recount.caption(flops.value),

@@ -144,7 +144,7 @@ def _predicted_cell(trial: Trial, predictor: Predictor) -> str:
 def _plan_rows(trials: list[Trial], predictor: Predictor) -> tuple[list[dict[str, str]], dict[str, int]]:
     """One row of text per trial, and each reason a trial cannot run here numbered in order of appearance."""
     from sweep.execution.runner import unsupported
-    from sweep.results.render import param_count
+    from sweep.text import param_count
 
     reasons: dict[str, int] = {}
     rows = []

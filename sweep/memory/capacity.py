@@ -6,7 +6,7 @@ Pure arithmetic: no torch, no Ray, so `sweep plan` says it on any machine and `s
 
 from __future__ import annotations
 
-from sweep.results.render import param_count  # the plan table's count: 70.6B, 198K
+from sweep.text import param_count  # the plan table's count: 70.6B, 198K
 
 # Bytes per parameter that training holds whatever the batch: the fp32 master weight (4), its fp32
 # gradient (4) and AdamW's two fp32 moments, exp_avg and exp_avg_sq (4 + 4). Every recipe keeps fp32

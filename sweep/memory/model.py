@@ -32,10 +32,12 @@ measured (`calibrate`): compile fusion and the allocator move it, and the ratio 
 
 from __future__ import annotations
 
-import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
+
+from sweep.spec.trial import Trial
+from trainer.models.specs import ModelSpec
 
 GiB = 2**30
 ACT_BYTES = 2  # bf16 activations
@@ -71,14 +73,14 @@ class Shape:
         return precision.startswith("fp8-torchao")
 
     @classmethod
-    def of(cls, trial) -> "Shape":
+    def of(cls, trial: Trial) -> Shape:
         """From a `sweep.spec.grid.Trial` (its ModelSpec and layout)."""
         return cls.of_spec(trial.model, precision=trial.precision, batch_size=trial.batch_size, seq_len=trial.seq_len,
                            ranks=trial.dp_shard * trial.tp, ac=trial.ac, grad_accum=trial.grad_accum, tp=trial.tp)
 
     @classmethod
-    def of_spec(cls, m, *, precision: str, batch_size: int, seq_len: int, ranks: int, ac: str = "none",
-                grad_accum: int = 1, tp: int = 1) -> "Shape":
+    def of_spec(cls, m: ModelSpec, *, precision: str, batch_size: int, seq_len: int, ranks: int, ac: str = "none",
+                grad_accum: int = 1, tp: int = 1) -> Shape:
         """From a `trainer.models.specs.ModelSpec` and a layout (a trial's, or a recorded row's)."""
         return cls(arch=m.arch, n_layers=m.n_layers, d_embd=m.d_embd, n_heads=m.n_heads, vocab_size=m.vocab_size,
                    n_params=m.n_params(), n_kv_heads=m.n_kv_heads, ffn_hidden=m.ffn_hidden, max_seq_len=m.max_seq_len,
@@ -193,12 +195,12 @@ class Calibration:
     def ratio(self, precision: str, compile: str) -> float | None:
         return self.ratios.get((precision, compile))
 
-    def predict(self, shape: Shape, precision: str, compile: str) -> "Prediction":
+    def predict(self, shape: Shape, precision: str, compile: str) -> Prediction:
         raw = predicted_bytes(shape)
         ratio = self.ratio(precision, compile)
         return Prediction(raw=raw, ratio=ratio, rows=self.rows.get((precision, compile), 0))
 
-    def predict_trial(self, trial) -> "Prediction":
+    def predict_trial(self, trial: Trial) -> Prediction:
         """A `sweep.spec.grid.Trial`'s prediction: raw, and calibrated where rows of its precision and compile mode are."""
         return self.predict(Shape.of(trial), trial.precision, trial.compile)
 

@@ -8,11 +8,16 @@ and reads no rows.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, cast
 
+from clusters.schema import ClusterProfile
+from sweep.memory.model import Calibration, GiB, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
+from sweep.record.schema import Row
 from sweep.spec.layout import layout_text
-from sweep.memory.model import GiB, Calibration, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
+from sweep.spec.trial import Trial
 
 # what a row must say for the calibration to learn from it (store.read_columns reads these alone)
 CALIBRATION_COLUMNS = ("model_spec", "precision", "compile", "ac", "batch_size", "seq_len", "grad_accum", "world_size",
@@ -20,24 +25,29 @@ CALIBRATION_COLUMNS = ("model_spec", "precision", "compile", "ac", "batch_size",
 NO_ROWS = Calibration(ratios={}, rows={})
 
 
-def _shape(row: dict) -> Shape:
+def _shape(row: Row) -> Shape:
     """The memory model's view of a recorded row (its model_spec and layout)."""
     from trainer.models.specs import ModelSpec
 
+    spec, precision, batch_size, seq_len = row["model_spec"], row["precision"], row["batch_size"], row["seq_len"]
+    ranks = row.get("dp_shard") or row["world_size"]  # rows before 1.12: FSDP over all
+    # a measured row has them all (rows that ran nothing are no samples, nor probes with a spec)
+    assert spec is not None and precision is not None and batch_size is not None and seq_len is not None
+    assert ranks is not None
     tp = row.get("tp") or 1
-    return Shape.of_spec(ModelSpec(**json.loads(row["model_spec"])), precision=row["precision"],
-                         batch_size=row["batch_size"], seq_len=row["seq_len"], ac=row.get("ac") or "none",
-                         grad_accum=row.get("grad_accum") or 1, tp=tp,
-                         ranks=(row.get("dp_shard") or row["world_size"]) * tp)  # rows before 1.12: FSDP over all
+    return Shape.of_spec(ModelSpec(**json.loads(spec)), precision=precision,
+                         batch_size=batch_size, seq_len=seq_len, ac=row.get("ac") or "none",
+                         grad_accum=row.get("grad_accum") or 1, tp=tp, ranks=ranks * tp)
 
 
-def sample(row: dict) -> Sample | None:
+def sample(row: Row) -> Sample | None:
     """A clean measured row as a calibration sample: ok, a peak, no allocator retries (a retried allocation
     freed the cache, so its peak says less than the step needed), and the spec of its model; else None."""
-    if row.get("status") != "ok" or not row.get("peak_mem_gib") or row.get("alloc_retries") or not row.get("model_spec"):
+    peak, precision, compile = row.get("peak_mem_gib"), row.get("precision"), row.get("compile")
+    if row.get("status") != "ok" or not peak or row.get("alloc_retries") or not row.get("model_spec"):
         return None
-    return Sample(precision=row["precision"], compile=row["compile"], predicted=predicted_bytes(_shape(row)),
-                  measured=row["peak_mem_gib"] * GiB)
+    assert precision is not None and compile is not None  # an ok row records both
+    return Sample(precision=precision, compile=compile, predicted=predicted_bytes(_shape(row)), measured=peak * GiB)
 
 
 @dataclass(frozen=True)
@@ -55,14 +65,14 @@ class ProbePeak:
 class Predictor:
     """A profile's prediction of each trial's peak per rank, and the rows (output) it is calibrated on."""
 
-    profile: object  # clusters.schema.ClusterProfile
+    profile: ClusterProfile
     output: Path | None = None
     samples: list[Sample] | None = None
     calibration: Calibration = NO_ROWS
     prior: Calibration = NO_ROWS  # as loaded, before a run's own rows refined it: what its probes were placed by
 
     @classmethod
-    def load(cls, profile, output: Path | None) -> "Predictor":
+    def load(cls, profile: ClusterProfile, output: Path | None) -> Predictor:
         """Calibrated on the clean rows of `profile`'s cluster under `output` (GPU profiles; none read otherwise)."""
         from sweep.record import store
         rows = store.read_columns(output, CALIBRATION_COLUMNS, cluster=profile.name) if output and profile.is_gpu else []
@@ -70,13 +80,13 @@ class Predictor:
         calibration = calibrate(samples)
         return cls(profile=profile, output=output, samples=samples, calibration=calibration, prior=calibration)
 
-    def learn(self, row: dict) -> None:
+    def learn(self, row: Row) -> None:
         """Refine the calibration with a row that has just landed (a run's own clean rows)."""
         if self.profile.is_gpu and (s := sample(row)) is not None:
             self.samples = [*(self.samples or []), s]
             self.calibration = calibrate(self.samples)
 
-    def memory(self, trial) -> tuple[float, str] | None:
+    def memory(self, trial: Trial) -> tuple[float, str] | None:
         """The memory one of the trial's ranks may use where a prediction is checked against it (GPU ranks)."""
         from sweep.memory.capacity import per_rank_memory
 
@@ -85,10 +95,10 @@ class Predictor:
         return per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=self.profile.memory_per_device_bytes,
                                accelerator=self.profile.accelerator, memory_gib=self.profile.accelerator_info.memory_gib)
 
-    def predict(self, trial) -> Prediction:
+    def predict(self, trial: Trial) -> Prediction:
         return self.calibration.predict_trial(trial)
 
-    def max_batch(self, trial, *, point: bool = False) -> int | None:
+    def max_batch(self, trial: Trial, *, point: bool = False) -> int | None:
         """The largest batch of `trial`'s config predicted to fit its ranks (0: none), as `sweep.execution.runner.unsupported`
         decides (uncalibrated, only past the memory by the margin); `point`: the estimate itself, without that
         margin (where a search places a probe). None where nothing is predicted: CPU ranks, no memory known,
@@ -99,7 +109,7 @@ class Predictor:
         ratio = self.calibration.ratio(trial.precision, trial.compile)
         return max_batch(Shape.of(replace(trial, batch_size=1)), memory[0], 1.0 if point and ratio is None else ratio)
 
-    def probe_peaks(self, probes: list[dict]) -> list[ProbePeak]:
+    def probe_peaks(self, probes: Iterable[Row]) -> list[ProbePeak]:
         """Predicted (by the calibration the run began with) against measured peak, per probe row with a spec."""
         from sweep.search.policy import is_predicted_oom
 
@@ -107,15 +117,18 @@ class Predictor:
         for row in probes:
             if not row.get("model_spec"):
                 continue
-            ratio = self.prior.ratio(row["precision"], row["compile"])
-            out.append(ProbePeak(batch=row["batch_size"], predicted=predicted_bytes(_shape(row)) * (ratio or 1.0),
-                                 measured_gib=row.get("peak_mem_gib") if row["status"] == "ok" else None,
-                                 status=row["status"], predicted_oom=is_predicted_oom(row)))
+            precision, compile, batch, status = row["precision"], row["compile"], row["batch_size"], row["status"]
+            assert precision is not None and compile is not None and batch is not None and status is not None
+            ratio = self.prior.ratio(precision, compile)
+            out.append(ProbePeak(batch=batch, predicted=predicted_bytes(_shape(row)) * (ratio or 1.0),
+                                 measured_gib=row.get("peak_mem_gib") if status == "ok" else None, status=status,
+                                 predicted_oom=is_predicted_oom(cast(dict[str, Any], row))))  # policy takes a dict
         return out
 
-    def max_batch_lines(self, trials) -> list[str]:
+    def max_batch_lines(self, trials: Iterable[Trial]) -> list[str]:
         """The largest batch predicted to fit, per model × precision (and the rest of its layout), on GPU ranks."""
-        lines, seen = [], set()
+        lines: list[str] = []
+        seen: set[tuple[tuple[Any, ...], int | None]] = set()
         for t in trials:
             key = (t.config_key, t.memory_cap_bytes)
             if self.memory(t) is None or key in seen:
@@ -140,7 +153,7 @@ class Predictor:
         return f"memory prediction calibrated on {total} row{'s' * (total != 1)} of {self.profile.name} in {where} ({kinds})"
 
 
-def predicted_reason(trial, memory: tuple[float, str] | None, calibration: Calibration = NO_ROWS) -> str | None:
+def predicted_reason(trial: Trial, memory: tuple[float, str] | None, calibration: Calibration = NO_ROWS) -> str | None:
     """`predicted OOM: <pred> > <avail>` when the trial's predicted peak (sweep.memory.model, corrected by
     `calibration` where it has rows of the trial's precision and compile mode) does not fit `memory`, else None."""
     from sweep.memory.capacity import size
@@ -155,7 +168,7 @@ def predicted_reason(trial, memory: tuple[float, str] | None, calibration: Calib
             f"(sweep.memory.model, {prediction.basis()}; --no-predict or predict_memory: false runs it anyway)")
 
 
-def peak_line(v: dict, peaks) -> str:
+def peak_line(v: Mapping[str, Any], peaks: Sequence[ProbePeak]) -> str:
     """Under a max-batch verdict `v`, its probes' predicted against measured peak (the prediction's error):
     `predicted / measured peak, llama3-8b bf16 (...): batch 5 129 GiB / 130 GiB (-0.8 %) · batch 6 150 GiB / oom`."""
     from sweep.memory.capacity import size

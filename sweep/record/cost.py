@@ -17,13 +17,15 @@ never ran and cost nothing.
 from __future__ import annotations
 
 import statistics
-from typing import Iterable
+from collections.abc import Iterable
+
+from sweep.record.schema import Row
 
 PARTS = ("measured steps", "warm-up", "compile", "start-up", "OOM attempts", "failed attempts")
 _ALWAYS = PARTS[:5]  # the summary line names these even at 0 %; failed attempts only when there were some
 
 
-def attempt_seconds(row: dict) -> dict[str, float]:
+def attempt_seconds(row: Row) -> dict[str, float]:
     """Wall-clock seconds of one attempt, by part (PARTS; per rank, not yet × world_size)."""
     parts = dict.fromkeys(PARTS, 0.0)
     wall = row.get("trial_wall_s") or 0.0
@@ -44,7 +46,7 @@ def attempt_seconds(row: dict) -> dict[str, float]:
     return parts
 
 
-def gpu_seconds(rows: Iterable[dict]) -> dict[str, float]:
+def gpu_seconds(rows: Iterable[Row]) -> dict[str, float]:
     """GPU-seconds of all `rows` by part: each attempt's seconds × its world_size."""
     total = dict.fromkeys(PARTS, 0.0)
     for row in rows:
@@ -65,14 +67,14 @@ def percents(seconds: dict[str, float]) -> dict[str, int]:
     return whole
 
 
-def measured_share(row: dict) -> float | None:
+def measured_share(row: Row) -> float | None:
     """The part of one attempt's wall spent in measured steps (0 for a failed one); None when it never ran."""
     parts = attempt_seconds(row)
     held = sum(parts.values())
     return parts["measured steps"] / held if held > 0 else None
 
 
-def summary_line(rows: Iterable[dict]) -> str | None:
+def summary_line(rows: Iterable[Row]) -> str | None:
     """'GPU time: 412 GPU-s held — measured steps 31 %, warm-up 9 %, ...', or None when nothing ran."""
     seconds = gpu_seconds(rows)
     shares = percents(seconds)
@@ -84,7 +86,7 @@ def summary_line(rows: Iterable[dict]) -> str | None:
     return f"GPU time: {held} held — " + ", ".join(f"{p} {shares[p]} %" for p in named)
 
 
-def fresh_trial_s(answer: dict, rows: Iterable[dict]) -> float | None:
+def fresh_trial_s(answer: Row, rows: Iterable[Row]) -> float | None:
     """What measuring `answer` (a search's answer row) once on fresh rank processes costs, in driver wall
     seconds: its own wall if it ran on a fresh group. Run on a warm group, its wall with its model build swapped
     for the start-up a fresh group's processes paid in the same search (torch imports, CUDA and process-group
@@ -97,6 +99,6 @@ def fresh_trial_s(answer: dict, rows: Iterable[dict]) -> float | None:
         return None
     if not answer.get("group_trial_index"):
         return wall
-    fresh = [r["init_time_s"] for r in rows
-             if r.get("status") == "ok" and not r.get("group_trial_index") and r.get("init_time_s") is not None]
+    fresh = [init for r in rows if r.get("status") == "ok" and not r.get("group_trial_index")
+             and (init := r.get("init_time_s")) is not None]
     return wall - (answer.get("init_time_s") or 0.0) + statistics.median(fresh) if fresh else None

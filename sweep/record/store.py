@@ -16,8 +16,9 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,7 +26,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from sweep.errors import UserError, one_line
-from sweep.record.schema import RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, to_table
+from sweep.record.schema import RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, Row, to_table
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -38,11 +39,13 @@ def safe_part(part: str) -> str:
 _safe = safe_part
 
 
-def row_path(output: Path, row: dict) -> Path:
-    return Path(output) / f"cluster={_safe(row['cluster'])}" / f"run={_safe(row['run_id'])}" / f"{row['trial_id']}.parquet"
+def row_path(output: Path, row: Row) -> Path:
+    cluster, run_id = row["cluster"], row["run_id"]
+    assert cluster is not None and run_id is not None  # every row sweep writes names both
+    return Path(output) / f"cluster={_safe(cluster)}" / f"run={_safe(run_id)}" / f"{row['trial_id']}.parquet"
 
 
-def write_row(output: Path, row: dict) -> Path:
+def write_row(output: Path, row: Row) -> Path:
     """Write one attempt atomically. Refuses to overwrite: a trial_id is written once."""
     path = row_path(output, row)
     table = to_table([row])  # a row that cannot be stored fails before its run's folder is made
@@ -53,7 +56,7 @@ def write_row(output: Path, row: dict) -> Path:
     return path
 
 
-def write_trace(output: Path, row: dict, trace_gz: bytes) -> str:
+def write_trace(output: Path, row: Row, trace_gz: bytes) -> str:
     """Record an attempt's gzipped profiler trace beside its row, atomically; its path relative to ``output``
     (the row's trace_file)."""
     path = row_path(output, row).parent / "_traces" / f"{row['trial_id']}.pt.trace.json.gz"
@@ -201,7 +204,7 @@ def existing_rows(output: Path) -> dict[str, dict]:
     return {r["trial_id"]: r for r in read_table(output).to_pylist()}
 
 
-def read_columns(output: Path, columns: tuple[str, ...], *, cluster: str) -> list[dict]:
+def read_columns(output: Path, columns: tuple[str, ...], *, cluster: str) -> list[Row]:
     """`columns` of the rows one cluster recorded under ``output`` (its `cluster=` folder alone), as dicts.
     For what only learns from rows (the memory model's calibration): no rows, or files that are no readable
     sweep results, give nothing rather than an error; `sweep results` is where those are named."""
@@ -209,6 +212,7 @@ def read_columns(output: Path, columns: tuple[str, ...], *, cluster: str) -> lis
     if not files:
         return []
     try:
-        return _read_dataset(files).to_table(columns=list(columns), filter=pc.field("cluster") == cluster).to_pylist()
+        table = _read_dataset(files).to_table(columns=list(columns), filter=pc.field("cluster") == cluster)
+        return cast(list[Row], table.to_pylist())  # rows of RESULT_SCHEMA's columns
     except (OSError, pa.ArrowException):
         return []

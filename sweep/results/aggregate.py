@@ -14,15 +14,16 @@ or per group) that ``render`` and ``plot`` format.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
 from sweep.errors import UserError
+from sweep.record.schema import STATUSES
 from sweep.results import energy
 from sweep.results.query import CONFIG_KEYS, load, run_sql
-from sweep.record.schema import STATUSES, TRAINING_DEFAULTS
+from sweep.results.scan import Relation
 
 METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak_mem_gib")
 # Beside the speed: a recipe that runs fast and does not train is no result (median over ok attempts too)
@@ -41,7 +42,7 @@ BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
 # What `compare --by` can divide by (text-valued config keys), with the default baseline: the fair
 # reference for precisions, no compile / no checkpointing, and the training options' defaults. Clusters
 # have no natural baseline: the user names one.
-COMPARE_BY: dict[str, str | None] = {"precision": "bf16", "cluster": None, "compile": "none", "ac": "none",
+COMPARE_BY: dict[str, str | int | None] = {"precision": "bf16", "cluster": None, "compile": "none", "ac": "none",
                                      "reduce_dtype": "fp32", "grad_sync": "micro_batch",
                                      "tp": 1, "dp_replicate": 1}  # layouts: against FSDP over the same ranks
 
@@ -56,7 +57,7 @@ def typed_baseline(by: str, baseline: str | int | None) -> str | int | None:
         raise UserError(f"--baseline {baseline!r}: --by {by} compares whole numbers of ranks (1, 2, 4, ...)") from None
 
 
-def _failure_text(count: str) -> str:
+def failure_text(count: str) -> str:
     """SQL for 'oom' / 'error/timeout': the failure statuses whose ``count`` expression is > 0."""
     return "concat_ws('/', " + ", ".join(f"CASE WHEN {count.format(s)} > 0 THEN '{s}' END" for s in FAILURES) + ")"
 
@@ -68,7 +69,7 @@ def _config_aggregates(reached: bool) -> dict[str, str]:
     ok = "FILTER (WHERE status = 'ok')"
     return {
         "status": f"""CASE WHEN count(*) {ok} > 0 THEN 'ok'
-           ELSE {_failure_text("count(*) FILTER (WHERE status = '{}')")} END""",
+           ELSE {failure_text("count(*) FILTER (WHERE status = '{}')")} END""",
         "n_attempts": "count(*)",
         "n_ok": f"count(*) {ok}",
         "n_runs": "count(DISTINCT run_id)",
@@ -87,7 +88,7 @@ def _config_aggregates(reached: bool) -> dict[str, str]:
     }
 
 
-def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
+def config_table(rows: Relation, columns: Sequence[str] | None = None) -> pa.Table:
     """Rows (any columns including LOAD_COLUMNS) -> one row per config, sorted by config; with ``columns``, only
     those (and the config keys): DuckDB then computes no other aggregate (a median of a million rows costs, and
     DuckDB does not drop an aggregate that an outer SELECT leaves out).
@@ -99,9 +100,9 @@ def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
     keys = ", ".join(CONFIG_KEYS)
     # `compare` reads each config's loss curves' reach here, in the same read (asked for by name)
     wanted = columns is not None and "loss_reached" in columns
-    if wanted and not set(LOSS_CURVES) <= set(rows.column_names):  # rows read without their curves
+    if columns is not None and wanted and not set(LOSS_CURVES) <= set(rows.column_names):  # read without curves
         columns = [c for c in columns if c != "loss_reached"]
-    aggregates = _config_aggregates(wanted and "loss_reached" in columns)
+    aggregates = _config_aggregates(wanted and columns is not None and "loss_reached" in columns)
     if columns is not None:
         aggregates = {name: sql for name, sql in aggregates.items() if name in columns}
     listed = ",\n      ".join(f"{sql} AS {name}" for name, sql in aggregates.items())
@@ -114,12 +115,12 @@ def config_table(rows, columns: Sequence[str] | None = None) -> pa.Table:
     return run_sql(sql, rows=rows)
 
 
-def distinct_configs(rows) -> list[dict]:
+def distinct_configs(rows: Relation) -> list[dict]:
     """The distinct CONFIG_KEYS of ``rows``: what a caption may say of all of them, without a dict per row."""
     return run_sql(f"SELECT DISTINCT {', '.join(CONFIG_KEYS)} FROM rows", rows=rows).to_pylist()
 
 
-def show_rows(rows, limit: int) -> tuple[list[dict], int | None, int]:
+def show_rows(rows: Relation, limit: int) -> tuple[list[dict], int | None, int]:
     """`results show`'s first ``limit`` rows (0: all) by config and start time, with their loss curves; the
     largest token count every ok row's curve reached (``curves.count_and_tokens``) and the number of rows."""
     from sweep.results import curves
@@ -133,7 +134,7 @@ def show_rows(rows, limit: int) -> tuple[list[dict], int | None, int]:
 
 
 def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False, extra: Iterable[str] = (),
-              flops: str = "sweep", row_id: bool = False):
+              flops: str = "sweep", row_id: bool = False) -> Relation:
     """The rows under ``directory`` passing ``where``, with LOAD_COLUMNS and ``extra``, their TFLOP/s and MFU
     counted in the FLOP convention ``flops`` (``recount``): a ``scan.Rows`` view that each statement reads."""
     from sweep.results.recount import COLUMNS, recount
@@ -177,7 +178,7 @@ def max_batch_table(configs: pa.Table) -> pa.Table:
     g AS (
       SELECT {group},
         CASE WHEN any_value(max_ok) IS NOT NULL THEN 'ok'
-             ELSE {_failure_text("sum(n_{})")} END AS status,
+             ELSE {failure_text("sum(n_{})")} END AS status,
         any_value(max_ok) AS max_ok_batch,
         min(batch_size) FILTER (WHERE n_oom > 0 AND batch_size > coalesce(max_ok, 0)) AS oom_batch,
         arg_max({{'batch': batch_size, 'tflops': tflops_per_gpu, 'mfu': mfu, 'retries': alloc_retries}},
@@ -211,7 +212,7 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     """
     if by not in COMPARE_BY:
         raise UserError(f"--by {by!r}: compare by one of {', '.join(COMPARE_BY)}")
-    _check_baseline(configs, baseline, by)
+    check_baseline(configs, baseline, by)
     keys = [k for k in CONFIG_KEYS if k != by]
     on = " AND ".join(f"c.{k} IS NOT DISTINCT FROM b.{k}" for k in keys)
     cost_cols, cost_join = "", ""
@@ -243,7 +244,7 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table, prices=prices)
 
 
-def compare_losses(pairs: list[dict], attempts, by: str, baseline: str, printed: int | None = None,
+def compare_losses(pairs: list[dict], attempts: Relation, by: str, baseline: str, printed: int | None = None,
                    configs: pa.Table | None = None) -> list[dict]:
     """``compare_table``'s rows with each side's loss at the same tokens trained (``curves.losses_at``):
     ``loss_at_tokens`` (the largest count every ok attempt of both sides reached), ``loss_at``, ``base_loss_at``.
@@ -259,104 +260,12 @@ def compare_losses(pairs: list[dict], attempts, by: str, baseline: str, printed:
                      printed=printed, reached=reached)
 
 
-def best_losses(best: list[dict], attempts, baseline: str, finalists: Iterable[tuple[str, str]] = (),
-                printed: int | None = None) -> list[dict]:
-    """``best_table``'s rows with each side's loss at the same tokens trained, as ``compare_losses`` adds them.
-
-    A side's curves are those of the attempts its figures are the median of: its best config's ok attempts,
-    and for a fastest search's best (``tuned``) its finalist's alone, not the search's shorter probes of that
-    config. ``attempts``: the rows given to ``best_table``, with LOSS_CURVES and ``trial_id``. ``printed``: as
-    ``curves.losses_at``."""
-    from sweep.results.curves import losses_at
-
-    key = lambda config, tuned: (*(config[k] for k in CONFIG_KEYS), bool(tuned))  # noqa: E731
-
-    def base(pair: dict) -> tuple:
-        config = {**{k: pair[k] for k in BEST_GROUP}, "precision": baseline,
-                  **{k: pair[f"base_{k}"] for k in BEST_CONFIG}}
-        return key(config, pair["base_tuned"])
-
-    found = list(dict.fromkeys(finalists))
-    values = ", ".join(f"({_quote(c)}, {_quote(t)})" for c, t in found) or "(NULL::VARCHAR, NULL::VARCHAR)"
-    source = f"""(SELECT r.*, f.trial_id IS NOT NULL AS tuned FROM rows r
-      LEFT JOIN (VALUES {values}) f(cluster, trial_id) ON f.cluster = r.cluster AND f.trial_id = r.trial_id)"""
-    reached = None
-    if best and "loss_reached" in best[0]:  # best_table read each side's reach: the curves are read once less
-        reached = {**{key(p, p["tuned"]): p["loss_reached"] for p in best},
-                   **{base(p): p["base_loss_reached"] for p in best}}
-    return losses_at(attempts, best, (*CONFIG_KEYS, "tuned"), lambda pair: key(pair, pair["tuned"]), base, source,
-                     printed, reached)
-
-
-def _quote(text: str | None) -> str:
-    return "NULL" if text is None else "'" + str(text).replace("'", "''") + "'"
-
-
-def _check_baseline(table, baseline: str, by: str) -> None:
+def check_baseline(table: Relation, baseline: str, by: str) -> None:
     values = run_sql(f"SELECT DISTINCT {by} AS v FROM rows", rows=table).column("v").to_pylist()
     present = sorted(v for v in values if v is not None)
     if baseline not in present:
         raise UserError(f"--baseline {baseline!r}: no {by} of that name in the results; valid: "
                         f"{', '.join(map(str, present))}")
-
-
-# `compare --best`: a precision's best is per this group, whatever its batch and options
-BEST_GROUP = ("cluster", "model", "seq_len", "world_size", "memory_cap_gib")
-BEST_CONFIG = ("batch_size", "compile", "ac", *TRAINING_DEFAULTS)
-
-
-def best_table(rows: pa.Table, baseline: str, finalists: Iterable[tuple[str, str]] = ()) -> pa.Table:
-    """Each precision at its best against the ``baseline`` precision at its best, per BEST_GROUP.
-
-    A precision's best is the config (BEST_CONFIG) with the highest median TFLOP/s/GPU over its ok attempts,
-    except that a fastest search's best (``finalists``: (cluster, trial_id) from its verdicts) comes first:
-    it was fully measured, where the search's short probes were not. ``tuned`` says which was taken. A
-    precision without an ok attempt in a group keeps its failure as its status; ``ratio`` is null then.
-    ``rows`` need ``trial_id`` besides LOAD_COLUMNS; with LOSS_CURVES too, each side's ``REACHED``
-    (``loss_reached``, ``base_loss_reached``) comes in the same read, for ``best_losses``.
-    """
-    from sweep.results.curves import REACHED
-
-    group, config = ", ".join(BEST_GROUP), ", ".join(BEST_CONFIG)
-    # what each precision ran per group, read once: the baseline's check and the statuses below both use it
-    ran = run_sql(f"""SELECT {group}, precision,
-        CASE WHEN count(*) FILTER (WHERE status = 'ok') > 0 THEN 'ok'
-             ELSE {_failure_text("count(*) FILTER (WHERE status = '{}')")} END AS status
-      FROM rows GROUP BY ALL""", rows=rows)
-    _check_baseline(ran, baseline, "precision")
-    found = pa.table({"cluster": pa.array([c for c, _ in finalists], pa.string()),
-                      "trial_id": pa.array([t for _, t in finalists], pa.string())})
-    same = " AND ".join(f"c.{k} IS NOT DISTINCT FROM b.{k}" for k in BEST_GROUP)
-    side = ["status", *BEST_CONFIG, "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_last", "n_ok", "tuned"]
-    reach = [f"{REACHED} AS loss_reached"] if set(LOSS_CURVES) <= set(rows.column_names) else []
-    side_reach = side + (["loss_reached"] if reach else [])
-    sql = f"""
-    WITH ok AS (
-      SELECT r.*, f.trial_id IS NOT NULL AS tuned FROM rows r
-      LEFT JOIN (SELECT DISTINCT * FROM found) f ON f.cluster = r.cluster AND f.trial_id = r.trial_id
-      WHERE r.status = 'ok'),
-    c AS (
-      SELECT {group}, precision, {config}, tuned, median(tflops_per_gpu) AS tflops_per_gpu,
-        median(tokens_per_s_per_gpu) AS tokens_per_s_per_gpu, median(loss_last) AS loss_last, count(*) AS n_ok
-        {"".join(", " + r for r in reach)}
-      FROM ok GROUP BY ALL),
-    best AS (
-      SELECT * EXCLUDE (pick) FROM (
-        SELECT *, row_number() OVER (PARTITION BY {group}, precision
-                                     ORDER BY tuned DESC, tflops_per_gpu DESC NULLS LAST, {config}) AS pick
-        FROM c) WHERE pick = 1),
-    s AS (
-      SELECT ran.*, {", ".join(f"b.{k}" for k in side_reach if k != "status")}
-      FROM ran LEFT JOIN best b ON b.precision = ran.precision
-        AND {" AND ".join(f"b.{k} IS NOT DISTINCT FROM ran.{k}" for k in BEST_GROUP)})
-    SELECT {", ".join(f"c.{k}" for k in BEST_GROUP)}, c.precision, {", ".join(f"c.{k}" for k in side_reach)},
-      {", ".join(f"b.{k} AS base_{k}" for k in side_reach)},
-      c.tflops_per_gpu / b.tflops_per_gpu AS ratio
-    FROM s c LEFT JOIN s b ON b.precision = $baseline AND {same}
-    WHERE c.precision <> $baseline
-    ORDER BY {", ".join(f"c.{k}" for k in BEST_GROUP)}, c.precision
-    """
-    return run_sql(sql, {"baseline": baseline}, rows=rows, found=found, ran=ran)
 
 
 def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float | None] | None, pa.Table | None]:

@@ -9,12 +9,12 @@ one, or the mean of the middle two). Python sees one row per config.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
 from sweep.results.query import run_sql
-from sweep.results.scan import sql_type
+from sweep.results.scan import Relation, sql_type
 
 # an ok attempt's curve, as ``loss_at.Curve.of`` takes one: both lists there and not empty
 # the same per config, inside a GROUP BY over the rows (aggregate.config_table's `loss_reached`)
@@ -40,7 +40,7 @@ def _arrow(key: str) -> pa.DataType:
     return pa.bool_() if key == "tuned" else RESULT_SCHEMA.field(key).type
 
 
-def losses_at(rows, pairs: list[dict], keys: Sequence[str], side: Callable[[dict], tuple],
+def losses_at(rows: Relation, pairs: list[dict], keys: Sequence[str], side: Callable[[dict], tuple],
               base: Callable[[dict], tuple], source: str = "rows", printed: int | None = None,
               reached: dict[tuple, int | None] | None = None) -> list[dict]:
     """Each pair with ``loss_at_tokens`` (the largest count every ok curve of both its sides reached), ``loss_at``
@@ -69,11 +69,11 @@ def losses_at(rows, pairs: list[dict], keys: Sequence[str], side: Callable[[dict
     shown = list(zip(pairs, tokens))[:printed]
     wanted = sorted({(index[c(p)], t) for p, t in shown if t is not None for c in (side, base)})
     losses = _medians(rows, keys, configs, wanted, match, curves)
-    return [{**p, "loss_at_tokens": t, "loss_at": losses.get((index[side(p)], t)),
-             "base_loss_at": losses.get((index[base(p)], t))} for p, t in zip(pairs, tokens)]
+    return [{**p, "loss_at_tokens": t, "loss_at": None if t is None else losses.get((index[side(p)], t)),
+             "base_loss_at": None if t is None else losses.get((index[base(p)], t))} for p, t in zip(pairs, tokens)]
 
 
-def _medians(rows, keys: Sequence[str], configs: list[tuple], wanted: list[tuple[int, int]], match: str,
+def _medians(rows: Relation, keys: Sequence[str], configs: list[tuple], wanted: list[tuple[int, int]], match: str,
              curves: str) -> dict[tuple[int, int], float | None]:
     """(config index, tokens) -> the median over the config's ok curves of their loss at those tokens."""
     if not wanted:
@@ -91,7 +91,7 @@ def _medians(rows, keys: Sequence[str], configs: list[tuple], wanted: list[tuple
                                               found.column("loss").to_pylist())}
 
 
-def count_and_tokens(rows) -> tuple[int, int | None]:
+def count_and_tokens(rows: Relation) -> tuple[int, int | None]:
     """The view's row count and the largest token count the loss curve of every ok row reached
     (``loss_at.common_tokens``): one read of the rows for both."""
     found = run_sql("""SELECT count(*) AS n, min(loss_curve_tokens[-1])
@@ -99,7 +99,7 @@ def count_and_tokens(rows) -> tuple[int, int | None]:
     return found.column("n")[0].as_py(), found.column("tokens")[0].as_py()
 
 
-def row_curves(rows, printed: list[dict]) -> list[dict]:
+def row_curves(rows: Relation, printed: list[dict]) -> list[dict]:
     """``printed`` (rows of the view with ``filename`` and ``file_row_number``) with their loss curves, read from
     their files alone."""
     if not printed:
@@ -116,7 +116,7 @@ def row_curves(rows, printed: list[dict]) -> list[dict]:
             for r in printed]
 
 
-def _curve_columns(rows, files: list[str]) -> str:
+def _curve_columns(rows: Relation, files: list[str]) -> str:
     """The curve columns of ``files``; NULL for one that no file has (every file older than schema 1.9)."""
     from pathlib import Path
 

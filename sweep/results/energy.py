@@ -13,6 +13,8 @@ Every energy column is folded away from a table where no row has it (CPU ranks, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 
 from sweep.results.query import run_sql
@@ -71,7 +73,7 @@ def cluster_prices(rows: pa.Table) -> pa.Table:
     return run_sql(f"SELECT cluster, {PRICES_SQL} FROM rows GROUP BY cluster", rows=rows)
 
 
-def drop_empty(table: pa.Table, columns=(*MEDIANS, "tokens_per_kwh_min", "tokens_per_kwh_max", "energy_source",
+def drop_empty(table: pa.Table, columns: Sequence[str] = (*MEDIANS, "tokens_per_kwh_min", "tokens_per_kwh_max", "energy_source",
                                         "watt_ratio", "base_tflops_per_watt")) -> pa.Table:
     """``table`` without the energy columns that are null in every row (CSV: absent, as the tables fold them)."""
     empty = [c for c in columns if c in table.column_names and table.column(c).null_count == table.num_rows]

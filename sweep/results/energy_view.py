@@ -5,13 +5,15 @@ Every column is optional: folded away from a table where no row has it (CPU rank
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 
 from sweep.results.query import run_sql
 from sweep.results.render import DASH, Col, num, ratio_text, sig
 
 
-def _usd(key: str):
+def _usd(key: str) -> Callable[[dict], str]:
     return lambda r: DASH if r.get(key) is None else f"${sig(r[key])}"
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Optional
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,7 @@ class Curve:
             raise ValueError(f"a loss curve of {len(self.losses)} losses has {len(self.tokens)} token counts")
 
     @classmethod
-    def of(cls, row: dict) -> Optional["Curve"]:
+    def of(cls, row: dict) -> Optional[Curve]:
         """The row's curve; None for a row without one (it ran no steps, or predates schema 1.9)."""
         tokens, losses = row.get("loss_curve_tokens"), row.get("loss_curve")
         if not tokens or not losses:

@@ -10,7 +10,7 @@ Rich draws it as before.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 # box.HEAVY_HEAD, as Rich's Table draws it by default: (left, between, right, fill) per kind of line
 _TOP, _HEAD, _RULE, _ROW, _BOTTOM = ("┏", "┳", "┓", "━"), ("┃", "┃", "┃", " "), ("┡", "╇", "┩", "━"), \

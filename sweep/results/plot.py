@@ -17,16 +17,17 @@ matplotlib is imported here only, through ``Figure`` and the Agg canvas: no pypl
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
+from typing import Any
 
 import pyarrow as pa
 
 from sweep.errors import UserError
+from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.results import aggregate
 from sweep.results.energy import PLOT_METRICS
 from sweep.results.render import CONFIG_HEADERS, says_nothing, setting
-from sweep.record.schema import TRAINING_DEFAULTS
 
 SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", *TRAINING_DEFAULTS, "memory_cap_gib")
 DPI = 110  # the tick thinning measures text at this resolution: the saved image must use the same
@@ -146,7 +147,7 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
                 Line2D([], [], color="0.3", marker="^", markerfacecolor="none", linestyle="none", label="error / timeout / unsupported")]
     # as many columns as the figure's width holds for the longest label (~7 px per character)
     width_px = fig.get_figwidth() * fig.dpi
-    longest = max(len(h.get_label()) for h in handles) * 7 + 40
+    longest = max(len(str(h.get_label())) for h in handles) * 7 + 40
     fig.legend(handles=handles, loc="outside lower center", ncols=max(1, min(len(handles), int(width_px // longest))),
                frameon=False)
     title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
@@ -156,7 +157,7 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
     return fig
 
 
-def _batch_ticks(fig, panels: list[tuple[object, list[int]]]) -> None:
+def _batch_ticks(fig, panels: list[tuple[Any, list[int]]]) -> None:
     """Every batch tried gets a tick; a number only where it does not run into its neighbour's.
 
     The first and last batch are always numbered. Overlap is measured on the laid-out figure: batches a

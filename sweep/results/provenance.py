@@ -14,6 +14,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from sweep.results.query import run_sql
+from sweep.results.scan import Relation
 
 # (column, label, counted over ok rows only, what a null means there)
 FIELDS = (
@@ -31,7 +32,7 @@ ENERGY = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "energy_source")
 COLUMNS = ("status", "started_at", *(f[0] for f in FIELDS), *ENERGY)
 
 
-def _stacks(rows) -> pa.Table:
+def _stacks(rows: Relation) -> pa.Table:
     """The rows counted per distinct stack (FIELDS) and ok or not, with their first and last start: one read of a
     million rows, a few hundred rows out, which every bullet then counts."""
     fields = ", ".join(f[0] for f in FIELDS)
@@ -66,7 +67,7 @@ def _when(stacks: pa.Table) -> str:
     return f"started {a:%Y-%m-%d %H:%M} – {b:%Y-%m-%d %H:%M} UTC"
 
 
-def markdown(rows, flops: tuple[str, str] | None = None) -> str:
+def markdown(rows: Relation, flops: tuple[str, str] | None = None) -> str:
     """The footer for ``rows`` (at least COLUMNS): one bullet per field; ``flops`` = (convention, formula)."""
     stacks = _stacks(rows)
     n = sum(stacks.column("n").to_pylist())  # the rows counted in the same read

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from sweep.errors import UserError
 from sweep.record.schema import RESULT_SCHEMA, STATUSES, TRAINING_DEFAULTS
 from sweep.record.store import open_dataset
+from sweep.results.scan import Relation, Rows
 
 # The columns that make two attempts "the same config": repeats of one config aggregate together.
 # memory_cap_gib: a run under `--memory-cap 80GiB` answers another question than one on the whole card
@@ -74,7 +75,7 @@ def parse_where(text: str) -> Where:
 
 
 def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | None = None,
-         skip_bad: bool = False, row_id: bool = False):
+         skip_bad: bool = False, row_id: bool = False) -> Rows:
     """The rows under ``directory`` that pass every ``where`` filter, with ``columns`` (default all), as the
     DuckDB view of ``scan.Rows``: read by each statement, never into Python.
 
@@ -92,7 +93,7 @@ def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | No
     return rows
 
 
-def _nothing_matches(rows, wheres: Sequence[Where], directory: Path) -> str:
+def _nothing_matches(rows: Relation, wheres: Sequence[Where], directory: Path) -> str:
     """Name the filter that emptied the selection, with the values its column had just before it.
 
     The filters apply in order; the first one after which no row remains is the one to change (the others

@@ -18,6 +18,7 @@ import json
 import pyarrow as pa
 
 from sweep.errors import UserError
+from sweep.results.scan import Relation
 from trainer.flops import CONVENTIONS, convention_flops_per_token, spec_flops_per_token
 
 COLUMNS = ("model", "model_spec", "seq_len", "flops_per_token")  # what recount reads beside the metrics
@@ -34,7 +35,7 @@ def _spec(label: str, spec_json: str | None, convention: str):
                     f"registry, so their FLOPs cannot be recounted (leave them out: --where model!={label})")
 
 
-def recount(rows, convention: str):
+def recount(rows: Relation, convention: str) -> Relation:
     """``rows`` (with COLUMNS, tflops_per_gpu, mfu: an Arrow table or a ``scan.Rows`` view) with TFLOP/s and MFU
     counted in ``convention``."""
     if convention == "sweep":

@@ -11,13 +11,27 @@ A config with no ok attempt shows its status text ("oom", "unsupported") in the 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
+
+import pyarrow as pa
 
 from sweep.record.cost import measured_share
+from sweep.record.schema import Row
 from sweep.results.aggregate import BATCH_GROUP, FAILURES
 from sweep.results.query import CONFIG_KEYS
-from sweep.results.table_out import (CONFIG_HEADERS, DASH, Col, csv_text, markdown, rich_table,  # noqa: F401
-                                     says_nothing, split_constant, stdout_console)
+from sweep.results.table_out import (  # noqa: F401
+    CONFIG_HEADERS,
+    DASH,
+    Col,
+    csv_text,
+    markdown,
+    rich_table,
+    says_nothing,
+    split_constant,
+    stdout_console,
+)
+
 SIGNIFICANT = 4  # measurements: 871.9 vs 867.0 TFLOP/s stay apart, 0.01050 and 0.01440 too
 RATIO_SIGNIFICANT = 3  # ratios and percentages: 1.58× (+58.1 %), ±10.6 %
 
@@ -82,11 +96,17 @@ def setting(value: float) -> str:
 def config_value(key: str, value: object) -> str:
     if value is None:
         return DASH
-    return setting(value) if key == "memory_cap_gib" else str(value)
+    return setting(cast(float, value)) if key == "memory_cap_gib" else str(value)
 
 
 def config_cols(keys: Sequence[str]) -> list[Col]:
-    return [Col(k, CONFIG_HEADERS[k], lambda r, k=k: config_value(k, r.get(k)), k in ("batch_size", "seq_len", "world_size")) for k in keys]
+    return [Col(k, CONFIG_HEADERS[k], _cell(k, config_value), k in ("batch_size", "seq_len", "world_size"))
+            for k in keys]
+
+
+def _cell(key: str, text: Callable[[str, object], str]) -> Callable[[dict], str]:
+    """A column's text: `text` of the key and the row's value at it (a lambda in a loop would share the key)."""
+    return lambda row: text(key, row.get(key))
 
 
 def short_error(text: str | None, width: int = 60) -> str:
@@ -137,7 +157,7 @@ STEP_CI = Col("step_time_ci_pct", "step ±CI", _ci, optional=True)
 
 def _measured(row: dict) -> str:
     """The attempt's wall time in measured steps (`sweep.record.cost`): 0 % for a failed attempt, — for one never run."""
-    share = measured_share(row)
+    share = measured_share(cast(Row, row))  # a result row: `results show` prints them
     return DASH if share is None else f"{sig(share * 100, RATIO_SIGNIFICANT)} %"
 
 
@@ -182,7 +202,7 @@ def _max_ok(row: dict) -> str:
     return DASH if row.get("max_ok_batch") is None else str(row["max_ok_batch"])
 
 
-def thrashes(batch: int, retries: int | None) -> str:
+def thrashes(batch: int | None, retries: int | None) -> str:
     """'batch 2 fits, but the allocator thrashes (40 retries)' when the allocator retried there, else ''.
 
     A retry is a cudaMalloc that failed until the caching allocator freed its cache and tried again: the
@@ -274,29 +294,14 @@ def value_text(value: object) -> str:
     return str(value)
 
 
-def generic_cols(schema) -> list[Col]:
+def generic_cols(schema: pa.Schema) -> list[Col]:
     """Columns for an arbitrary Arrow schema (``sweep results query``)."""
-    import pyarrow as pa
-
-    return [Col(f.name, f.name, lambda r, n=f.name: value_text(r.get(n)),
+    return [Col(f.name, f.name, _cell(f.name, lambda _, value: value_text(value)),
                 pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type))
             for f in schema]
 
 
 # --- the table `sweep plan` prints before a run (the verdicts after a search: `verdicts`) ------------
-
-_PARAM_UNITS = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"))
-
-
-def param_count(n: int) -> str:
-    """8.03B, 124M, 198K, 5.15P: a parameter count at a glance, three significant figures and never an
-    exponent (5.15e+06B for 5.15 x 10^15 reads as a typo)."""
-    rounded = float(f"{n:.3g}")  # first, so that 999.7B is 1T, not 1e+03B
-    for scale, unit in _PARAM_UNITS:
-        if rounded >= scale:
-            value = rounded / scale
-            return f"{value:,.0f}{unit}" if value >= 1000 else f"{value:.3g}{unit}"
-    return str(n)
 
 
 def plan_table(rows: list[dict], title: str, reasons: dict[str, int]) -> None:

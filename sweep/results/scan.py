@@ -12,8 +12,9 @@ filters in SQL. DuckDB then reads only the columns and row groups each statement
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TypeAlias
 
 import pyarrow as pa
 
@@ -191,6 +192,10 @@ class Rows:
         if self._count is None:
             self._count = self.sql("SELECT count(*) AS n FROM rows").column("n")[0].as_py()
         return self._count
+
+
+# What the results' SQL reads as `rows` (query.run_sql): an Arrow table, or the view of the rows on disk
+Relation: TypeAlias = pa.Table | Rows
 
 
 def connect():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import csv
 import io
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from sweep.record.schema import TRAINING_DEFAULTS
 
@@ -76,8 +76,8 @@ def rich_table(rows: list[dict], cols: list[Col], title: str, note: str = "", al
 
     from sweep.results import plain_table
 
-    cols, caption = split_constant(rows, cols, always, selected)
-    caption = " · ".join(p for p in (caption, note) if p) or None
+    cols, constant = split_constant(rows, cols, always, selected)
+    caption = " · ".join(p for p in (constant, note) if p) or None
     console = stdout_console()
     if not console.is_terminal and console.color_system is None:  # Rich would print plain text: draw it directly
         text = plain_table.draw(console, title or None, caption, [c.header for c in cols], [c.numeric for c in cols],

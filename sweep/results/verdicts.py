@@ -10,13 +10,26 @@ list, ``store.write_verdicts``); ``load`` reads them back for ``sweep results ve
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from sweep.errors import UserError
-from sweep.results.render import (CONFIG_HEADERS, DASH, RATIO_SIGNIFICANT, TFLOPS, Col, base_tflops, config_cols,
-                                  loss_at_cols, num, ratio_text, sig, stdout_console)
 from sweep.record.schema import TRAINING_DEFAULTS
+from sweep.results.render import (
+    CONFIG_HEADERS,
+    DASH,
+    RATIO_SIGNIFICANT,
+    TFLOPS,
+    Col,
+    base_tflops,
+    config_cols,
+    loss_at_cols,
+    num,
+    ratio_text,
+    sig,
+    stdout_console,
+)
 
 # The configuration a search starts from and `compare --best` describes others against: no compile, no
 # activation checkpointing, the training options' defaults (the batch is always said).
@@ -62,7 +75,7 @@ def _value(value: object) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
-def _opt(value, text: Callable[[object], str] = str, missing: str = "–") -> str:
+def _opt(value: Any, text: Callable[[Any], str] = str, missing: str = "–") -> str:
     return missing if value is None else text(value)
 
 
@@ -161,7 +174,7 @@ def skipped_line(v: dict) -> str:
             f"{v.get('max_cost'):g}x one trial): {said}")
 
 
-def finalists(verdicts: list[dict]) -> list[tuple[str, str]]:
+def finalists(verdicts: list[dict]) -> list[tuple[str | None, str]]:
     """(cluster, trial_id) of each fastest search's best: a fully measured finalist, not a short probe."""
     return [(v.get("cluster"), v["best_trial_id"]) for v in verdicts
             if v["kind"] == "fastest" and not v.get("aborted") and v.get("best_trial_id")]
@@ -172,9 +185,9 @@ def _config(row: dict, prefix: str = "") -> str:
 
 
 def best_cols(baseline: str, tokens_column: bool = False) -> list[Col]:
-    """`compare --best`: each precision's best (``aggregate.best_table``) against the baseline precision's best, and
-    each side's loss at the same tokens trained (``aggregate.best_losses``; `tokens_column` as ``loss_at_cols``)."""
-    picked = {True: "search's best", False: "fastest ok"}
+    """`compare --best`: each precision's best (``best.best_table``) against the baseline precision's best, and
+    each side's loss at the same tokens trained (``best.best_losses``; `tokens_column` as ``loss_at_cols``)."""
+    picked: dict[bool | None, str] = {True: "search's best", False: "fastest ok"}
     return [
         *config_cols(("cluster", "model", "seq_len", "world_size", "memory_cap_gib", "precision")),
         Col("config", "best config", _config, numeric=False),

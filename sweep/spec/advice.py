@@ -8,7 +8,9 @@ bill by a thousand.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
+from sweep.spec.trial import Trial
 from trainer.recipes import RECIPES
 
 LARGE_GRID = 1000  # trials; past this `sweep run` asks for --yes
@@ -20,14 +22,14 @@ _TORCHAO_EAGER = ("torchao FP8 with compile: none ({n} trial{s}): its scaling ca
                   "compare FP8 with bf16")
 
 
-def discouraged(precision: str, *, is_gpu: bool) -> dict[str, set]:
+def discouraged(precision: str, *, is_gpu: bool) -> dict[str, set[str]]:
     """Option values the plan warns against for `precision` (option -> values): a fastest-configuration search
     never probes them unless the grid names them itself (sweep.search.fastest.space.Space)."""
     # on CPU ranks torchao only emulates FP8: no speed to mislead about
     return {"compile": {"none"}} if is_gpu and RECIPES[precision].backend == "torchao" else {}
 
 
-def plan_warnings(trials: list, *, is_gpu: bool) -> list[str]:
+def plan_warnings(trials: Sequence[Trial], *, is_gpu: bool) -> list[str]:
     """Lines for `sweep plan` and `sweep run` to print under the trials."""
     warnings = []
     eager_torchao = [t for t in trials if "none" in discouraged(t.precision, is_gpu=is_gpu).get("compile", ())
@@ -44,5 +46,5 @@ def plan_warnings(trials: list, *, is_gpu: bool) -> list[str]:
     return warnings
 
 
-def needs_confirmation(trials: list) -> bool:
+def needs_confirmation(trials: Sequence[Trial]) -> bool:
     return len(trials) > LARGE_GRID

@@ -20,7 +20,8 @@
                                       # fastest (the fastest configuration: see tune below)
     tune: {vary: [batch_size, ac, grad_accum, compile], budget: 40, global_batch_tokens: 1048576, max_cost: 10}
                                       # search: fastest: the options it may change, its probe budget, an
-                                      # optional global batch every probe keeps, its GPU time in trials (sweep.search.fastest.search)
+                                      # optional global batch every probe keeps, its GPU time in trials
+                                      # (sweep.search.fastest.search)
     profile: false                    # true: a torch.profiler trace of a few steps after the measured ones
     timeout_s: 1800                   # per trial
     memory_cap: 80GiB                 # optional per-rank cap (a real allocation failure past it)
@@ -31,34 +32,45 @@ The cartesian product of the list axes gives the trials; each has a stable `tria
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, \
-    PlainValidator, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from clusters._load import display_path, read_mapping, unknown_name, validation_message
+from clusters.errors import ProfileError
 from clusters.schema import parse_memory_size
 from sweep.errors import UserError
 from sweep.spec.layout import LAYOUT_VARY, divides, grid_layout_problem, layout_problem
+from sweep.spec.trial import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S  # explicit re-exports: the grid's importers
+from sweep.spec.trial import Trial as Trial  # find a trial here too (sweep.spec.trial declares it)
 from trainer.models.specs import REGISTRY, ModelSpec
-from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, TrainingOptions, option_types
+from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, option_types
 from trainer.recipes import RECIPES
 from trainer.stopping import StepsSpec
 
 CompileMode = Literal["none", "regional", "full"]
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)  # the modes as values, declared once (the type above)
 AcMode = Literal["none", "selective", "full"]
 # Activations kept for the backward pass, in order: none keeps them all, selective some, full only each
 # block's input. A config that runs out of memory does so with less checkpointing too.
 AC_MEMORY = {"none": 2, "selective": 1, "full": 0}
-DEFAULT_TIMEOUT_S = 1800.0  # a trial's limit when neither grid nor profile sets one: a cold 8B compile plus
-#                             measurement fits; a hung collective does not
 
-def _listify(value: Any) -> list:
+
+def _listify(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
@@ -87,10 +99,11 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 def _steps(minimum: int) -> PlainValidator:
     def check(value: Any) -> StepsSpec:
         if value == "auto":
-            return value
+            return "auto"
         if type(value) is not int or value < minimum:  # bool is an int subclass: `true` is not a count
             raise ValueError(f"expected a whole number >= {minimum}, or auto")
-        return value
+        count: int = value
+        return count
 
     return PlainValidator(check)
 
@@ -118,7 +131,9 @@ class TuneSpec(BaseModel):
     its values (grad_accum: 1, 2, 4, 8)."""
 
     model_config = _STRICT
-    vary: list[Literal[VARIABLE]] = Field(default=list(DEFAULT_VARY), description="options the search may change")
+    # a Literal of the tuple's values, made at run time (pydantic reads it; mypy cannot)
+    vary: list[Literal[VARIABLE]] = Field(  # type: ignore[valid-type]
+        default=list(DEFAULT_VARY), description="options the search may change")
     budget: int = Field(default=40, gt=0, description="probes (trial attempts) at most, per model and precision")
     global_batch_tokens: int | None = Field(
         default=None, gt=0, description="micro-batch x grad_accum x ranks x seq_len held at this, if given")
@@ -147,12 +162,14 @@ class OomPolicy(BaseModel):
 
 # The training options as grid axes: a list of each option's type (its constraint included), defaulting to
 # the option's default alone (`trainer.options.TrainingOptions` declares them).
-_TrainingAxes = create_model("_TrainingAxes", __config__=_STRICT, **{
-    name: (list[typ], Field(default=[OPTION_DEFAULTS[name]], min_length=1, description=OPTION_DOCS[name]))
+# (built at run time from the options, so mypy sees neither the fields nor the base class: the ignores below)
+_TrainingAxes = create_model("_TrainingAxes", __config__=_STRICT, **{  # type: ignore[call-overload]
+    name: (list[typ], Field(  # type: ignore[valid-type]
+        default=[OPTION_DEFAULTS[name]], min_length=1, description=OPTION_DOCS[name]))
     for name, typ in option_types().items()})
 
 
-class GridSpec(_TrainingAxes):
+class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
 
     name: str | None = Field(default=None, description="the grid's name, stored in every row's grid_name column")
     models: list[Annotated[ModelSpec, BeforeValidator(_registry_model)]] = Field(
@@ -197,7 +214,7 @@ class GridSpec(_TrainingAxes):
         return None if value is None else parse_memory_size(str(value))  # "80GiB"; a bare 80 (bytes) is refused
 
     @model_validator(mode="after")
-    def _one_spec_per_name(self) -> "GridSpec":
+    def _one_spec_per_name(self) -> GridSpec:
         """A label is a model's identity in the results: one label, one spec."""
         seen: dict[str, ModelSpec] = {}
         for i, spec in enumerate(self.models):
@@ -210,7 +227,7 @@ class GridSpec(_TrainingAxes):
         return self
 
     @model_validator(mode="after")
-    def _one_start_for_a_search(self) -> "GridSpec":
+    def _one_start_for_a_search(self) -> GridSpec:
         if self.search and len(self.batch_sizes) > 1:
             raise ValueError(f"search: {self.search} starts from one batch and finds the rest; give one batch_sizes "
                              f"entry (the first probe), got {self.batch_sizes}")
@@ -219,7 +236,7 @@ class GridSpec(_TrainingAxes):
         return self
 
     @model_validator(mode="after")
-    def _storable(self) -> "GridSpec":
+    def _storable(self) -> GridSpec:
         """Every size a row records fits its column (sweep.record.schema): a batch of 3e9 would otherwise run, and then
         fail to be written."""
         sizes = {"batch_sizes": ("batch_size", self.batch_sizes), "seq_len": ("seq_len", self.seq_len),
@@ -236,7 +253,7 @@ class GridSpec(_TrainingAxes):
         return self
 
 
-def unstorable(key: str, column: str, values: list) -> str | None:
+def unstorable(key: str, column: str, values: Sequence[Any]) -> str | None:
     """Why one of `values` (given as `key`) cannot be recorded in the integer `column` of the results, or None."""
     from sweep.record.schema import RESULT_SCHEMA, int_range
 
@@ -249,85 +266,16 @@ def unstorable(key: str, column: str, values: list) -> str | None:
             f"{RESULT_SCHEMA.field(column).type}: at most {high})")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Trial(TrainingOptions):
-    """One configuration to run once. `trial_id` hashes everything that defines the measurement.
-
-    The training options (grad_accum, grad_clip, ...) are its fields too, from `TrainingOptions`."""
-
-    cluster: str
-    model: ModelSpec
-    precision: str
-    compile: str
-    ac: str
-    batch_size: int
-    seq_len: int
-    gpus: int
-    warmup_steps: StepsSpec  # a count, or "auto" (the rows hold the count run)
-    measure_steps: StepsSpec
-    memory_cap_bytes: int | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S  # `expand` resolves it: the grid's, else the profile's, else this
-    # lineage: not part of the measurement
-    attempt: int = 1
-    parent_trial_id: str | None = None
-    retry: int = 0  # infrastructure retries of the same config
-    search_id: str | None = None
-    profile: bool = False  # a trace of a few steps after the measured ones (does not change the measurement)
-    predict_memory: bool = True  # a trial predicted not to fit is not run (does not change the measurement)
-    auto_max: tuple[int, int] | None = None  # the most warm-up and measured steps `auto` may run: a tune's finals
-
-    @property
-    def trial_id(self) -> str:
-        key = {"cluster": self.cluster, "model": self.model.model_dump(exclude_none=True), "precision": self.precision,
-               "compile": self.compile, "ac": self.ac, "batch_size": self.batch_size, "seq_len": self.seq_len,
-               "gpus": self.gpus, "warmup": self.warmup_steps, "measure": self.measure_steps,
-               "memory_cap": self.memory_cap_bytes, "retry": self.retry}
-        # Keys added later enter the hash only when not at their default, so earlier trial ids stay valid.
-        key.update(self.changed())
-        if self.auto_max is not None:  # fewer steps at most: another measurement
-            key["auto_max"] = list(self.auto_max)
-        if self.profile:  # a profiled attempt is its own row (it has a trace): --resume does not stand one for the other
-            key["profile"] = True
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-    @property
-    def dp_shard(self) -> int:
-        """What remains of the ranks once replicas, TP and CP take theirs (`sweep.spec.layout`)."""
-        return self.gpus // (self.dp_replicate * self.tp * self.cp)
-
-    @property
-    def config_key(self) -> tuple:
-        """Everything but the batch: trials that differ only in batch share it (OOM retry, search)."""
-        return (self.cluster, self.model.to_json(), self.precision, self.compile, self.ac, self.seq_len, self.gpus,
-                *self.changed().items())  # as trial_id: options at their default leave earlier keys alone
-
-    @property
-    def training_options(self) -> dict:
-        return self.as_dict()
-
-    def child(self, **changes) -> "Trial":
-        """A follow-up attempt (lower batch after an OOM, or an infrastructure retry)."""
-        return replace(self, attempt=self.attempt + 1, parent_trial_id=self.trial_id, **changes)
-
-    def options_text(self) -> str:
-        """The training options not at their default, e.g. 'grad_accum=8 fp8_lm_head=True'."""
-        return " ".join(f"{k}={v}" for k, v in self.changed().items())
-
-    def describe(self) -> str:
-        extra = self.options_text()
-        return (f"{self.model.label} {self.precision} bs={self.batch_size} T={self.seq_len} "
-                f"gpus={self.gpus} compile={self.compile}{' ' + extra if extra else ''}")
-
-
 def parse_grid(data: Any, source: str = "<grid>") -> GridSpec:
     """Validate a grid mapping once; every mistake in it goes into the one line of the UserError."""
     if not isinstance(data, dict):
         raise UserError(f"Invalid grid {source}: the top level must be a mapping of keys (models, precisions, ...), "
                         f"got {type(data).__name__}")
     try:
-        return GridSpec.model_validate(data)
+        grid: GridSpec = GridSpec.model_validate(data)
     except ValidationError as e:
         raise UserError(f"Invalid grid {source}: {validation_message(e, GridSpec)}") from None
+    return grid
 
 
 def read_grid(path: str | Path) -> dict[str, Any]:
@@ -335,14 +283,18 @@ def read_grid(path: str | Path) -> dict[str, Any]:
 
     Read as cluster profiles are: safe YAML (no tags that build objects), a key given twice refused.
     """
-    return read_mapping(Path(path), "grid")
+    try:
+        return read_mapping(Path(path), "grid")
+    except ProfileError as e:  # the reader is the profiles' own; a grid's mistake is sweep's user error
+        raise UserError(str(e)) from None
 
 
 def load_grid(path: str | Path) -> GridSpec:
     return parse_grid(read_grid(path), display_path(Path(path)))
 
 
-def fold_options(options: dict, *, model: ModelSpec, precision: str, gpus: int, compile: str | None = None) -> dict:
+def fold_options(options: Mapping[str, Any], *, model: ModelSpec, precision: str, gpus: int,
+                 compile: str | None = None) -> dict[str, Any]:
     """The options a trial really runs with: one that can do nothing in this trial is back at its default."""
     family = RECIPES[precision].family
     # An FP8 head needs an FP8 recipe and an untied head (GPT's head is the embedding): elsewhere the

@@ -12,8 +12,11 @@ recorded `unsupported` with the reason (`layout_unsupported`), as a recipe the h
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any, Protocol
 
+from sweep.spec.trial import Trial
 from trainer.models.specs import ModelSpec
 from trainer.recipes import RECIPES
 
@@ -25,12 +28,30 @@ CP_NOT_BUILT = ("context parallel is not built: torch 2.13's context_parallel ha
                 "(aten._scaled_dot_product_flash_attention_for_cpu), so it cannot be tested on CPU ranks; use cp: 1")
 
 
-def layout_ranks(options: dict) -> int:
+class LayoutLists(Protocol):
+    """What a grid lists of its layouts (sweep.spec.grid.GridSpec, which imports this module): each axis's values,
+    and the ranks per trial."""
+
+    @property
+    def gpus(self) -> Sequence[int]: ...
+
+    @property
+    def dp_replicate(self) -> Sequence[int]: ...
+
+    @property
+    def tp(self) -> Sequence[int]: ...
+
+    @property
+    def cp(self) -> Sequence[int]: ...
+
+
+def layout_ranks(options: Mapping[str, Any]) -> int:
     """The ranks one dp_shard rank stands for: the product of the layout axes."""
-    return options["dp_replicate"] * options["tp"] * options["cp"]
+    ranks: int = options["dp_replicate"] * options["tp"] * options["cp"]
+    return ranks
 
 
-def divides(gpus: int, options: dict) -> bool:
+def divides(gpus: int, options: Mapping[str, Any]) -> bool:
     return gpus % layout_ranks(options) == 0
 
 
@@ -38,14 +59,16 @@ def _split_dims(model: ModelSpec) -> dict[str, int]:
     """The dims tensor parallel splits (trainer.tensor_parallel): heads, the MLP's hidden width, the vocabulary
     (embedding rows and the output head's columns)."""
     dims = {"n_heads": model.n_heads, "vocab_size": model.vocab_size}
-    if model.arch == "llama":
+    if model.arch == "llama":  # a llama spec has both (ModelSpec fills them in)
+        assert model.n_kv_heads is not None and model.ffn_hidden is not None
         dims |= {"n_kv_heads": model.n_kv_heads, "ffn_hidden": model.ffn_hidden}
     else:
         dims |= {"4 x d_embd (the MLP)": 4 * model.d_embd}
     return dims
 
 
-def layout_problem(model: ModelSpec, *, seq_len: int, options: dict, ranks_per_node: int | None) -> str | None:
+def layout_problem(model: ModelSpec, *, seq_len: int, options: Mapping[str, Any],
+                   ranks_per_node: int | None) -> str | None:
     """Why this model can never run at this layout (a grid to fix), or None. `options`: the trial's training
     options (dp_replicate, tp, cp among them); `ranks_per_node`: the cluster's (None: not checked)."""
     tp = options["tp"]
@@ -63,7 +86,7 @@ def layout_problem(model: ModelSpec, *, seq_len: int, options: dict, ranks_per_n
     return None
 
 
-def layout_unsupported(trial) -> str | None:
+def layout_unsupported(trial: Trial) -> str | None:
     """Why this recipe, model or compile mode does not run at the trial's layout yet (recorded `unsupported`), or None.
     `trial`: a sweep.spec.grid.Trial. The compile limits were measured on torch 2.13 (CPU ranks, gloo)."""
     if trial.tp == 1:
@@ -83,7 +106,7 @@ def layout_unsupported(trial) -> str | None:
     return None
 
 
-def grid_layout_problem(grid) -> str | None:
+def grid_layout_problem(grid: LayoutLists) -> str | None:
     """Why a listed dp_replicate, tp or cp value can never run in this grid, or None: cp > 1 (not built), or a value
     with which dp_replicate x tp x cp divides none of the grid's gpus (a trial's ranks are a multiple of it)."""
     if any(cp > 1 for cp in grid.cp):
@@ -101,7 +124,7 @@ def grid_layout_problem(grid) -> str | None:
     return None
 
 
-def layout_text(trial) -> str:
+def layout_text(trial: Trial) -> str:
     """`dp_replicate 2 x tp 2`: the layout axes off their default (empty for FSDP over all ranks)."""
     return " x ".join(f"{axis} {getattr(trial, axis)}" for axis in LAYOUT_AXES if getattr(trial, axis) != 1)
 
@@ -110,18 +133,19 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def searched_layouts(template, spec, vary: list[str], *, ranks_per_node: int | None) -> list[dict]:
+def searched_layouts(template: Trial, spec: LayoutLists, vary: Sequence[str], *,
+                     ranks_per_node: int | None) -> list[dict[str, int]]:
     """The layouts (dp_replicate, tp) a `search: fastest` group searches, one search each: an axis tune.vary names
     ranges over the grid's list when it lists several values, else over the divisors of the trial's ranks; one not
     named stays at the template's. Kept: the template's own (the grid's trial: a recipe that does not build it is
     recorded unsupported, as in a grid), and others that divide the ranks, split the model (`layout_problem`) and
     that this recipe builds (`layout_unsupported`). `template`: the group's first trial (sweep.spec.grid.Trial)."""
-    values = {}
+    values: dict[str, list[Any]] = {}  # ranks per axis, as the trial's fields (replace below) take them
     for axis in LAYOUT_VARY:
         listed = list(getattr(spec, axis))
         values[axis] = (listed if len(listed) > 1 else _divisors(template.gpus)) if axis in vary \
             else [getattr(template, axis)]
-    kept = []
+    kept: list[dict[str, int]] = []
     own = {a: getattr(template, a) for a in LAYOUT_VARY}
     for combo in (dict(zip(LAYOUT_VARY, v)) for v in itertools.product(*values.values())):
         options = {**template.as_dict(), **combo}
