@@ -1,11 +1,12 @@
-# Set-up and checks. `make demo` and `make test` are the two commands the README starts with.
+# Set-up and checks. `make demo` and `make test` are the two commands the README starts with; `make lint` is
+# the rest of what CI (.ci/run) checks.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # A CPU build of torch on this kind of machine. GPU users: install your CUDA/ROCm torch into the venv
 # first (or point VENV at an environment that has it) and set TORCH_SPEC= to skip this.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test docs venv clean
+.PHONY: demo test lint docs venv clean
 
 venv: $(VENV)/.installed
 
@@ -22,6 +23,11 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q tests
+
+lint: venv   # ruff and mypy as pyproject.toml configures them (pinned in the dev extra)
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
+	$(VENV)/bin/mypy
 
 docs: venv
 	$(PY) -m sweep.docs_gen   # docs/reference/*.md from the code

@@ -1,12 +1,24 @@
-"""Shared fixtures. One real local Ray instance serves every integration test of the session."""
+"""Shared fixtures and factories. One real local Ray instance serves every integration test of the session.
+
+Marks are enforced at collection: a test that starts Ray or real ranks (it requests a fixture of
+`INTEGRATION_FIXTURES`) must be marked `integration`, and one that needs a GPU must be marked `gpu`; and while a
+test without the `integration` mark runs, `ray.init` raises, so `-m "not integration"` never starts Ray.
+
+Factories (plain functions, `from conftest import ...` at a test module's top, as `rows_folder`):
+`result_row` (a row of the result schema), `tiny_grid` (the YAML of a grid of gpt-tiny at tiny sizes) and
+`invoke` (the CLI in-process, as the `cli` fixture).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import inspect
 import multiprocessing as mp
 import os
 import random
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,15 +56,20 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.fixture
-def cli():
-    """Invoke the real CLI in-process; returns click's Result (exit_code, stdout, stderr)."""
+def invoke(*args, env: dict[str, str] | None = None):
+    """The real CLI in-process with `args` (each made a str), `env` added to the environment (COLUMNS, ...);
+    returns click's Result (exit_code, stdout, stderr, output)."""
     from typer.testing import CliRunner
 
     from sweep.cli import app
 
-    runner = CliRunner()
-    return lambda *args: runner.invoke(app, [str(a) for a in args])
+    return CliRunner().invoke(app, [str(a) for a in args], env=env)
+
+
+@pytest.fixture
+def cli():
+    """cli(*args, env=None): `invoke`, the real CLI in-process; returns click's Result."""
+    return invoke
 
 
 @pytest.fixture
@@ -94,8 +111,8 @@ def _rank_jobs(spec, precision: str, *, world_size: int = 1, master_addr: str = 
     """The RankJobs of a trial on this machine (CPU, gloo), one per rank, all on one fresh rendezvous port,
     built as the scheduler builds them (`sweep.execution.scheduler.rank_jobs`): tiny steps, no compile, unless
     `fields` (any Trial field: batch_size, grad_accum, ...) say otherwise."""
-    from sweep.spec.grid import Trial
     from sweep.execution.scheduler import rank_jobs
+    from sweep.spec.grid import Trial
 
     base = dict(cluster="local", model=spec, precision=precision, compile="none", ac="none", batch_size=2,
                 seq_len=32, warmup_steps=1, measure_steps=4, gpus=world_size)
@@ -159,6 +176,107 @@ def rows_folder(tmp_path_factory, name: str, rows) -> Path:
     for row in rows:
         write_row(out, row)
     return out
+
+
+# -- factories ------------------------------------------------------------------------------------------------
+
+T0 = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.timezone.utc)
+# A finished ok attempt of gpt-tiny on one CPU rank: the columns a row of `sweep run` always has, at values of
+# such a trial; every other column of the schema is null (measured nothing, not profiled, no GPU).
+_ROW_DEFAULTS: dict[str, Any] = {
+    "run_id": "r1", "trial_id": "t1", "attempt": 1, "grid_name": "g", "cluster": "local", "accelerator": "cpu",
+    "world_size": 1, "nodes": 1, "node_ids": ["n0"], "hosts": ["host0"], "hostname": "host0",
+    "model": "gpt-tiny", "precision": "bf16", "compile": "none", "ac": "none", "batch_size": 2, "seq_len": 64,
+    "warmup_steps": 1, "measure_steps": 4, "dp_shard": 1, "status": "ok",
+    "step_time_s": 0.5, "step_time_p10_s": 0.45, "step_time_p90_s": 0.55, "tokens_per_s_per_gpu": 256.0,
+    "started_at": T0, "finished_at": T0 + dt.timedelta(seconds=30),
+}
+
+
+def result_row(**changes) -> dict:
+    """A row of the result schema (`sweep.record.schema.COLUMNS`, every one a key): an ok gpt-tiny trial on one
+    CPU rank, training options at their defaults, unmeasured columns null; `changes` override any column (a
+    name not in the schema raises KeyError: a typo would otherwise be a column silently left at its default)."""
+    from sweep.record.schema import COLUMNS, TRAINING_DEFAULTS
+
+    unknown = set(changes) - set(COLUMNS)
+    if unknown:
+        raise KeyError(f"not columns of the result schema: {sorted(unknown)}")
+    values = {**_ROW_DEFAULTS, **TRAINING_DEFAULTS, **changes}
+    return {name: values.get(name) for name in COLUMNS}
+
+
+# The smallest grid that trains: gpt-tiny, one batch, short sequences, a warm-up step and two measured ones.
+_TINY_GRID: dict[str, Any] = {"models": ["gpt-tiny"], "compile": "none", "seq_len": 32, "batch_sizes": [2],
+                              "steps": {"warmup": 1, "measure": 2}}
+
+
+def tiny_grid(**keys) -> str:
+    """The YAML text of a tiny grid (`_TINY_GRID`); `keys` add or replace grid keys, a key given as None is
+    left out (the grid's own default then)."""
+    import yaml
+
+    grid = {k: v for k, v in {**_TINY_GRID, **keys}.items() if v is not None}
+    return yaml.safe_dump(grid, default_flow_style=None, sort_keys=False)
+
+
+# -- marks, enforced ------------------------------------------------------------------------------------------
+
+# Fixtures that start a real Ray instance or real multi-process ranks: a test that requests one (directly or
+# through another fixture) runs for seconds to minutes, so it must be marked `integration`.
+INTEGRATION_FIXTURES = frozenset({"ray_session", "run_ranks"})
+# Fixtures that need a GPU (they skip without one): a test that requests one must be marked `gpu`.
+GPU_FIXTURES = frozenset({"te"})
+# In a test's own source: it looks for a GPU itself (and skips without one).
+_GPU_SOURCE = ("torch.cuda.is_available()",)
+
+
+def _needs_gpu(item: pytest.Item) -> bool:
+    if GPU_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    return any(text in source for text in _GPU_SOURCE)
+
+
+def mark_errors(items: list[pytest.Item]) -> list[str]:
+    """One line per test whose marks do not say what it does (see the module docstring)."""
+    errors = []
+    for item in items:
+        marks = {mark.name for mark in item.iter_markers()}
+        starts = sorted(INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if starts and "integration" not in marks:
+            errors.append(f"{item.nodeid}: uses {', '.join(starts)} (starts Ray or ranks) without "
+                          f"@pytest.mark.integration")
+        if "gpu" not in marks and _needs_gpu(item):
+            errors.append(f"{item.nodeid}: needs a GPU without @pytest.mark.gpu")
+    return errors
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Fail the collection on a test whose marks do not say that it starts Ray or ranks, or needs a GPU: the
+    `-m "not integration"` lane would otherwise start them."""
+    errors = mark_errors(items)
+    if errors:
+        raise pytest.UsageError("tests without the marks they need:\n  " + "\n  ".join(errors))
+
+
+@pytest.fixture(autouse=True)
+def _no_ray_outside_integration(request, monkeypatch):
+    """Outside an `integration` test `ray.init` raises: a unit test that would reach Ray fails at once, by name,
+    instead of starting a cluster (a test that replaces `ray.init` with its own fake still may)."""
+    if request.node.get_closest_marker("integration") is not None:
+        return
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{request.node.nodeid} is not marked integration, and calls ray.init: mark it "
+                           f"@pytest.mark.integration, or keep it from reaching Ray")
+
+    monkeypatch.setattr(ray, "init", refuse)
 
 
 def verdicts_json(plan) -> list[dict]:

@@ -11,12 +11,11 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from typer.testing import CliRunner
+from conftest import invoke
 
 from sweep.record import store
-from sweep.cli import app
-from sweep.results.render import sig
 from sweep.record.schema import TRAINING_DEFAULTS, VERSION_KEY, to_table
+from sweep.results.render import sig
 
 # a bounded timeout: ranks that disagreed on the last step would wait in a collective until it
 GRID = {"models": ["llama-tiny"], "precisions": ["bf16"], "batch_sizes": [2], "seq_len": 32, "gpus": 2,
@@ -31,8 +30,7 @@ def run(folder: Path, steps: dict) -> tuple[list[dict], list[str]]:
     grid = folder / "grid.yaml"
     grid.write_text(yaml.safe_dump({**GRID, "steps": steps}))
     out = folder / "out"
-    result = CliRunner().invoke(app, [str(a) for a in ("run", grid, "--cluster", "local", "--output", out,
-                                                       "--no-progress")])
+    result = invoke("run", grid, "--cluster", "local", "--output", out, "--no-progress")
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:") and "step time" in line]
     return ds.dataset(out, format="parquet").to_table().to_pylist(), warnings
@@ -46,6 +44,7 @@ def assert_loss_curve(row: dict) -> None:
     assert row["loss_curve"][-1] < row["loss_curve"][0]  # the curve of a model that trains
 
 
+@pytest.mark.integration
 def test_auto_steps_stop_together_and_rows_carry_the_counts_and_ci(ray_session, tmp_path):
     (row,), warnings = run(tmp_path, {"warmup": "auto", "measure": "auto"})
     assert row["status"] == "ok", row["error"]  # no rank left waiting in a collective
@@ -96,12 +95,14 @@ def _uneven_rank(jobs: list, queue) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_every_rank_stops_where_rank_0_decides(run_ranks, free_ports):
     (port,) = free_ports(1)
     counts = dict((rank, (warmup, measure)) for rank, warmup, measure in run_ranks(_uneven_rank, [[(0, port)], [(1, port)]]))
     assert counts == {0: (50, 100), 1: (50, 100)}
 
 
+@pytest.mark.integration
 def test_fixed_steps_run_exactly(ray_session, tmp_path):
     (row,), warnings = run(tmp_path, {"warmup": 1, "measure": 3})
     assert row["status"] == "ok", row["error"]
@@ -123,7 +124,7 @@ def test_auto_is_not_the_default():
 def test_a_bad_steps_value_is_one_line(tmp_path, steps, message):
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({**GRID, "steps": steps}))
-    result = CliRunner().invoke(app, ["plan", str(grid), "--cluster", "local"])
+    result = invoke("plan", grid, "--cluster", "local")
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
 
 
@@ -143,8 +144,8 @@ def test_steps_run_with_automatic_garbage_collection_off_and_collect_between_the
     import gc
 
     import torch
-
     from test_train import _one_rank_group
+
     from trainer.stopping import Schedule
     from trainer.train import time_steps
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tiny_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -57,23 +58,15 @@ def test_the_docs_name_every_campaign_and_only_campaigns():
     assert _commands((BENCH / "RESULTS.md").read_text()) >= names
 
 
-TINY = """models: [gpt-tiny]
-precisions: [{precision}]
-batch_sizes: [2]
-seq_len: 64
-compile: none
-steps: {{warmup: 1, measure: 2}}
-"""
-
-
+@pytest.mark.integration  # run.sh's `sweep run` starts a real Ray (in its own process) for the bf16 grid
 def test_run_sh_runs_every_grid_past_one_that_measured_nothing_then_exports(tmp_path, sweep_env):
     """A campaign whose first grid measures nothing (TE on CPU ranks: unsupported, exit 3) still runs the
     next grid into the same folder, prints `sweep results export`'s table of both, and exits 3."""
     bench = tmp_path / "benchmarks"
     (bench / "campaigns" / "tiny").mkdir(parents=True)
     shutil.copy(BENCH / "run.sh", bench / "run.sh")
-    (bench / "campaigns" / "tiny" / "a-te.yaml").write_text(TINY.format(precision="fp8-te-delayed"))
-    (bench / "campaigns" / "tiny" / "b-bf16.yaml").write_text(TINY.format(precision="bf16"))
+    (bench / "campaigns" / "tiny" / "a-te.yaml").write_text(tiny_grid(precisions=["fp8-te-delayed"], seq_len=64))
+    (bench / "campaigns" / "tiny" / "b-bf16.yaml").write_text(tiny_grid(precisions=["bf16"], seq_len=64))
     env = {**sweep_env(), "SWEEP": f"{sys.executable} -m sweep"}
     out = tmp_path / "rows"
     done = subprocess.run(["bash", str(bench / "run.sh"), "tiny", "local", str(out)], cwd=tmp_path, env=env,

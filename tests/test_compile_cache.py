@@ -8,16 +8,10 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import yaml
-from typer.testing import CliRunner
-
-from sweep.cli import app
+from conftest import invoke
 
 GRID = {"models": ["llama-tiny"], "precisions": ["bf16"], "batch_sizes": [2], "seq_len": 32, "gpus": 1,
         "compile": "regional", "steps": {"warmup": 1, "measure": 1}}
-
-
-def sweep(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def write_profile(folder: Path, **keys) -> Path:
@@ -31,7 +25,7 @@ def run(folder: Path, profile: Path, name: str) -> list[dict]:
     grid = folder / f"{name}.yaml"
     grid.write_text(yaml.safe_dump(GRID))
     out = folder / name
-    result = sweep("run", grid, "--cluster", profile, "--output", out, "--no-progress")
+    result = invoke("run", grid, "--cluster", profile, "--output", out, "--no-progress")
     assert result.exit_code == 0, result.output
     return ds.dataset(out, format="parquet").to_table().to_pylist()
 
@@ -41,6 +35,7 @@ def entries(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
 
 
+@pytest.mark.integration
 def test_ranks_compile_into_the_profile_cache_and_a_later_run_reuses_it(ray_session, tmp_path):
     cache = tmp_path / "cache"
     profile = write_profile(tmp_path, compile_cache=str(cache))
@@ -56,6 +51,7 @@ def test_ranks_compile_into_the_profile_cache_and_a_later_run_reuses_it(ray_sess
     assert entries(cache / "fxgraph") == graphs and entries(cache / "aotautograd") == autograd
 
 
+@pytest.mark.integration
 def test_a_profile_env_overrides_the_cache_dir(ray_session, tmp_path):
     mine = tmp_path / "mine"
     profile = write_profile(tmp_path, compile_cache=str(tmp_path / "unused"),
@@ -67,14 +63,14 @@ def test_a_profile_env_overrides_the_cache_dir(ray_session, tmp_path):
 
 @pytest.mark.parametrize("value", ["cache", "./cache", "~user/cache"])
 def test_a_relative_cache_path_is_refused_in_one_line(tmp_path, value):
-    result = sweep("clusters", "show", write_profile(tmp_path, compile_cache=value))
+    result = invoke("clusters", "show", write_profile(tmp_path, compile_cache=value))
     assert result.exit_code == 2
     assert "compile_cache" in result.output and "absolute path" in result.output
     assert "Traceback" not in result.output
 
 
 def test_the_default_is_under_the_users_cache_dir():
-    result = sweep("clusters", "show", "local")
+    result = invoke("clusters", "show", "local")
     assert result.exit_code == 0
     assert "~/.cache/sweep/inductor" in result.output
 
@@ -86,6 +82,6 @@ def test_the_readme_profile_sets_the_cache(tmp_path):
     assert "compile_cache:" in block
     path = tmp_path / "readme.yaml"
     path.write_text(block)
-    result = sweep("clusters", "show", path)
+    result = invoke("clusters", "show", path)
     assert result.exit_code == 0, result.output
     assert "/scratch/inductor" in result.output

@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_grid
 
-from sweep.record import store
 from sweep.execution.scheduler import INFEASIBLE_LIMIT_S
+from sweep.record import store
 
 pytestmark = pytest.mark.integration
 
@@ -163,12 +164,9 @@ def _kill_leftovers(pids) -> None:
                 pass
 
 
-TINY = """
-models: [gpt-tiny]
-precisions: [fp32]
-compile: none
-seq_len: 32
-"""
+def fp32_grid(**keys) -> str:
+    """The tiny grid in fp32, at the grid's default steps unless `keys` say otherwise."""
+    return tiny_grid(**{"precisions": ["fp32"], "steps": None, **keys})
 
 
 # -- a hung trial -------------------------------------------------------------------------------------------
@@ -214,7 +212,7 @@ def test_a_trial_no_node_can_hold_times_out_instead_of_waiting_forever(ray_sessi
                          "cpus_per_rank: 1\ntimeout_s: 3\n", "too-small.yaml")
     out = tmp_path / "out"
     started = time.monotonic()
-    result = cli("run", write_grid(TINY + "batch_sizes: [2]\ngpus: 8\n"), "--cluster", profile, "--output", out,
+    result = cli("run", write_grid(fp32_grid(gpus=8)), "--cluster", profile, "--output", out,
                  "--no-progress")
     assert result.exit_code == 3, result.output  # nothing was measured
     assert "no trial measured anything: 1 timeout" in result.stderr
@@ -228,7 +226,7 @@ def test_a_trial_no_node_can_hold_times_out_instead_of_waiting_forever(ray_sessi
 @pytest.mark.timeout(180)
 def test_a_rank_killed_mid_trial_is_an_error_naming_it_and_is_retried_once(ray_session, cli, write_grid, tmp_path):
     # ~150 steps of a few tens of ms: the kill lands in the steps, and the retry still finishes soon.
-    grid = write_grid(TINY + "batch_sizes: [2]\ngpus: 2\nsteps: {warmup: 1, measure: 150}\n")
+    grid = write_grid(fp32_grid(gpus=2, steps={"warmup": 1, "measure": 150}))
     out = tmp_path / "out"
     results = []
     sweep = threading.Thread(target=lambda: results.append(
@@ -275,7 +273,7 @@ def _wait_for_first_row(driver: subprocess.Popen, out: Path, seen: set[int], tim
 
 @pytest.mark.timeout(200)
 def test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid(sweep, write_grid, tmp_path):
-    grid = write_grid(TINY + "batch_sizes: [1, 2, 3]\ngpus: 1\nsteps: {warmup: 1, measure: 5}\n")
+    grid = write_grid(fp32_grid(batch_sizes=[1, 2, 3], gpus=1, steps={"warmup": 1, "measure": 5}))
     out = tmp_path / "out"
     # one trial at a time: when the first row lands, the next trial is running and is lost with the driver
     driver = sweep(grid, "--cluster", "local", "--output", out, "--max-concurrent", 1)
@@ -310,7 +308,7 @@ def test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid(
 def test_an_embedded_sweep_listens_on_loopback_only_and_ctrl_c_stops_it_cleanly(sweep, write_grid, tmp_path):
     """One `sweep run` on the embedded `local` cluster, its two ranks inside a trial that would take minutes:
     every socket it listens on is loopback; then Ctrl-C ends it, writes nothing and says how to resume."""
-    grid = write_grid(TINY + "batch_sizes: [2]\ngpus: 2\nsteps: {warmup: 1, measure: 100000}\n")
+    grid = write_grid(fp32_grid(gpus=2, steps={"warmup": 1, "measure": 100000}))
     out = tmp_path / "out"
     driver = sweep(grid, "--cluster", "local", "--output", out)
     pids = {driver.pid}
@@ -341,7 +339,7 @@ def test_an_embedded_sweep_listens_on_loopback_only_and_ctrl_c_stops_it_cleanly(
 @pytest.mark.timeout(90)
 def test_ctrl_c_while_ray_starts_leaves_no_process_behind(sweep, write_grid, tmp_path):
     # Interrupting ray.init halfway used to leave its dashboard and runtime-env agents running for good.
-    grid = write_grid(TINY + "batch_sizes: [2]\ngpus: 1\nsteps: {warmup: 1, measure: 100000}\n")
+    grid = write_grid(fp32_grid(gpus=1, steps={"warmup": 1, "measure": 100000}))
     driver = sweep(grid, "--cluster", "local", "--output", tmp_path / "out")
     seen: set[int] = set()
 
@@ -370,7 +368,7 @@ def test_ctrl_c_while_ray_starts_leaves_no_process_behind(sweep, write_grid, tmp
 def test_sigterm_mid_trial_stops_as_ctrl_c_does_and_resume_finishes_the_grid(sweep, write_grid, tmp_path):
     """`timeout`, `docker stop` and a batch scheduler send SIGTERM to the driver alone: the running trial is
     torn down, nothing half written, exit 143 with the --resume line; --resume then runs what is missing."""
-    grid = write_grid(TINY + "batch_sizes: [1, 2]\ngpus: 2\nsteps: {warmup: 1, measure: 400}\n")
+    grid = write_grid(fp32_grid(batch_sizes=[1, 2], gpus=2, steps={"warmup": 1, "measure": 400}))
     out = tmp_path / "out"
     driver = sweep(grid, "--cluster", "local", "--output", out, "--max-concurrent", 1)
     seen: set[int] = set()
@@ -407,7 +405,7 @@ def test_sigterm_mid_trial_stops_as_ctrl_c_does_and_resume_finishes_the_grid(swe
 # -- a malformed profile ------------------------------------------------------------------------------------
 def test_a_malformed_profile_is_one_line_and_exit_2(cli, write_grid, tmp_path, monkeypatch):
     monkeypatch.delenv("SWEEP_DEBUG", raising=False)
-    grid = write_grid(TINY + "batch_sizes: [2]\n")
+    grid = write_grid(fp32_grid())
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\naccelerator: cpu\nray_address: 10.0.0.7\nnodes: 2\ngpus_per_node: 1\n")
     result = cli("run", grid, "--cluster", bad, "--output", tmp_path / "out", "--no-progress")

@@ -45,6 +45,7 @@ def runs(rank_jobs, run_ranks):
     return out
 
 
+@pytest.mark.integration
 def test_grad_sync_step_reduces_once_per_step(runs):
     steps = WARMUP + MEASURE
     per_micro = runs[("fp32", "micro_batch")][0]["dtypes"]
@@ -55,11 +56,13 @@ def test_grad_sync_step_reduces_once_per_step(runs):
     assert len(once) == steps * groups
 
 
+@pytest.mark.integration
 def test_reduce_dtype_is_the_reduce_scatter_dtype(runs):
     assert set(runs[("fp32", "step")][0]["dtypes"]) == {"torch.float32"}
     assert set(runs[("bf16", "step")][1]["dtypes"]) == {"torch.bfloat16"}
 
 
+@pytest.mark.integration
 def test_the_options_change_communication_not_the_math(runs):
     """The same micro-batches and the same sum of gradients: the losses agree (bf16 rounding aside)."""
     reference = runs[("fp32", "micro_batch")][0]["loss_last"]

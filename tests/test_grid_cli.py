@@ -70,6 +70,7 @@ def test_memory_cap_in_a_grid_file_reaches_the_trials(cli, write_grid, text, siz
     assert [t.memory_cap_bytes for t in trials] == [size, size]
 
 
+@pytest.mark.integration
 def test_a_grid_files_memory_cap_really_caps_the_ranks(ray_session, cli, write_grid, tmp_path):
     # Logits dominate memory (B x T x V floats): batch 32 cannot fit in 128 MiB more than the rank holds,
     # batch 1 can (tests/test_oom.py caps the same model with --memory-cap).
@@ -102,6 +103,7 @@ def test_unnamed_inline_models_that_differ_get_different_labels(cli, write_grid)
     assert len(set(re.findall(r"gpt-L1-d64-[0-9a-f]{6}", result.stdout))) == 2, result.stdout
 
 
+@pytest.mark.integration
 def test_unnamed_inline_models_that_differ_stay_apart_in_the_results(ray_session, cli, write_grid, tmp_path):
     out = tmp_path / "out"
     rows = run_rows(cli, write_grid(TWO_VOCABS), out)

@@ -10,6 +10,7 @@ import math
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import invoke
 
 from sweep.record import store
 from sweep.record.schema import RESULT_SCHEMA, SCHEMA_VERSION, VERSION_KEY
@@ -31,14 +32,9 @@ steps: {warmup: 1, measure: 3}
 
 @pytest.fixture(scope="module")
 def demo_results(ray_session, tmp_path_factory):
-    from typer.testing import CliRunner
-
-    from sweep.cli import app
-
     folder = tmp_path_factory.mktemp("demo")
     (folder / "grid.yaml").write_text(DEMO)
-    result = CliRunner().invoke(app, ["run", str(folder / "grid.yaml"), "--cluster", "local", "--output",
-                                      str(folder / "out"), "--no-progress"])
+    result = invoke("run", folder / "grid.yaml", "--cluster", "local", "--output", folder / "out", "--no-progress")
     assert result.exit_code == 0, result.output
     return folder / "out", result
 

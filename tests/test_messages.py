@@ -7,41 +7,31 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
-from typer.testing import CliRunner
+from conftest import invoke, tiny_grid
+from test_grid_cli import error_line  # exit 2, one `error: ...` line, no traceback
 
 from sweep.record import store
 from sweep.record.schema import RESULT_SCHEMA
-from test_grid_cli import error_line  # exit 2, one `error: ...` line, no traceback
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = """
-models: [gpt-tiny]
-compile: none
-seq_len: 32
-gpus: 1
-batch_sizes: [2]
-steps: {warmup: 1, measure: 2}
-"""
-NO_RAY = TINY + "precisions: [fp8-te-delayed]\n"  # TE needs a GPU: recorded `unsupported`, no Ray started
+NO_RAY = tiny_grid(gpus=1, precisions=["fp8-te-delayed"])  # TE needs a GPU: recorded `unsupported`, no Ray started
 
 
 def wide(*args):
     """The CLI in a 250-column terminal: help and tables unwrapped."""
-    from sweep.cli import app
-
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "250"})
+    return invoke(*args, env={"COLUMNS": "250"})
 
 
 # -- item 8: refused, or said the way it is --------------------------------------------------------------------
 
 def test_a_search_with_nothing_to_vary_is_refused(cli, write_grid):
-    grid = write_grid(TINY + "search: fastest\ntune: {vary: []}\n")
+    grid = write_grid(tiny_grid(gpus=1, search="fastest", tune={"vary": []}))
     line = error_line(cli("plan", grid, "--cluster", "local"))
     assert "tune.vary: no option to vary" in line and "batch_size" in line and "leave out search: fastest" in line
 
@@ -192,7 +182,7 @@ def test_counts_of_one_are_singular(cli, write_grid, tmp_path):
 @pytest.mark.integration
 def test_a_sub_second_timeout_is_said_as_given(ray_session, cli, write_grid, tmp_path):
     out = tmp_path / "out"
-    result = cli("run", write_grid(TINY + "precisions: [fp32]\ntimeout_s: 0.0001\n"), "--cluster", "local",
+    result = cli("run", write_grid(tiny_grid(gpus=1, precisions=["fp32"], timeout_s=0.0001)), "--cluster", "local",
                  "--output", out, "--no-progress")
     assert result.exit_code == 3, result.output
     (row,) = store.read_table(out).to_pylist()
@@ -201,7 +191,7 @@ def test_a_sub_second_timeout_is_said_as_given(ray_session, cli, write_grid, tmp
 
 @pytest.mark.integration
 def test_a_resume_of_a_finished_grid_runs_nothing_and_exits_0(ray_session, cli, write_grid, tmp_path):
-    grid, out = write_grid(TINY + "precisions: [fp32]\n"), tmp_path / "out"
+    grid, out = write_grid(tiny_grid(gpus=1, precisions=["fp32"])), tmp_path / "out"
     assert cli("run", grid, "--cluster", "local", "--output", out, "--no-progress").exit_code == 0
     result = wide("run", grid, "--cluster", "local", "--output", out, "--resume", "--no-progress")
     assert result.exit_code == 0, result.output

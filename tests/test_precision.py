@@ -139,6 +139,7 @@ def _rank_main(jobs: list, queue) -> None:
         queue.put((job.trial.precision, job.rank, RankWorker().run(job)))
 
 
+@pytest.mark.integration
 def test_torchao_fp8_trains_under_fsdp2_on_two_cpu_ranks(rank_jobs, run_ranks):
     """Each torchao FP8 recipe, emulated, FSDP2 over gloo: 2 processes run the three recipes in turn."""
     trials = [rank_jobs(FP8_SPEC, name, world_size=2) for name in TORCHAO_FP8]

@@ -6,8 +6,8 @@ import contextlib
 
 import pytest
 
-from sweep.spec.grid import Trial, parse_grid
 from sweep.execution.scheduler import rank_jobs
+from sweep.spec.grid import Trial, parse_grid
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.options import OPTION_DEFAULTS, TrainingOptions
 
@@ -74,6 +74,7 @@ def _fresh_process(configs: list, queue) -> None:
             queue.put(run_trial(config, rank))
 
 
+@pytest.mark.integration
 def test_two_trials_run_one_after_the_other_in_one_process(rank_jobs, run_ranks):
     """The building block of a worker that runs many trials: a bf16 Llama trial with gradient accumulation
     under a memory cap, then an fp32 GPT trial, through trainer.train in this process. Both measure, and

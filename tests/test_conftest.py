@@ -1,0 +1,62 @@
+"""The test suite's own machinery (tests/conftest.py): the factories, the marks it enforces, the Ray guard."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from conftest import mark_errors, result_row, tiny_grid
+
+from sweep.record import store
+from sweep.record.schema import COLUMNS, TRAINING_DEFAULTS
+from sweep.spec.grid import parse_grid
+
+
+def test_a_result_row_has_every_column_and_round_trips(tmp_path):
+    row = result_row(trial_id="t2", batch_size=8)
+    assert tuple(row) == COLUMNS
+    assert row["batch_size"] == 8 and row["status"] == "ok" and row["energy_j"] is None
+    assert {k: row[k] for k in TRAINING_DEFAULTS} == TRAINING_DEFAULTS
+    store.write_row(tmp_path, row)
+    (back,) = store.read_table(tmp_path).to_pylist()
+    assert back["trial_id"] == "t2" and back["batch_size"] == 8 and back["started_at"] == row["started_at"]
+
+
+def test_a_result_row_refuses_a_column_the_schema_does_not_have():
+    with pytest.raises(KeyError, match="batch"):
+        result_row(batch=8)
+
+
+def test_a_tiny_grid_parses_and_takes_keys_or_leaves_them_out():
+    grid = parse_grid(yaml.safe_load(tiny_grid(precisions=["fp32"], gpus=2)))
+    assert (grid.batch_sizes, grid.seq_len, grid.steps.warmup, grid.steps.measure) == ([2], [32], 1, 2)
+    assert "steps" not in yaml.safe_load(tiny_grid(steps=None))
+
+
+def _item(name: str, *fixtures: str, marks: tuple[str, ...] = (), function=None):
+    return SimpleNamespace(nodeid=f"tests/test_x.py::{name}", fixturenames=list(fixtures), function=function,
+                           iter_markers=lambda: [SimpleNamespace(name=m) for m in marks])
+
+
+def _looks_for_a_gpu():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_a_test_that_starts_ray_or_ranks_or_needs_a_gpu_without_its_mark_is_named():
+    items = [_item("ray", "ray_session", "tmp_path"), _item("ranks", "run_ranks"),
+             _item("ok_ray", "ray_session", marks=("integration",)), _item("unit", "tmp_path"),
+             _item("te", "te"), _item("te_ok", "te", marks=("gpu",)), _item("cuda", function=_looks_for_a_gpu)]
+    errors = mark_errors(items)
+    assert [e.split(":")[2] for e in errors] == ["ray", "ranks", "te", "cuda"]
+    assert "ray_session" in errors[0] and "@pytest.mark.integration" in errors[0]
+    assert "@pytest.mark.gpu" in errors[2]
+
+
+def test_ray_init_raises_in_a_test_without_the_integration_mark():
+    import ray
+
+    with pytest.raises(RuntimeError, match="not marked integration"):
+        ray.init(address="local")
