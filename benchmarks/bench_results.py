@@ -26,11 +26,27 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CLUSTERS = {"h100": (989.0, 380.0, 80), "h200": (989.0, 420.0, 141), "b200": (2250.0, 900.0, 180), "mi300x": (1307.0, 460.0, 192)}
-MODELS = {"llama3-1b": (1.2e9, 16, 2048), "llama3-3b": (3.2e9, 28, 3072), "llama3-8b": (8.0e9, 32, 4096),
-          "qwen2.5-14b": (14.8e9, 48, 5120), "mistral-24b": (23.6e9, 40, 5120), "llama3-70b": (70.6e9, 80, 8192)}
+CLUSTERS = {
+    "h100": (989.0, 380.0, 80),
+    "h200": (989.0, 420.0, 141),
+    "b200": (2250.0, 900.0, 180),
+    "mi300x": (1307.0, 460.0, 192),
+}
+MODELS = {
+    "llama3-1b": (1.2e9, 16, 2048),
+    "llama3-3b": (3.2e9, 28, 3072),
+    "llama3-8b": (8.0e9, 32, 4096),
+    "qwen2.5-14b": (14.8e9, 48, 5120),
+    "mistral-24b": (23.6e9, 40, 5120),
+    "llama3-70b": (70.6e9, 80, 8192),
+}
 PRECISIONS = {"bf16": 1.0, "fp8-te": 1.12, "fp8-torchao": 1.07, "mxfp8-te": 1.2}
-COMPILES, ACS, BATCHES, SEQS = ("none", "regional", "full"), ("none", "selective"), (1, 2, 4, 8, 16, 32, 64), (2048, 8192)
+COMPILES, ACS, BATCHES, SEQS = (
+    ("none", "regional", "full"),
+    ("none", "selective"),
+    (1, 2, 4, 8, 16, 32, 64),
+    (2048, 8192),
+)
 CURVES_FROM_RUN = 4  # the first runs predate loss curves (schema 1.9) and energy (1.10)
 TARGET_S, TARGET_BYTES, TARGET_RATIO = 2.0, 1 << 30, 3.0
 COMMANDS = {
@@ -51,35 +67,95 @@ def _spec(model: str) -> str:
     import json
 
     _, layers, width = MODELS[model]
-    return json.dumps({"arch": "llama", "name": model, "n_layers": layers, "d_embd": width, "n_heads": width // 128,
-                       "vocab_size": 128256, "n_kv_heads": 8, "ffn_hidden": width * 7 // 2, "max_seq_len": 8192,
-                       "rope_theta": 500000.0, "norm_eps": 1e-05})
+    return json.dumps(
+        {
+            "arch": "llama",
+            "name": model,
+            "n_layers": layers,
+            "d_embd": width,
+            "n_heads": width // 128,
+            "vocab_size": 128256,
+            "n_kv_heads": 8,
+            "ffn_hidden": width * 7 // 2,
+            "max_seq_len": 8192,
+            "rope_theta": 500000.0,
+            "norm_eps": 1e-05,
+        }
+    )
 
 
-def _ok_columns(rng: random.Random, cluster: str, model: str, precision: str, compile_: str, batch: int, seq: int,
-                run: int, per_sample: float) -> dict:
+def _ok_columns(
+    rng: random.Random,
+    cluster: str,
+    model: str,
+    precision: str,
+    compile_: str,
+    batch: int,
+    seq: int,
+    run: int,
+    per_sample: float,
+) -> dict:
     peak, speed, mem = CLUSTERS[cluster]
     n_params = MODELS[model][0]
-    tf = speed * PRECISIONS[precision] * (1 - 0.3 / batch) * (1.08 if compile_ != "none" else 1) * rng.uniform(0.97, 1.03)
+    tf = (
+        speed
+        * PRECISIONS[precision]
+        * (1 - 0.3 / batch)
+        * (1.08 if compile_ != "none" else 1)
+        * rng.uniform(0.97, 1.03)
+    )
     tokens = tf * 1e12 / (6 * n_params)
     step, measure = batch * seq / tokens, rng.choice((10, 20, 30))
-    row = dict(tflops_per_gpu=tf, mfu=tf / peak, tokens_per_s_per_gpu=tokens, step_time_s=step,
-               step_time_p10_s=step * 0.98, step_time_p90_s=step * 1.02, step_time_ci_pct=rng.uniform(0.2, 3.0),
-               peak_mem_gib=min(mem, 10 + batch * per_sample), reserved_mem_gib=min(mem, 12 + batch * per_sample),
-               alloc_retries=0, peak_tflops=peak, flops_per_token=6 * n_params, n_params=int(n_params),
-               loss_first=10.9, loss_last=10.9 - 3 * rng.random(), warmup_steps=3, measure_steps=measure,
-               steps_time_s=step * measure, compile_time_s=rng.uniform(0, 40), init_time_s=rng.uniform(10, 60),
-               trial_wall_s=step * (measure + 3) + 60, gpu_name=f"NVIDIA {cluster.upper()}", driver_version="570.86",
-               cuda_version="12.8", torch_version="2.11.0+cu128", torchao_version="0.14.0", te_version="2.8")
+    row = dict(
+        tflops_per_gpu=tf,
+        mfu=tf / peak,
+        tokens_per_s_per_gpu=tokens,
+        step_time_s=step,
+        step_time_p10_s=step * 0.98,
+        step_time_p90_s=step * 1.02,
+        step_time_ci_pct=rng.uniform(0.2, 3.0),
+        peak_mem_gib=min(mem, 10 + batch * per_sample),
+        reserved_mem_gib=min(mem, 12 + batch * per_sample),
+        alloc_retries=0,
+        peak_tflops=peak,
+        flops_per_token=6 * n_params,
+        n_params=int(n_params),
+        loss_first=10.9,
+        loss_last=10.9 - 3 * rng.random(),
+        warmup_steps=3,
+        measure_steps=measure,
+        steps_time_s=step * measure,
+        compile_time_s=rng.uniform(0, 40),
+        init_time_s=rng.uniform(10, 60),
+        trial_wall_s=step * (measure + 3) + 60,
+        gpu_name=f"NVIDIA {cluster.upper()}",
+        driver_version="570.86",
+        cuda_version="12.8",
+        torch_version="2.11.0+cu128",
+        torchao_version="0.14.0",
+        te_version="2.8",
+    )
     if run >= CURVES_FROM_RUN:
         per_step = batch * seq * 8
-        row.update(loss_curve=[10.9 - 0.1 * i for i in range(3 + measure)],
-                   loss_curve_tokens=[per_step * i for i in range(3 + measure)], ci_target_met=True)
+        row.update(
+            loss_curve=[10.9 - 0.1 * i for i in range(3 + measure)],
+            loss_curve_tokens=[per_step * i for i in range(3 + measure)],
+            ci_target_met=True,
+        )
         if cluster != "mi300x":
             jpt = 700 / tokens / 8
-            row.update(energy_j=jpt * tokens * 8 * step * measure, avg_power_w=680.0, joules_per_token=jpt,
-                       tokens_per_kwh=3.6e6 / jpt, tflops_per_watt=6 * n_params / jpt / 1e12, power_limit_w=700.0,
-                       sm_clock_mhz=1800.0, sm_clock_max_mhz=1980.0, gpu_temp_c=70.0, energy_source="counter")
+            row.update(
+                energy_j=jpt * tokens * 8 * step * measure,
+                avg_power_w=680.0,
+                joules_per_token=jpt,
+                tokens_per_kwh=3.6e6 / jpt,
+                tflops_per_watt=6 * n_params / jpt / 1e12,
+                power_limit_w=700.0,
+                sm_clock_mhz=1800.0,
+                sm_clock_max_mhz=1980.0,
+                gpu_temp_c=70.0,
+                energy_source="counter",
+            )
     return row
 
 
@@ -94,7 +170,15 @@ def _rows_for_run(cluster: str, run: int, rng: random.Random, start: int) -> lis
                 for ac in ACS:
                     for seq in SEQS:
                         # Largest batch that fits: memory over a crude per-sample footprint.
-                        per_sample = n_params / 8 / 1e9 * seq / 2048 * (0.4 if ac == "selective" else 1.0) / (1.3 if precision != "bf16" else 1)
+                        per_sample = (
+                            n_params
+                            / 8
+                            / 1e9
+                            * seq
+                            / 2048
+                            * (0.4 if ac == "selective" else 1.0)
+                            / (1.3 if precision != "bf16" else 1)
+                        )
                         limit = max(0.0, mem - 18 * n_params / 8 / 1e9) / max(per_sample, 1e-3)
                         for batch in BATCHES:
                             n = start + len(rows)
@@ -104,17 +188,42 @@ def _rows_for_run(cluster: str, run: int, rng: random.Random, start: int) -> lis
                             elif batch > limit:
                                 status, error = "oom", "CUDA out of memory. Tried to allocate 4.00 GiB"
                             elif rng.random() < 0.01:
-                                status, error = rng.choice([("error", "NCCL watchdog timeout"), ("timeout", "trial exceeded 900 s")])
+                                status, error = rng.choice(
+                                    [("error", "NCCL watchdog timeout"), ("timeout", "trial exceeded 900 s")]
+                                )
                             else:
-                                metrics = _ok_columns(rng, cluster, model, precision, compile_, batch, seq, run, per_sample)
+                                metrics = _ok_columns(
+                                    rng, cluster, model, precision, compile_, batch, seq, run, per_sample
+                                )
                             started = t0 + dt.timedelta(seconds=30 * (n % 2880))
-                            rows.append({"run_id": f"{cluster}-{run}", "trial_id": f"t{n:07d}", "attempt": 1, "grid_name": "bench",
-                                         "cluster": cluster, "accelerator": cluster, "cost_per_gpu_hour": 2.5, "world_size": 8,
-                                         "nodes": 1, "hostname": f"{cluster}-node{run % 4}", "model": model, "model_spec": spec,
-                                         "precision": precision, "compile": compile_, "ac": ac, "batch_size": batch,
-                                         "seq_len": seq, "status": status, "error": error, "ray_version": "2.40.0",
-                                         "git_sha": f"{run:07x}", "started_at": started,
-                                         "finished_at": started + dt.timedelta(seconds=25), **metrics})
+                            rows.append(
+                                {
+                                    "run_id": f"{cluster}-{run}",
+                                    "trial_id": f"t{n:07d}",
+                                    "attempt": 1,
+                                    "grid_name": "bench",
+                                    "cluster": cluster,
+                                    "accelerator": cluster,
+                                    "cost_per_gpu_hour": 2.5,
+                                    "world_size": 8,
+                                    "nodes": 1,
+                                    "hostname": f"{cluster}-node{run % 4}",
+                                    "model": model,
+                                    "model_spec": spec,
+                                    "precision": precision,
+                                    "compile": compile_,
+                                    "ac": ac,
+                                    "batch_size": batch,
+                                    "seq_len": seq,
+                                    "status": status,
+                                    "error": error,
+                                    "ray_version": "2.40.0",
+                                    "git_sha": f"{run:07x}",
+                                    "started_at": started,
+                                    "finished_at": started + dt.timedelta(seconds=25),
+                                    **metrics,
+                                }
+                            )
     return rows
 
 
@@ -155,8 +264,9 @@ def run_once(argv: list[str]) -> tuple[float, int, int, float]:
     interpreter. CPU (user + system, the child's own) moves less than wall when neighbours load the machine."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "sweep", "results", *argv], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "sweep", "results", *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, not the largest of all children so far
     wall = time.perf_counter() - t
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -175,8 +285,9 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
-def measure(data: Path, sizes: list[int], runs: int,
-            loads: list[float]) -> dict[tuple[str, int], tuple[float, int, float]]:
+def measure(
+    data: Path, sizes: list[int], runs: int, loads: list[float]
+) -> dict[tuple[str, int], tuple[float, int, float]]:
     """(command, rows) -> (median wall s, largest peak RSS bytes, median CPU s); ``loads`` gets the 1-minute load
     average after each command (the machine is shared: a figure means little without it)."""
     found = {}
@@ -185,11 +296,16 @@ def measure(data: Path, sizes: list[int], runs: int,
         for name, argv in COMMANDS.items():
             argv = [a.format(dir=out, tmp=data) for a in argv]
             samples = [run_once(argv) for _ in range(runs)]
-            found[name, n] = (statistics.median(s[0] for s in samples), max(s[1] for s in samples),
-                              statistics.median(s[3] for s in samples))
+            found[name, n] = (
+                statistics.median(s[0] for s in samples),
+                max(s[1] for s in samples),
+                statistics.median(s[3] for s in samples),
+            )
             loads.append(os.getloadavg()[0])
             wall, rss, cpu = found[name, n]
-            print(f"{name:<22} {n:>9,} rows: {wall:6.2f} s wall {cpu:6.2f} s CPU {rss / 2**20:6.0f} MiB", file=sys.stderr)
+            print(
+                f"{name:<22} {n:>9,} rows: {wall:6.2f} s wall {cpu:6.2f} s CPU {rss / 2**20:6.0f} MiB", file=sys.stderr
+            )
     return found
 
 
@@ -197,28 +313,43 @@ def table(found: dict[tuple[str, int], tuple[float, int, float]], sizes: list[in
     """The markdown table: per command, wall, CPU and peak RSS at each size, and whether the largest meets the
     targets (on wall time)."""
     head = " | ".join(f"{n:,} rows: wall s / CPU s / MiB" for n in sizes)
-    lines = [f"| command | {head} | ≤ {TARGET_S:g} s, ≤ 1 GiB, ≤ {TARGET_RATIO:g}× the {sizes[0]:,}-row time |",
-             "|---|" + "---:|" * len(sizes) + "---|"]
+    lines = [
+        f"| command | {head} | ≤ {TARGET_S:g} s, ≤ 1 GiB, ≤ {TARGET_RATIO:g}× the {sizes[0]:,}-row time |",
+        "|---|" + "---:|" * len(sizes) + "---|",
+    ]
     for name in COMMANDS:
         cells = [f"{found[name, n][0]:.2f} / {found[name, n][2]:.2f} / {found[name, n][1] / 2**20:.0f}" for n in sizes]
         wall, rss, _ = found[name, sizes[-1]]
-        misses = [m for m, bad in (("time", wall > TARGET_S), ("memory", rss > TARGET_BYTES),
-                                   ("growth", wall > TARGET_RATIO * found[name, sizes[0]][0])) if bad]
-        lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {'met' if not misses else 'missed: ' + ', '.join(misses)} |")
+        misses = [
+            m
+            for m, bad in (
+                ("time", wall > TARGET_S),
+                ("memory", rss > TARGET_BYTES),
+                ("growth", wall > TARGET_RATIO * found[name, sizes[0]][0]),
+            )
+            if bad
+        ]
+        lines.append(
+            f"| `{name}` | " + " | ".join(cells) + f" | {'met' if not misses else 'missed: ' + ', '.join(misses)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("/tmp/sweep-bench"), help="where the folders are written once")
+    parser.add_argument(
+        "--data", type=Path, default=Path("/tmp/sweep-bench"), help="where the folders are written once"
+    )
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000, 100_000, 1_000_000])
     parser.add_argument("--runs", type=int, default=3, help="runs of each command (the median wall is shown)")
     args = parser.parse_args()
     loads: list[float] = []
     found = measure(args.data, sorted(args.rows), args.runs, loads)
-    print(f"{dt.date.today()}, {machine()}: `PYTHONPATH=. python benchmarks/bench_results.py` "
-          f"(median of {args.runs} runs, a fresh interpreter each; 1-minute load average "
-          f"{min(loads):.1f}–{max(loads):.1f}, median {statistics.median(loads):.1f})\n")
+    print(
+        f"{dt.date.today()}, {machine()}: `PYTHONPATH=. python benchmarks/bench_results.py` "
+        f"(median of {args.runs} runs, a fresh interpreter each; 1-minute load average "
+        f"{min(loads):.1f}–{max(loads):.1f}, median {statistics.median(loads):.1f})\n"
+    )
     print(table(found, sorted(args.rows)), end="")
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
 
-from sweep.record import store  # noqa: E402
-from sweep.record.cost import attempt_seconds, fresh_trial_s, gpu_seconds  # noqa: E402
 from sweep.memory.model import GiB, leave_one_out  # noqa: E402
 from sweep.memory.predictor import sample  # noqa: E402
+from sweep.record import store  # noqa: E402
+from sweep.record.cost import attempt_seconds, fresh_trial_s, gpu_seconds  # noqa: E402
 
 HALF, HELD_S, NEW_BATCH_COMPILE_S, TFLOPS_PCT = 0.5, {"cold": 8.0, "warm": 4.0}, 2.0, 1.0
 OOM_SHARE, MAX_BATCH_COST, PREDICTION_PCT = 0.05, 1.5, 10.0
@@ -48,25 +48,39 @@ def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple
     out = []
     held = {k: sum(gpu_seconds(rows).values()) for k, rows in (("base", base), ("current", current))}
     measured = {k: gpu_seconds(rows)["measured steps"] for k, rows in (("base", base), ("current", current))}
-    out.append((held["current"] <= HALF * held["base"],
-                f"{phase}: GPU-s held {held['current']:.1f} against base {held['base']:.1f} "
-                f"({held['current'] / held['base']:.2f}x; at most {HALF:g}x); measured steps "
-                f"{measured['current']:.1f} / {measured['base']:.1f} GPU-s"))
+    out.append(
+        (
+            held["current"] <= HALF * held["base"],
+            f"{phase}: GPU-s held {held['current']:.1f} against base {held['base']:.1f} "
+            f"({held['current'] / held['base']:.2f}x; at most {HALF:g}x); measured steps "
+            f"{measured['current']:.1f} / {measured['base']:.1f} GPU-s",
+        )
+    )
     for tree, rows in (("base", base), ("current", current)):
         beyond = [_beyond_measured(r) for r in rows if r["status"] == "ok"]
         mean = statistics.mean(beyond) if beyond else float("nan")
-        line = (f"{phase}, {tree}: a trial holds {mean:.1f} s beyond its measured steps on average "
-                f"(per trial {', '.join(f'{b:.1f}' for b in beyond)})")
-        out.append((mean <= HELD_S[phase], line + f"; at most {HELD_S[phase]:g} s") if tree == "current" else
-                   (True, line + " (the baseline)"))
+        line = (
+            f"{phase}, {tree}: a trial holds {mean:.1f} s beyond its measured steps on average "
+            f"(per trial {', '.join(f'{b:.1f}' for b in beyond)})"
+        )
+        out.append(
+            (mean <= HELD_S[phase], line + f"; at most {HELD_S[phase]:g} s")
+            if tree == "current"
+            else (True, line + " (the baseline)")
+        )
     seen: set[str] = set()
     for r in sorted(current, key=lambda r: r.get("group_trial_index") or 0):
         if r["status"] != "ok":
             continue
         if r["precision"] in seen:  # a new batch size of a graph this group compiled already
             c = r.get("compile_time_s") or 0.0
-            out.append((c < NEW_BATCH_COMPILE_S, f"{phase}: {_name(r)} (a new batch of a compiled graph) compiled in "
-                                                 f"{c:.2f} s (under {NEW_BATCH_COMPILE_S:g} s)"))
+            out.append(
+                (
+                    c < NEW_BATCH_COMPILE_S,
+                    f"{phase}: {_name(r)} (a new batch of a compiled graph) compiled in "
+                    f"{c:.2f} s (under {NEW_BATCH_COMPILE_S:g} s)",
+                )
+            )
         seen.add(r["precision"])
     by_config = {(r["precision"], r["batch_size"]): r for r in base if r["status"] == "ok"}
     for r in (r for r in current if r["status"] == "ok"):
@@ -75,8 +89,13 @@ def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple
             out.append((False, f"{phase}: {_name(r)} has no ok base row to compare with"))
             continue
         pct = 100 * (r["tflops_per_gpu"] / b["tflops_per_gpu"] - 1)
-        out.append((abs(pct) <= TFLOPS_PCT, f"{phase}: {_name(r)} {r['tflops_per_gpu']:.1f} TFLOP/s against base "
-                                            f"{b['tflops_per_gpu']:.1f} ({pct:+.2f} %; within {TFLOPS_PCT:g} %)"))
+        out.append(
+            (
+                abs(pct) <= TFLOPS_PCT,
+                f"{phase}: {_name(r)} {r['tflops_per_gpu']:.1f} TFLOP/s against base "
+                f"{b['tflops_per_gpu']:.1f} ({pct:+.2f} %; within {TFLOPS_PCT:g} %)",
+            )
+        )
     return out
 
 
@@ -96,10 +115,16 @@ def search_checks(rows: list[dict], tree: str) -> list[tuple[bool, str]]:
         one = fresh_trial_s(fastest, probes)
         spent = sum(gpu_seconds(probes).values())
         path = ", ".join(f"{r['batch_size']} {r['status']}" for r in probes)
-        out.append((one is not None and spent <= MAX_BATCH_COST * one,
-                    f"max-batch, {tree}: {spent:.1f} GPU-s for {len(probes)} probes ({path}) = "
-                    f"{spent / one:.2f}x one fresh trial of its fastest batch {fastest['batch_size']} ({one:.1f} s; "
-                    f"at most {MAX_BATCH_COST:g}x)" if one else f"max-batch, {tree}: no fresh trial to compare with"))
+        out.append(
+            (
+                one is not None and spent <= MAX_BATCH_COST * one,
+                f"max-batch, {tree}: {spent:.1f} GPU-s for {len(probes)} probes ({path}) = "
+                f"{spent / one:.2f}x one fresh trial of its fastest batch {fastest['batch_size']} ({one:.1f} s; "
+                f"at most {MAX_BATCH_COST:g}x)"
+                if one
+                else f"max-batch, {tree}: no fresh trial to compare with",
+            )
+        )
     return out
 
 
@@ -111,14 +136,22 @@ def prediction_checks(rows: list[dict]) -> list[tuple[bool, str]]:
     for (r, s), calibrated in zip(clean, leave_one_out(samples)):
         raw = 100 * (s.predicted / s.measured - 1)
         if calibrated is None:
-            out.append((False, f"prediction: {_name(r)} ({r['grid_name']}): no other clean row to calibrate on "
-                               f"(raw {raw:+.1f} %)"))
+            out.append(
+                (
+                    False,
+                    f"prediction: {_name(r)} ({r['grid_name']}): no other clean row to calibrate on (raw {raw:+.1f} %)",
+                )
+            )
             continue
         err = 100 * (calibrated / s.measured - 1)
-        out.append((abs(err) <= PREDICTION_PCT,
-                    f"prediction: {_name(r)} ({r['grid_name']}, {r['run_id'][:8]}): {calibrated / GiB:.1f} "
-                    f"GiB against {r['peak_mem_gib']:.1f} measured ({err:+.1f} %; raw {raw:+.1f} %; within "
-                    f"{PREDICTION_PCT:g} %)"))
+        out.append(
+            (
+                abs(err) <= PREDICTION_PCT,
+                f"prediction: {_name(r)} ({r['grid_name']}, {r['run_id'][:8]}): {calibrated / GiB:.1f} "
+                f"GiB against {r['peak_mem_gib']:.1f} measured ({err:+.1f} %; raw {raw:+.1f} %; within "
+                f"{PREDICTION_PCT:g} %)",
+            )
+        )
     return out
 
 

@@ -38,16 +38,25 @@ def checks(rows: list[dict], idle_w: float) -> list[tuple[bool, str]]:
         configs[tuple(row[k] for k in CONFIG_KEYS)].append(row)
         name = _name(row)
         missing = [c for c in ENERGY_COLUMNS if row.get(c) is None]
-        out.append((not missing, f"{name}: every energy column recorded" + (f" (null: {', '.join(missing)})"
-                                                                             if missing else "")))
+        out.append(
+            (
+                not missing,
+                f"{name}: every energy column recorded" + (f" (null: {', '.join(missing)})" if missing else ""),
+            )
+        )
         if missing:
             continue
         out.append((row["energy_source"] == "counter", f"{name}: energy from the {row['energy_source']}"))
         power, limit = row["avg_power_w"], row["power_limit_w"]
         out.append((idle_w < power <= limit, f"{name}: avg power {power:.1f} W in ({idle_w:g}, {limit:g}] W"))
         gap = 100 * abs(row["energy_j"] / row["energy_sampled_j"] - 1)
-        out.append((gap <= SAMPLED_PCT, f"{name}: counter {row['energy_j']:.0f} J vs sampled "
-                                        f"{row['energy_sampled_j']:.0f} J: {gap:.2f} % (≤ {SAMPLED_PCT:g} %)"))
+        out.append(
+            (
+                gap <= SAMPLED_PCT,
+                f"{name}: counter {row['energy_j']:.0f} J vs sampled "
+                f"{row['energy_sampled_j']:.0f} J: {gap:.2f} % (≤ {SAMPLED_PCT:g} %)",
+            )
+        )
     for group in configs.values():
         name = _name(group[0])
         jpt = [r["joules_per_token"] for r in group if r.get("joules_per_token") is not None]
@@ -55,8 +64,9 @@ def checks(rows: list[dict], idle_w: float) -> list[tuple[bool, str]]:
             out.append((False, f"{name}: {len(jpt)} repeat(s) with joules per token; 2 needed"))
             continue
         spread = 100 * (max(jpt) / min(jpt) - 1)
-        out.append((spread <= REPEAT_PCT, f"{name}: {len(jpt)} repeats' J/token within {spread:.2f} % "
-                                          f"(≤ {REPEAT_PCT:g} %)"))
+        out.append(
+            (spread <= REPEAT_PCT, f"{name}: {len(jpt)} repeats' J/token within {spread:.2f} % (≤ {REPEAT_PCT:g} %)")
+        )
     return out
 
 

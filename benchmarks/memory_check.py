@@ -33,7 +33,11 @@ def _spec(row: dict) -> ModelSpec | None:
 
 
 def _clean(row: dict) -> bool:
-    return row.get("status") == "ok" and bool(row.get("peak_mem_gib")) and row.get("alloc_retries") in (None, "", "0", "0.0")
+    return (
+        row.get("status") == "ok"
+        and bool(row.get("peak_mem_gib"))
+        and row.get("alloc_retries") in (None, "", "0", "0.0")
+    )
 
 
 def rows() -> list[tuple[ModelSpec, dict]]:
@@ -48,8 +52,13 @@ def rows() -> list[tuple[ModelSpec, dict]]:
                 continue
             row.setdefault("ac", "none")
             row["grad_accum"] = row.get("grad_accum") or "1"
-            key = (spec.label, *(row[k] for k in need[1:]), row["ac"], row["grad_accum"],
-                   round(float(row["peak_mem_gib"]), 2))
+            key = (
+                spec.label,
+                *(row[k] for k in need[1:]),
+                row["ac"],
+                row["grad_accum"],
+                round(float(row["peak_mem_gib"]), 2),
+            )
             if key not in seen:
                 seen.add(key)
                 out.append((spec, row))
@@ -57,15 +66,28 @@ def rows() -> list[tuple[ModelSpec, dict]]:
 
 
 def shape(spec: ModelSpec, row: dict) -> Shape:
-    return Shape.of_spec(spec, precision=row["precision"], batch_size=int(row["batch_size"]),
-                         seq_len=int(row["seq_len"]), ranks=int(row["world_size"]), ac=row["ac"] or "none",
-                         grad_accum=int(float(row["grad_accum"])))
+    return Shape.of_spec(
+        spec,
+        precision=row["precision"],
+        batch_size=int(row["batch_size"]),
+        seq_len=int(row["seq_len"]),
+        ranks=int(row["world_size"]),
+        ac=row["ac"] or "none",
+        grad_accum=int(float(row["grad_accum"])),
+    )
 
 
 def table() -> tuple[list[list[str]], list[float], list[float]]:
     found = rows()
-    samples = [Sample(precision=r["precision"], compile=r["compile"], predicted=predicted_bytes(shape(s, r)),
-                      measured=float(r["peak_mem_gib"]) * GiB) for s, r in found]
+    samples = [
+        Sample(
+            precision=r["precision"],
+            compile=r["compile"],
+            predicted=predicted_bytes(shape(s, r)),
+            measured=float(r["peak_mem_gib"]) * GiB,
+        )
+        for s, r in found
+    ]
     loo = leave_one_out(samples)
     lines, raw_err, cal_err = [], [], []
     for (spec, r), x, cal in zip(found, samples, loo):
@@ -75,8 +97,20 @@ def table() -> tuple[list[list[str]], list[float], list[float]]:
         if cal is not None:
             cal_err.append(100 * (cal / x.measured - 1))
             cal_text = f"{cal / GiB:.1f} ({cal_err[-1]:+.1f} %)"
-        lines.append([spec.label, r["precision"], r["compile"], r["batch_size"], r["seq_len"], r["world_size"],
-                      r["grad_accum"], f"{x.measured / GiB:.1f}", f"{x.predicted / GiB:.1f} ({raw:+.1f} %)", cal_text])
+        lines.append(
+            [
+                spec.label,
+                r["precision"],
+                r["compile"],
+                r["batch_size"],
+                r["seq_len"],
+                r["world_size"],
+                r["grad_accum"],
+                f"{x.measured / GiB:.1f}",
+                f"{x.predicted / GiB:.1f} ({raw:+.1f} %)",
+                cal_text,
+            ]
+        )
     return lines, raw_err, cal_err
 
 
@@ -88,17 +122,29 @@ def main() -> None:
     if args.summary:
         _summary(lines)
     else:
-        head = ["model", "precision", "compile", "batch", "seq", "ranks", "accum", "measured GiB",
-                "predicted raw GiB (error)", "calibrated, leave-one-out GiB (error)"]
+        head = [
+            "model",
+            "precision",
+            "compile",
+            "batch",
+            "seq",
+            "ranks",
+            "accum",
+            "measured GiB",
+            "predicted raw GiB (error)",
+            "calibrated, leave-one-out GiB (error)",
+        ]
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for line in lines:
             print("| " + " | ".join(line) + " |")
     within = sum(abs(e) <= 10 for e in cal_err)
-    print(f"\n{len(raw_err)} rows. raw error {min(raw_err):+.1f} % to {max(raw_err):+.1f} % "
-          f"(median |error| {statistics.median(map(abs, raw_err)):.1f} %); calibrated leave-one-out "
-          f"{min(cal_err):+.1f} % to {max(cal_err):+.1f} % (median |error| {statistics.median(map(abs, cal_err)):.1f} %), "
-          f"{within} of {len(cal_err)} within ±10 %; {len(raw_err) - len(cal_err)} rows alone of their kind")
+    print(
+        f"\n{len(raw_err)} rows. raw error {min(raw_err):+.1f} % to {max(raw_err):+.1f} % "
+        f"(median |error| {statistics.median(map(abs, raw_err)):.1f} %); calibrated leave-one-out "
+        f"{min(cal_err):+.1f} % to {max(cal_err):+.1f} % (median |error| {statistics.median(map(abs, cal_err)):.1f} %), "
+        f"{within} of {len(cal_err)} within ±10 %; {len(raw_err) - len(cal_err)} rows alone of their kind"
+    )
 
 
 def _summary(lines: list[list[str]]) -> None:
@@ -114,8 +160,10 @@ def _summary(lines: list[list[str]]) -> None:
         raws = [r for r, _ in errs]
         cals = [c for _, c in errs if c is not None]
         cal_text = f"{min(cals):+.1f} … {max(cals):+.1f} %" if cals else "- (alone of its kind)"
-        print(f"| {model} | {precision} | {comp} | {ranks} | {len(errs)} | {min(raws):+.1f} … {max(raws):+.1f} % "
-              f"| {cal_text} |")
+        print(
+            f"| {model} | {precision} | {comp} | {ranks} | {len(errs)} | {min(raws):+.1f} … {max(raws):+.1f} % "
+            f"| {cal_text} |"
+        )
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def read_mapping(path: Path, kind: str) -> dict[str, Any]:
 
 
 def unknown_name(what: str, name: Any, valid: list[str], hint: str = "") -> str:
-    """"unknown model 'gpt-tny' — did you mean 'gpt-tiny'?", or the valid names when none is close.
+    """ "unknown model 'gpt-tny' — did you mean 'gpt-tiny'?", or the valid names when none is close.
 
     `hint` follows the list of valid names (e.g. "(or a path to a profile .yaml)").
     """
@@ -160,7 +160,9 @@ def validation_message(err: ValidationError, model: type[BaseModel]) -> str:
             if isinstance(e["input"], bool) and e["type"] in ("literal_error", "string_type"):
                 got = f" (got {shown}: YAML reads an unquoted on/off/yes/no as a boolean; quote it)"
             other.append((loc, f"{field}: {message}{got}"))
-    unknown_text = [f"{parent}: {text}" if parent else text
-                    for parent, texts in unknown.items()
-                    for text in texts + ([f"valid keys: {', '.join(unmatched[parent])}"] if parent in unmatched else [])]
+    unknown_text = [
+        f"{parent}: {text}" if parent else text
+        for parent, texts in unknown.items()
+        for text in texts + ([f"valid keys: {', '.join(unmatched[parent])}"] if parent in unmatched else [])
+    ]
     return "; ".join(unknown_text + [text for loc, text in other if loc not in missing & meant])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -34,13 +34,13 @@ class Accelerator(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Catalog key (h100, mi300x, cpu, ...) or a declared part's name; recorded in every result row."""
     vendor: Literal["nvidia", "amd", "cpu"]
-    compute_capability: Optional[Annotated[float, Field(gt=0)]] = None
+    compute_capability: Annotated[float, Field(gt=0)] | None = None
     """NVIDIA only: CUDA compute capability (9.0 for sm_90), what decides which precision recipes run."""
-    memory_gib: Optional[Annotated[float, Field(gt=0)]] = None
+    memory_gib: Annotated[float, Field(gt=0)] | None = None
     """Device memory from the datasheet; null for CPU ranks (they share host RAM)."""
-    fp8_flavour: Optional[Literal["e4m3fn", "e4m3fnuz"]] = None
+    fp8_flavour: Literal["e4m3fn", "e4m3fnuz"] | None = None
     """FP8 E4M3 encoding the hardware computes in: OCP `e4m3fn`, or `e4m3fnuz` on MI300X/MI325X."""
-    peak_tflops: dict[PrecisionFamily, Optional[PositiveTflops]]
+    peak_tflops: dict[PrecisionFamily, PositiveTflops | None]
     """Peak dense TFLOP/s per precision family; null where MFU is not defined (CPU ranks)."""
     sources: dict[str, str] = {}
     """Where each figure comes from, keyed like peak_tflops (plus `memory_gib`)."""

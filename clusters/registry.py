@@ -53,6 +53,8 @@ def load_profile(name_or_path: str) -> ClusterProfile:
     except ValidationError as e:
         message = validation_message(e, ClusterProfile)
         if "models" in data:  # the likeliest way to get here: a grid file given as --cluster
-            message = (f"this looks like a grid file (it has models:); a grid goes first, `sweep run GRID`, "
-                       f"and --cluster takes a cluster profile; {message}")
+            message = (
+                f"this looks like a grid file (it has models:); a grid goes first, `sweep run GRID`, "
+                f"and --cluster takes a cluster profile; {message}"
+            )
         raise ProfileError(f"Invalid cluster profile {display_path(path)}: {message}") from None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -82,8 +82,10 @@ def _catalog_or_declared(value: Any) -> Any:
         name = value.get("name")
         if isinstance(name, str) and name in catalog:
             # one name, one set of peaks: results would otherwise hold two different `h100`s
-            raise ValueError(f"name {name!r} is a catalog accelerator; write `accelerator: {name}`, or give the "
-                             f"part you declare a name of its own")
+            raise ValueError(
+                f"name {name!r} is a catalog accelerator; write `accelerator: {name}`, or give the "
+                f"part you declare a name of its own"
+            )
         return value
     raise ValueError("expected a name from clusters/accelerators.yaml, or a mapping that declares the part")
 
@@ -133,24 +135,24 @@ class ClusterProfile(BaseModel):
     """`local` (embedded Ray started in-process), `auto` (a running cluster), `ray://host:port`, or `host:port`."""
     nodes: int = Field(ge=1)
     """Nodes in the cluster; trials may use fewer."""
-    gpus_per_node: Union[int, Literal["auto"]]
+    gpus_per_node: int | Literal["auto"]
     """Ranks per node (one per GPU), or `auto` on a local CPU profile: one rank per `cpus_per_rank` usable CPUs."""
-    memory_per_device: Optional[str] = None
+    memory_per_device: str | None = None
     """Usable memory per device when it differs from the catalog (a cap, a MIG slice, a CPU rank's share)."""
     env: dict[EnvName, EnvValue] = {}
     """Environment variables for trainer processes (NCCL/RCCL settings, allocator config)."""
-    cost_per_gpu_hour: Optional[float] = Field(default=None, ge=0)
+    cost_per_gpu_hour: float | None = Field(default=None, ge=0)
     """Price of one device for one hour, for cost-per-token comparisons; null if unknown."""
-    power_cost_per_kwh: Optional[float] = Field(default=None, ge=0)
+    power_cost_per_kwh: float | None = Field(default=None, ge=0)
     """Price of one kWh of facility power: `results compare --by cluster` adds the measured energy's cost (energy ×
     PUE × this) to the GPU-hours' in $ per million tokens; null leaves energy out of the cost."""
-    pue: Optional[float] = Field(default=None, ge=1)
+    pue: float | None = Field(default=None, ge=1)
     """Power usage effectiveness: facility power over IT power (1.1-1.6 is typical); with power_cost_per_kwh.
     Null counts 1.0 (the GPUs' own energy only)."""
-    power_limit_w: Optional[float] = Field(default=None, gt=0)
+    power_limit_w: float | None = Field(default=None, gt=0)
     """The power limit (W) the cluster's GPUs run at, recorded on each row; a run warns when the GPUs enforce
     another. sweep never changes a GPU's power limit: set it yourself (`nvidia-smi -pl`) and say so here."""
-    timeout_s: Optional[float] = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0)
     """Default per-trial timeout in seconds; null leaves it to the run's own default."""
     connect_timeout_s: float = Field(default=DEFAULT_CONNECT_TIMEOUT_S, gt=0)
     """Seconds to reach a running cluster (`ray_address` other than local) before giving up with exit 2."""
@@ -160,7 +162,7 @@ class ClusterProfile(BaseModel):
     """Inductor's persistent cache directory (FX graph and AOTAutograd caches) on each node, shared by every
     trial and run there: a trial that compiles graphs an earlier one compiled loads them. `~` and `${VAR}` are
     expanded on each node. The profile's `env` wins if it sets TORCHINDUCTOR_CACHE_DIR itself."""
-    description: Optional[str] = None
+    description: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -195,7 +197,7 @@ class ClusterProfile(BaseModel):
 
     @field_validator("gpus_per_node", mode="plain")
     @classmethod
-    def _whole_or_auto(cls, value: Any, info: ValidationInfo) -> Union[int, str]:
+    def _whole_or_auto(cls, value: Any, info: ValidationInfo) -> int | str:
         if value == "auto":
             accelerator = info.data.get("accelerator_info")  # absent when it failed its own validation
             if accelerator is not None and accelerator.is_gpu:
@@ -264,11 +266,11 @@ class ClusterProfile(BaseModel):
         return self.nodes * self.ranks_per_node
 
     @property
-    def memory_per_device_bytes(self) -> Optional[int]:
+    def memory_per_device_bytes(self) -> int | None:
         """`memory_per_device` in bytes; None when the profile leaves it to the device."""
         return None if self.memory_per_device is None else parse_memory_size(self.memory_per_device)
 
-    def peak_tflops(self, family: str) -> Optional[float]:
+    def peak_tflops(self, family: str) -> float | None:
         """Peak dense TFLOP/s per device for `family` ('fp32' | 'bf16' | 'fp8'); None on CPU ranks."""
         if family not in PRECISION_FAMILIES:
             raise ValueError(f"unknown precision family {family!r}; valid: {', '.join(PRECISION_FAMILIES)}")

@@ -18,8 +18,9 @@ def build(only_results: bool = False) -> typer.Typer:
     """The command line: every command, or (`only_results`) `sweep results` alone."""
     from sweep.commands import results
 
-    cli = typer.Typer(name="sweep", help=_HELP, no_args_is_help=True, add_completion=False,
-                      pretty_exceptions_enable=False)
+    cli = typer.Typer(
+        name="sweep", help=_HELP, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False
+    )
     if not only_results:
         from sweep.commands import clusters, run, tune
 

@@ -67,8 +67,9 @@ def _default(field: Any) -> str:
     return f"`{value}`"
 
 
-def _field_rows(model: type[BaseModel], prefix: str = "", axes: frozenset[str] = frozenset(),
-                order: list[str] | None = None) -> list[str]:
+def _field_rows(
+    model: type[BaseModel], prefix: str = "", axes: frozenset[str] = frozenset(), order: list[str] | None = None
+) -> list[str]:
     """One table row per key of `model` (in `order` if given), a nested model's keys after it as `key.sub`."""
     lines = []
     for name in order or list(model.model_fields):
@@ -78,8 +79,11 @@ def _field_rows(model: type[BaseModel], prefix: str = "", axes: frozenset[str] =
         if name in axes:  # a list axis also takes one value
             typ = f"{typ.removeprefix('list of ')}, or a list"
         lines.append(f"| `{key}` | {_cell(typ)} | {_cell(_default(field))} | {_cell(field.description or '')} |")
-        inner = [a for a in (field.annotation, *typing.get_args(field.annotation))
-                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        inner = [
+            a
+            for a in (field.annotation, *typing.get_args(field.annotation))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         for sub in inner[:1]:
             if sub.__module__.startswith("sweep"):
                 lines += _field_rows(sub, f"{key}.")
@@ -91,40 +95,53 @@ TABLE = "| key | type | default | meaning |\n|---|---|---|---|\n"
 
 def grid_page() -> str:
     from sweep.spec.grid import GridSpec
-
     from trainer.options import OPTION_DEFAULTS
 
     axes = frozenset(n for n, f in GridSpec.model_fields.items() if typing.get_origin(f.annotation) is list)
     own = [n for n in GridSpec.model_fields if n not in OPTION_DEFAULTS]
     at = own.index("ac") + 1  # the training options after the other axes, as a grid file lists them
     order = own[:at] + list(OPTION_DEFAULTS) + own[at:]
-    return (f"{HEADER}# Grid keys\n\nEvery key of a grid file (`sweep run grid.yaml`), from `sweep.spec.grid.GridSpec` "
-            f"and `trainer.options.TrainingOptions`. A key given as a list is an axis: the trials are the "
-            f"cartesian product of the axes. [The grid guide](../grids.md) explains them with examples.\n\n"
-            + TABLE + "\n".join(_field_rows(GridSpec, axes=axes, order=order)) + "\n")
+    return (
+        f"{HEADER}# Grid keys\n\nEvery key of a grid file (`sweep run grid.yaml`), from `sweep.spec.grid.GridSpec` "
+        f"and `trainer.options.TrainingOptions`. A key given as a list is an axis: the trials are the "
+        f"cartesian product of the axes. [The grid guide](../grids.md) explains them with examples.\n\n"
+        + TABLE
+        + "\n".join(_field_rows(GridSpec, axes=axes, order=order))
+        + "\n"
+    )
 
 
 def profile_page() -> str:
     from clusters.catalog import Accelerator
     from clusters.schema import ClusterProfile
 
-    return (f"{HEADER}# Cluster profile keys\n\nEvery key of a cluster profile (`--cluster NAME_OR_PATH`), from "
-            f"`clusters.schema.ClusterProfile`. [The clusters guide](../clusters.md) shows profiles in use.\n\n"
-            + TABLE + "\n".join(_field_rows(ClusterProfile)) + "\n\n"
-            "## A part the catalog lacks\n\n`accelerator:` may be a mapping with these keys "
-            "(`clusters.catalog.Accelerator`), checked as catalog entries are.\n\n"
-            + TABLE + "\n".join(_field_rows(Accelerator)) + "\n")
+    return (
+        f"{HEADER}# Cluster profile keys\n\nEvery key of a cluster profile (`--cluster NAME_OR_PATH`), from "
+        f"`clusters.schema.ClusterProfile`. [The clusters guide](../clusters.md) shows profiles in use.\n\n"
+        + TABLE
+        + "\n".join(_field_rows(ClusterProfile))
+        + "\n\n"
+        "## A part the catalog lacks\n\n`accelerator:` may be a mapping with these keys "
+        "(`clusters.catalog.Accelerator`), checked as catalog entries are.\n\n"
+        + TABLE
+        + "\n".join(_field_rows(Accelerator))
+        + "\n"
+    )
 
 
 def columns_page() -> str:
     from sweep.record.schema import RESULT_SCHEMA, SCHEMA_VERSION
 
-    rows = [f"| `{f.name}` | {_cell(f.type)} | {_cell((f.metadata or {}).get(b'doc', b'').decode())} |"
-            for f in RESULT_SCHEMA]
-    return (f"{HEADER}# Result columns\n\nOne row per attempt, schema version {SCHEMA_VERSION} (`sweep.record.schema`); "
-            f"the version is in each Parquet file's metadata, and each column's meaning in its field metadata "
-            f"(`pyarrow.parquet.read_schema(file).field(name).metadata`). [Reading results](../results.md) "
-            f"shows them in use.\n\n| column | type | meaning |\n|---|---|---|\n" + "\n".join(rows) + "\n")
+    rows = [
+        f"| `{f.name}` | {_cell(f.type)} | {_cell((f.metadata or {}).get(b'doc', b'').decode())} |"
+        for f in RESULT_SCHEMA
+    ]
+    return (
+        f"{HEADER}# Result columns\n\nOne row per attempt, schema version {SCHEMA_VERSION} (`sweep.record.schema`); "
+        f"the version is in each Parquet file's metadata, and each column's meaning in its field metadata "
+        f"(`pyarrow.parquet.read_schema(file).field(name).metadata`). [Reading results](../results.md) "
+        f"shows them in use.\n\n| column | type | meaning |\n|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
 
 
 def accelerators_page() -> str:
@@ -134,17 +151,22 @@ def accelerators_page() -> str:
         value = a.peak_tflops.get(family)
         return "—" if value is None else f"{value:g}"
 
-    rows = [f"| `{name}` | {a.vendor} | {'—' if a.memory_gib is None else f'{a.memory_gib:g}'} | "
-            f"{peak(a, 'fp32')} | {peak(a, 'bf16')} | {peak(a, 'fp8')} | {a.fp8_flavour or '—'} | "
-            f"{'—' if a.compute_capability is None else a.compute_capability} |" for name, a in load_catalog().items()]
-    sources = [f"- `{name}` {key}: {_cell(text)}" for name, a in load_catalog().items()
-               for key, text in a.sources.items()]
-    return (f"{HEADER}# Accelerator catalog\n\nclusters/accelerators.yaml: the dense peak TFLOP/s that MFU divides "
-            f"by, memory, FP8 encoding and (NVIDIA) compute capability. A part not listed can be declared in a "
-            f"profile ([cluster profile keys](profile.md)).\n\n"
-            f"| name | vendor | memory GiB | fp32 | bf16 | fp8 | fp8 flavour | compute capability |\n"
-            f"|---|---|---:|---:|---:|---:|---|---:|\n" + "\n".join(rows) + "\n\n## Sources\n\n"
-            + "\n".join(sources) + "\n")
+    rows = [
+        f"| `{name}` | {a.vendor} | {'—' if a.memory_gib is None else f'{a.memory_gib:g}'} | "
+        f"{peak(a, 'fp32')} | {peak(a, 'bf16')} | {peak(a, 'fp8')} | {a.fp8_flavour or '—'} | "
+        f"{'—' if a.compute_capability is None else a.compute_capability} |"
+        for name, a in load_catalog().items()
+    ]
+    sources = [
+        f"- `{name}` {key}: {_cell(text)}" for name, a in load_catalog().items() for key, text in a.sources.items()
+    ]
+    return (
+        f"{HEADER}# Accelerator catalog\n\nclusters/accelerators.yaml: the dense peak TFLOP/s that MFU divides "
+        f"by, memory, FP8 encoding and (NVIDIA) compute capability. A part not listed can be declared in a "
+        f"profile ([cluster profile keys](profile.md)).\n\n"
+        f"| name | vendor | memory GiB | fp32 | bf16 | fp8 | fp8 flavour | compute capability |\n"
+        f"|---|---|---:|---:|---:|---:|---|---:|\n" + "\n".join(rows) + "\n\n## Sources\n\n" + "\n".join(sources) + "\n"
+    )
 
 
 def _params(command, ctx) -> list[str]:
@@ -153,7 +175,9 @@ def _params(command, ctx) -> list[str]:
         if p.name == "help" or getattr(p, "hidden", False):
             continue
         argument = p.param_type_name == "argument"
-        names = f"`{p.name.upper()}` (argument)" if argument else ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
+        names = (
+            f"`{p.name.upper()}` (argument)" if argument else ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
+        )
         kind = "flag" if getattr(p, "is_flag", False) else p.display_type(ctx).strip("<>")
         if p.multiple:
             kind = kind.removeprefix("list[").removesuffix("]") + ", repeatable"
@@ -185,12 +209,19 @@ def cli_page() -> str:
 
     root = typer.main.get_command(app)
     ctx = root.make_context("sweep", [], resilient_parsing=True)  # what renders a parameter's type
-    return (f"{HEADER}# Commands\n\nEvery command and option of `sweep` (`sweep.cli`), as `sweep COMMAND "
-            f"--help` prints them.\n\n" + "\n".join(_commands(root, "sweep", ctx)))
+    return (
+        f"{HEADER}# Commands\n\nEvery command and option of `sweep` (`sweep.cli`), as `sweep COMMAND "
+        f"--help` prints them.\n\n" + "\n".join(_commands(root, "sweep", ctx))
+    )
 
 
-PAGES = {"grid.md": grid_page, "profile.md": profile_page, "columns.md": columns_page,
-         "accelerators.md": accelerators_page, "cli.md": cli_page}
+PAGES = {
+    "grid.md": grid_page,
+    "profile.md": profile_page,
+    "columns.md": columns_page,
+    "accelerators.md": accelerators_page,
+    "cli.md": cli_page,
+}
 
 
 def generate() -> dict[Path, str]:

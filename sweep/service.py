@@ -54,9 +54,16 @@ def prepare(grid: Path | None, cluster: str, memory_cap: str | None, options: di
     except ValueError as e:
         raise UserError(f"--memory-cap: {e}") from None
     # the cap: --memory-cap, else the grid's memory_cap, else the profile's memory_per_device
-    trials = expand(spec, cluster=profile.name, source=source, max_ranks=profile.total_ranks,
-                    timeout_s=profile.timeout_s, memory_cap_bytes=cap, default_memory_cap=profile.memory_per_device_bytes,
-                    ranks_per_node=profile.ranks_per_node)
+    trials = expand(
+        spec,
+        cluster=profile.name,
+        source=source,
+        max_ranks=profile.total_ranks,
+        timeout_s=profile.timeout_s,
+        memory_cap_bytes=cap,
+        default_memory_cap=profile.memory_per_device_bytes,
+        ranks_per_node=profile.ranks_per_node,
+    )
     return Prepared(profile, spec, trials)
 
 
@@ -73,8 +80,9 @@ def prepare_search(command: str, cluster: str, memory_cap: str | None, options: 
     return prepare(None, cluster, memory_cap, options)
 
 
-def make_plan(spec: GridSpec, trials: list[Trial], profile: ClusterProfile, *, step: int = 1,
-              predictor: Predictor | None = None) -> Plan:
+def make_plan(
+    spec: GridSpec, trials: list[Trial], profile: ClusterProfile, *, step: int = 1, predictor: Predictor | None = None
+) -> Plan:
     """What runs: the grid's trials (with OOM retries), or the search its `search:` asks for. `step`: a
     max-batch search's granularity (`sweep max-batch --step`; a grid's search goes to the batch). `predictor`
     (sweep.memory.predictor): where OOM retries and a max-batch search's first probes go."""
@@ -88,9 +96,14 @@ def make_plan(spec: GridSpec, trials: list[Trial], profile: ClusterProfile, *, s
     if spec.search == "fastest":
         from sweep.search.fastest.plan import TunePlan
 
-        return TunePlan(trials, spec, capacity_bytes=capacity(profile, trials), is_gpu=profile.is_gpu,
-                        ranks_per_node=profile.ranks_per_node,
-                        predicted_max=predictor.max_batch if predictor else None)
+        return TunePlan(
+            trials,
+            spec,
+            capacity_bytes=capacity(profile, trials),
+            is_gpu=profile.is_gpu,
+            ranks_per_node=profile.ranks_per_node,
+            predicted_max=predictor.max_batch if predictor else None,
+        )
     return GridPlan(trials, spec.on_oom, predicted_max=point)
 
 
@@ -138,16 +151,34 @@ def load_predictor(profile: ClusterProfile, output: Path) -> Predictor:
     return Predictor.load(profile, output)
 
 
-def run_plan(plan: Plan, profile: ClusterProfile, output: Path, predictor: Predictor, *, grid_name: str | None = None,
-             resume: bool = False, max_concurrent: int | None = None, progress: bool = True,
-             reuse_actors: bool = True) -> RunReport:
+def run_plan(
+    plan: Plan,
+    profile: ClusterProfile,
+    output: Path,
+    predictor: Predictor,
+    *,
+    grid_name: str | None = None,
+    resume: bool = False,
+    max_concurrent: int | None = None,
+    progress: bool = True,
+    reuse_actors: bool = True,
+) -> RunReport:
     """Run `plan` on `profile`'s cluster under a new run id, one row per attempt under `output`
     (sweep.execution.runner.execute says how)."""
     from sweep.execution.runner import execute, new_run_id
 
-    return execute(plan, profile=profile, output=output, run_id=new_run_id(), predictor=predictor,
-                   grid_name=grid_name, resume=resume, max_concurrent=max_concurrent, progress=progress,
-                   reuse_actors=reuse_actors)
+    return execute(
+        plan,
+        profile=profile,
+        output=output,
+        run_id=new_run_id(),
+        predictor=predictor,
+        grid_name=grid_name,
+        resume=resume,
+        max_concurrent=max_concurrent,
+        progress=progress,
+        reuse_actors=reuse_actors,
+    )
 
 
 def complete_verdicts(verdicts: list[Verdict], rows: list[dict[str, Any]]) -> list[Verdict]:
@@ -168,12 +199,18 @@ def complete_verdict(v: MaxBatchVerdict, rows: list[dict[str, Any]]) -> MaxBatch
     fast = by_batch.get(v.fastest_batch, {})
     wall = sum(r.get("trial_wall_s") or 0 for r in probes)
     one = cost.fresh_trial_s(fast, probes)  # what the search cost against measuring the answer once, fresh
-    return replace(v, measured=MaxBatchMeasures(
-        alloc_retries_at_max=at_max, alloc_retries_at_fastest=at_fastest,
-        # a batch that fits only because the caching allocator freed and retried runs slower
-        allocator=thrash_note(v.max_batch, at_max, v.fastest_batch, at_fastest),
-        tflops_at_fastest=fast.get("tflops_per_gpu"), search_wall_s=wall,
-        cost_vs_one_trial=wall / one if one else None))
+    return replace(
+        v,
+        measured=MaxBatchMeasures(
+            alloc_retries_at_max=at_max,
+            alloc_retries_at_fastest=at_fastest,
+            # a batch that fits only because the caching allocator freed and retried runs slower
+            allocator=thrash_note(v.max_batch, at_max, v.fastest_batch, at_fastest),
+            tflops_at_fastest=fast.get("tflops_per_gpu"),
+            search_wall_s=wall,
+            cost_vs_one_trial=wall / one if one else None,
+        ),
+    )
 
 
 def verdict_json(v: Verdict) -> dict[str, Any]:

@@ -42,38 +42,72 @@ def _curve(rng: random.Random, steps: int, tokens_per_step: int, fine: bool) -> 
     return losses, [i * tokens_per_step for i in range(steps)]
 
 
-def _metrics(rng: random.Random, cluster: str, model: str, precision: str, batch: int, accum: int, compile_: str,
-             run: int) -> dict:
+def _metrics(
+    rng: random.Random, cluster: str, model: str, precision: str, batch: int, accum: int, compile_: str, run: int
+) -> dict:
     peak, speed, _, _ = CLUSTERS[cluster]
     n_params = MODELS[model]
-    tf = speed * PRECISIONS[precision] * (1 - 0.25 / batch) * (1.06 if compile_ != "none" else 1) * rng.uniform(0.96, 1.04)
+    tf = (
+        speed
+        * PRECISIONS[precision]
+        * (1 - 0.25 / batch)
+        * (1.06 if compile_ != "none" else 1)
+        * rng.uniform(0.96, 1.04)
+    )
     if precision == "fp8-torchao" and batch == _limit(cluster, model, precision):
         tf *= 0.8  # slower at its limit: its fastest batch is a smaller one
     tokens = tf * 1e12 / (6 * n_params)
     warmup, measure = 3, rng.choice((8, 10, 12))
     step = accum * batch * SEQ / tokens
-    losses, at = _curve(rng, warmup + measure, accum * batch * SEQ * 8, fine=precision != "fp8-torchao" or model != "gpt2-1.5b")
-    row = dict(tflops_per_gpu=tf, mfu=tf / peak, tokens_per_s_per_gpu=tokens, step_time_s=step,
-               step_time_p10_s=step * 0.98, step_time_p90_s=step * 1.03, peak_tflops=peak, flops_per_token=6 * n_params,
-               n_params=int(n_params), peak_mem_gib=12.0 + 9.5 * batch * n_params / 8e9 + rng.random(),
-               reserved_mem_gib=14.0 + 9.5 * batch, alloc_retries=rng.choice((0, 0, 0, 0, 3, 41)),
-               loss_first=losses[0], loss_last=losses[-1], warmup_steps=warmup, measure_steps=measure,
-               steps_time_s=step * measure, compile_time_s=rng.uniform(1, 30) if compile_ != "none" else 0.4,
-               init_time_s=rng.uniform(20, 40), trial_wall_s=step * (warmup + measure) + rng.uniform(30, 60),
-               step_time_ci_pct=rng.uniform(0.3, 4.0), ci_target_met=rng.random() > 0.15,
-               model_build_s=rng.uniform(5, 15), actor_reused=batch > 1, group_trial_index=BATCHES.index(batch))
+    losses, at = _curve(
+        rng, warmup + measure, accum * batch * SEQ * 8, fine=precision != "fp8-torchao" or model != "gpt2-1.5b"
+    )
+    row = dict(
+        tflops_per_gpu=tf,
+        mfu=tf / peak,
+        tokens_per_s_per_gpu=tokens,
+        step_time_s=step,
+        step_time_p10_s=step * 0.98,
+        step_time_p90_s=step * 1.03,
+        peak_tflops=peak,
+        flops_per_token=6 * n_params,
+        n_params=int(n_params),
+        peak_mem_gib=12.0 + 9.5 * batch * n_params / 8e9 + rng.random(),
+        reserved_mem_gib=14.0 + 9.5 * batch,
+        alloc_retries=rng.choice((0, 0, 0, 0, 3, 41)),
+        loss_first=losses[0],
+        loss_last=losses[-1],
+        warmup_steps=warmup,
+        measure_steps=measure,
+        steps_time_s=step * measure,
+        compile_time_s=rng.uniform(1, 30) if compile_ != "none" else 0.4,
+        init_time_s=rng.uniform(20, 40),
+        trial_wall_s=step * (warmup + measure) + rng.uniform(30, 60),
+        step_time_ci_pct=rng.uniform(0.3, 4.0),
+        ci_target_met=rng.random() > 0.15,
+        model_build_s=rng.uniform(5, 15),
+        actor_reused=batch > 1,
+        group_trial_index=BATCHES.index(batch),
+    )
     if run >= 2:  # curves since schema 1.9
         row.update(loss_curve=losses, loss_curve_tokens=at)
     if batch == 1:
         row.update(process_start_s=rng.uniform(2, 6), import_s=rng.uniform(3, 9), process_setup_s=rng.uniform(1, 4))
     if cluster != "mi300x" and run >= 2:  # energy measured on these GPUs (schema 1.10)
         joules_per_token = 700 / tokens * rng.uniform(0.9, 1.1)
-        row.update(energy_j=joules_per_token * tokens * 8 * step * measure, energy_sampled_j=None,
-                   avg_power_w=680 + rng.uniform(-30, 20), joules_per_token=joules_per_token / 8,
-                   tokens_per_kwh=3.6e6 / (joules_per_token / 8), tflops_per_watt=6 * n_params / (joules_per_token / 8) / 1e12,
-                   power_limit_w=700.0 if cluster == "h200" else 1000.0, sm_clock_mhz=1800 + rng.uniform(-60, 60),
-                   sm_clock_max_mhz=1980.0, gpu_temp_c=60 + rng.uniform(0, 15),
-                   energy_source="counter" if cluster == "h200" else "sampled")
+        row.update(
+            energy_j=joules_per_token * tokens * 8 * step * measure,
+            energy_sampled_j=None,
+            avg_power_w=680 + rng.uniform(-30, 20),
+            joules_per_token=joules_per_token / 8,
+            tokens_per_kwh=3.6e6 / (joules_per_token / 8),
+            tflops_per_watt=6 * n_params / (joules_per_token / 8) / 1e12,
+            power_limit_w=700.0 if cluster == "h200" else 1000.0,
+            sm_clock_mhz=1800 + rng.uniform(-60, 60),
+            sm_clock_max_mhz=1980.0,
+            gpu_temp_c=60 + rng.uniform(0, 15),
+            energy_source="counter" if cluster == "h200" else "sampled",
+        )
     return row
 
 
@@ -106,24 +140,45 @@ def make_rows() -> list[dict]:
                             n = len(rows) + 1
                             status, error = _status(rng, cluster, model, precision, batch)
                             started = t0 + dt.timedelta(days=run - 1, minutes=n)
-                            row = {"run_id": f"{cluster}-run{run}", "trial_id": f"t{n:05d}", "attempt": 1,
-                                   "grid_name": "golden", "cluster": cluster, "accelerator": cluster,
-                                   "cost_per_gpu_hour": cost, "world_size": 8, "nodes": 1,
-                                   "hostname": f"{cluster}-node0", "model": model,
-                                   "model_spec": _spec_json(model) if model != "gpt2-1.5b" else None,
-                                   "precision": precision, "compile": compile_, "ac": "none", "batch_size": batch,
-                                   "seq_len": SEQ, **TRAINING_DEFAULTS, "grad_accum": accum,
-                                   "status": status, "error": error, "ray_version": "2.40.0",
-                                   "git_sha": f"abc{run}def", "started_at": started,
-                                   "finished_at": started + dt.timedelta(seconds=50)}
+                            row = {
+                                "run_id": f"{cluster}-run{run}",
+                                "trial_id": f"t{n:05d}",
+                                "attempt": 1,
+                                "grid_name": "golden",
+                                "cluster": cluster,
+                                "accelerator": cluster,
+                                "cost_per_gpu_hour": cost,
+                                "world_size": 8,
+                                "nodes": 1,
+                                "hostname": f"{cluster}-node0",
+                                "model": model,
+                                "model_spec": _spec_json(model) if model != "gpt2-1.5b" else None,
+                                "precision": precision,
+                                "compile": compile_,
+                                "ac": "none",
+                                "batch_size": batch,
+                                "seq_len": SEQ,
+                                **TRAINING_DEFAULTS,
+                                "grad_accum": accum,
+                                "status": status,
+                                "error": error,
+                                "ray_version": "2.40.0",
+                                "git_sha": f"abc{run}def",
+                                "started_at": started,
+                                "finished_at": started + dt.timedelta(seconds=50),
+                            }
                             if cluster == "b200" and run == 3:
                                 row.update(power_cost_per_kwh=0.12, pue=1.3)
                             if status == "ok":
-                                row.update(_metrics(rng, cluster, model, precision, batch, accum, compile_, run),
-                                           gpu_name=f"NVIDIA {cluster.upper()}" if cluster != "mi300x" else "AMD MI300X",
-                                           driver_version="570.86" if run < 3 else "575.51", cuda_version="12.8",
-                                           torch_version="2.11.0+cu128" if run == 1 else "2.12.0+cu128",
-                                           torchao_version="0.14.0", te_version=None if cluster == "mi300x" else "2.8")
+                                row.update(
+                                    _metrics(rng, cluster, model, precision, batch, accum, compile_, run),
+                                    gpu_name=f"NVIDIA {cluster.upper()}" if cluster != "mi300x" else "AMD MI300X",
+                                    driver_version="570.86" if run < 3 else "575.51",
+                                    cuda_version="12.8",
+                                    torch_version="2.11.0+cu128" if run == 1 else "2.12.0+cu128",
+                                    torchao_version="0.14.0",
+                                    te_version=None if cluster == "mi300x" else "2.8",
+                                )
                             rows.append(row)
     return rows
 
@@ -135,19 +190,51 @@ def old_rows() -> pa.Table:
     rows = []
     for i, (precision, batch) in enumerate((p, b) for p in PRECISIONS for b in BATCHES):
         status, _ = _status(rng, "h200", "llama3-8b", precision, batch)
-        row = {"run_id": "h200-old", "trial_id": f"old{i:03d}", "attempt": 1, "cluster": "h200", "accelerator": "h200",
-               "world_size": 8, "model": "llama3-8b", "precision": precision, "compile": "none", "ac": "none",
-               "batch_size": batch, "seq_len": SEQ, "status": status,
-               "error": None if status == "ok" else "CUDA out of memory", "started_at": t0 + dt.timedelta(minutes=i),
-               "finished_at": t0 + dt.timedelta(minutes=i, seconds=40)}
+        row = {
+            "run_id": "h200-old",
+            "trial_id": f"old{i:03d}",
+            "attempt": 1,
+            "cluster": "h200",
+            "accelerator": "h200",
+            "world_size": 8,
+            "model": "llama3-8b",
+            "precision": precision,
+            "compile": "none",
+            "ac": "none",
+            "batch_size": batch,
+            "seq_len": SEQ,
+            "status": status,
+            "error": None if status == "ok" else "CUDA out of memory",
+            "started_at": t0 + dt.timedelta(minutes=i),
+            "finished_at": t0 + dt.timedelta(minutes=i, seconds=40),
+        }
         if status == "ok":
-            row.update({k: v for k, v in _metrics(rng, "h200", "llama3-8b", precision, batch, 1, "none", 1).items()
-                        if k in ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "step_time_s", "peak_mem_gib",
-                                 "loss_first", "loss_last", "flops_per_token", "peak_tflops")})
+            row.update(
+                {
+                    k: v
+                    for k, v in _metrics(rng, "h200", "llama3-8b", precision, batch, 1, "none", 1).items()
+                    if k
+                    in (
+                        "tflops_per_gpu",
+                        "mfu",
+                        "tokens_per_s_per_gpu",
+                        "step_time_s",
+                        "peak_mem_gib",
+                        "loss_first",
+                        "loss_last",
+                        "flops_per_token",
+                        "peak_tflops",
+                    )
+                }
+            )
             row["gpu_name"] = "NVIDIA H200"
         rows.append(row)
-    old = [f for f in RESULT_SCHEMA if f.name not in (*TRAINING_DEFAULTS, "loss_curve", "loss_curve_tokens",
-                                                       "step_time_ci_pct", "ci_target_met", "energy_j")]
+    old = [
+        f
+        for f in RESULT_SCHEMA
+        if f.name
+        not in (*TRAINING_DEFAULTS, "loss_curve", "loss_curve_tokens", "step_time_ci_pct", "ci_target_met", "energy_j")
+    ]
     return pa.Table.from_pylist(rows, schema=pa.schema(old, metadata={VERSION_KEY: b"1.2"}))
 
 
@@ -162,8 +249,30 @@ def write_folder(out: Path) -> Path:
     old = out / "cluster=h200" / "run=h200-old" / "old.parquet"
     old.parent.mkdir(parents=True)
     pq.write_table(old_rows(), old)
-    best = next(r for r in rows if r["cluster"] == "h200" and r["model"] == "llama3-8b" and r["precision"] == "fp8-te"
-                and r["batch_size"] == 2 and r["status"] == "ok" and r["compile"] == "regional")
-    write_verdicts(out, "h200-run3", [{"kind": "fastest", "cluster": "h200", "model": "llama3-8b", "precision": "fp8-te",
-                                       "seq_len": SEQ, "gpus": 8, "best_trial_id": best["trial_id"], "aborted": None}])
+    best = next(
+        r
+        for r in rows
+        if r["cluster"] == "h200"
+        and r["model"] == "llama3-8b"
+        and r["precision"] == "fp8-te"
+        and r["batch_size"] == 2
+        and r["status"] == "ok"
+        and r["compile"] == "regional"
+    )
+    write_verdicts(
+        out,
+        "h200-run3",
+        [
+            {
+                "kind": "fastest",
+                "cluster": "h200",
+                "model": "llama3-8b",
+                "precision": "fp8-te",
+                "seq_len": SEQ,
+                "gpus": 8,
+                "best_trial_id": best["trial_id"],
+                "aborted": None,
+            }
+        ],
+    )
     return out

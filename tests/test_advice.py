@@ -23,8 +23,12 @@ def test_plan_warns_about_torchao_fp8_without_compile_on_gpus(cli, write_grid):
 
 def test_no_warning_when_torchao_fp8_is_compiled_or_on_cpu_ranks(cli, write_grid):
     compiled = cli("plan", write_grid(EAGER_TORCHAO.replace("[none, regional]", "regional")), "--cluster", "h200")
-    cpu = cli("plan", write_grid(EAGER_TORCHAO.replace("llama3-8b", "gpt-tiny").replace("4096", "64"), "cpu.yaml"),
-              "--cluster", "local")
+    cpu = cli(
+        "plan",
+        write_grid(EAGER_TORCHAO.replace("llama3-8b", "gpt-tiny").replace("4096", "64"), "cpu.yaml"),
+        "--cluster",
+        "local",
+    )
     for result in (compiled, cpu):
         assert result.exit_code == 0, result.output
         assert "warning:" not in result.output
@@ -42,14 +46,16 @@ def test_a_grid_of_more_than_1000_trials_is_named_in_the_plan_and_run_needs_yes(
 
     run = cli("run", *axes, "--cluster", "local", "--output", tmp_path / "out", "--no-progress")
     assert run.exit_code == 2
-    assert run.stderr.strip() == ("error: 1002 trials (more than 1000): check the grid with `sweep plan`, "
-                                  "then run it with --yes")
+    assert run.stderr.strip() == (
+        "error: 1002 trials (more than 1000): check the grid with `sweep plan`, then run it with --yes"
+    )
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("n, warned", [(1000, False), (1001, True)])
 def test_the_size_gate_starts_past_1000(cli, n, warned):
-    result = cli("plan", "--model", "gpt-tiny", "--precision", "fp32", "--compile", "none", *_many(n),
-                 "--cluster", "local")
+    result = cli(
+        "plan", "--model", "gpt-tiny", "--precision", "fp32", "--compile", "none", *_many(n), "--cluster", "local"
+    )
     assert result.exit_code == 0
     assert ("more than 1000" in result.output) is warned

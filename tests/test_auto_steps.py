@@ -18,8 +18,15 @@ from sweep.record.schema import TRAINING_DEFAULTS, VERSION_KEY, to_table
 from sweep.results.render import sig
 
 # a bounded timeout: ranks that disagreed on the last step would wait in a collective until it
-GRID = {"models": ["llama-tiny"], "precisions": ["bf16"], "batch_sizes": [2], "seq_len": 32, "gpus": 2,
-        "compile": "none", "timeout_s": 120}
+GRID = {
+    "models": ["llama-tiny"],
+    "precisions": ["bf16"],
+    "batch_sizes": [2],
+    "seq_len": 32,
+    "gpus": 2,
+    "compile": "none",
+    "timeout_s": 120,
+}
 
 
 TOKENS_PER_STEP = 1 * 2 * 32 * 2  # grad_accum x batch x seq_len x ranks: every rank trains its own micro-batches
@@ -60,8 +67,10 @@ def test_auto_steps_stop_together_and_rows_carry_the_counts_and_ci(ray_session, 
         assert warnings == []
     else:
         (line,) = warnings
-        assert line.startswith(f"warning: llama-tiny bf16 bsz 2 (trial {row['trial_id'][:8]}): step time "
-                               f"±{sig(ci, 3)} % after {row['warmup_steps']}+{row['measure_steps']} steps (target ±1 %)")
+        assert line.startswith(
+            f"warning: llama-tiny bf16 bsz 2 (trial {row['trial_id'][:8]}): step time "
+            f"±{sig(ci, 3)} % after {row['warmup_steps']}+{row['measure_steps']} steps (target ±1 %)"
+        )
         assert "set steps.measure to a count" in line
     assert_loss_curve(row)
 
@@ -98,7 +107,9 @@ def _uneven_rank(jobs: list, queue) -> None:
 @pytest.mark.integration
 def test_every_rank_stops_where_rank_0_decides(run_ranks, free_ports):
     (port,) = free_ports(1)
-    counts = dict((rank, (warmup, measure)) for rank, warmup, measure in run_ranks(_uneven_rank, [[(0, port)], [(1, port)]]))
+    counts = dict(
+        (rank, (warmup, measure)) for rank, warmup, measure in run_ranks(_uneven_rank, [[(0, port)], [(1, port)]])
+    )
     assert counts == {0: (50, 100), 1: (50, 100)}
 
 
@@ -119,8 +130,13 @@ def test_auto_is_not_the_default():
     assert (steps.warmup, steps.measure) == (3, 10)
 
 
-@pytest.mark.parametrize("steps, message", [({"warmup": "autox"}, "steps.warmup: expected a whole number >= 0, or auto"),
-                                            ({"measure": 0}, "steps.measure: expected a whole number >= 1, or auto")])
+@pytest.mark.parametrize(
+    "steps, message",
+    [
+        ({"warmup": "autox"}, "steps.warmup: expected a whole number >= 0, or auto"),
+        ({"measure": 0}, "steps.measure: expected a whole number >= 1, or auto"),
+    ],
+)
 def test_a_bad_steps_value_is_one_line(tmp_path, steps, message):
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({**GRID, "steps": steps}))
@@ -130,8 +146,15 @@ def test_a_bad_steps_value_is_one_line(tmp_path, steps, message):
 
 def test_rows_before_schema_1_5_read_without_a_ci(tmp_path):
     now = datetime(2026, 11, 29, tzinfo=timezone.utc)
-    row = {"run_id": "r", "trial_id": "t", "status": "ok", "step_time_s": 0.5, "started_at": now, "finished_at": now,
-           **TRAINING_DEFAULTS}
+    row = {
+        "run_id": "r",
+        "trial_id": "t",
+        "status": "ok",
+        "step_time_s": 0.5,
+        "started_at": now,
+        "finished_at": now,
+        **TRAINING_DEFAULTS,
+    }
     old = to_table([row]).drop_columns(["step_time_ci_pct"]).replace_schema_metadata({VERSION_KEY: b"1.4"})
     pq.write_table(old, tmp_path / "old.parquet")
     (back,) = store.read_table(tmp_path).to_pylist()

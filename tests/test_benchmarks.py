@@ -18,8 +18,12 @@ CAMPAIGNS = sorted(p for p in (BENCH / "campaigns").iterdir() if p.is_dir())
 H200X2 = BENCH / "profiles" / "h200x2.yaml"
 # multinode runs its grid on both profiles (benchmarks/device/job.sh multinode)
 PROFILES = {"multinode": [H200X2, BENCH / "profiles" / "h200-2nodes.yaml"]}
-GRIDS = [(grid, profile) for campaign in CAMPAIGNS for grid in sorted(campaign.glob("*.yaml"))
-         for profile in PROFILES.get(campaign.name, [H200X2])]
+GRIDS = [
+    (grid, profile)
+    for campaign in CAMPAIGNS
+    for grid in sorted(campaign.glob("*.yaml"))
+    for profile in PROFILES.get(campaign.name, [H200X2])
+]
 
 
 def test_there_are_campaigns_and_each_has_a_grid():
@@ -69,17 +73,24 @@ def test_run_sh_runs_every_grid_past_one_that_measured_nothing_then_exports(tmp_
     (bench / "campaigns" / "tiny" / "b-bf16.yaml").write_text(tiny_grid(precisions=["bf16"], seq_len=64))
     env = {**sweep_env(), "SWEEP": f"{sys.executable} -m sweep"}
     out = tmp_path / "rows"
-    done = subprocess.run(["bash", str(bench / "run.sh"), "tiny", "local", str(out)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", str(bench / "run.sh"), "tiny", "local", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 3, done.stderr
     assert "measured nothing" in done.stderr
-    table = done.stdout[done.stdout.index("| precision"):]  # the export, after the runs' own tables
-    assert re.search(r"^\| bf16 \| ok \|", table, re.M) and re.search(r"^\| fp8-te-delayed \| unsupported \|", table, re.M)
+    table = done.stdout[done.stdout.index("| precision") :]  # the export, after the runs' own tables
+    assert re.search(r"^\| bf16 \| ok \|", table, re.M) and re.search(
+        r"^\| fp8-te-delayed \| unsupported \|", table, re.M
+    )
     assert len(list(out.glob("cluster=local/run=*"))) == 2  # one run per grid, one folder
 
 
 def test_run_sh_refuses_an_unknown_campaign_and_lists_the_real_ones():
-    done = subprocess.run(["bash", str(BENCH / "run.sh"), "no-such-campaign", "local"], capture_output=True,
-                          text=True)
+    done = subprocess.run(["bash", str(BENCH / "run.sh"), "no-such-campaign", "local"], capture_output=True, text=True)
     assert done.returncode == 2
     assert "no campaign 'no-such-campaign'" in done.stderr and "llama3-8b-torch-vs-probes" in done.stderr

@@ -95,12 +95,20 @@ COVERAGE = {
     "results verdicts": "test_tune_cli.py::test_results_verdicts_and_compare_best_read_the_tune",
 }
 
-TINY = dict(models=["llama-tiny"], batch_sizes=[2], seq_len=64, gpus=2, compile="none",
-            steps={"warmup": 1, "measure": 2})
+TINY = dict(
+    models=["llama-tiny"], batch_sizes=[2], seq_len=64, gpus=2, compile="none", steps={"warmup": 1, "measure": 2}
+)
 # Logits dominate its memory (B x T x V floats), so memory grows steeply with the batch: under a 128 MiB
 # cap per rank, batch 4 fits (about 110 MiB) and batch 8 does not.
-WIDE_VOCAB = {"arch": "gpt", "name": "wide-vocab", "n_layers": 1, "d_embd": 64, "n_heads": 4, "vocab_size": 4096,
-              "max_seq_len": 128}
+WIDE_VOCAB = {
+    "arch": "gpt",
+    "name": "wide-vocab",
+    "n_layers": 1,
+    "d_embd": 64,
+    "n_heads": 4,
+    "vocab_size": 4096,
+    "max_seq_len": 128,
+}
 CAP_MIB = 128
 
 
@@ -151,6 +159,7 @@ def differs(a: float, b: float) -> bool:
 
 # -- the README's grid, shrunk to tiny sizes, and one option changed at a time ----------------------------
 
+
 @pytest.fixture(scope="module")
 def options_run(ray_session, tmp_path_factory):
     """The README's grid block with CPU sizes (its `search` and `memory_cap` have tests of their own), then
@@ -181,7 +190,8 @@ def test_readme_grid_runs_every_precision_and_stores_its_name(options_run):
     first = [r for r in options_run["rows"] if r["trial_id"] in options_run["first"]]
     # fp8_lm_head folds away for bf16; FP8 recipes run with and without it
     assert sorted((r["precision"], r["fp8_lm_head"]) for r in first) == sorted(
-        [("bf16", False)] + [(p, head) for p in grid["precisions"] if p != "bf16" for head in (False, True)])
+        [("bf16", False)] + [(p, head) for p in grid["precisions"] if p != "bf16" for head in (False, True)]
+    )
     for r in first:
         assert r["grid_name"] == grid["name"] == "fp8-vs-bf16"
         assert (r["model"], r["batch_size"], r["seq_len"], r["world_size"]) == ("llama-tiny", 2, 64, 2)
@@ -204,8 +214,9 @@ def test_fp8_recipe_trains_and_fp8_lm_head_changes_the_head(options_run):
     bf16 = _baseline(options_run)
     assert plain["torchao_version"] and plain["status"] == head["status"] == "ok"
     # the same initial weights and data, FP8 matmuls: close to bf16 at the first step, not equal
-    assert plain["loss_first"] == pytest.approx(bf16["loss_first"], rel=0.02) and differs(plain["loss_first"],
-                                                                                          bf16["loss_first"])
+    assert plain["loss_first"] == pytest.approx(bf16["loss_first"], rel=0.02) and differs(
+        plain["loss_first"], bf16["loss_first"]
+    )
     assert differs(head["loss_first"], plain["loss_first"])  # the head's matmul is FP8 too
 
 
@@ -235,8 +246,9 @@ def test_compile_full_is_compiled_and_compare_by_compile(options_run):
     assert differs(full["loss_first"], base["loss_first"])
     # compiling takes many steady steps (seconds against milliseconds)
     assert full["compile_time_s"] > 20 * full["step_time_s"]
-    result = sweep("results", "compare", options_run["out"], "--by", "compile", "--where", "precision=bf16",
-                   "--format", "csv")
+    result = sweep(
+        "results", "compare", options_run["out"], "--by", "compile", "--where", "precision=bf16", "--format", "csv"
+    )
     assert result.exit_code == 0, result.output
     (line,) = _csv(result.stdout)
     assert line["compile"] == "full" and float(line["base_tflops_per_gpu"]) == pytest.approx(base["tflops_per_gpu"])
@@ -252,17 +264,44 @@ def _csv(text: str) -> list[dict]:
 
 # -- one run per option that needs its own grid ---------------------------------------------------------
 
+
 def test_grid_less_run_takes_every_axis_from_options(ray_session, tmp_path, options_run):
     """`sweep run --model ...` with no grid file: the README's one-trial form, here with two micro-batches."""
     out = tmp_path / "out"
-    result = sweep("run", "--model", "llama-tiny", "--precision", "bf16", "--batch-size", 2, "--gpus", 2,
-                   "--seq-len", 64, "--compile", "none", "--grad-accum", 2, "--cluster", "local", "--output", out,
-                   "--no-progress")
+    result = sweep(
+        "run",
+        "--model",
+        "llama-tiny",
+        "--precision",
+        "bf16",
+        "--batch-size",
+        2,
+        "--gpus",
+        2,
+        "--seq-len",
+        64,
+        "--compile",
+        "none",
+        "--grad-accum",
+        2,
+        "--cluster",
+        "local",
+        "--output",
+        out,
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     (row,) = rows(out)
     assert row["status"] == "ok", row["error"]
-    assert (row["model"], row["precision"], row["batch_size"], row["world_size"], row["seq_len"], row["compile"],
-            row["grad_accum"]) == ("llama-tiny", "bf16", 2, 2, 64, "none", 2)
+    assert (
+        row["model"],
+        row["precision"],
+        row["batch_size"],
+        row["world_size"],
+        row["seq_len"],
+        row["compile"],
+        row["grad_accum"],
+    ) == ("llama-tiny", "bf16", 2, 2, 64, "none", 2)
     assert row["grid_name"] is None and (row["warmup_steps"], row["measure_steps"]) == (3, 10)  # the defaults
     assert row["tokens_per_s_per_gpu"] == pytest.approx(2 * 2 * 64 / row["step_time_s"])
     # the first step's loss is the mean over its two micro-batches: about the one-micro-batch loss of the same
@@ -275,11 +314,27 @@ def test_grid_less_run_takes_every_axis_from_options(ray_session, tmp_path, opti
 @pytest.fixture(scope="module")
 def ac_run(ray_session, tmp_path_factory):
     """8 blocks and a small vocabulary: the blocks' saved activations dominate a rank's peak memory."""
-    deep = {"arch": "llama", "name": "deep", "n_layers": 8, "d_embd": 64, "n_heads": 4, "n_kv_heads": 2,
-            "ffn_hidden": 512, "vocab_size": 64}
-    out = run_grid(tmp_path_factory.mktemp("ac"), {**TINY, "models": [deep], "precisions": ["fp32"],
-                                                    "batch_sizes": [4], "seq_len": 256,
-                                                    "ac": ["none", "selective", "full"]})
+    deep = {
+        "arch": "llama",
+        "name": "deep",
+        "n_layers": 8,
+        "d_embd": 64,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "ffn_hidden": 512,
+        "vocab_size": 64,
+    }
+    out = run_grid(
+        tmp_path_factory.mktemp("ac"),
+        {
+            **TINY,
+            "models": [deep],
+            "precisions": ["fp32"],
+            "batch_sizes": [4],
+            "seq_len": 256,
+            "ac": ["none", "selective", "full"],
+        },
+    )
     return out, {r["ac"]: r for r in rows(out)}
 
 
@@ -302,17 +357,36 @@ def test_activation_checkpointing_recomputes_blocks_and_compare_by_ac(ac_run):
 
 
 def _oom_grid(batches: list[int], **keys) -> dict:
-    return {**TINY, "models": [WIDE_VOCAB], "precisions": ["bf16"], "batch_sizes": batches, "seq_len": 128,
-            "steps": {"warmup": 1, "measure": 1}, **keys}
+    return {
+        **TINY,
+        "models": [WIDE_VOCAB],
+        "precisions": ["bf16"],
+        "batch_sizes": batches,
+        "seq_len": 128,
+        "steps": {"warmup": 1, "measure": 1},
+        **keys,
+    }
 
 
 def test_on_oom_next_with_min_batch_under_a_profile_cap(ray_session, tmp_path):
     """A profile's memory_per_device caps every rank; `next` retries B-1 and stops at min_batch."""
     profile = tmp_path / "capped.yaml"
-    profile.write_text(yaml.safe_dump({"name": "capped", "accelerator": "cpu", "ray_address": "local", "nodes": 1,
-                                       "gpus_per_node": 2, "cpus_per_rank": 1, "memory_per_device": f"{CAP_MIB}MiB"}))
-    out = run_grid(tmp_path, _oom_grid([64], on_oom={"policy": "next", "min_batch": 63}), "--cluster", profile,
-                   measures=False)
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "name": "capped",
+                "accelerator": "cpu",
+                "ray_address": "local",
+                "nodes": 1,
+                "gpus_per_node": 2,
+                "cpus_per_rank": 1,
+                "memory_per_device": f"{CAP_MIB}MiB",
+            }
+        )
+    )
+    out = run_grid(
+        tmp_path, _oom_grid([64], on_oom={"policy": "next", "min_batch": 63}), "--cluster", profile, measures=False
+    )
     attempts = by_attempt(out)
     assert [(r["batch_size"], r["status"]) for r in attempts] == [(64, "oom"), (63, "oom")]
     assert attempts[1]["parent_trial_id"] == attempts[0]["trial_id"]
@@ -324,8 +398,14 @@ def test_on_oom_next_with_min_batch_under_a_profile_cap(ray_session, tmp_path):
 def test_on_oom_bisect_goes_midway_to_what_fits(ray_session, tmp_path):
     """Batch 2 fits, 64 does not: bisect retries (2 + 64) // 2 = 33 (halve would try 32, next 63), and then
     stops, since the next midpoint (17) is below min_batch. One trial at a time, so 2 is known first."""
-    out = run_grid(tmp_path, _oom_grid([2, 64], on_oom={"policy": "bisect", "min_batch": 33}),
-                   "--memory-cap", f"{CAP_MIB}MiB", "--max-concurrent", 1)
+    out = run_grid(
+        tmp_path,
+        _oom_grid([2, 64], on_oom={"policy": "bisect", "min_batch": 33}),
+        "--memory-cap",
+        f"{CAP_MIB}MiB",
+        "--max-concurrent",
+        1,
+    )
     got = {r["batch_size"]: r for r in rows(out)}
     assert {b: r["status"] for b, r in got.items()} == {2: "ok", 64: "oom", 33: "oom"}
     assert got[33]["parent_trial_id"] == got[64]["trial_id"] and got[33]["attempt"] == 2
@@ -347,8 +427,11 @@ def test_grid_memory_cap_makes_ranks_really_fail(ray_session, tmp_path):
 
 def test_timeout_s_kills_a_trial_past_it(ray_session, tmp_path):
     """A trial of 10^6 steps under `timeout_s: 1`: killed and recorded, not retried."""
-    out = run_grid(tmp_path, {**TINY, "precisions": ["bf16"], "steps": {"warmup": 1, "measure": 1_000_000},
-                              "timeout_s": 1}, measures=False)
+    out = run_grid(
+        tmp_path,
+        {**TINY, "precisions": ["bf16"], "steps": {"warmup": 1, "measure": 1_000_000}, "timeout_s": 1},
+        measures=False,
+    )
     (row,) = rows(out)
     assert row["status"] == "timeout" and "past the 1 s limit" in row["error"], row["error"]
 
@@ -357,9 +440,32 @@ def test_max_batch_command_and_search_with_two_precisions(ray_session, tmp_path)
     """The README's `sweep max-batch` line, on CPU sizes: one verdict per precision; one that cannot run
     here is recorded unsupported and ends its search at once."""
     out = tmp_path / "out"
-    result = sweep("max-batch", "--model", "gpt-tiny", "--precision", "bf16", "--precision", "fp8-te-delayed",
-                   "--gpus", 2, "--seq-len", 1024, "--compile", "none", "--warmup", 0, "--measure", 1,
-                   "--memory-cap", "96MiB", "--cluster", "local", "--output", out, "--no-progress")
+    result = sweep(
+        "max-batch",
+        "--model",
+        "gpt-tiny",
+        "--precision",
+        "bf16",
+        "--precision",
+        "fp8-te-delayed",
+        "--gpus",
+        2,
+        "--seq-len",
+        1024,
+        "--compile",
+        "none",
+        "--warmup",
+        0,
+        "--measure",
+        1,
+        "--memory-cap",
+        "96MiB",
+        "--cluster",
+        "local",
+        "--output",
+        out,
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     verdicts = {v["precision"]: v for v in json.loads(next((out / "_search").glob("*.json")).read_text())}
     assert set(verdicts) == {"bf16", "fp8-te-delayed"}
@@ -372,6 +478,7 @@ def test_max_batch_command_and_search_with_two_precisions(ray_session, tmp_path)
 
 
 # -- no trial runs ----------------------------------------------------------------------------------------
+
 
 def test_readme_grid_block_plans_on_h200(tmp_path):
     """The README's grid block, verbatim, through `sweep plan --cluster h200`: every key is accepted."""
@@ -394,8 +501,9 @@ def test_sweep_debug_brings_the_traceback_back(tmp_path):
     command = [sys.executable, "-m", "sweep", "plan", str(grid), "--cluster", "local"]
     plain = subprocess.run(command, capture_output=True, text=True, env=clean, cwd=ROOT, timeout=120)
     assert plain.returncode == 2 and plain.stderr.startswith("error: ") and len(plain.stderr.splitlines()) == 1
-    debug = subprocess.run(command, capture_output=True, text=True, env={**clean, "SWEEP_DEBUG": "1"}, cwd=ROOT,
-                           timeout=120)
+    debug = subprocess.run(
+        command, capture_output=True, text=True, env={**clean, "SWEEP_DEBUG": "1"}, cwd=ROOT, timeout=120
+    )
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
     assert "sweep.errors.UserError" in debug.stderr and "batchsize" in debug.stderr
 

@@ -102,18 +102,41 @@ def test_missing_file(tmp_path):
 
 def test_catalog_figures_are_dense_and_sourced():
     catalog = load_catalog()
-    assert set(catalog) == {"a100", "h100", "h100-pcie", "h100-nvl", "h200", "b200", "mi300x", "mi325x", "mi355x", "cpu"}
+    assert set(catalog) == {
+        "a100",
+        "h100",
+        "h100-pcie",
+        "h100-nvl",
+        "h200",
+        "b200",
+        "mi300x",
+        "mi325x",
+        "mi355x",
+        "cpu",
+    }
     assert catalog["h100"].peak_tflops == {"fp32": 494.7, "bf16": 989.4, "fp8": 1978.9}
     assert catalog["h200"].peak_tflops == catalog["h100"].peak_tflops
-    assert catalog["mi325x"].peak_tflops == catalog["mi300x"].peak_tflops == {"fp32": 163.4, "bf16": 1307.4, "fp8": 2614.9}
+    assert (
+        catalog["mi325x"].peak_tflops == catalog["mi300x"].peak_tflops == {"fp32": 163.4, "bf16": 1307.4, "fp8": 2614.9}
+    )
     assert (catalog["b200"].peak_tflops["bf16"], catalog["b200"].peak_tflops["fp8"]) == (2250, 4500)
     assert (catalog["mi355x"].peak_tflops["bf16"], catalog["mi355x"].peak_tflops["fp8"]) == (2516.6, 5033.2)
     assert catalog["a100"].peak_tflops == {"fp32": 156, "bf16": 312, "fp8": None}  # Ampere: no FP8
     assert catalog["h100-pcie"].peak_tflops == {"fp32": 378, "bf16": 756.5, "fp8": 1513}
     assert catalog["h100-nvl"].peak_tflops == {"fp32": 417.5, "bf16": 835.5, "fp8": 1670.5}
     memory = {name: acc.memory_gib for name, acc in catalog.items()}
-    assert memory == {"a100": 80, "h100": 80, "h100-pcie": 80, "h100-nvl": 94, "h200": 141, "b200": 180,
-                      "mi300x": 192, "mi325x": 256, "mi355x": 288, "cpu": None}
+    assert memory == {
+        "a100": 80,
+        "h100": 80,
+        "h100-pcie": 80,
+        "h100-nvl": 94,
+        "h200": 141,
+        "b200": 180,
+        "mi300x": 192,
+        "mi325x": 256,
+        "mi355x": 288,
+        "cpu": None,
+    }
     for acc in catalog.values():
         if acc.is_gpu:
             assert all(acc.sources[f] for f in acc.peak_tflops if acc.peak_tflops[f] is not None)
@@ -172,8 +195,11 @@ def test_peak_tflops_rejects_an_unknown_family():
         ({"gpus_per_node": 0}, r"gpus_per_node: expected a whole number >= 1, or 'auto'"),
         ({"gpus_per_node": "auto"}, r"gpus_per_node: 'auto' is only for CPU profiles"),
         ({"accelerator": "a1000"}, r"accelerator: unknown accelerator 'a1000' — did you mean 'a100'\?$"),
-        ({"accelerator": "gaudi3"}, r"accelerator: unknown accelerator 'gaudi3'; valid: a100, b200, cpu, h100, h100-nvl, "
-                                 r"h100-pcie, h200, mi300x, mi325x, mi355x \(or a mapping that declares the part"),
+        (
+            {"accelerator": "gaudi3"},
+            r"accelerator: unknown accelerator 'gaudi3'; valid: a100, b200, cpu, h100, h100-nvl, "
+            r"h100-pcie, h200, mi300x, mi325x, mi355x \(or a mapping that declares the part",
+        ),
         ({"accelerator": ["h100"]}, r"accelerator: expected a name from clusters/accelerators.yaml, or a mapping"),
         ({"ray_address": "http://head"}, r"ray_address: expected 'local', 'auto', 'ray://host:port' or 'host:port'"),
         ({"ray_address": "head:99999"}, r"ray_address: expected"),
@@ -246,7 +272,9 @@ def test_bad_memory_sizes(text):
 
 def test_profile_module_imports_neither_torch_nor_ray():
     assert clusters.ClusterProfile is ClusterProfile
-    code = "import clusters, sys; clusters.load_profile('h100'); print([m for m in ('torch', 'ray') if m in sys.modules])"
+    code = (
+        "import clusters, sys; clusters.load_profile('h100'); print([m for m in ('torch', 'ray') if m in sys.modules])"
+    )
     repo = Path(__file__).parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo)
     assert out.stdout.strip() == "[]"
@@ -274,7 +302,15 @@ def test_cli_list(cli_app):
 def test_cli_show(cli_app, tmp_path):
     result = CliRunner().invoke(cli_app, ["clusters", "show", "mi300x"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    for text in ("mi300x (amd)", "e4m3fnuz", "1307.4", "2614.9", "163.4", "AMD Instinct MI300X", "PYTORCH_HIP_ALLOC_CONF"):
+    for text in (
+        "mi300x (amd)",
+        "e4m3fnuz",
+        "1307.4",
+        "2614.9",
+        "163.4",
+        "AMD Instinct MI300X",
+        "PYTORCH_HIP_ALLOC_CONF",
+    ):
         assert text in result.stdout
 
     path = write_profile(tmp_path, {**VALID, "memory_per_device": "64GiB", "env": {"NCCL_DEBUG": "[WARN]"}})
@@ -303,7 +339,10 @@ def test_cli_show_invalid_file_is_one_line_exit_2(cli_app, tmp_path):
     result = CliRunner().invoke(cli_app, ["clusters", "show", str(path)])
     assert result.exit_code == 2
     (line,) = result.stderr.splitlines()
-    assert line.startswith("error: Invalid cluster profile ") and "nodes: Input should be greater than or equal to 1 (got -1)" in line
+    assert (
+        line.startswith("error: Invalid cluster profile ")
+        and "nodes: Input should be greater than or equal to 1 (got -1)" in line
+    )
 
 
 # --- a part the catalog lacks, declared in the profile ---------------------------------------------
@@ -335,8 +374,14 @@ def test_cli_show_a_declared_part(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["clusters", "show", "my.yaml"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    for text in ("a100-40gb (nvidia, declared in this profile)", "40 GiB", "compute capability  8.0", "312",
-                 "BF16 312 TFLOPS dense", "no FP8: those recipes are unsupported on a100-40gb"):
+    for text in (
+        "a100-40gb (nvidia, declared in this profile)",
+        "40 GiB",
+        "compute capability  8.0",
+        "312",
+        "BF16 312 TFLOPS dense",
+        "no FP8: those recipes are unsupported on a100-40gb",
+    ):
         assert text in result.stdout, text
     profile = load_profile("my.yaml")
     assert profile.accelerator == "a100-40gb" and profile.declares_accelerator and profile.is_gpu
@@ -348,12 +393,31 @@ def test_plan_on_a_declared_part_without_fp8(tmp_path):
     from sweep.cli import app
 
     path = declared(tmp_path)
-    args = ["plan", "--cluster", str(path), "--model", "llama3-8b", "--batch-size", "2", "--gpus", "8",
-            "-p", "bf16", "-p", "fp8-torchao-tensorwise", "-p", "fp8-torchao-rowwise"]
+    args = [
+        "plan",
+        "--cluster",
+        str(path),
+        "--model",
+        "llama3-8b",
+        "--batch-size",
+        "2",
+        "--gpus",
+        "8",
+        "-p",
+        "bf16",
+        "-p",
+        "fp8-torchao-tensorwise",
+        "-p",
+        "fp8-torchao-rowwise",
+    ]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "on my-a100 (a100-40gb, 8 ranks)" in result.stdout
-    assert _plan_verdicts(result) == {"bf16": "yes", "fp8-torchao-tensorwise": "no (1)", "fp8-torchao-rowwise": "no (2)"}
+    assert _plan_verdicts(result) == {
+        "bf16": "yes",
+        "fp8-torchao-tensorwise": "no (1)",
+        "fp8-torchao-rowwise": "no (2)",
+    }
     assert "fp8-torchao-tensorwise needs CUDA compute capability >= 8.9; a100-40gb has 8.0" in result.stdout
 
     # a part whose capability would allow FP8 but which declares no FP8 peak: the declaration decides
@@ -367,7 +431,10 @@ def test_plan_on_a_declared_part_without_fp8(tmp_path):
 @pytest.mark.parametrize(
     ("part", "expected"),
     [
-        ({"peak_tflops": {"fp32": 156, "bf16": 0, "fp8": None}}, "accelerator.peak_tflops.bf16: Input should be greater than 0 (got 0)"),
+        (
+            {"peak_tflops": {"fp32": 156, "bf16": 0, "fp8": None}},
+            "accelerator.peak_tflops.bf16: Input should be greater than 0 (got 0)",
+        ),
         ({"vendor": "intel"}, "accelerator.vendor: Input should be 'nvidia', 'amd' or 'cpu' (got 'intel')"),
         ({"vendr": "nvidia", "vendor": "drop"}, "accelerator: unknown key 'vendr' — did you mean 'vendor'?"),
         ({"name": "drop"}, "accelerator.name: required key is missing"),

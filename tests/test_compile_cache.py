@@ -10,14 +10,32 @@ import pytest
 import yaml
 from conftest import invoke
 
-GRID = {"models": ["llama-tiny"], "precisions": ["bf16"], "batch_sizes": [2], "seq_len": 32, "gpus": 1,
-        "compile": "regional", "steps": {"warmup": 1, "measure": 1}}
+GRID = {
+    "models": ["llama-tiny"],
+    "precisions": ["bf16"],
+    "batch_sizes": [2],
+    "seq_len": 32,
+    "gpus": 1,
+    "compile": "regional",
+    "steps": {"warmup": 1, "measure": 1},
+}
 
 
 def write_profile(folder: Path, **keys) -> Path:
     path = folder / "profile.yaml"
-    path.write_text(yaml.safe_dump({"name": "cached", "accelerator": "cpu", "ray_address": "local", "nodes": 1,
-                                    "gpus_per_node": 1, "cpus_per_rank": 1, **keys}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "cached",
+                "accelerator": "cpu",
+                "ray_address": "local",
+                "nodes": 1,
+                "gpus_per_node": 1,
+                "cpus_per_rank": 1,
+                **keys,
+            }
+        )
+    )
     return path
 
 
@@ -54,8 +72,9 @@ def test_ranks_compile_into_the_profile_cache_and_a_later_run_reuses_it(ray_sess
 @pytest.mark.integration
 def test_a_profile_env_overrides_the_cache_dir(ray_session, tmp_path):
     mine = tmp_path / "mine"
-    profile = write_profile(tmp_path, compile_cache=str(tmp_path / "unused"),
-                            env={"TORCHINDUCTOR_CACHE_DIR": str(mine)})
+    profile = write_profile(
+        tmp_path, compile_cache=str(tmp_path / "unused"), env={"TORCHINDUCTOR_CACHE_DIR": str(mine)}
+    )
     run(tmp_path, profile, "env")
     assert entries(mine / "fxgraph")
     assert not (tmp_path / "unused").exists()

@@ -8,9 +8,9 @@ Real inductor on CPU (the backend the ranks use; it needs the C++ compiler the m
 from __future__ import annotations
 
 import pytest
+from test_train import _fresh_process, _one_rank_group  # noqa: E402
 
 from sweep.record import store
-from test_train import _fresh_process, _one_rank_group  # noqa: E402
 from trainer.models.specs import REGISTRY
 
 
@@ -18,20 +18,32 @@ def test_dynamic_batch_folds_away_without_compile():
     """`dynamic_batch: [true, false]` is two trials where a trial compiles, one where nothing is traced."""
     from sweep.spec.grid import expand, parse_grid
 
-    grid = parse_grid({"models": ["gpt-tiny"], "batch_sizes": [2], "compile": ["none", "regional"],
-                       "dynamic_batch": [True, False]})
+    grid = parse_grid(
+        {"models": ["gpt-tiny"], "batch_sizes": [2], "compile": ["none", "regional"], "dynamic_batch": [True, False]}
+    )
     assert sorted((t.compile, t.dynamic_batch) for t in expand(grid, cluster="local")) == [
-        ("none", True), ("regional", False), ("regional", True)]
+        ("none", True),
+        ("regional", False),
+        ("regional", True),
+    ]
 
 
 def test_torchao_fp8_keeps_static_shapes():
     """A torchao FP8 trial compiles for each batch (measured slower with a symbolic batch); bf16 keeps the option."""
     from sweep.spec.grid import expand, parse_grid
 
-    grid = parse_grid({"models": ["gpt-tiny"], "batch_sizes": [2], "compile": ["regional"],
-                       "precisions": ["bf16", "fp8-torchao-tensorwise"]})
+    grid = parse_grid(
+        {
+            "models": ["gpt-tiny"],
+            "batch_sizes": [2],
+            "compile": ["regional"],
+            "precisions": ["bf16", "fp8-torchao-tensorwise"],
+        }
+    )
     assert sorted((t.precision, t.dynamic_batch) for t in expand(grid, cluster="local")) == [
-        ("bf16", True), ("fp8-torchao-tensorwise", False)]
+        ("bf16", True),
+        ("fp8-torchao-tensorwise", False),
+    ]
 
 
 def _trial(rank_jobs, batch: int, **fields):
@@ -64,8 +76,9 @@ def test_a_new_batch_size_reuses_the_compiled_graphs_with_the_losses_of_a_fresh_
         _, static_graphs, _ = _run_counting(_trial(rank_jobs, 4, dynamic_batch=False), rank)
     assert [(graphs, recompiles) for _, graphs, recompiles in runs] == [(2, 0), (0, 0), (0, 0)]
     assert static_graphs == 2
-    fresh = run_ranks(_fresh_process, [[_trial(rank_jobs, batch, dynamic_batch=False)] for batch in batches[1:]],
-                      timeout=240)
+    fresh = run_ranks(
+        _fresh_process, [[_trial(rank_jobs, batch, dynamic_batch=False)] for batch in batches[1:]], timeout=240
+    )
     seq_len = _trial(rank_jobs, 2).seq_len
     fresh_losses = {m.tokens_per_step // seq_len: m.losses for m in fresh}  # one rank, no accumulation: the batch
     assert {batch: losses for batch, (losses, _, _) in zip(batches, runs) if batch != 2} == fresh_losses
@@ -96,10 +109,12 @@ def test_a_warm_group_compiles_once_per_graph_for_every_batch_size(ray_session, 
         assert result.exit_code == 0, result.output
     rows = sorted(store.read_table(warm).to_pylist(), key=lambda r: r["started_at"])
     assert [(r["status"], r["group_trial_index"], r["dynamic_batch"]) for r in rows] == [
-        ("ok", i, True) for i in range(6)], [r["error"] for r in rows]
+        ("ok", i, True) for i in range(6)
+    ], [r["error"] for r in rows]
     for precision in ("fp32", "bf16"):
         first, *later = [r for r in rows if r["precision"] == precision]
-        assert len(later) == 2 and all(r["compile_time_s"] < 0.2 * first["compile_time_s"] for r in later), \
-            [(r["precision"], r["batch_size"], r["compile_time_s"]) for r in rows]
+        assert len(later) == 2 and all(r["compile_time_s"] < 0.2 * first["compile_time_s"] for r in later), [
+            (r["precision"], r["batch_size"], r["compile_time_s"]) for r in rows
+        ]
     losses = lambda table: {(r["precision"], r["batch_size"]): r["loss_curve"] for r in table}  # noqa: E731
     assert losses(rows) == losses(store.read_table(fresh).to_pylist())

@@ -35,8 +35,12 @@ def test_a_tiny_grid_parses_and_takes_keys_or_leaves_them_out():
 
 
 def _item(name: str, *fixtures: str, marks: tuple[str, ...] = (), function=None):
-    return SimpleNamespace(nodeid=f"tests/test_x.py::{name}", fixturenames=list(fixtures), function=function,
-                           iter_markers=lambda: [SimpleNamespace(name=m) for m in marks])
+    return SimpleNamespace(
+        nodeid=f"tests/test_x.py::{name}",
+        fixturenames=list(fixtures),
+        function=function,
+        iter_markers=lambda: [SimpleNamespace(name=m) for m in marks],
+    )
 
 
 def _looks_for_a_gpu():
@@ -46,9 +50,15 @@ def _looks_for_a_gpu():
 
 
 def test_a_test_that_starts_ray_or_ranks_or_needs_a_gpu_without_its_mark_is_named():
-    items = [_item("ray", "ray_session", "tmp_path"), _item("ranks", "run_ranks"),
-             _item("ok_ray", "ray_session", marks=("integration",)), _item("unit", "tmp_path"),
-             _item("te", "te"), _item("te_ok", "te", marks=("gpu",)), _item("cuda", function=_looks_for_a_gpu)]
+    items = [
+        _item("ray", "ray_session", "tmp_path"),
+        _item("ranks", "run_ranks"),
+        _item("ok_ray", "ray_session", marks=("integration",)),
+        _item("unit", "tmp_path"),
+        _item("te", "te"),
+        _item("te_ok", "te", marks=("gpu",)),
+        _item("cuda", function=_looks_for_a_gpu),
+    ]
     errors = mark_errors(items)
     assert [e.split(":")[2] for e in errors] == ["ray", "ranks", "te", "cuda"]
     assert "ray_session" in errors[0] and "@pytest.mark.integration" in errors[0]

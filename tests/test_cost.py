@@ -15,8 +15,16 @@ FIVE = ["measured steps", "warm-up", "compile", "start-up", "OOM attempts"]
 
 def _ok(**over) -> dict:
     """An ok attempt on 2 ranks: 10 s held, compile 1 s, 2 warm-up steps of 0.5 s, 3 s of measured steps."""
-    return {"status": "ok", "world_size": 2, "trial_wall_s": 10.0, "compile_time_s": 1.0, "warmup_steps": 2,
-            "step_time_s": 0.5, "steps_time_s": 3.0, **over}
+    return {
+        "status": "ok",
+        "world_size": 2,
+        "trial_wall_s": 10.0,
+        "compile_time_s": 1.0,
+        "warmup_steps": 2,
+        "step_time_s": 0.5,
+        "steps_time_s": 3.0,
+        **over,
+    }
 
 
 def test_an_ok_attempt_splits_its_wall_and_the_rest_is_start_up():
@@ -35,7 +43,9 @@ def test_worker_times_past_the_driver_wall_leave_no_negative_start_up():
     assert parts["start-up"] == 0.0 and measured_share(_ok(trial_wall_s=4.9)) == pytest.approx(3 / 5)
 
 
-@pytest.mark.parametrize("status,part", [("oom", "OOM attempts"), ("error", "failed attempts"), ("timeout", "failed attempts")])
+@pytest.mark.parametrize(
+    "status,part", [("oom", "OOM attempts"), ("error", "failed attempts"), ("timeout", "failed attempts")]
+)
 def test_a_failed_attempt_is_all_waste(status, part):
     parts = attempt_seconds({"status": status, "world_size": 4, "trial_wall_s": 7.0})
     assert parts[part] == 7.0 and sum(parts.values()) == 7.0
@@ -59,7 +69,10 @@ def test_percents_are_whole_and_add_up_to_100():
 def test_summary_line():
     line = summary_line([_ok(), {"status": "oom", "world_size": 2, "trial_wall_s": 5.0}])
     # 30 GPU-s: measured 6, warm-up 2, compile 2, start-up 10, OOM 10
-    assert line == "GPU time: 30 GPU-s held — measured steps 20 %, warm-up 7 %, compile 7 %, start-up 33 %, OOM attempts 33 %"
+    assert (
+        line
+        == "GPU time: 30 GPU-s held — measured steps 20 %, warm-up 7 %, compile 7 %, start-up 33 %, OOM attempts 33 %"
+    )
     assert "failed attempts 50 %" in summary_line([_ok(), {"status": "timeout", "world_size": 2, "trial_wall_s": 10.0}])
     assert summary_line([_ok(world_size=8, trial_wall_s=3600.0)]).startswith("GPU time: 8.0 GPU-h held")
     assert summary_line([{"status": "unsupported"}]) is None
@@ -81,10 +94,13 @@ on_oom: {policy: none}
 
 
 @pytest.mark.integration
-def test_sweep_run_says_where_the_gpu_time_went_and_results_show_has_the_measured_share(ray_session, cli, write_grid,
-                                                                                          tmp_path):
+def test_sweep_run_says_where_the_gpu_time_went_and_results_show_has_the_measured_share(
+    ray_session, cli, write_grid, tmp_path
+):
     out = tmp_path / "out"
-    result = cli("run", write_grid(GRID), "--cluster", "local", "--memory-cap", "128MiB", "--output", out, "--no-progress")
+    result = cli(
+        "run", write_grid(GRID), "--cluster", "local", "--memory-cap", "128MiB", "--output", out, "--no-progress"
+    )
     assert result.exit_code == 0, result.output
     rows = {r["batch_size"]: r for r in store.read_table(out).to_pylist()}
     assert rows[2]["status"] == "ok" and rows[64]["status"] == "oom"
@@ -116,16 +132,20 @@ def test_a_search_is_told_against_one_fresh_trial_of_its_answer():
     from sweep.record.cost import fresh_trial_s
 
     # Llama3-8B bf16 max-batch on 2xH200 (RESULTS.md): batch 1 on a fresh group, the rest warm
-    probes = [{"status": "ok", "batch_size": 1, "group_trial_index": 0, "init_time_s": 12.5, "trial_wall_s": 24.3},
-              {"status": "ok", "batch_size": 2, "group_trial_index": 1, "init_time_s": 0.5, "trial_wall_s": 7.5},
-              {"status": "oom", "batch_size": 5, "group_trial_index": 3, "init_time_s": None, "trial_wall_s": 10.1}]
+    probes = [
+        {"status": "ok", "batch_size": 1, "group_trial_index": 0, "init_time_s": 12.5, "trial_wall_s": 24.3},
+        {"status": "ok", "batch_size": 2, "group_trial_index": 1, "init_time_s": 0.5, "trial_wall_s": 7.5},
+        {"status": "oom", "batch_size": 5, "group_trial_index": 3, "init_time_s": None, "trial_wall_s": 10.1},
+    ]
     # the warm answer's build swapped for a fresh group's start-up
     assert fresh_trial_s(probes[1], probes) == pytest.approx(7.5 - 0.5 + 12.5)
     # the start-up is the median of the ok fresh attempts' (not their mean, nor the first's); an attempt that
     # failed on a fresh group says nothing of a start-up
-    more = [{"status": "ok", "batch_size": 1, "group_trial_index": 0, "init_time_s": 14.5, "trial_wall_s": 26.0},
-            {"status": "ok", "batch_size": 1, "group_trial_index": 0, "init_time_s": 20.0, "trial_wall_s": 31.0},
-            {"status": "oom", "batch_size": 9, "group_trial_index": 0, "init_time_s": 30.0, "trial_wall_s": 40.0}]
+    more = [
+        {"status": "ok", "batch_size": 1, "group_trial_index": 0, "init_time_s": 14.5, "trial_wall_s": 26.0},
+        {"status": "ok", "batch_size": 1, "group_trial_index": 0, "init_time_s": 20.0, "trial_wall_s": 31.0},
+        {"status": "oom", "batch_size": 9, "group_trial_index": 0, "init_time_s": 30.0, "trial_wall_s": 40.0},
+    ]
     assert fresh_trial_s(probes[1], probes + more) == pytest.approx(7.5 - 0.5 + 14.5)
     assert fresh_trial_s(probes[0], probes) == 24.3  # it ran fresh: its own wall
     assert fresh_trial_s(probes[1], probes[1:]) is None  # no fresh start-up seen: no estimate

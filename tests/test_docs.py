@@ -25,7 +25,9 @@ README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").glob("*.md"))
 USER_DOCS = [README, *PAGES, *sorted((ROOT / "docs" / "reference").glob("*.md"))]
 # a session, an issue or a commit of the project's own history; a bare hex word of 7+ characters with a digit
-HISTORY = re.compile(r"\bsessions? \d+|\bissue \d+|\bcommit [0-9a-f]{7}|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
+HISTORY = re.compile(
+    r"\bsessions? \d+|\bissue \d+|\bcommit [0-9a-f]{7}|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"
+)
 
 
 def shown_commands(text: str) -> list[str]:
@@ -68,8 +70,9 @@ def test_every_local_link_resolves():
 
 
 def test_the_committed_reference_is_what_the_code_generates():
-    done = subprocess.run([sys.executable, "-m", "sweep.docs_gen", "--check"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "sweep.docs_gen", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -82,8 +85,8 @@ def test_the_check_fails_on_a_stale_page(tmp_path, monkeypatch):
 
 
 def test_the_reference_has_every_key_column_and_command():
-    from sweep.spec.grid import GridSpec
     from sweep.record.schema import RESULT_SCHEMA
+    from sweep.spec.grid import GridSpec
 
     grid, columns, cli = (docs_gen.grid_page(), docs_gen.columns_page(), docs_gen.cli_page())
     assert all(f"| `{key}` |" in grid for key in GridSpec.model_fields)

@@ -145,7 +145,8 @@ def test_a_gpu_without_nvidia_ml_py_is_not_measured_and_says_so_once(monkeypatch
         energy.meter_for.cache_clear()
     assert isinstance(first, NullMeter) and again is first
     assert capsys.readouterr().err.splitlines() == [
-        "sweep energy: not measured on this rank: nvidia-ml-py (pynvml) is not installed"]
+        "sweep energy: not measured on this rank: nvidia-ml-py (pynvml) is not installed"
+    ]
 
 
 def test_the_device_is_found_by_its_pci_address_in_the_libraries_form():
@@ -155,8 +156,17 @@ def test_the_device_is_found_by_its_pci_address_in_the_libraries_form():
 
 
 def _report(energy_j, seconds=2.0, source="counter", sampled=None, clock=1800.0, temp=60.0) -> EnergyReport:
-    return EnergyReport(seconds=seconds, energy_j=energy_j, source=source, sampled_j=sampled or energy_j, samples=40,
-                        power_limit_w=700.0, sm_clock_mhz=clock, sm_clock_max_mhz=1980.0, temperature_c=temp)
+    return EnergyReport(
+        seconds=seconds,
+        energy_j=energy_j,
+        source=source,
+        sampled_j=sampled or energy_j,
+        samples=40,
+        power_limit_w=700.0,
+        sm_clock_mhz=clock,
+        sm_clock_max_mhz=1980.0,
+        temperature_c=temp,
+    )
 
 
 def test_row_columns_sum_energy_over_gpus_and_average_power_per_gpu():
@@ -164,11 +174,21 @@ def test_row_columns_sum_energy_over_gpus_and_average_power_per_gpu():
     tokens, fpt = 2 * 4 * 1024 * 10, 6 * 1.5e9
     got = energy_columns(reports, tokens=tokens, flops_per_token=fpt)
     jpt = 2200.0 / tokens
-    assert got == pytest.approx({
-        "energy_j": 2200.0, "energy_sampled_j": 2150.0, "avg_power_w": (500.0 + 600.0) / 2,
-        "joules_per_token": jpt, "tokens_per_kwh": 3.6e6 / jpt, "tflops_per_watt": fpt / jpt / 1e12,
-        "power_limit_w": 700.0, "sm_clock_mhz": 1750.0, "sm_clock_max_mhz": 1980.0, "gpu_temp_c": 65.0,
-        "energy_source": "counter"})
+    assert got == pytest.approx(
+        {
+            "energy_j": 2200.0,
+            "energy_sampled_j": 2150.0,
+            "avg_power_w": (500.0 + 600.0) / 2,
+            "joules_per_token": jpt,
+            "tokens_per_kwh": 3.6e6 / jpt,
+            "tflops_per_watt": fpt / jpt / 1e12,
+            "power_limit_w": 700.0,
+            "sm_clock_mhz": 1750.0,
+            "sm_clock_max_mhz": 1980.0,
+            "gpu_temp_c": 65.0,
+            "energy_source": "counter",
+        }
+    )
 
 
 def test_a_trial_with_any_unmeasured_gpu_has_null_energy_never_zero():
@@ -206,8 +226,11 @@ def test_cpu_ranks_write_null_energy_and_the_profile_power_keys(ray_session, cli
     """A real `sweep run` (Ray, FSDP2 over gloo): CPU ranks have no meter, so every energy column is null (never
     0), while the profile's power price, PUE and declared limit are recorded on the row."""
     from sweep.record import store
-    grid = write_grid("name: e\nmodels: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2]\ncompile: none\n"
-                      "seq_len: 32\ngpus: 1\nsteps: {warmup: 1, measure: 3}\n")
+
+    grid = write_grid(
+        "name: e\nmodels: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2]\ncompile: none\n"
+        "seq_len: 32\ngpus: 1\nsteps: {warmup: 1, measure: 3}\n"
+    )
     profile = tmp_path / "local-priced.yaml"
     profile.write_text(LOCAL_PRICED)
     result = cli("run", grid, "--cluster", profile, "--output", tmp_path / "out", "--no-progress")
@@ -244,8 +267,9 @@ class FakePynvml:
     def nvmlDeviceGetFieldValues(self, handle, fields):
         import types
 
-        return [types.SimpleNamespace(nvmlReturn=0 if self.instant_ok else 3,
-                                      value=types.SimpleNamespace(uiVal=691_500))]
+        return [
+            types.SimpleNamespace(nvmlReturn=0 if self.instant_ok else 3, value=types.SimpleNamespace(uiVal=691_500))
+        ]
 
     def nvmlDeviceGetPowerUsage(self, handle):
         return 650_000

@@ -62,12 +62,26 @@ def test_training_options_are_axes_and_keep_earlier_ids():
 
 def test_fsdp_gradient_options_fold_where_they_do_nothing():
     """reduce_dtype needs ranks to reduce over and bf16 params; grad_sync also needs more than one micro-batch."""
-    grid = parse_grid({"models": ["llama-tiny"], "batch_sizes": [2], "precisions": ["bf16", "fp32"], "gpus": [1, 2],
-                       "grad_accum": [1, 4], "reduce_dtype": ["fp32", "bf16"], "grad_sync": ["micro_batch", "step"]})
+    grid = parse_grid(
+        {
+            "models": ["llama-tiny"],
+            "batch_sizes": [2],
+            "precisions": ["bf16", "fp32"],
+            "gpus": [1, 2],
+            "grad_accum": [1, 4],
+            "reduce_dtype": ["fp32", "bf16"],
+            "grad_sync": ["micro_batch", "step"],
+        }
+    )
     trials = expand(grid, cluster="local")
-    varied = {(t.precision, t.gpus, t.grad_accum): {(t2.reduce_dtype, t2.grad_sync) for t2 in trials
-                                                    if (t2.precision, t2.gpus, t2.grad_accum) == (t.precision, t.gpus, t.grad_accum)}
-              for t in trials}
+    varied = {
+        (t.precision, t.gpus, t.grad_accum): {
+            (t2.reduce_dtype, t2.grad_sync)
+            for t2 in trials
+            if (t2.precision, t2.gpus, t2.grad_accum) == (t.precision, t.gpus, t.grad_accum)
+        }
+        for t in trials
+    }
     assert varied[("bf16", 2, 4)] == {(r, s) for r in ("fp32", "bf16") for s in ("micro_batch", "step")}
     assert varied[("bf16", 2, 1)] == {("fp32", "micro_batch"), ("bf16", "micro_batch")}
     assert varied[("fp32", 2, 4)] == {("fp32", "micro_batch"), ("fp32", "step")}
@@ -77,8 +91,16 @@ def test_fsdp_gradient_options_fold_where_they_do_nothing():
     assert step.options_text() == "grad_accum=4 reduce_dtype=bf16 grad_sync=step"
 
 
-@pytest.mark.parametrize("field, value", [("grad_accum", 0), ("grad_clip", -1.0), ("grad_clip", float("nan")),
-                                          ("reduce_dtype", "fp16"), ("grad_sync", "never")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("grad_accum", 0),
+        ("grad_clip", -1.0),
+        ("grad_clip", float("nan")),
+        ("reduce_dtype", "fp16"),
+        ("grad_sync", "never"),
+    ],
+)
 def test_training_options_are_validated(field, value):
     with pytest.raises(UserError, match=field):
         parse_grid({"models": ["gpt-tiny"], "batch_sizes": [1], field: value})
@@ -104,12 +126,18 @@ BAD = {
     "negative seq": ("models: [gpt-tiny]\nbatch_sizes: [1]\nseq_len: -5\n", "seq_len"),
     "zero steps": ("models: [gpt-tiny]\nbatch_sizes: [1]\nsteps: {warmup: 0, measure: 0}\n", "measure"),
     "wrong type": ("models: [gpt-tiny]\nbatch_sizes: [two]\n", "batch_sizes"),
-    "indivisible": ("models: [{arch: gpt, n_layers: 1, d_embd: 30, n_heads: 4, vocab_size: 64}]\nbatch_sizes: [1]\n",
-                    "divisible"),
-    "unknown arch": ("models: [{arch: rwkv, n_layers: 1, d_embd: 32, n_heads: 4, vocab_size: 64}]\nbatch_sizes: [1]\n",
-                     "arch"),
-    "python tag": ("models: !!python/object/apply:os.system ['echo hacked > /tmp/sweep-hacked']\nbatch_sizes: [1]\n",
-                   "YAML error"),
+    "indivisible": (
+        "models: [{arch: gpt, n_layers: 1, d_embd: 30, n_heads: 4, vocab_size: 64}]\nbatch_sizes: [1]\n",
+        "divisible",
+    ),
+    "unknown arch": (
+        "models: [{arch: rwkv, n_layers: 1, d_embd: 32, n_heads: 4, vocab_size: 64}]\nbatch_sizes: [1]\n",
+        "arch",
+    ),
+    "python tag": (
+        "models: !!python/object/apply:os.system ['echo hacked > /tmp/sweep-hacked']\nbatch_sizes: [1]\n",
+        "YAML error",
+    ),
     "too many ranks": ("models: [gpt-tiny]\nbatch_sizes: [1]\ngpus: 64\n", "64"),
     "cap without unit": ("models: [gpt-tiny]\nbatch_sizes: [1]\nmemory_cap: 80\n", "memory_cap"),
 }
@@ -142,8 +170,12 @@ def test_unknown_cluster_lists_valid_names(cli, write_grid):
 
 
 def test_plan_lists_trials_and_unsupported_ones(cli, write_grid):
-    result = cli("plan", write_grid("models: [gpt-tiny]\nbatch_sizes: [1]\nprecisions: [bf16, fp8-te-delayed]\n"),
-                 "--cluster", "local")
+    result = cli(
+        "plan",
+        write_grid("models: [gpt-tiny]\nbatch_sizes: [1]\nprecisions: [bf16, fp8-te-delayed]\n"),
+        "--cluster",
+        "local",
+    )
     assert result.exit_code == 0, result.output
     assert "2 trials" in result.stdout and "unsupported" in result.stdout
 
@@ -161,8 +193,10 @@ def test_one_line_trial_from_options(cli):
 
 
 def test_plan_shows_what_varies_and_says_the_rest_once(cli, write_grid):
-    grid = write_grid("models: [llama-tiny]\nbatch_sizes: [2]\ngpus: 2\ngrad_accum: 4\ncompile: none\n"
-                      "grad_sync: [micro_batch, step]\n")
+    grid = write_grid(
+        "models: [llama-tiny]\nbatch_sizes: [2]\ngpus: 2\ngrad_accum: 4\ncompile: none\n"
+        "grad_sync: [micro_batch, step]\n"
+    )
     result = cli("plan", grid, "--cluster", "local")
     assert result.exit_code == 0, result.output
     assert "2 trials on local" in result.stdout and "grad_sync=step" in result.stdout
@@ -179,13 +213,23 @@ def test_python_tags_never_execute(write_grid, tmp_path):
 
 
 ROOT = Path(__file__).parent.parent
-SHIPPED_GRIDS = sorted(p for folder in ("benchmarks", "examples") for p in (ROOT / folder).rglob("*.yaml")
-                       if "profiles" not in p.parts)
+SHIPPED_GRIDS = sorted(
+    p for folder in ("benchmarks", "examples") for p in (ROOT / folder).rglob("*.yaml") if "profiles" not in p.parts
+)
 
 
 PROFILE = ROOT / "benchmarks" / "profiles" / "h200x2.yaml"  # the one benchmarks/run.sh runs the campaigns on
-AXES = {"models": "model", "precisions": "precision", "batch_sizes": "batch_size", "compile": "compile",
-        "seq_len": "seq_len", "gpus": "gpus", "ac": "ac", "grad_accum": "grad_accum", "grad_clip": "grad_clip"}
+AXES = {
+    "models": "model",
+    "precisions": "precision",
+    "batch_sizes": "batch_size",
+    "compile": "compile",
+    "seq_len": "seq_len",
+    "gpus": "gpus",
+    "ac": "ac",
+    "grad_accum": "grad_accum",
+    "grad_clip": "grad_clip",
+}
 
 
 @pytest.mark.parametrize("path", SHIPPED_GRIDS, ids=lambda p: str(p.relative_to(ROOT)))

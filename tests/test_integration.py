@@ -91,8 +91,10 @@ def test_results_show_reads_the_run(demo_results, cli):
 
 def test_regional_compile_trains(ray_session, cli, write_grid, tmp_path):
     """The default compile mode: each block compiled in place before fully_shard (inductor on the CPU)."""
-    grid = write_grid("models: [llama-tiny]\nprecisions: [bf16]\nbatch_sizes: [2]\ncompile: regional\n"
-                      "seq_len: 64\ngpus: 2\nsteps: {warmup: 1, measure: 2}\n")
+    grid = write_grid(
+        "models: [llama-tiny]\nprecisions: [bf16]\nbatch_sizes: [2]\ncompile: regional\n"
+        "seq_len: 64\ngpus: 2\nsteps: {warmup: 1, measure: 2}\n"
+    )
     out = tmp_path / "out"
     result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")
     assert result.exit_code == 0, result.output
@@ -104,9 +106,11 @@ def test_regional_compile_trains(ray_session, cli, write_grid, tmp_path):
 def test_gradient_accumulation_counts_every_micro_batch(ray_session, cli, write_grid, tmp_path):
     """grad_accum micro-batches per optimizer step, FSDP2 over 2 gloo ranks, clipping off: a step's time covers
     all of them and the optimizer step, and the tokens count every micro-batch."""
-    grid = write_grid("models: [llama-tiny]\nprecisions: [bf16]\nbatch_sizes: [2]\ncompile: none\nseq_len: 32\n"
-                      "gpus: 2\ngrad_accum: [1, 3]\ngrad_clip: 0\ngrad_sync: [micro_batch, step]\n"
-                      "steps: {warmup: 1, measure: 3}\n")
+    grid = write_grid(
+        "models: [llama-tiny]\nprecisions: [bf16]\nbatch_sizes: [2]\ncompile: none\nseq_len: 32\n"
+        "gpus: 2\ngrad_accum: [1, 3]\ngrad_clip: 0\ngrad_sync: [micro_batch, step]\n"
+        "steps: {warmup: 1, measure: 3}\n"
+    )
     out = tmp_path / "out"
     result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")
     assert result.exit_code == 0, result.output

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sweep.record import store
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +43,29 @@ def test_hsdp_replicas_span_nodes_and_each_tp_group_stays_on_one(tmp_path, sweep
         cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
         (tmp_path / "grid.yaml").write_text(GRID)
-        (tmp_path / "profile.yaml").write_text(f'name: two-by-two\naccelerator: cpu\nray_address: "{cluster.address}"\n'
-                                               f'nodes: 2\ngpus_per_node: 2\ncpus_per_rank: 1\n')
-        run = subprocess.run([sys.executable, "-m", "sweep", "run", tmp_path / "grid.yaml", "--cluster",
-                              tmp_path / "profile.yaml", "--output", tmp_path / "out", "--no-progress"],
-                             cwd=ROOT, env={**sweep_env(), "RAY_AUTH_MODE": auth_mode}, capture_output=True, text=True,
-                             timeout=240)
+        (tmp_path / "profile.yaml").write_text(
+            f'name: two-by-two\naccelerator: cpu\nray_address: "{cluster.address}"\n'
+            f"nodes: 2\ngpus_per_node: 2\ncpus_per_rank: 1\n"
+        )
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sweep",
+                "run",
+                tmp_path / "grid.yaml",
+                "--cluster",
+                tmp_path / "profile.yaml",
+                "--output",
+                tmp_path / "out",
+                "--no-progress",
+            ],
+            cwd=ROOT,
+            env={**sweep_env(), "RAY_AUTH_MODE": auth_mode},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert run.returncode == 0, run.stdout + run.stderr
     finally:
         cluster.shutdown()

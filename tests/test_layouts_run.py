@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 
 from sweep.record import store
+
 pytestmark = pytest.mark.integration
 
 GRID = """
@@ -43,14 +44,16 @@ def layout_rows(ray_session, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("layouts")
     (folder / "grid.yaml").write_text(GRID)
-    (folder / "four.yaml").write_text("name: four\naccelerator: cpu\nray_address: local\nnodes: 1\n"
-                                      "gpus_per_node: 4\ncpus_per_rank: 1\n")
+    (folder / "four.yaml").write_text(
+        "name: four\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\ncpus_per_rank: 1\n"
+    )
     out = folder / "out"
     common = ["--cluster", folder / "four.yaml", "--output", out, "--no-progress"]
     runner = CliRunner()
     (folder / "hsdp.yaml").write_text(GRID.replace("gpus: [1, 2, 4]\ntp: [1, 2]", "gpus: 4\ndp_replicate: 2"))
-    (folder / "compiled.yaml").write_text(GRID.replace("gpus: [1, 2, 4]\ntp: [1, 2]", "gpus: 2\ntp: 2")
-                                          .replace("compile: none", "compile: regional"))
+    (folder / "compiled.yaml").write_text(
+        GRID.replace("gpus: [1, 2, 4]\ntp: [1, 2]", "gpus: 2\ntp: 2").replace("compile: none", "compile: regional")
+    )
     for grid in ("grid.yaml", "hsdp.yaml", "compiled.yaml"):
         result = runner.invoke(app, [str(a) for a in ["run", folder / grid, *common]])
         assert result.exit_code == 0, result.output
@@ -58,8 +61,11 @@ def layout_rows(ray_session, tmp_path_factory):
     return {(r["world_size"], r["dp_replicate"], r["tp"], r["compile"]): r for r in rows}, out
 
 
-@pytest.mark.parametrize("layout, baseline", [((4, 1, 2), (2, 1, 1)), ((2, 1, 2), (1, 1, 1)), ((4, 2, 1), (4, 1, 1))],
-                         ids=["fsdp2-x-tp2", "tp2", "hsdp2-x-2"])
+@pytest.mark.parametrize(
+    "layout, baseline",
+    [((4, 1, 2), (2, 1, 1)), ((2, 1, 2), (1, 1, 1)), ((4, 2, 1), (4, 1, 1))],
+    ids=["fsdp2-x-tp2", "tp2", "hsdp2-x-2"],
+)
 def test_a_layout_trains_as_fsdp_over_its_data_parallel_ranks(layout_rows, layout, baseline):
     rows, _ = layout_rows
     row, base = rows[(*layout, "none")], rows[(*baseline, "none")]
@@ -102,8 +108,10 @@ def test_compare_by_tp_sets_each_layout_against_fsdp_on_as_many_ranks(layout_row
     cols = header.split(",")
     pairs = [dict(zip(cols, line.split(","))) for line in lines]
     # tp 2 at 4 ranks against tp 1 at 4 ranks, and at 2 ranks against 2 (HSDP, dp_replicate 2, has no tp 2 partner)
-    assert {(p["world_size"], p["tp"], p["dp_replicate"]) for p in pairs if p["base_status"]} >= {("4", "2", "1"),
-                                                                                                  ("2", "2", "1")}
+    assert {(p["world_size"], p["tp"], p["dp_replicate"]) for p in pairs if p["base_status"]} >= {
+        ("4", "2", "1"),
+        ("2", "2", "1"),
+    }
     assert all(float(p["ratio"]) > 0 for p in pairs if p["ratio"])
     bad = cli("results", "compare", out, "--by", "tp", "--baseline", "two")
     assert bad.exit_code == 2 and "--by tp compares whole numbers of ranks" in bad.stderr

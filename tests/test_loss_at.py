@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import csv
 import io
+
 import pytest
 
-from sweep.results.loss_at import Curve, LossAt, common_tokens, compare, median_at, row_at
 from sweep.record.rows import loss_curve_columns
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row, write_verdicts
+from sweep.results.loss_at import Curve, LossAt, common_tokens, compare, median_at, row_at
 
 
 def test_a_curve_is_read_exactly_on_a_step_and_linearly_between_two():
@@ -54,9 +55,19 @@ def test_a_rows_curve_is_the_mean_over_ranks_at_the_tokens_trained_before_each_s
 
 # --- through the CLI --------------------------------------------------------------------------------
 
-BASE = {"attempt": 1, "cluster": "h200", "accelerator": "h200", "world_size": 2, "model": "llama3-8b",
-        "compile": "regional", "ac": "none", "seq_len": 4096, "status": "ok", "tflops_per_gpu": 500.0,
-        **TRAINING_DEFAULTS}
+BASE = {
+    "attempt": 1,
+    "cluster": "h200",
+    "accelerator": "h200",
+    "world_size": 2,
+    "model": "llama3-8b",
+    "compile": "regional",
+    "ac": "none",
+    "seq_len": 4096,
+    "status": "ok",
+    "tflops_per_gpu": 500.0,
+    **TRAINING_DEFAULTS,
+}
 # (trial, precision, batch, steps, loss fall per step): tokens per step = batch * 4096 * 2 ranks
 CURVES = [("a", "bf16", 2, 28, 0.1), ("b", "fp8-te", 2, 6, 0.2), ("c", "bf16", 3, 6, 0.2), ("d", "fp8-te", 3, 10, 0.15)]
 
@@ -64,9 +75,20 @@ CURVES = [("a", "bf16", 2, 28, 0.1), ("b", "fp8-te", 2, 6, 0.2), ("c", "bf16", 3
 def _write(folder) -> None:
     for trial_id, precision, batch, steps, fall in CURVES:
         losses = [11 - fall * i for i in range(steps)]
-        write_row(folder, {**BASE, "run_id": "r1", "trial_id": trial_id, "precision": precision, "batch_size": batch,
-                           "loss_first": losses[0], "loss_last": losses[-1], "loss_curve": losses,
-                           "loss_curve_tokens": [i * batch * 4096 * 2 for i in range(steps)]})
+        write_row(
+            folder,
+            {
+                **BASE,
+                "run_id": "r1",
+                "trial_id": trial_id,
+                "precision": precision,
+                "batch_size": batch,
+                "loss_first": losses[0],
+                "loss_last": losses[-1],
+                "loss_curve": losses,
+                "loss_curve_tokens": [i * batch * 4096 * 2 for i in range(steps)],
+            },
+        )
     # a row written before schema 1.9: no curve, so no loss at any count, and it sets no count either
     write_row(folder, {**BASE, "run_id": "r0", "trial_id": "e", "precision": "bf16", "batch_size": 4, "loss_last": 7.0})
 
@@ -95,7 +117,9 @@ def test_compare_reads_each_side_at_the_tokens_both_reached(cli, tmp_path):
     got = {r["batch"]: r for r in _md(res.stdout)}
     assert (got["2"]["at tokens"], got["3"]["at tokens"]) == ("81,920", "122,880")
     assert (got["3"]["loss @ tokens"], got["3"]["bf16 loss @ tokens"]) == ("10.25", "10.00")
-    table = {r["batch_size"]: r for r in csv.DictReader(io.StringIO(cli("results", "compare", tmp_path, "-f", "csv").stdout))}
+    table = {
+        r["batch_size"]: r for r in csv.DictReader(io.StringIO(cli("results", "compare", tmp_path, "-f", "csv").stdout))
+    }
     assert table["3"]["loss_at_tokens"] == "122880" and float(table["3"]["loss_at"]) == pytest.approx(10.25)
     assert float(table["3"]["base_loss_at"]) == pytest.approx(10.0)
     assert "loss @ tokens" in cli("results", "compare", tmp_path).stdout  # the terminal table too
@@ -117,16 +141,25 @@ def test_show_reads_every_row_at_the_tokens_all_reached(cli, tmp_path):
     at = header.index("loss @ tokens")
     by = {(r[header.index("precision")], r[header.index("batch")]): r[at] for r in rows}
     # 81,920 tokens: batch 2's 6th step; batch 3 between its 4th and 5th (3.33 steps of 24,576), interpolated
-    assert by == {("bf16", "2"): "10.50", ("fp8-te", "2"): "10.00", ("bf16", "3"): "10.33", ("fp8-te", "3"): "10.50",
-                  ("bf16", "4"): "—"}
+    assert by == {
+        ("bf16", "2"): "10.50",
+        ("fp8-te", "2"): "10.00",
+        ("bf16", "3"): "10.33",
+        ("fp8-te", "3"): "10.50",
+        ("bf16", "4"): "—",
+    }
     assert "loss @ tokens: at 81,920 tokens trained, the most every ok row reached" in " ".join(res.stdout.split())
 
 
 # --- compare --best: each precision's best configuration, whatever its batch, read at the tokens both reached ---
 
 # (trial, precision, batch, steps, loss fall per step, TFLOP/s): bf16 is fastest at batch 2, fp8-te at batch 3
-BEST = [("a", "bf16", 2, 28, 0.1, 500.0), ("c", "bf16", 3, 6, 0.2, 400.0), ("b", "fp8-te", 2, 6, 0.2, 700.0),
-        ("d", "fp8-te", 3, 10, 0.2, 800.0)]
+BEST = [
+    ("a", "bf16", 2, 28, 0.1, 500.0),
+    ("c", "bf16", 3, 6, 0.2, 400.0),
+    ("b", "fp8-te", 2, 6, 0.2, 700.0),
+    ("d", "fp8-te", 3, 10, 0.2, 800.0),
+]
 # a fastest search's short probe of fp8-te's best config (the finalist is d): faster, 2 steps
 PROBE = ("p", "fp8-te", 3, 2, 0.2, 900.0)
 
@@ -134,10 +167,22 @@ PROBE = ("p", "fp8-te", 3, 2, 0.2, 900.0)
 def _write_best(folder, trials, **extra) -> None:
     for trial_id, precision, batch, steps, fall, tflops in trials:
         losses = [11 - fall * i for i in range(steps)]
-        write_row(folder, {**BASE, "run_id": "r1", **extra, "trial_id": trial_id, "precision": precision,
-                           "batch_size": batch, "tflops_per_gpu": tflops, "loss_first": losses[0],
-                           "loss_last": losses[-1], "loss_curve": losses,
-                           "loss_curve_tokens": [i * batch * 4096 * 2 for i in range(steps)]})
+        write_row(
+            folder,
+            {
+                **BASE,
+                "run_id": "r1",
+                **extra,
+                "trial_id": trial_id,
+                "precision": precision,
+                "batch_size": batch,
+                "tflops_per_gpu": tflops,
+                "loss_first": losses[0],
+                "loss_last": losses[-1],
+                "loss_curve": losses,
+                "loss_curve_tokens": [i * batch * 4096 * 2 for i in range(steps)],
+            },
+        )
 
 
 def test_compare_best_reads_each_best_at_the_tokens_both_reached(cli, tmp_path):
@@ -162,16 +207,38 @@ def test_compare_best_reads_a_searchs_best_by_its_finalists_curve_not_its_probes
     search ran (mi300x), the best config's ok attempts are all its side, the probe among them."""
     _write_best(tmp_path, [*BEST, PROBE])
     _write_best(tmp_path, [*BEST, PROBE], cluster="mi300x", accelerator="mi300x", run_id="r2")
-    write_verdicts(tmp_path, "r1", [{"kind": "fastest", "cluster": "h200", "model": "llama3-8b", "precision": "fp8-te",
-                                     "seq_len": 4096, "gpus": 2, "best_trial_id": "d", "aborted": None}])
+    write_verdicts(
+        tmp_path,
+        "r1",
+        [
+            {
+                "kind": "fastest",
+                "cluster": "h200",
+                "model": "llama3-8b",
+                "precision": "fp8-te",
+                "seq_len": 4096,
+                "gpus": 2,
+                "best_trial_id": "d",
+                "aborted": None,
+            }
+        ],
+    )
     res = cli("results", "compare", tmp_path, "--best", "-f", "md")
     assert res.exit_code == 0, res.output
     got = {r["cluster"]: r for r in _md(res.stdout)}
-    assert (got["h200"]["at tokens"], got["h200"]["loss @ tokens"], got["h200"]["bf16 loss @ tokens"]) == \
-        ("221,184", "9.200", "9.650")
-    assert (got["mi300x"]["at tokens"], got["mi300x"]["loss @ tokens"], got["mi300x"]["bf16 loss @ tokens"]) == \
-        ("24,576", "10.80", "10.85")
+    assert (got["h200"]["at tokens"], got["h200"]["loss @ tokens"], got["h200"]["bf16 loss @ tokens"]) == (
+        "221,184",
+        "9.200",
+        "9.650",
+    )
+    assert (got["mi300x"]["at tokens"], got["mi300x"]["loss @ tokens"], got["mi300x"]["bf16 loss @ tokens"]) == (
+        "24,576",
+        "10.80",
+        "10.85",
+    )
     assert "loss @ tokens: at the `at tokens` column's count, the most both sides reached" in _caption(res.stdout)
-    table = {r["cluster"]: r for r in csv.DictReader(io.StringIO(
-        cli("results", "compare", tmp_path, "--best", "-f", "csv").stdout))}
+    table = {
+        r["cluster"]: r
+        for r in csv.DictReader(io.StringIO(cli("results", "compare", tmp_path, "--best", "-f", "csv").stdout))
+    }
     assert (table["h200"]["loss_at_tokens"], table["mi300x"]["loss_at_tokens"]) == ("221184", "24576")

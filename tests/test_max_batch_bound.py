@@ -55,11 +55,9 @@ CURVES = {
     # an optimizer-step peak hides the activations until they pass it: flat, then a line
     "flat then a line": _scaled(lambda t: max(0.75, 0.5 + 0.5 * t)),
     # allocator blocks: the peak moves in steps of about a tenth of the limit
-    "steps": lambda limit: (lambda n: n <= limit,
-                            lambda n: (0.4 + 0.6 * math.ceil(10 * n / limit) / 10) * CAPACITY),
+    "steps": lambda limit: (lambda n: n <= limit, lambda n: (0.4 + 0.6 * math.ceil(10 * n / limit) / 10) * CAPACITY),
     # the issue's CPU case (gpt-tiny, 1500 MiB): batches 1 and ~limit/26 put the line's limit near 2 × limit
-    "issue 27 (line through the small batches: twice the limit)": _scaled(
-        lambda t: 0.026 + 0.467 * t + 0.507 * t * t),
+    "issue 27 (line through the small batches: twice the limit)": _scaled(lambda t: 0.026 + 0.467 * t + 0.507 * t * t),
 }
 
 LIMITS = sorted({*range(1, 40), *random.Random(27).sample(range(40, 5001), 60), 64, 128, 981, 1024, 4096, 5000})
@@ -123,8 +121,19 @@ def test_any_probe_inside_the_window_keeps_the_bound(seed):
 
 
 def test_allowance_is_the_bound():
-    assert [probe_budget.allowance(b) for b in (0, 1, 2, 3, 4, 5, 8, 9, 981, 1024, 1025)] == \
-        [1, 2, 4, 6, 6, 8, 8, 10, 22, 22, 24]
+    assert [probe_budget.allowance(b) for b in (0, 1, 2, 3, 4, 5, 8, 9, 981, 1024, 1025)] == [
+        1,
+        2,
+        4,
+        6,
+        6,
+        8,
+        8,
+        10,
+        22,
+        22,
+        24,
+    ]
 
 
 def test_a_search_never_proposes_a_batch_past_int32():

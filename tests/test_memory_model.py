@@ -4,14 +4,37 @@ from dataclasses import replace
 
 import pytest
 
-from sweep.memory.model import (UNCALIBRATED_MARGIN, Prediction, Sample, Shape, activation_bytes, breakdown,
-                                calibrate, layer_bytes_per_token, leave_one_out, max_batch, predicted_bytes)
+from sweep.memory.model import (
+    UNCALIBRATED_MARGIN,
+    Prediction,
+    Sample,
+    Shape,
+    activation_bytes,
+    breakdown,
+    calibrate,
+    layer_bytes_per_token,
+    leave_one_out,
+    max_batch,
+    predicted_bytes,
+)
 from trainer.models.specs import REGISTRY
 
 # llama-tiny: E 64, 4 heads of D 16, 2 kv heads (J·D 32), ffn 192, vocab 512, 2 layers; 164,160 params,
 # one block 49,280 (2·64 norms + 64·128 qkv + 64·64 out + 3·64·192 SwiGLU), root 65,600, matmul weights 131,072
-TINY = Shape(arch="llama", n_layers=2, d_embd=64, n_heads=4, vocab_size=512, n_params=164160, n_kv_heads=2,
-             ffn_hidden=192, max_seq_len=8192, batch_size=2, seq_len=8, ranks=1)
+TINY = Shape(
+    arch="llama",
+    n_layers=2,
+    d_embd=64,
+    n_heads=4,
+    vocab_size=512,
+    n_params=164160,
+    n_kv_heads=2,
+    ffn_hidden=192,
+    max_seq_len=8192,
+    batch_size=2,
+    seq_len=8,
+    ranks=1,
+)
 
 
 def test_the_spec_counts_are_the_ones_worked_by_hand():
@@ -25,16 +48,31 @@ def test_a_block_saves_what_backward_needs_per_token():
     # torchao FP8 keeps the matmul inputs (both norm outputs, attention output, down-projection input:
     # 3·64 + 192 = 384 elements) at 1 B instead of 2
     assert layer_bytes_per_token(replace(TINY, fp8_saved=True)) == 2048 - 384
-    gpt = Shape(arch="gpt", n_layers=2, d_embd=64, n_heads=4, vocab_size=512, n_params=198400, n_kv_heads=None,
-                ffn_hidden=None, max_seq_len=1024, batch_size=2, seq_len=8, ranks=1)
+    gpt = Shape(
+        arch="gpt",
+        n_layers=2,
+        d_embd=64,
+        n_heads=4,
+        vocab_size=512,
+        n_params=198400,
+        n_kv_heads=None,
+        ffn_hidden=None,
+        max_seq_len=1024,
+        batch_size=2,
+        seq_len=8,
+        ranks=1,
+    )
     assert layer_bytes_per_token(gpt) == 32 * 64  # Korthikanti's 34·E less the two residual dropout masks
 
 
-@pytest.mark.parametrize("ac, expected", [
-    ("none", 2 * 2048 * 16),  # 2 layers × 2,048 B × 16 tokens
-    ("full", 2 * 64 * 16 + 2048 * 16),  # block 0's input kept while block 1 is recomputed whole
-    ("selective", 2 * 64 * 16 + 2048 * 16),  # block 0 checkpointed (its input), block 1 keeps everything
-])
+@pytest.mark.parametrize(
+    "ac, expected",
+    [
+        ("none", 2 * 2048 * 16),  # 2 layers × 2,048 B × 16 tokens
+        ("full", 2 * 64 * 16 + 2048 * 16),  # block 0's input kept while block 1 is recomputed whole
+        ("selective", 2 * 64 * 16 + 2048 * 16),  # block 0 checkpointed (its input), block 1 keeps everything
+    ],
+)
 def test_activations_by_ac_mode(ac, expected):
     assert activation_bytes(replace(TINY, ac=ac)) == expected
 
@@ -61,8 +99,12 @@ def test_sharded_peak_worked_by_hand():
 
 
 def test_calibration_is_the_median_ratio_per_precision_and_compile():
-    rows = [Sample("bf16", "regional", 100.0, 110.0), Sample("bf16", "regional", 100.0, 90.0),
-            Sample("bf16", "regional", 100.0, 105.0), Sample("fp8-torchao-tensorwise", "regional", 50.0, 40.0)]
+    rows = [
+        Sample("bf16", "regional", 100.0, 110.0),
+        Sample("bf16", "regional", 100.0, 90.0),
+        Sample("bf16", "regional", 100.0, 105.0),
+        Sample("fp8-torchao-tensorwise", "regional", 50.0, 40.0),
+    ]
     cal = calibrate(rows)
     assert cal.ratio("bf16", "regional") == pytest.approx(1.05)
     assert cal.rows[("bf16", "regional")] == 3
@@ -71,8 +113,11 @@ def test_calibration_is_the_median_ratio_per_precision_and_compile():
 
 
 def test_leave_one_out_uses_only_the_other_rows():
-    rows = [Sample("bf16", "regional", 100.0, 110.0), Sample("bf16", "regional", 100.0, 90.0),
-            Sample("bf16", "none", 10.0, 12.0)]
+    rows = [
+        Sample("bf16", "regional", 100.0, 110.0),
+        Sample("bf16", "regional", 100.0, 90.0),
+        Sample("bf16", "none", 10.0, 12.0),
+    ]
     # the first row's ratio is the second's alone (0.9), and the reverse; the third has no other row of its kind
     assert leave_one_out(rows) == [pytest.approx(90.0), pytest.approx(110.0), None]
 

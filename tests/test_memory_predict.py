@@ -6,16 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
 import yaml
+from conftest import ROOT
 from typer.testing import CliRunner
 
-from sweep.record import store
 from sweep.cli import app
-from sweep.spec.grid import OomPolicy, expand, parse_grid
+from sweep.record import store
 from sweep.search.policy import GridPlan
-
-from conftest import ROOT
+from sweep.spec.grid import OomPolicy, expand, parse_grid
 
 # Llama3-8B on 2 H200s at T 4096: measured 128.6 GiB at batch 4, out of memory at 5 (benchmarks/history)
 LLAMA = ("--cluster", "h200", "--model", "llama3-8b", "--gpus", "2", "--seq-len", "4096")
@@ -36,8 +34,11 @@ def test_plan_shows_the_predicted_peak_and_marks_what_will_not_fit():
 def test_no_predict_and_the_grid_key_run_it_anyway(tmp_path):
     assert "predicted OOM" not in _plan(*LLAMA, "-b", 8, "--no-predict").stdout
     grid = tmp_path / "g.yaml"
-    grid.write_text(yaml.safe_dump({"models": ["llama3-8b"], "batch_sizes": [8], "gpus": [2], "seq_len": [4096],
-                                    "predict_memory": False}))
+    grid.write_text(
+        yaml.safe_dump(
+            {"models": ["llama3-8b"], "batch_sizes": [8], "gpus": [2], "seq_len": [4096], "predict_memory": False}
+        )
+    )
     result = _plan(grid, "--cluster", "h200")
     assert result.exit_code == 0, result.output
     assert "predicted OOM" not in result.stdout and "no (" not in result.stdout
@@ -63,14 +64,32 @@ def test_run_records_predicted_ooms_unsupported_without_ray(tmp_path, sweep_env)
     to reach Ray (exit 2, no rows). Batch 16 is predicted not to fit; its `halve` retry jumps to the largest batch
     predicted to fit (5), under the policy's floor (8), so none follows (halving blindly, 8 was recorded too)."""
     profile = tmp_path / "two-h200.yaml"
-    profile.write_text(yaml.safe_dump({"name": "two-h200", "accelerator": "h200", "ray_address": "127.0.0.1:9",
-                                       "nodes": 1, "gpus_per_node": 2}))
+    profile.write_text(
+        yaml.safe_dump(
+            {"name": "two-h200", "accelerator": "h200", "ray_address": "127.0.0.1:9", "nodes": 1, "gpus_per_node": 2}
+        )
+    )
     grid = tmp_path / "g.yaml"
-    grid.write_text(yaml.safe_dump({"models": ["llama3-8b"], "batch_sizes": [16], "gpus": [2], "seq_len": [4096],
-                                    "on_oom": {"policy": "halve", "min_batch": 8}}))
+    grid.write_text(
+        yaml.safe_dump(
+            {
+                "models": ["llama3-8b"],
+                "batch_sizes": [16],
+                "gpus": [2],
+                "seq_len": [4096],
+                "on_oom": {"policy": "halve", "min_batch": 8},
+            }
+        )
+    )
     out = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", out,
-                           "--no-progress"], cwd=ROOT, env=sweep_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", out, "--no-progress"],
+        cwd=ROOT,
+        env=sweep_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 3, proc.stderr  # nothing measured
     rows = sorted(store.read_table(out).to_pylist(), key=lambda r: -r["batch_size"])
     assert [(r["batch_size"], r["status"]) for r in rows] == [(16, "unsupported")]

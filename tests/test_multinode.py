@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sweep.record import store
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,10 +57,25 @@ nodes: 2
 gpus_per_node: 1
 cpus_per_rank: 1
 """)
-        run = subprocess.run([sys.executable, "-m", "sweep", "run", folder / "grid.yaml", "--cluster",
-                              folder / "profile.yaml", "--output", folder / "out", "--no-progress"],
-                             cwd=ROOT, env={**sweep_env(), "RAY_AUTH_MODE": auth_mode}, capture_output=True, text=True,
-                             timeout=240)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sweep",
+                "run",
+                folder / "grid.yaml",
+                "--cluster",
+                folder / "profile.yaml",
+                "--output",
+                folder / "out",
+                "--no-progress",
+            ],
+            cwd=ROOT,
+            env={**sweep_env(), "RAY_AUTH_MODE": auth_mode},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert run.returncode == 0, run.stdout + run.stderr
         node_ids = {n.node_id for n in cluster.list_all_nodes()}
     finally:

@@ -35,8 +35,17 @@ steps: {{warmup: 1, measure: 1}}
 
 def test_oom_is_retried_at_a_lower_batch(ray_session, cli, write_grid, tmp_path):
     out = tmp_path / "out"
-    result = cli("run", write_grid(_grid([32], 2, "on_oom: {policy: halve}")), "--cluster", "local",
-                 "--memory-cap", "128MiB", "--output", out, "--no-progress")
+    result = cli(
+        "run",
+        write_grid(_grid([32], 2, "on_oom: {policy: halve}")),
+        "--cluster",
+        "local",
+        "--memory-cap",
+        "128MiB",
+        "--output",
+        out,
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     rows = sorted(store.read_table(out).to_pylist(), key=lambda r: r["attempt"])
     assert rows[0]["batch_size"] == 32 and rows[0]["status"] == "oom"
@@ -52,7 +61,8 @@ def test_oom_is_retried_at_a_lower_batch(ray_session, cli, write_grid, tmp_path)
 
 def test_one_rank_out_of_memory_ends_the_trial_without_a_hang(ray_session, cli, write_grid, tmp_path):
     # Only rank 1 is capped: rank 0 would wait in the next collective forever without the teardown.
-    profile = write_grid("""
+    profile = write_grid(
+        """
 name: one-rank-capped
 accelerator: cpu
 ray_address: local
@@ -60,11 +70,22 @@ nodes: 1
 gpus_per_node: 2
 cpus_per_rank: 1
 env: {SWEEP_MEMORY_CAP_RANKS: "1"}
-""", "profile.yaml")
+""",
+        "profile.yaml",
+    )
     out = tmp_path / "out"
     t0 = time.monotonic()
-    result = cli("run", write_grid(_grid([64], 2, "on_oom: {policy: none}")), "--cluster", profile,
-                 "--memory-cap", "128MiB", "--output", out, "--no-progress")
+    result = cli(
+        "run",
+        write_grid(_grid([64], 2, "on_oom: {policy: none}")),
+        "--cluster",
+        profile,
+        "--memory-cap",
+        "128MiB",
+        "--output",
+        out,
+        "--no-progress",
+    )
     elapsed = time.monotonic() - t0
     assert result.exit_code == 3, result.output  # its one attempt ran out of memory: nothing measured
     (row,) = store.read_table(out).to_pylist()
@@ -75,15 +96,26 @@ env: {SWEEP_MEMORY_CAP_RANKS: "1"}
 
 def test_max_batch_search_finds_the_limit_in_log_probes(ray_session, cli, write_grid, tmp_path):
     out = tmp_path / "out"
-    result = cli("run", write_grid(_grid([1], 1, "search: max_batch")), "--cluster", "local",
-                 "--memory-cap", "128MiB", "--output", out, "--no-progress")
+    result = cli(
+        "run",
+        write_grid(_grid([1], 1, "search: max_batch")),
+        "--cluster",
+        "local",
+        "--memory-cap",
+        "128MiB",
+        "--output",
+        out,
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     rows = store.read_table(out).to_pylist()
     status = {r["batch_size"]: r["status"] for r in rows}
     (verdict,) = json.loads(next((out / "_search").glob("*.json")).read_text())
     best = verdict["max_batch"]
     assert best >= 1 and status[best] == "ok" and status[best + 1] == "oom"
-    assert all(s == "ok" for b, s in status.items() if b <= best) and all(s == "oom" for b, s in status.items() if b > best)
+    assert all(s == "ok" for b, s in status.items() if b <= best) and all(
+        s == "oom" for b, s in status.items() if b > best
+    )
     assert len(rows) == verdict["probes"] <= 2 * math.ceil(math.log2(best + 1)) + 1
     assert verdict["fastest_batch"] in status and status[verdict["fastest_batch"]] == "ok"
     assert {r["search_id"] for r in rows} == {verdict["search_id"]}
@@ -92,9 +124,30 @@ def test_max_batch_search_finds_the_limit_in_log_probes(ray_session, cli, write_
 
 def test_max_batch_command(ray_session, cli, tmp_path):
     out = tmp_path / "out"
-    result = cli("max-batch", "--model", "gpt-tiny", "--precision", "bf16", "--gpus", "1", "--seq-len", "1024",
-                 "--compile", "none", "--warmup", "0", "--measure", "1", "--memory-cap", "96MiB", "--cluster", "local",
-                 "--output", out, "--no-progress")
+    result = cli(
+        "max-batch",
+        "--model",
+        "gpt-tiny",
+        "--precision",
+        "bf16",
+        "--gpus",
+        "1",
+        "--seq-len",
+        "1024",
+        "--compile",
+        "none",
+        "--warmup",
+        "0",
+        "--measure",
+        "1",
+        "--memory-cap",
+        "96MiB",
+        "--cluster",
+        "local",
+        "--output",
+        out,
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     (verdict,) = json.loads(next((out / "_search").glob("*.json")).read_text())
     status = {r["batch_size"]: r["status"] for r in store.read_table(out).to_pylist()}
@@ -111,9 +164,30 @@ def test_max_batch_keeps_its_probe_bound_under_a_real_cap(ray_session, cli, tmp_
     the exact limit B in at most 2·⌈log₂ B⌉ + 2 probes, and a failed batch is never followed by its neighbour
     while the bracket below it is wide."""
     out = tmp_path / "out"
-    result = cli("max-batch", "--model", "gpt-tiny", "--precision", "bf16", "--gpus", "1", "--seq-len", "128",
-                 "--compile", "none", "--warmup", "0", "--measure", "1", "--memory-cap", "160MiB",
-                 "--cluster", "local", "--output", out, "--no-progress")
+    result = cli(
+        "max-batch",
+        "--model",
+        "gpt-tiny",
+        "--precision",
+        "bf16",
+        "--gpus",
+        "1",
+        "--seq-len",
+        "128",
+        "--compile",
+        "none",
+        "--warmup",
+        "0",
+        "--measure",
+        "1",
+        "--memory-cap",
+        "160MiB",
+        "--cluster",
+        "local",
+        "--output",
+        out,
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     (verdict,) = json.loads(next((out / "_search").glob("*.json")).read_text())
     status = {r["batch_size"]: r["status"] for r in store.read_table(out).to_pylist()}

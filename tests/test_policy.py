@@ -7,19 +7,22 @@ import random
 
 import pytest
 
-from sweep.spec.grid import OomPolicy, parse_grid, expand
 from sweep.search.policy import GridPlan, MaxBatchPlan, MaxBatchSearch, infra_retry, next_batch_after_oom
+from sweep.spec.grid import OomPolicy, expand, parse_grid
 
 
-@pytest.mark.parametrize("policy,failed,ok,expected", [
-    ("halve", 16, set(), 8),
-    ("halve", 1, set(), None),  # below min_batch
-    ("next", 16, set(), 15),
-    ("next", 1, set(), None),
-    ("bisect", 16, {4}, 10),
-    ("bisect", 16, set(), 8),
-    ("none", 16, set(), None),
-])
+@pytest.mark.parametrize(
+    "policy,failed,ok,expected",
+    [
+        ("halve", 16, set(), 8),
+        ("halve", 1, set(), None),  # below min_batch
+        ("next", 16, set(), 15),
+        ("next", 1, set(), None),
+        ("bisect", 16, {4}, 10),
+        ("bisect", 16, set(), 8),
+        ("none", 16, set(), None),
+    ],
+)
 def test_next_batch_after_oom(policy, failed, ok, expected):
     assert next_batch_after_oom(OomPolicy(policy=policy), failed, ok=ok, tried={failed}) == expected
 
@@ -49,12 +52,15 @@ def test_a_lower_batch_already_in_the_grid_is_not_run_twice():
     assert two.batch_size == 2
 
 
-@pytest.mark.parametrize("policy,batches,chain", [
-    ("next", [16], [15, 14]),  # one smaller each time
-    ("next", [7, 8], []),  # 8 -> 7 is the grid's own trial: not run twice
-    ("halve", [16], [8, 4]),
-    ("bisect", [16], [8, 4]),  # nothing known to fit: halve
-])
+@pytest.mark.parametrize(
+    "policy,batches,chain",
+    [
+        ("next", [16], [15, 14]),  # one smaller each time
+        ("next", [7, 8], []),  # 8 -> 7 is the grid's own trial: not run twice
+        ("halve", [16], [8, 4]),
+        ("bisect", [16], [8, 4]),  # nothing known to fit: halve
+    ],
+)
 def test_grid_plan_follows_each_policy(policy, batches, chain):
     plan = GridPlan(_trials(batches), OomPolicy(policy=policy))
     trial = plan.initial()[-1]
@@ -77,15 +83,26 @@ def test_infrastructure_failures_are_retried_once_and_nothing_else_is():
     assert infra_retry(trial, "error", infrastructure=False) is None
 
 
-def _simulate(limit: int, *, start: int = 1, capacity: float | None = None, per_sample: float = 10.0,
-              base: float = 100.0, step: int = 1) -> MaxBatchSearch:
+def _simulate(
+    limit: int,
+    *,
+    start: int = 1,
+    capacity: float | None = None,
+    per_sample: float = 10.0,
+    base: float = 100.0,
+    step: int = 1,
+) -> MaxBatchSearch:
     """Drive a search against a device where `limit` samples fit (memory = base + per_sample * batch)."""
     search = MaxBatchSearch(start=start, capacity_bytes=capacity, step=step)
     while (batch := search.next_probe()) is not None:
         assert batch not in search.probes, "a batch is never probed twice"
         fits = batch <= limit
-        search.record(batch, "ok" if fits else "oom", peak_mem_bytes=base + per_sample * batch if fits else None,
-                      tokens_per_s=1000.0 * batch / (1 + max(0, batch - limit + 3)))
+        search.record(
+            batch,
+            "ok" if fits else "oom",
+            peak_mem_bytes=base + per_sample * batch if fits else None,
+            tokens_per_s=1000.0 * batch / (1 + max(0, batch - limit + 3)),
+        )
     return search
 
 
@@ -169,8 +186,9 @@ def _exact(search: MaxBatchSearch, limit: int, step: int) -> bool:
 def test_on_a_linear_memory_curve_the_search_is_exact_in_five_probes_with_two_ooms_at_most():
     """The two OOMs: `start` when it is already too large, and the batch just past the limit."""
     for a, b, capacity, limit, start, step in _linear_curves():
-        search, ooms = _search(lambda n: a + b * n, lambda n: a + b * n <= capacity, capacity=capacity,
-                               start=start, step=step)
+        search, ooms = _search(
+            lambda n: a + b * n, lambda n: a + b * n <= capacity, capacity=capacity, start=start, step=step
+        )
         curve = f"a={a / GiB:.3f} GiB b={b / GiB:.4f} GiB limit={limit} start={start} step={step}: {search.probes}"
         assert _exact(search, limit, step), curve
         assert ooms <= 2 and len(search.probes) <= 5, curve
@@ -184,8 +202,12 @@ def test_the_search_runs_out_of_memory_no_more_often_than_the_old_one_on_any_lin
         old, old_ooms = _search(*curve, capacity=capacity, start=start, step=step, kind=_OldSearch)
         assert _exact(old, limit, step), "the comparison is between two right answers"
         assert new_ooms <= old_ooms, f"limit={limit} start={start} step={step}: {new.probes} vs {old.probes}"
-        totals = {"new_ooms": totals["new_ooms"] + new_ooms, "old_ooms": totals["old_ooms"] + old_ooms,
-                  "new_probes": totals["new_probes"] + len(new.probes), "old_probes": totals["old_probes"] + len(old.probes)}
+        totals = {
+            "new_ooms": totals["new_ooms"] + new_ooms,
+            "old_ooms": totals["old_ooms"] + old_ooms,
+            "new_probes": totals["new_probes"] + len(new.probes),
+            "old_probes": totals["old_probes"] + len(old.probes),
+        }
     # and fewer in all (about 61 % of the OOMs, 77 % of the probes), though on a few curves the new search
     # takes a fitting probe or two more
     assert totals["new_ooms"] < 0.65 * totals["old_ooms"] and totals["new_probes"] < 0.8 * totals["old_probes"], totals
@@ -200,17 +222,20 @@ def _fits(n):
     return _peak(n) <= 80 * GiB
 
 
-@pytest.mark.parametrize("start,capacity_gib,probes", [
-    # 1 fits (43 GiB): 80/43 bounds nothing past 1, so 2; the line through 1 and 2 says 13, then 14
-    (1, 80, [1, 2, 13, 14]),
-    (64, 80, [64, 1, 2, 13, 14]),  # a failed start goes to batch 1, not down by halves
-    (4, 80, [4, 6, 13, 14]),  # 4 fits at 52 GiB: 4·80/52 = 6 cannot fail whatever part of 52 is fixed
-    # The capacity overstates the usable memory by 2 GiB: L = 14 fails, and the line that said it fits
-    # guesses nothing more. Not 13 next to it (the same wrong guess): with 1, 2 fitting and 14 failing, a
-    # limit of 2 must be found by the 4th probe, so 3; then doubling and bisection under the bound.
-    (1, 82, [1, 2, 14, 3, 5, 9, 11, 12, 13]),
-    (4, 82, [4, 6, 14, 10, 12, 13]),  # from a fitting start the bound leaves room: bisect 6 .. 14
-])
+@pytest.mark.parametrize(
+    "start,capacity_gib,probes",
+    [
+        # 1 fits (43 GiB): 80/43 bounds nothing past 1, so 2; the line through 1 and 2 says 13, then 14
+        (1, 80, [1, 2, 13, 14]),
+        (64, 80, [64, 1, 2, 13, 14]),  # a failed start goes to batch 1, not down by halves
+        (4, 80, [4, 6, 13, 14]),  # 4 fits at 52 GiB: 4·80/52 = 6 cannot fail whatever part of 52 is fixed
+        # The capacity overstates the usable memory by 2 GiB: L = 14 fails, and the line that said it fits
+        # guesses nothing more. Not 13 next to it (the same wrong guess): with 1, 2 fitting and 14 failing, a
+        # limit of 2 must be found by the 4th probe, so 3; then doubling and bisection under the bound.
+        (1, 82, [1, 2, 14, 3, 5, 9, 11, 12, 13]),
+        (4, 82, [4, 6, 14, 10, 12, 13]),  # from a fitting start the bound leaves room: bisect 6 .. 14
+    ],
+)
 def test_the_predicted_limit_is_probed_then_the_next_batch_up(start, capacity_gib, probes):
     search, _ = _search(_peak, _fits, capacity=capacity_gib * GiB, start=start)
     assert search.probes == probes and (search.largest_ok, search.smallest_failed) == (13, 14)
@@ -280,10 +305,31 @@ def test_max_batch_searches_apart_per_training_option():
     assert sorted(v.options for v in plan.verdicts()) == ["", "grad_accum=8"]
 
 
-SAVED_KEYS = ["kind", "search_id", "model", "precision", "compile", "ac", "seq_len", "gpus", "options", "max_batch",
-              "first_failing_batch", "fastest_batch", "probes", "probe_batches", "aborted"]
-COMPLETED_KEYS = SAVED_KEYS + ["alloc_retries_at_max", "alloc_retries_at_fastest", "allocator", "tflops_at_fastest",
-                               "search_wall_s", "cost_vs_one_trial"]
+SAVED_KEYS = [
+    "kind",
+    "search_id",
+    "model",
+    "precision",
+    "compile",
+    "ac",
+    "seq_len",
+    "gpus",
+    "options",
+    "max_batch",
+    "first_failing_batch",
+    "fastest_batch",
+    "probes",
+    "probe_batches",
+    "aborted",
+]
+COMPLETED_KEYS = SAVED_KEYS + [
+    "alloc_retries_at_max",
+    "alloc_retries_at_fastest",
+    "allocator",
+    "tflops_at_fastest",
+    "search_wall_s",
+    "cost_vs_one_trial",
+]
 
 
 def test_a_max_batch_verdict_saves_the_keys_every_release_wrote_and_completing_it_leaves_it_alone():
@@ -297,8 +343,16 @@ def test_a_max_batch_verdict_saves_the_keys_every_release_wrote_and_completing_i
     saved = verdict.to_json()
     assert list(saved) == SAVED_KEYS
     assert saved["kind"] == "max_batch" and saved["probe_batches"] == [1] and saved["search_id"] == first.search_id
-    rows = [{"search_id": first.search_id, "batch_size": 1, "status": "ok", "alloc_retries": 0, "tflops_per_gpu": 2.0,
-             "trial_wall_s": 4.0}]
+    rows = [
+        {
+            "search_id": first.search_id,
+            "batch_size": 1,
+            "status": "ok",
+            "alloc_retries": 0,
+            "tflops_per_gpu": 2.0,
+            "trial_wall_s": 4.0,
+        }
+    ]
     done = complete_verdict(verdict, rows)
     assert verdict.to_json() == saved, "the plan's verdict is not changed"
     assert list(done.to_json()) == COMPLETED_KEYS

@@ -9,17 +9,16 @@ import sys
 
 import pytest
 import yaml
+from conftest import ROOT
 from typer.testing import CliRunner
 
 from clusters import load_profile
-from sweep.record import store
 from sweep.cli import app
-from sweep.spec.grid import OomPolicy, expand, parse_grid
-from sweep.search.policy import GridPlan, next_batch_after_oom
 from sweep.memory.predictor import NO_ROWS
+from sweep.record import store
 from sweep.record.rows import base_row
-
-from conftest import ROOT
+from sweep.search.policy import GridPlan, next_batch_after_oom
+from sweep.spec.grid import OomPolicy, expand, parse_grid
 
 GiB = 2**30
 LLAMA = {"models": ["llama3-8b"], "gpus": [2], "seq_len": [4096]}
@@ -41,8 +40,17 @@ def dead_h200_profile(tmp_path, gpus: int = 2, ratio: float = 1.2):
     """A GPU profile whose Ray address has nothing behind it (a trial started would exit 2), and an --output
     whose one clean row teaches `ratio` × the model: (profile path, output path)."""
     profile = tmp_path / f"h200-x{gpus}.yaml"
-    profile.write_text(yaml.safe_dump({"name": f"h200-x{gpus}", "accelerator": "h200", "ray_address": "127.0.0.1:9",
-                                       "nodes": 1, "gpus_per_node": gpus}))
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "name": f"h200-x{gpus}",
+                "accelerator": "h200",
+                "ray_address": "127.0.0.1:9",
+                "nodes": 1,
+                "gpus_per_node": gpus,
+            }
+        )
+    )
     out = tmp_path / "results"
     _write(out, _trial(2, cluster=f"h200-x{gpus}"), ratio=ratio, cluster=str(profile))
     return profile, out
@@ -75,27 +83,36 @@ def test_plan_is_calibrated_on_the_clusters_clean_rows(tmp_path):
     _write(out, _trial(1, precision="fp8-torchao-tensorwise"), ratio=0.5)
     result = _plan(*PLAN, "--output", out)
     assert result.exit_code == 0, result.output
-    assert (f"memory prediction calibrated on 3 rows of h200 in {out} (bf16 regional: 2, "
-            "fp8-torchao-tensorwise regional: 1)") in result.stdout
+    assert (
+        f"memory prediction calibrated on 3 rows of h200 in {out} (bf16 regional: 2, "
+        "fp8-torchao-tensorwise regional: 1)"
+    ) in result.stdout
     assert "154 GiB / 141 GiB" in result.stdout
-    assert "predicted OOM: 154 GiB > 141 GiB per h200 (sweep.memory.model, × 1.200, the median measured/predicted " \
-           "of 2 clean rows" in result.stdout
+    assert (
+        "predicted OOM: 154 GiB > 141 GiB per h200 (sweep.memory.model, × 1.200, the median measured/predicted "
+        "of 2 clean rows" in result.stdout
+    )
     assert "seq 4096, 2 ranks): 3, calibrated on 2 rows" in result.stdout
 
 
-@pytest.mark.parametrize("policy, failed, ok, predicted, expected", [
-    ("halve", 16, set(), 4, 4),  # 16 -> 4 at once, not 16 -> 8 -> 4
-    ("halve", 16, set(), 12, 12),  # not 8, where 12 fits
-    ("bisect", 16, {4}, 11, 11),
-    ("bisect", 16, {4}, 3, 10),  # under what is known to fit: wrong, bisect as before
-    ("halve", 16, set(), 16, 8),  # said 16 fits and it did not: halve as before
-    ("halve", 16, set(), 0, 8),  # nothing predicted to fit: as before, down to the floor
-    ("halve", 16, set(), None, 8),  # nothing predicted (CPU ranks, no memory known)
-    ("next", 16, set(), 4, 15),  # `next` walks one batch at a time whatever is predicted
-    ("none", 16, set(), 4, None),
-])
+@pytest.mark.parametrize(
+    "policy, failed, ok, predicted, expected",
+    [
+        ("halve", 16, set(), 4, 4),  # 16 -> 4 at once, not 16 -> 8 -> 4
+        ("halve", 16, set(), 12, 12),  # not 8, where 12 fits
+        ("bisect", 16, {4}, 11, 11),
+        ("bisect", 16, {4}, 3, 10),  # under what is known to fit: wrong, bisect as before
+        ("halve", 16, set(), 16, 8),  # said 16 fits and it did not: halve as before
+        ("halve", 16, set(), 0, 8),  # nothing predicted to fit: as before, down to the floor
+        ("halve", 16, set(), None, 8),  # nothing predicted (CPU ranks, no memory known)
+        ("next", 16, set(), 4, 15),  # `next` walks one batch at a time whatever is predicted
+        ("none", 16, set(), 4, None),
+    ],
+)
 def test_an_oom_retry_jumps_to_the_largest_batch_predicted_to_fit(policy, failed, ok, predicted, expected):
-    assert next_batch_after_oom(OomPolicy(policy=policy), failed, ok=ok, tried={failed}, predicted=predicted) == expected
+    assert (
+        next_batch_after_oom(OomPolicy(policy=policy), failed, ok=ok, tried={failed}, predicted=predicted) == expected
+    )
 
 
 def test_the_jump_keeps_the_policys_floor_and_the_grids_own_batches():
@@ -118,16 +135,36 @@ def test_run_retries_a_predicted_oom_at_the_predicted_batch_without_ray(tmp_path
     batch that fits is 3. Batch 16 is predicted not to fit; its `halve` retry goes to 3 at once (not 8, then 4,
     both predicted not to fit either), and --resume finds 3 recorded: the run writes the one row for 16."""
     profile = tmp_path / "two-h200.yaml"
-    profile.write_text(yaml.safe_dump({"name": "two-h200", "accelerator": "h200", "ray_address": "127.0.0.1:9",
-                                       "nodes": 1, "gpus_per_node": 2}))
+    profile.write_text(
+        yaml.safe_dump(
+            {"name": "two-h200", "accelerator": "h200", "ray_address": "127.0.0.1:9", "nodes": 1, "gpus_per_node": 2}
+        )
+    )
     out = tmp_path / "results"
     for batch in (1, 2, 3):
         _write(out, _trial(batch, cluster="two-h200"), ratio=1.2, cluster=str(profile))
     grid = tmp_path / "g.yaml"
     grid.write_text(yaml.safe_dump({**LLAMA, "batch_sizes": [16], "on_oom": {"policy": "halve"}}))
-    proc = subprocess.run([sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", out,
-                           "--resume", "--no-progress"], cwd=ROOT, env=sweep_env(), capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweep",
+            "run",
+            grid,
+            "--cluster",
+            profile,
+            "--output",
+            out,
+            "--resume",
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env=sweep_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [r for r in store.read_table(out).to_pylist() if r["run_id"] != "r0"]
     assert [(r["batch_size"], r["status"]) for r in rows] == [(16, "unsupported")]
@@ -167,35 +204,57 @@ def test_a_max_batch_verdict_prints_predicted_against_measured_peak(tmp_path, sw
     Ray address has nothing behind it) and the verdict says what was predicted of it."""
     profile, out = dead_h200_profile(tmp_path)
     grid = tmp_path / "g.yaml"
-    grid.write_text(yaml.safe_dump({"models": ["llama3-8b"], "seq_len": [4096], "batch_sizes": [1],
-                                    "search": "max_batch"}))
-    proc = subprocess.run([sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", out,
-                           "--no-progress"], cwd=ROOT, env={**sweep_env(), "COLUMNS": "250"}, capture_output=True,
-                          text=True, timeout=60)
+    grid.write_text(
+        yaml.safe_dump({"models": ["llama3-8b"], "seq_len": [4096], "batch_sizes": [1], "search": "max_batch"})
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", out, "--no-progress"],
+        cwd=ROOT,
+        env={**sweep_env(), "COLUMNS": "250"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 3, proc.stderr  # nothing measured
-    assert ("predicted / measured peak, llama3-8b bf16 (compile regional, 1 rank): batch 1 160 GiB / predicted OOM"
-            in proc.stdout), proc.stdout
+    assert (
+        "predicted / measured peak, llama3-8b bf16 (compile regional, 1 rank): batch 1 160 GiB / predicted OOM"
+        in proc.stdout
+    ), proc.stdout
 
 
 def test_probe_peaks_compare_the_prediction_the_run_began_with_against_the_measured_peak():
     from sweep.memory.predictor import Predictor, peak_line
 
     predictor = Predictor(profile=load_profile("h200"))
-    ok = {**base_row(_trial(4), run_id="r", profile=load_profile("h200"), grid_name=None), "status": "ok",
-          "peak_mem_gib": NO_ROWS.predict_trial(_trial(4)).raw / GiB / 1.25}
+    ok = {
+        **base_row(_trial(4), run_id="r", profile=load_profile("h200"), grid_name=None),
+        "status": "ok",
+        "peak_mem_gib": NO_ROWS.predict_trial(_trial(4)).raw / GiB / 1.25,
+    }
     oom = {**base_row(_trial(5), run_id="r", profile=load_profile("h200"), grid_name=None), "status": "oom"}
     predictor.learn(ok)  # refines what later trials are predicted with, not what this search's probes were
-    line = peak_line({"model": "llama3-8b", "precision": "bf16", "compile": "regional", "gpus": 2},
-                     predictor.probe_peaks([ok, oom]))
+    line = peak_line(
+        {"model": "llama3-8b", "precision": "bf16", "compile": "regional", "gpus": 2}, predictor.probe_peaks([ok, oom])
+    )
     from sweep.memory.capacity import size
 
-    assert line == ("predicted / measured peak, llama3-8b bf16 (compile regional, 2 ranks): "
-                    f"batch 4 129 GiB / 103 GiB (+25.0 %) · batch 5 {size(NO_ROWS.predict_trial(_trial(5)).raw)} / oom")
+    assert line == (
+        "predicted / measured peak, llama3-8b bf16 (compile regional, 2 ranks): "
+        f"batch 4 129 GiB / 103 GiB (+25.0 %) · batch 5 {size(NO_ROWS.predict_trial(_trial(5)).raw)} / oom"
+    )
     assert predictor.calibration.ratio("bf16", "regional") == pytest.approx(0.8)
 
 
-HELD_OUT = {"arch": "llama", "name": "held-out-2.5b", "n_layers": 20, "d_embd": 2560, "n_heads": 20, "n_kv_heads": 4,
-            "ffn_hidden": 8960, "vocab_size": 151936}  # benchmarks/campaigns/cold-sweep's model
+HELD_OUT = {
+    "arch": "llama",
+    "name": "held-out-2.5b",
+    "n_layers": 20,
+    "d_embd": 2560,
+    "n_heads": 20,
+    "n_kv_heads": 4,
+    "ffn_hidden": 8960,
+    "vocab_size": 151936,
+}  # benchmarks/campaigns/cold-sweep's model
 
 
 def test_an_uncalibrated_retry_goes_to_the_models_estimate_not_to_its_margin(tmp_path):
@@ -203,12 +262,19 @@ def test_an_uncalibrated_retry_goes_to_the_models_estimate_not_to_its_margin(tmp
     a retry placed at the margin's limit runs where the model itself says it does not fit (one H200, bf16 batch
     24 of the cold-sweep model: the retry went to 12 and ran out of memory; 10 fit). The retry goes to the
     model's own estimate."""
-    from sweep.service import make_plan
     from sweep.memory.predictor import Predictor
+    from sweep.service import make_plan
 
     profile = load_profile(str(ROOT / "benchmarks" / "profiles" / "h200x1.yaml"))
-    spec = parse_grid({"models": [HELD_OUT], "precisions": ["bf16"], "batch_sizes": [24], "seq_len": 4096,
-                       "on_oom": {"policy": "halve"}})
+    spec = parse_grid(
+        {
+            "models": [HELD_OUT],
+            "precisions": ["bf16"],
+            "batch_sizes": [24],
+            "seq_len": 4096,
+            "on_oom": {"policy": "halve"},
+        }
+    )
     (trial,) = expand(spec, cluster=profile.name)
     predictor = Predictor.load(profile, tmp_path / "empty")
     estimate, refused_past = predictor.max_batch(trial, point=True), predictor.max_batch(trial)

@@ -21,47 +21,91 @@ SHARES = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "oth
 def test_only_communication_no_computation_overlaps_is_exposed():
     # 0-4 a GEMM, 2-8 an all-gather on its own stream, 8-10 idle: the overlapped 2-4 is the GEMM's
     got = shares([(0, 4, "gemm"), (2, 8, "comm")], (0, 10))
-    assert got == pytest.approx({"gemm_pct": 40, "attention_pct": 0, "comm_exposed_pct": 40, "optimizer_pct": 0,
-                                 "other_pct": 20})
+    assert got == pytest.approx(
+        {"gemm_pct": 40, "attention_pct": 0, "comm_exposed_pct": 40, "optimizer_pct": 0, "other_pct": 20}
+    )
 
 
 def test_communication_under_computation_is_not_exposed_and_shares_add_up():
-    intervals = [(1, 9, "comm"), (0, 3, "gemm"), (3, 5, "attention"), (5, 9.5, "other"), (12, 15, "optimizer"),
-                 (11, 13, "gemm"), (20, 30, "gemm")]  # the last one ends past the window: only its part counts
+    intervals = [
+        (1, 9, "comm"),
+        (0, 3, "gemm"),
+        (3, 5, "attention"),
+        (5, 9.5, "other"),
+        (12, 15, "optimizer"),
+        (11, 13, "gemm"),
+        (20, 30, "gemm"),
+    ]  # the last one ends past the window: only its part counts
     got = shares(intervals, (0, 25))
     assert got["comm_exposed_pct"] == 0
-    assert got == pytest.approx({"gemm_pct": (3 + 2 + 5) / 25 * 100, "attention_pct": 2 / 25 * 100,
-                                 "comm_exposed_pct": 0, "optimizer_pct": 2 / 25 * 100,
-                                 "other_pct": (4.5 + 1.5 + 5) / 25 * 100})
+    assert got == pytest.approx(
+        {
+            "gemm_pct": (3 + 2 + 5) / 25 * 100,
+            "attention_pct": 2 / 25 * 100,
+            "comm_exposed_pct": 0,
+            "optimizer_pct": 2 / 25 * 100,
+            "other_pct": (4.5 + 1.5 + 5) / 25 * 100,
+        }
+    )
     assert sum(got.values()) == pytest.approx(100)
 
 
 def test_kernels_by_name_and_by_the_phase_that_launched_them():
-    assert [kernel_kind(n) for n in (
-        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "nvjet_tst_192x192_64x3_2x1_v_bz_coopB_TNN",
-        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>", "ncclDevKernel_AllGather_RING_LL(...)",
-        "void pytorch_flash::flash_fwd_kernel<...>", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80",
-        "void at::native::vectorized_elementwise_kernel<4, ...>", "Cijk_Alik_Bljk_BBS_BH_MT256x256x64")] == [
-        "gemm", "gemm", "gemm", "comm", "attention", "attention", "other", "gemm"]
+    assert [
+        kernel_kind(n)
+        for n in (
+            "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+            "nvjet_tst_192x192_64x3_2x1_v_bz_coopB_TNN",
+            "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>",
+            "ncclDevKernel_AllGather_RING_LL(...)",
+            "void pytorch_flash::flash_fwd_kernel<...>",
+            "fmha_cutlassF_bf16_aligned_64x64_rf_sm80",
+            "void at::native::vectorized_elementwise_kernel<4, ...>",
+            "Cijk_Alik_Bljk_BBS_BH_MT256x256x64",
+        )
+    ] == ["gemm", "gemm", "gemm", "comm", "attention", "attention", "other", "gemm"]
     optimizer = [(100.0, 200.0)]
-    spans = [Span("multi_tensor_apply_kernel", 300, 310, lane=7, issued=150),  # launched by the optimizer step
-             Span("ncclDevKernel_AllReduce", 310, 320, lane=9, issued=160),  # the clip's all-reduce: communication
-             Span("ampere_bf16_s16816gemm", 50, 60, lane=7, issued=120)]  # issued in the optimizer phase
+    spans = [
+        Span("multi_tensor_apply_kernel", 300, 310, lane=7, issued=150),  # launched by the optimizer step
+        Span("ncclDevKernel_AllReduce", 310, 320, lane=9, issued=160),  # the clip's all-reduce: communication
+        Span("ampere_bf16_s16816gemm", 50, 60, lane=7, issued=120),
+    ]  # issued in the optimizer phase
     assert [kind for *_, kind in classify(spans, kernel_kind, optimizer)] == ["optimizer", "comm", "optimizer"]
-    assert [kind for *_, kind in classify([Span("sm90_gemm", 300, 310, lane=7, issued=90)], kernel_kind,
-                                          optimizer)] == ["gemm"]
+    assert [
+        kind for *_, kind in classify([Span("sm90_gemm", 300, 310, lane=7, issued=90)], kernel_kind, optimizer)
+    ] == ["gemm"]
 
 
 def test_cpu_operators_take_the_kind_of_the_operator_they_run_in():
-    spans = [Span("aten::linear", 0, 10, lane=1), Span("aten::t", 0, 1, lane=1), Span("aten::addmm", 1, 10, lane=1),
-             Span("c10d::allgather_", 10, 20, lane=1), Span("aten::empty", 11, 12, lane=1),
-             Span("autograd::engine::evaluate_function: AddmmBackward0", 20, 30, lane=1),
-             Span("aten::mm", 21, 25, lane=1), Span("aten::sum", 25, 30, lane=1),
-             Span("gloo:all_gather", 5, 15, lane=2), Span("aten::scaled_dot_product_attention", 30, 35, lane=1),
-             Span("aten::_foreach_add_", 40, 45, lane=1), Span("fsdp::all_gather_copy_in", 46, 48, lane=1)]
+    spans = [
+        Span("aten::linear", 0, 10, lane=1),
+        Span("aten::t", 0, 1, lane=1),
+        Span("aten::addmm", 1, 10, lane=1),
+        Span("c10d::allgather_", 10, 20, lane=1),
+        Span("aten::empty", 11, 12, lane=1),
+        Span("autograd::engine::evaluate_function: AddmmBackward0", 20, 30, lane=1),
+        Span("aten::mm", 21, 25, lane=1),
+        Span("aten::sum", 25, 30, lane=1),
+        Span("gloo:all_gather", 5, 15, lane=2),
+        Span("aten::scaled_dot_product_attention", 30, 35, lane=1),
+        Span("aten::_foreach_add_", 40, 45, lane=1),
+        Span("fsdp::all_gather_copy_in", 46, 48, lane=1),
+    ]
     kinds = [kind for *_, kind in sorted(classify(spans, op_kind, [(40.0, 46.0)]))]
-    assert kinds == ["gemm", "gemm", "gemm", "comm", "comm", "comm", "other", "gemm", "other", "attention",
-                     "optimizer", "other"]  # FSDP's copy into the all-gather buffer is a copy, not communication
+    assert kinds == [
+        "gemm",
+        "gemm",
+        "gemm",
+        "comm",
+        "comm",
+        "comm",
+        "other",
+        "gemm",
+        "other",
+        "attention",
+        "optimizer",
+        "other",
+    ]  # FSDP's copy into the all-gather buffer is a copy, not communication
     # gloo's own thread works 5-15 while the main thread multiplies until 10: only 10-15 is exposed
     got = shares(classify(spans, op_kind, [(40.0, 46.0)]), (0, 50))
     assert got["comm_exposed_pct"] == pytest.approx(10 / 50 * 100)
@@ -71,18 +115,24 @@ def test_cpu_operators_take_the_kind_of_the_operator_they_run_in():
 def test_summary_of_a_gpu_trace_counts_the_wall_steps():
     """A Chrome trace as torch.profiler writes it: the window is the labelled steps, kernels find their phase
     through their launch's correlation id, idle time is other."""
+
     def x(cat, name, ts, dur, **args):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": 1, "args": args}
 
-    events = [x("user_annotation", STEP, 0, 100), x("user_annotation", OPTIMIZER, 60, 30),
-              x("cuda_runtime", "cudaLaunchKernel", 5, 1, correlation=1),
-              x("cuda_runtime", "cudaLaunchKernel", 65, 1, correlation=2),
-              x("kernel", "sm90_xmma_gemm_bf16", 10, 40, correlation=1),
-              x("kernel", "multi_tensor_apply_kernel", 70, 10, correlation=2),
-              x("cpu_op", "aten::mm", 5, 2), {"ph": "M", "name": "process_name"}]
+    events = [
+        x("user_annotation", STEP, 0, 100),
+        x("user_annotation", OPTIMIZER, 60, 30),
+        x("cuda_runtime", "cudaLaunchKernel", 5, 1, correlation=1),
+        x("cuda_runtime", "cudaLaunchKernel", 65, 1, correlation=2),
+        x("kernel", "sm90_xmma_gemm_bf16", 10, 40, correlation=1),
+        x("kernel", "multi_tensor_apply_kernel", 70, 10, correlation=2),
+        x("cpu_op", "aten::mm", 5, 2),
+        {"ph": "M", "name": "process_name"},
+    ]
     got = summarize({"traceEvents": events})
-    assert got == pytest.approx({"gemm_pct": 40, "attention_pct": 0, "comm_exposed_pct": 0, "optimizer_pct": 10,
-                                 "other_pct": 50})
+    assert got == pytest.approx(
+        {"gemm_pct": 40, "attention_pct": 0, "comm_exposed_pct": 0, "optimizer_pct": 10, "other_pct": 50}
+    )
     with pytest.raises(ValueError, match="sweep/step"):
         summarize({"traceEvents": events[1:]})
 

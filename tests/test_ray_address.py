@@ -33,9 +33,25 @@ def _profile(tmp_path: Path, address: str, extra: str = "") -> Path:
 
 def _sweep(tmp_path: Path, env: dict, profile: Path, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "sweep", "run", *map(str, GRID), "--cluster", str(profile), "--output",
-                           str(tmp_path / "out"), "--no-progress"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweep",
+            "run",
+            *map(str, GRID),
+            "--cluster",
+            str(profile),
+            "--output",
+            str(tmp_path / "out"),
+            "--no-progress",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return done, time.monotonic() - began
 
 

@@ -24,9 +24,9 @@ import pytest
 from typer.testing import CliRunner
 
 from sweep.cli import app
-from sweep.results import aggregate, query
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row
+from sweep.results import aggregate, query
 
 KEYS = tuple(k for k in query.CONFIG_KEYS if k != "memory_cap_gib")  # the synthetic rows have no cap
 GROUP = tuple(k for k in KEYS if k != "batch_size")
@@ -62,28 +62,61 @@ def make_rows() -> list[dict]:
                             status, error = "unsupported", "torchao float8 needs sm89+, got gfx942"
                         if cluster == "mi300x" and model == "llama3-8b" and precision == "bf16" and batch == 16:
                             status, error = "timeout", "trial exceeded 900 s"
-                        if cluster == "h200" and model == "llama3-8b" and precision == "fp8-te" and batch == 8 and run == 3:
+                        if (
+                            cluster == "h200"
+                            and model == "llama3-8b"
+                            and precision == "fp8-te"
+                            and batch == 8
+                            and run == 3
+                        ):
                             status, error = "oom", "CUDA out of memory (fragmentation)"  # flaky: 2 ok + 1 oom
-                        if cluster == "h200" and model == "llama3-70b" and precision == "bf16" and batch == 1 and run == 2:
+                        if (
+                            cluster == "h200"
+                            and model == "llama3-70b"
+                            and precision == "bf16"
+                            and batch == 1
+                            and run == 2
+                        ):
                             status, error = "error", "NCCL watchdog timeout\nrank 3 ...\n"
                         row = {
-                            "run_id": f"{cluster}-run{run}", "trial_id": f"t{n:05d}", "attempt": 1,
-                            "grid_name": "fp8-vs-bf16", "cluster": cluster, "accelerator": cluster,
-                            "world_size": 8, "nodes": 1, "hostname": f"{cluster}-node0",
-                            "model": model, "precision": precision, "compile": "none", "ac": "none",
-                            "batch_size": batch, "seq_len": SEQ, "warmup_steps": 3, "measure_steps": 10,
+                            "run_id": f"{cluster}-run{run}",
+                            "trial_id": f"t{n:05d}",
+                            "attempt": 1,
+                            "grid_name": "fp8-vs-bf16",
+                            "cluster": cluster,
+                            "accelerator": cluster,
+                            "world_size": 8,
+                            "nodes": 1,
+                            "hostname": f"{cluster}-node0",
+                            "model": model,
+                            "precision": precision,
+                            "compile": "none",
+                            "ac": "none",
+                            "batch_size": batch,
+                            "seq_len": SEQ,
+                            "warmup_steps": 3,
+                            "measure_steps": 10,
                             **TRAINING_DEFAULTS,
-                            "status": status, "error": error, "gpu_name": cluster.upper(),
-                            "started_at": t0 + dt.timedelta(minutes=n), "finished_at": t0 + dt.timedelta(minutes=n, seconds=50),
+                            "status": status,
+                            "error": error,
+                            "gpu_name": cluster.upper(),
+                            "started_at": t0 + dt.timedelta(minutes=n),
+                            "finished_at": t0 + dt.timedelta(minutes=n, seconds=50),
                         }
                         if status == "ok":
                             tf = SPEED[cluster] * PREC[precision] * (1 - 0.25 / batch) * rng.uniform(0.96, 1.04)
                             if precision == "fp8-torchao" and batch == limit:
                                 tf *= 0.8  # at its limit torchao slows down: its fastest batch is smaller
                             tokens = tf * 1e12 / FLOPS_PER_TOKEN[model]
-                            row.update(tflops_per_gpu=tf, mfu=tf / PEAK[cluster], tokens_per_s_per_gpu=tokens,
-                                       step_time_s=batch * SEQ / tokens, peak_mem_gib=12.0 + 9.5 * batch + rng.random(),
-                                       peak_tflops=PEAK[cluster], flops_per_token=FLOPS_PER_TOKEN[model])
+                            row.update(
+                                tflops_per_gpu=tf,
+                                mfu=tf / PEAK[cluster],
+                                tokens_per_s_per_gpu=tokens,
+                                step_time_s=batch * SEQ / tokens,
+                                peak_mem_gib=12.0 + 9.5 * batch + rng.random(),
+                                peak_tflops=PEAK[cluster],
+                                flops_per_token=FLOPS_PER_TOKEN[model],
+                            )
                         rows.append(row)
     return rows
 
@@ -125,6 +158,7 @@ def invoke(*args: str):
 
 # --- aggregation -----------------------------------------------------------------------------------
 
+
 def test_configs_median_counts_and_failures(dataset):
     out, rows = dataset
     got = {tuple(r.get(k) for k in KEYS): r for r in aggregate.configs(out).to_pylist()}
@@ -139,7 +173,12 @@ def test_configs_median_counts_and_failures(dataset):
         for m in aggregate.METRICS:
             assert g[m] == (pytest.approx(e[m], rel=1e-12) if e[m] is not None else None), (key, m)
     flaky = got[("h200", "llama3-8b", "fp8-te", "none", "none", 8, SEQ, 8, *DEFAULT_OPTIONS)]
-    assert (flaky["status"], flaky["n_ok"], flaky["n_oom"], flaky["error"]) == ("ok", 2, 1, "CUDA out of memory (fragmentation)")
+    assert (flaky["status"], flaky["n_ok"], flaky["n_oom"], flaky["error"]) == (
+        "ok",
+        2,
+        1,
+        "CUDA out of memory (fragmentation)",
+    )
 
 
 def test_max_batch_largest_oom_and_fastest(dataset):
@@ -148,7 +187,9 @@ def test_max_batch_largest_oom_and_fastest(dataset):
     got = {tuple(r[k] for k in GROUP): r for r in aggregate.max_batch(out).to_pylist()}
     assert len(got) == 2 * 2 * 3
     for group, g in got.items():
-        mine = {k[KEYS.index("batch_size")]: e for k, e in want.items() if tuple(k[KEYS.index(c)] for c in GROUP) == group}
+        mine = {
+            k[KEYS.index("batch_size")]: e for k, e in want.items() if tuple(k[KEYS.index(c)] for c in GROUP) == group
+        }
         ok = [b for b, e in mine.items() if e["n_ok"]]
         if not ok:
             assert g["max_ok_batch"] is None and g["status"] == "unsupported" and g["tflops_per_gpu"] is None
@@ -216,21 +257,49 @@ def test_cluster_costs_tolerate_missing_profiles(monkeypatch):
 
 def test_where_filters(dataset):
     out, rows = dataset
-    table = query.load(out, ["precision=bf16,fp8-te", "batch_size>=4", "status!=ok"], ["precision", "batch_size", "status"])
+    table = query.load(
+        out, ["precision=bf16,fp8-te", "batch_size>=4", "status!=ok"], ["precision", "batch_size", "status"]
+    )
     expect = [r for r in rows if r["precision"] in ("bf16", "fp8-te") and r["batch_size"] >= 4 and r["status"] != "ok"]
     assert table.num_rows == len(expect) > 0
-    assert query.load(out, ["started_at<2025-06-02T09:03:30"], ["trial_id"]).column("trial_id").to_pylist() == ["t00001", "t00002", "t00003"]
+    assert query.load(out, ["started_at<2025-06-02T09:03:30"], ["trial_id"]).column("trial_id").to_pylist() == [
+        "t00001",
+        "t00002",
+        "t00003",
+    ]
 
 
 # --- exports: the same numbers as the rows ---------------------------------------------------------
 
-HEADER_KEYS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile", "ac": "ac",
-               "batch": "batch_size", "seq": "seq_len", "GPUs": "world_size", "accum": "grad_accum", "clip": "grad_clip",
-               "fp8 head": "fp8_lm_head", "reduce": "reduce_dtype", "grad sync": "grad_sync",
-               "dyn batch": "dynamic_batch", "replicas": "dp_replicate"}
-PARSE = {"batch_size": int, "seq_len": int, "world_size": int, "grad_accum": int, "grad_clip": float,
-         "dp_replicate": int, "tp": int, "cp": int,
-         "fp8_lm_head": lambda text: text == "True", "dynamic_batch": lambda text: text == "True"}
+HEADER_KEYS = {
+    "cluster": "cluster",
+    "model": "model",
+    "precision": "precision",
+    "compile": "compile",
+    "ac": "ac",
+    "batch": "batch_size",
+    "seq": "seq_len",
+    "GPUs": "world_size",
+    "accum": "grad_accum",
+    "clip": "grad_clip",
+    "fp8 head": "fp8_lm_head",
+    "reduce": "reduce_dtype",
+    "grad sync": "grad_sync",
+    "dyn batch": "dynamic_batch",
+    "replicas": "dp_replicate",
+}
+PARSE = {
+    "batch_size": int,
+    "seq_len": int,
+    "world_size": int,
+    "grad_accum": int,
+    "grad_clip": float,
+    "dp_replicate": int,
+    "tp": int,
+    "cp": int,
+    "fp8_lm_head": lambda text: text == "True",
+    "dynamic_batch": lambda text: text == "True",
+}
 
 
 def _parse_markdown(text: str) -> list[dict]:
@@ -242,7 +311,7 @@ def _parse_markdown(text: str) -> list[dict]:
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert set(lines[1].replace("|", "").replace("-", "").replace(":", "")) <= {""}
     table = [line for line in lines[2:] if line.startswith("|")]
-    assert lines[2:2 + len(table)] == table  # the table, then its provenance (tests/test_results_provenance.py)
+    assert lines[2 : 2 + len(table)] == table  # the table, then its provenance (tests/test_results_provenance.py)
     return [{**constant, **dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))} for line in table]
 
 
@@ -309,16 +378,36 @@ def test_export_md_and_csv_agree(dataset):
 
 # --- the other commands ----------------------------------------------------------------------------
 
+
 def test_compare_by_a_training_option(tmp_path):
     """--by grad_sync: each config against its twin at the default (micro_batch), everything else equal."""
-    base = {"run_id": "r", "attempt": 1, "cluster": "h200", "accelerator": "h200", "world_size": 2,
-            "model": "llama3-8b", "precision": "fp8-te-delayed", "compile": "none", "ac": "none", "batch_size": 2,
-            "seq_len": 4096, **TRAINING_DEFAULTS, "grad_accum": 8, "status": "ok"}
-    rows = [("t1", "fp32", "micro_batch", 782.9), ("t2", "fp32", "step", 728.7),
-            ("t3", "bf16", "micro_batch", 792.2), ("t4", "bf16", "step", 871.9)]
+    base = {
+        "run_id": "r",
+        "attempt": 1,
+        "cluster": "h200",
+        "accelerator": "h200",
+        "world_size": 2,
+        "model": "llama3-8b",
+        "precision": "fp8-te-delayed",
+        "compile": "none",
+        "ac": "none",
+        "batch_size": 2,
+        "seq_len": 4096,
+        **TRAINING_DEFAULTS,
+        "grad_accum": 8,
+        "status": "ok",
+    }
+    rows = [
+        ("t1", "fp32", "micro_batch", 782.9),
+        ("t2", "fp32", "step", 728.7),
+        ("t3", "bf16", "micro_batch", 792.2),
+        ("t4", "bf16", "step", 871.9),
+    ]
     for trial_id, reduce, sync, tflops in rows:
-        write_row(tmp_path, {**base, "trial_id": trial_id, "reduce_dtype": reduce, "grad_sync": sync,
-                             "tflops_per_gpu": tflops})
+        write_row(
+            tmp_path,
+            {**base, "trial_id": trial_id, "reduce_dtype": reduce, "grad_sync": sync, "tflops_per_gpu": tflops},
+        )
     table = {r["reduce_dtype"]: r for r in aggregate.compare(tmp_path, "micro_batch", "grad_sync").to_pylist()}
     assert table["fp32"]["ratio"] == pytest.approx(728.7 / 782.9)
     assert table["bf16"]["ratio"] == pytest.approx(871.9 / 792.2)
@@ -363,6 +452,7 @@ def test_query_count(dataset):
 
 # --- bad input: exit 2, one line, no traceback -----------------------------------------------------
 
+
 def _one_error_line(res) -> str:
     assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output
@@ -380,19 +470,22 @@ def _garbage(path: Path) -> None:
     (path / "t.parquet").write_bytes(b"not parquet at all")
 
 
-@pytest.mark.parametrize("args, setup, message", [
-    (["show", "{empty}"], None, "no sweep results found"),
-    (["export", "{empty}"], _foreign, "not a sweep result file"),
-    (["max-batch", "{empty}"], _garbage, "not a readable Parquet file"),
-    (["show", "{data}", "--where", "precison=bf16"], None, "unknown column 'precison'; valid columns: run_id"),
-    (["show", "{data}", "--where", "batch_size>=four"], None, "batch_size takes an integer"),
-    (["export", "{data}", "--where", "precision=fp9"], None, "precision values: bf16, fp8-te, fp8-torchao"),
-    (["query", "{data}", "SELEC 1"], None, "SQL: Parser Error"),
-    (["query", "{data}", "SELECT nope FROM results"], None, "SQL: Binder Error"),
-    (["compare", "{data}", "--baseline", "fp16"], None, "valid: bf16, fp8-te, fp8-torchao"),
-    (["compare", "{data}", "--by", "cluster", "--baseline", "b200"], None, "valid: h200, mi300x"),
-    (["compare", "{data}", "--by", "cluster"], None, "needs --baseline"),
-])
+@pytest.mark.parametrize(
+    "args, setup, message",
+    [
+        (["show", "{empty}"], None, "no sweep results found"),
+        (["export", "{empty}"], _foreign, "not a sweep result file"),
+        (["max-batch", "{empty}"], _garbage, "not a readable Parquet file"),
+        (["show", "{data}", "--where", "precison=bf16"], None, "unknown column 'precison'; valid columns: run_id"),
+        (["show", "{data}", "--where", "batch_size>=four"], None, "batch_size takes an integer"),
+        (["export", "{data}", "--where", "precision=fp9"], None, "precision values: bf16, fp8-te, fp8-torchao"),
+        (["query", "{data}", "SELEC 1"], None, "SQL: Parser Error"),
+        (["query", "{data}", "SELECT nope FROM results"], None, "SQL: Binder Error"),
+        (["compare", "{data}", "--baseline", "fp16"], None, "valid: bf16, fp8-te, fp8-torchao"),
+        (["compare", "{data}", "--by", "cluster", "--baseline", "b200"], None, "valid: h200, mi300x"),
+        (["compare", "{data}", "--by", "cluster"], None, "needs --baseline"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(dataset, tmp_path, args, setup, message):
     if setup:
         setup(tmp_path)
@@ -400,12 +493,15 @@ def test_bad_input_is_one_line_exit_2(dataset, tmp_path, args, setup, message):
     assert message in _one_error_line(invoke(*args))
 
 
-@pytest.mark.parametrize("statement", [
-    "COPY results TO '{out}/out.csv'",
-    "COPY (SELECT * FROM results) TO '{out}/cluster=x/run=y/t.parquet' (FORMAT parquet)",
-    "EXPORT DATABASE '{out}/export'",
-    "ATTACH '{out}/other.duckdb'",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "COPY results TO '{out}/out.csv'",
+        "COPY (SELECT * FROM results) TO '{out}/cluster=x/run=y/t.parquet' (FORMAT parquet)",
+        "EXPORT DATABASE '{out}/export'",
+        "ATTACH '{out}/other.duckdb'",
+    ],
+)
 def test_query_cannot_write_files(dataset, tmp_path, statement):
     out, _ = dataset
     line = _one_error_line(invoke("query", out, statement.format(out=tmp_path)))
@@ -413,14 +509,17 @@ def test_query_cannot_write_files(dataset, tmp_path, statement):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("statement", [
-    "SELECT * FROM read_csv('/etc/passwd', sep = ':')",
-    "SELECT * FROM read_text('/etc/hostname')",
-    "SELECT * FROM glob('/etc/*')",
-    "SELECT * FROM read_parquet('{first}')",  # a result file, but not through the dataset
-    "SET lock_configuration = false",  # the sandbox cannot be undone from inside
-    "SELECT count(*) FROM dataset",  # no Python variables by name (DuckDB's replacement scan)
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT * FROM read_csv('/etc/passwd', sep = ':')",
+        "SELECT * FROM read_text('/etc/hostname')",
+        "SELECT * FROM glob('/etc/*')",
+        "SELECT * FROM read_parquet('{first}')",  # a result file, but not through the dataset
+        "SET lock_configuration = false",  # the sandbox cannot be undone from inside
+        "SELECT count(*) FROM dataset",  # no Python variables by name (DuckDB's replacement scan)
+    ],
+)
 def test_query_reads_the_dataset_only(dataset, statement):
     out, _ = dataset
     first = sorted(out.rglob("*.parquet"))[0]
@@ -438,7 +537,9 @@ def _damaged_pages(path: Path) -> None:
     meta = pq.ParquetFile(dst).metadata
     chunk = meta.row_group(0).column(meta.schema.names.index("status"))
     data = bytearray(dst.read_bytes())
-    data[chunk.data_page_offset:chunk.data_page_offset + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
+    data[chunk.data_page_offset : chunk.data_page_offset + chunk.total_compressed_size] = (
+        b"\xab" * chunk.total_compressed_size
+    )
     dst.write_bytes(bytes(data))
 
 
@@ -447,10 +548,20 @@ def _truncated(path: Path) -> None:
     (path / "truncated.parquet").write_bytes(src.read_bytes()[:-100])
 
 
-BAD_FILES = {"cluster=x/run=y/t.parquet": _foreign, "t.parquet": _garbage,
-             "cluster=h200/run=damaged/t.parquet": _damaged_pages, "truncated.parquet": _truncated}
-COMMANDS = [["show", "--limit", "500"], ["max-batch", "-f", "csv"], ["compare", "-f", "csv"], ["export", "-f", "csv"],
-            ["plot", "--out", "{tmp}/fig.png"], ["query", "SELECT count(*) AS n FROM results", "-f", "csv"]]
+BAD_FILES = {
+    "cluster=x/run=y/t.parquet": _foreign,
+    "t.parquet": _garbage,
+    "cluster=h200/run=damaged/t.parquet": _damaged_pages,
+    "truncated.parquet": _truncated,
+}
+COMMANDS = [
+    ["show", "--limit", "500"],
+    ["max-batch", "-f", "csv"],
+    ["compare", "-f", "csv"],
+    ["export", "-f", "csv"],
+    ["plot", "--out", "{tmp}/fig.png"],
+    ["query", "SELECT count(*) AS n FROM results", "-f", "csv"],
+]
 
 
 @pytest.fixture(scope="module")
@@ -473,7 +584,9 @@ def test_a_bad_file_is_named_in_one_line(dataset, tmp_path, name, make):
     shutil.copytree(dataset[0], tree)
     make(tree)
     line = _one_error_line(invoke("export", tree))
-    assert line.startswith(f"error: {tree / name}: ") and line.endswith(f"(move it out of {tree}, or pass --skip-bad to `sweep results` to read the rest)")
+    assert line.startswith(f"error: {tree / name}: ") and line.endswith(
+        f"(move it out of {tree}, or pass --skip-bad to `sweep results` to read the rest)"
+    )
 
 
 @pytest.mark.parametrize("args", COMMANDS, ids=[c[0] for c in COMMANDS])
@@ -495,8 +608,11 @@ def test_skip_bad_reads_the_rest_and_names_what_it_skipped(dataset, tree_with_ba
 
 def _cells(text: str) -> list[list[str]]:
     """The cells of a Rich table or the lines of a CSV, without titles and rules (their width varies)."""
-    return [[c.strip() for c in line.split("│")] for line in text.splitlines()
-            if line.strip() and not set(line.strip()) & set("━─┏┗┡└") and "/" not in line.split("│")[0]]
+    return [
+        [c.strip() for c in line.split("│")]
+        for line in text.splitlines()
+        if line.strip() and not set(line.strip()) & set("━─┏┗┡└") and "/" not in line.split("│")[0]
+    ]
 
 
 def test_skip_bad_with_nothing_readable_is_an_error(tmp_path):
@@ -512,14 +628,27 @@ def test_small_numbers_keep_their_significant_figures(tmp_path):
     """CPU-rank TFLOP/s (0.0105 vs 0.0144) must not both print 0.01, nor a 0.00664 baseline 0.01."""
     (row,) = [r for r in make_rows() if r["status"] == "ok"][:1]
     for trial_id, precision, tflops in (("a", "bf16", 0.00664), ("b", "fp8-te", 0.0105), ("c", "fp8-torchao", 0.0144)):
-        write_row(tmp_path, {**row, "trial_id": trial_id, "precision": precision, "tflops_per_gpu": tflops,
-                             "mfu": tflops / 989.0, "peak_mem_gib": 0.0913, "step_time_s": 1.2345})
+        write_row(
+            tmp_path,
+            {
+                **row,
+                "trial_id": trial_id,
+                "precision": precision,
+                "tflops_per_gpu": tflops,
+                "mfu": tflops / 989.0,
+                "peak_mem_gib": 0.0913,
+                "step_time_s": 1.2345,
+            },
+        )
     res = invoke("export", tmp_path)
     assert res.exit_code == 0, res.output
     cells = {r["precision"]: r for r in _parse_markdown(res.stdout)}
     assert [cells[p]["TFLOP/s/GPU"] for p in ("bf16", "fp8-te", "fp8-torchao")] == ["0.006640", "0.01050", "0.01440"]
     assert (cells["fp8-te"]["MFU"], cells["fp8-te"]["peak mem (GiB)"], cells["fp8-te"]["step (s)"]) == (
-        "0.001062 %", "0.09130", "1.234")
+        "0.001062 %",
+        "0.09130",
+        "1.234",
+    )
     res = invoke("compare", tmp_path, "-f", "md")
     assert res.exit_code == 0, res.output
     cells = {r["precision"]: r for r in _parse_markdown(res.stdout)}
@@ -542,15 +671,29 @@ def test_a_memory_cap_is_its_own_config(tmp_path):
     write_row(tmp_path, {**row, "trial_id": "capped", "memory_cap_gib": 80.0, "tflops_per_gpu": 1.0})
     got = aggregate.configs(tmp_path).to_pylist()
     assert sorted((r["memory_cap_gib"] is None, r["tflops_per_gpu"]) for r in got) == [
-        (False, 1.0), (True, row["tflops_per_gpu"])]
+        (False, 1.0),
+        (True, row["tflops_per_gpu"]),
+    ]
 
 
 def test_perf_per_dollar_uses_the_cost_stored_in_the_rows(tmp_path):
     """`compare --by cluster` on profiles given by path (in no registry): the rows carry their cost."""
     (row,) = [r for r in make_rows() if r["status"] == "ok"][:1]
-    for trial_id, cluster, cost, tokens in (("a", "my-a", 2.0, 100.0), ("b", "my-b", 4.0, 300.0), ("c", "old", None, 50.0)):
-        write_row(tmp_path, {**row, "trial_id": trial_id, "cluster": cluster, "cost_per_gpu_hour": cost,
-                             "tokens_per_s_per_gpu": tokens})
+    for trial_id, cluster, cost, tokens in (
+        ("a", "my-a", 2.0, 100.0),
+        ("b", "my-b", 4.0, 300.0),
+        ("c", "old", None, 50.0),
+    ):
+        write_row(
+            tmp_path,
+            {
+                **row,
+                "trial_id": trial_id,
+                "cluster": cluster,
+                "cost_per_gpu_hour": cost,
+                "tokens_per_s_per_gpu": tokens,
+            },
+        )
     res = invoke("compare", tmp_path, "--by", "cluster", "--baseline", "my-a", "-f", "csv")
     assert res.exit_code == 0, res.output
     got = {r["cluster"]: r for r in csv.DictReader(io.StringIO(res.stdout))}

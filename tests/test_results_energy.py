@@ -19,18 +19,50 @@ NEW = (*ENERGY_COLUMNS, "power_cost_per_kwh", "pue", "profile_power_limit_w")  #
 
 
 def _row(trial_id: str, **changes) -> dict:
-    row = {"run_id": "r1", "trial_id": trial_id, "attempt": 1, "cluster": "h200", "accelerator": "h200",
-           "world_size": 1, "model": "gpt2-1.5b", "precision": "bf16", "compile": "regional", "ac": "none",
-           "batch_size": 12, "seq_len": 1024, **TRAINING_DEFAULTS, "status": "ok", "tflops_per_gpu": 470.0,
-           "mfu": 0.475, "step_time_s": 0.5, "tokens_per_s_per_gpu": 24_000.0, "peak_mem_gib": 60.0,
-           "loss_first": 10.9, "loss_last": 7.1, "started_at": T0, "finished_at": T0, "gpu_name": "NVIDIA H200"}
+    row = {
+        "run_id": "r1",
+        "trial_id": trial_id,
+        "attempt": 1,
+        "cluster": "h200",
+        "accelerator": "h200",
+        "world_size": 1,
+        "model": "gpt2-1.5b",
+        "precision": "bf16",
+        "compile": "regional",
+        "ac": "none",
+        "batch_size": 12,
+        "seq_len": 1024,
+        **TRAINING_DEFAULTS,
+        "status": "ok",
+        "tflops_per_gpu": 470.0,
+        "mfu": 0.475,
+        "step_time_s": 0.5,
+        "tokens_per_s_per_gpu": 24_000.0,
+        "peak_mem_gib": 60.0,
+        "loss_first": 10.9,
+        "loss_last": 7.1,
+        "started_at": T0,
+        "finished_at": T0,
+        "gpu_name": "NVIDIA H200",
+    }
     return {**row, **changes}
 
 
 def _energy(jpt: float, power: float = 650.0, **more) -> dict:
-    return {"joules_per_token": jpt, "tokens_per_kwh": 3.6e6 / jpt, "tflops_per_watt": 9.4e9 / jpt / 1e12,
-            "avg_power_w": power, "energy_j": jpt * 1e6, "energy_sampled_j": jpt * 1e6 * 1.01, "power_limit_w": 700.0,
-            "sm_clock_mhz": 1830.0, "sm_clock_max_mhz": 1980.0, "gpu_temp_c": 61.0, "energy_source": "counter", **more}
+    return {
+        "joules_per_token": jpt,
+        "tokens_per_kwh": 3.6e6 / jpt,
+        "tflops_per_watt": 9.4e9 / jpt / 1e12,
+        "avg_power_w": power,
+        "energy_j": jpt * 1e6,
+        "energy_sampled_j": jpt * 1e6 * 1.01,
+        "power_limit_w": 700.0,
+        "sm_clock_mhz": 1830.0,
+        "sm_clock_max_mhz": 1980.0,
+        "gpu_temp_c": 61.0,
+        "energy_source": "counter",
+        **more,
+    }
 
 
 def _csv(result, key: str = "cluster") -> dict[str, dict]:
@@ -40,11 +72,24 @@ def _csv(result, key: str = "cluster") -> dict[str, dict]:
 
 def test_dollars_per_million_tokens_add_the_power_bill_where_the_profile_prices_power(tmp_path, cli):
     """GPU-hours: cost / 3600 / tok/s × 1e6; power: J/token × 1e6 / 3.6e6 kWh × PUE × $/kWh (PUE 1 when unset)."""
-    clusters = {"base": (2.0, 0.10, 1.2, 0.027, 24_000.0), "no-pue": (3.0, 0.20, None, 0.020, 30_000.0),
-                "no-price": (4.0, None, None, 0.025, 28_000.0)}
+    clusters = {
+        "base": (2.0, 0.10, 1.2, 0.027, 24_000.0),
+        "no-pue": (3.0, 0.20, None, 0.020, 30_000.0),
+        "no-price": (4.0, None, None, 0.025, 28_000.0),
+    }
     for name, (cost, price, pue, jpt, tokens) in clusters.items():
-        write_row(tmp_path, _row(name, cluster=name, cost_per_gpu_hour=cost, power_cost_per_kwh=price, pue=pue,
-                                 tokens_per_s_per_gpu=tokens, **_energy(jpt)))
+        write_row(
+            tmp_path,
+            _row(
+                name,
+                cluster=name,
+                cost_per_gpu_hour=cost,
+                power_cost_per_kwh=price,
+                pue=pue,
+                tokens_per_s_per_gpu=tokens,
+                **_energy(jpt),
+            ),
+        )
     got = _csv(cli("results", "compare", tmp_path, "--by", "cluster", "--baseline", "base", "-f", "csv"))
 
     def expected(name):
@@ -80,7 +125,9 @@ def test_show_and_export_gain_energy_columns_only_when_rows_have_them(tmp_path, 
     for command in (("show",), ("export", "-f", "md")):
         plain = cli("results", *command, tmp_path)
         assert plain.exit_code == 0, plain.output
-        assert "tok/kWh" not in plain.stdout and "TFLOP/s/W" not in plain.stdout and "power and clocks" not in plain.stdout
+        assert (
+            "tok/kWh" not in plain.stdout and "TFLOP/s/W" not in plain.stdout and "power and clocks" not in plain.stdout
+        )
     assert "tokens_per_kwh" not in cli("results", "export", tmp_path, "-f", "csv").stdout
     write_row(tmp_path, _row("gpu", **_energy(0.025)))
     for command in (("show",), ("export", "-f", "md")):

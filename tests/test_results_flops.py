@@ -30,11 +30,29 @@ INLINE = ModelSpec(arch="gpt", n_layers=4, d_embd=256, n_heads=4, vocab_size=102
 def _row(trial_id: str, spec: ModelSpec, precision: str, tokens_per_s: float, **extra) -> dict:
     fpt = spec_flops_per_token(spec, SEQ)
     tflops = fpt * tokens_per_s / 1e12
-    return {"run_id": "r", "trial_id": trial_id, "attempt": 1, "cluster": "h200", "accelerator": "h200",
-            "world_size": 2, "model": spec.label, "model_spec": spec.to_json(), "precision": precision,
-            "compile": "regional", "ac": "none", "batch_size": 1, "seq_len": SEQ, **TRAINING_DEFAULTS, "status": "ok",
-            "tokens_per_s_per_gpu": tokens_per_s, "flops_per_token": fpt, "tflops_per_gpu": tflops,
-            "peak_tflops": PEAK, "mfu": tflops / PEAK, **extra}
+    return {
+        "run_id": "r",
+        "trial_id": trial_id,
+        "attempt": 1,
+        "cluster": "h200",
+        "accelerator": "h200",
+        "world_size": 2,
+        "model": spec.label,
+        "model_spec": spec.to_json(),
+        "precision": precision,
+        "compile": "regional",
+        "ac": "none",
+        "batch_size": 1,
+        "seq_len": SEQ,
+        **TRAINING_DEFAULTS,
+        "status": "ok",
+        "tokens_per_s_per_gpu": tokens_per_s,
+        "flops_per_token": fpt,
+        "tflops_per_gpu": tflops,
+        "peak_tflops": PEAK,
+        "mfu": tflops / PEAK,
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -57,8 +75,12 @@ def _ok(*args) -> str:
 
 @pytest.mark.parametrize("convention", ["sweep", "megatron", "torchtitan"])
 def test_export_counts_in_the_chosen_convention_and_says_so(results, convention):
-    rows = {r["model"]: r for r in csv.DictReader(io.StringIO(
-        _ok("export", results, "-f", "csv", "--flops", convention, "--where", "precision=bf16")))}
+    rows = {
+        r["model"]: r
+        for r in csv.DictReader(
+            io.StringIO(_ok("export", results, "-f", "csv", "--flops", convention, "--where", "precision=bf16"))
+        )
+    }
     tflops = GFLOP[convention] * 1e9 * 9000.0 / 1e12  # the same speed, another count of FLOPs per token
     assert float(rows["llama3-8b"]["tflops_per_gpu"]) == pytest.approx(tflops, rel=1e-9)
     assert float(rows["llama3-8b"]["mfu"]) == pytest.approx(tflops / PEAK, rel=1e-9)
@@ -73,13 +95,17 @@ def test_export_counts_in_the_chosen_convention_and_says_so(results, convention)
 def test_inline_specs_are_recounted_from_the_row(results):
     """gpt's token embedding is the tied head (a matmul: every convention counts it); its position table is a
     lookup (torchtitan and megatron leave it out), and megatron also leaves out norms and biases."""
-    rows = {r["model"]: r for r in csv.DictReader(io.StringIO(_ok("export", results, "-f", "csv", "--flops", "torchtitan")))}
+    rows = {
+        r["model"]: r for r in csv.DictReader(io.StringIO(_ok("export", results, "-f", "csv", "--flops", "torchtitan")))
+    }
     E, L, V, H, D = 256, 4, 1024, 4, 64
     n = INLINE.n_params()
     assert n == V * E + SEQ * E + L * (12 * E * E + 13 * E) + 2 * E
     want = (6 * (n - SEQ * E) + 12 * L * H * D * SEQ) * 2.0e6 / 1e12
     assert float(rows[INLINE.label]["tflops_per_gpu"]) == pytest.approx(want, rel=1e-9)
-    rows = {r["model"]: r for r in csv.DictReader(io.StringIO(_ok("export", results, "-f", "csv", "--flops", "megatron")))}
+    rows = {
+        r["model"]: r for r in csv.DictReader(io.StringIO(_ok("export", results, "-f", "csv", "--flops", "megatron")))
+    }
     want = (6 * (L * 12 * E * E + V * E) + 6 * L * H * D * SEQ) * 2.0e6 / 1e12
     assert float(rows[INLINE.label]["tflops_per_gpu"]) == pytest.approx(want, rel=1e-9)
 
@@ -104,11 +130,16 @@ def test_a_row_without_a_spec_of_an_unknown_model_is_one_line(tmp_path):
     write_row(tmp_path, {**_row("b", LLAMA, "bf16", 9000.0), "model_spec": None})  # a registry name: looked up
     res = _invoke("export", tmp_path, "--flops", "megatron")
     assert res.exit_code == 2 and "Traceback" not in res.output
-    assert res.stderr.strip() == (f"error: --flops megatron: rows of model {INLINE.label!r} carry no model spec and "
-                                  f"{INLINE.label!r} is not in the registry, so their FLOPs cannot be recounted "
-                                  f"(leave them out: --where model!={INLINE.label})")
-    rows = list(csv.DictReader(io.StringIO(_ok("export", tmp_path, "-f", "csv", "--flops", "megatron",
-                                               "--where", "model=llama3-8b"))))
+    assert res.stderr.strip() == (
+        f"error: --flops megatron: rows of model {INLINE.label!r} carry no model spec and "
+        f"{INLINE.label!r} is not in the registry, so their FLOPs cannot be recounted "
+        f"(leave them out: --where model!={INLINE.label})"
+    )
+    rows = list(
+        csv.DictReader(
+            io.StringIO(_ok("export", tmp_path, "-f", "csv", "--flops", "megatron", "--where", "model=llama3-8b"))
+        )
+    )
     assert float(rows[0]["tflops_per_gpu"]) == pytest.approx(GFLOP["megatron"] * 9000.0 / 1e3)
     res = _invoke("export", tmp_path, "--flops", "palm")
     assert res.exit_code == 2 and "'palm' is not one of" in res.output

@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 import pytest
+from results_golden_rows import write_folder
 from typer.testing import CliRunner
 
 from sweep.cli import app
-from results_golden_rows import write_folder
 
 GOLDEN = Path(__file__).parent / "golden" / "results"
 UPDATE = os.environ.get("SWEEP_GOLDEN_UPDATE") == "1"
@@ -29,8 +29,18 @@ CASES = {
     "max-batch": ["max-batch", "results"],
     "max-batch-md": ["max-batch", "results", "-f", "md"],
     "max-batch-csv": ["max-batch", "results", "-f", "csv"],
-    "max-batch-where": ["max-batch", "results", "-w", "cluster=h200,b200", "-f", "md", "--flops", "torchtitan",
-                        "-w", "model!=gpt2-1.5b"],
+    "max-batch-where": [
+        "max-batch",
+        "results",
+        "-w",
+        "cluster=h200,b200",
+        "-f",
+        "md",
+        "--flops",
+        "torchtitan",
+        "-w",
+        "model!=gpt2-1.5b",
+    ],
     "compare": ["compare", "results"],
     "compare-md": ["compare", "results", "-f", "md"],
     "compare-csv": ["compare", "results", "-f", "csv"],
@@ -46,8 +56,18 @@ CASES = {
     "compare-no-baseline": ["compare", "results", "--by", "cluster"],
     "export-md": ["export", "results"],
     "export-csv": ["export", "results", "-f", "csv"],
-    "export-where-md": ["export", "results", "-w", "grad_accum=1", "-w", "cluster=h200", "--flops", "megatron",
-                        "-w", "model!=gpt2-1.5b"],
+    "export-where-md": [
+        "export",
+        "results",
+        "-w",
+        "grad_accum=1",
+        "-w",
+        "cluster=h200",
+        "--flops",
+        "megatron",
+        "-w",
+        "model!=gpt2-1.5b",
+    ],
     "export-empty": ["export", "results", "-w", "cluster=h200", "-w", "batch_size>64"],
 }
 PLOTS = {"plot": [], "plot-energy": ["--metric", "tokens-per-kwh"], "plot-where": ["-w", "model=llama3-8b"]}
@@ -88,19 +108,28 @@ def _figure_data(fig) -> dict:
     for ax in fig.axes:
         if not ax.get_visible():
             continue
-        axes.append({
-            "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
-            "xscale": ax.get_xscale(), "ylim": [repr(v) for v in ax.get_ylim()],
-            "xticks": [repr(float(v)) for v in ax.get_xticks()],
-            "xticklabels": [t.get_text() for t in ax.get_xticklabels()],
-            "lines": [[repr(float(v)) for v in (*line.get_xdata(), *line.get_ydata())] for line in ax.get_lines()],
-            "points": [[repr(float(v)) for v in c.get_offsets().ravel()] for c in ax.collections],
-            "bars": [[repr(float(p.get_height())), str(p.get_facecolor()), p.get_hatch()] for p in ax.patches],
-            "texts": [t.get_text() for t in ax.texts],
-        })
+        axes.append(
+            {
+                "title": ax.get_title(),
+                "xlabel": ax.get_xlabel(),
+                "ylabel": ax.get_ylabel(),
+                "xscale": ax.get_xscale(),
+                "ylim": [repr(v) for v in ax.get_ylim()],
+                "xticks": [repr(float(v)) for v in ax.get_xticks()],
+                "xticklabels": [t.get_text() for t in ax.get_xticklabels()],
+                "lines": [[repr(float(v)) for v in (*line.get_xdata(), *line.get_ydata())] for line in ax.get_lines()],
+                "points": [[repr(float(v)) for v in c.get_offsets().ravel()] for c in ax.collections],
+                "bars": [[repr(float(p.get_height())), str(p.get_facecolor()), p.get_hatch()] for p in ax.patches],
+                "texts": [t.get_text() for t in ax.texts],
+            }
+        )
     legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
-    return {"suptitle": fig._suptitle.get_text() if fig._suptitle else None, "axes": axes, "legend": legend,
-            "size": [repr(float(v)) for v in fig.get_size_inches()]}
+    return {
+        "suptitle": fig._suptitle.get_text() if fig._suptitle else None,
+        "axes": axes,
+        "legend": legend,
+        "size": [repr(float(v)) for v in fig.get_size_inches()],
+    }
 
 
 @pytest.mark.parametrize("name", PLOTS)

@@ -8,15 +8,25 @@ import pytest
 from sweep.results import plain_table, render
 from sweep.results.render import Col
 
-COLS = [Col("model", "model", lambda r: r["model"], numeric=False),
-        Col("status", "status", lambda r: r["status"], numeric=False),
-        Col("tflops_per_gpu", "TFLOP/s/GPU", lambda r: r["tflops"]),
-        Col("note", "note", lambda r: r["note"], numeric=False)]
+COLS = [
+    Col("model", "model", lambda r: r["model"], numeric=False),
+    Col("status", "status", lambda r: r["status"], numeric=False),
+    Col("tflops_per_gpu", "TFLOP/s/GPU", lambda r: r["tflops"]),
+    Col("note", "note", lambda r: r["note"], numeric=False),
+]
 
 
 def _rows(n: int, note: str = "", model: str = "llama3-8b") -> list[dict]:
-    return [{"model": f"{model}-{i % 3}", "status": "ok" if i % 4 else "oom", "tflops": f"{100 + 37 * i:,}",
-             "note": note * (i % 3), "batch_size": i} for i in range(n)]
+    return [
+        {
+            "model": f"{model}-{i % 3}",
+            "status": "ok" if i % 4 else "oom",
+            "tflops": f"{100 + 37 * i:,}",
+            "note": note * (i % 3),
+            "batch_size": i,
+        }
+        for i in range(n)
+    ]
 
 
 def _printed(capsys, monkeypatch, rows, title, note, by_rich: bool, cols=COLS) -> tuple[str, int]:
@@ -33,7 +43,10 @@ CASES = {
     "no title": (_rows(3), "", ""),
     "wide characters": (_rows(5, note="→ ≥ 日本"), "results", "β · ±1 %"),
     "a caption longer than the table wraps": (
-        _rows(4), "results", " · ".join(f"note {i}: the most every ok row reached" for i in range(12))),
+        _rows(4),
+        "results",
+        " · ".join(f"note {i}: the most every ok row reached" for i in range(12)),
+    ),
     "a title longer than the table wraps": (_rows(2), "results " + "x" * 60 + " y" * 40, ""),
     "markup in the title": (_rows(3), "results [bold]x[/bold] [1, 2]", ""),
 }
@@ -47,9 +60,17 @@ def test_a_table_reads_as_rich_prints_it(capsys, monkeypatch, name):
     assert ours == _printed(capsys, monkeypatch, rows, title, note, by_rich=True)[0]
 
 
-@pytest.mark.parametrize("rows", [_rows(3, note="[red]x[/red] "), _rows(3, note=":thumbs_up:"), _rows(3, note="a\nb"),
-                                  _rows(3, note="trailing "), _rows(3, note="x" * 200)],
-                         ids=["markup", "emoji code", "two lines", "trailing blank", "wider than the console"])
+@pytest.mark.parametrize(
+    "rows",
+    [
+        _rows(3, note="[red]x[/red] "),
+        _rows(3, note=":thumbs_up:"),
+        _rows(3, note="a\nb"),
+        _rows(3, note="trailing "),
+        _rows(3, note="x" * 200),
+    ],
+    ids=["markup", "emoji code", "two lines", "trailing blank", "wider than the console"],
+)
 def test_what_rich_would_lay_out_is_left_to_rich(capsys, monkeypatch, rows):
     ours, fast = _printed(capsys, monkeypatch, rows, "results", "", by_rich=False)
     assert fast == 0

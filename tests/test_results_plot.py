@@ -13,12 +13,12 @@ import itertools
 from pathlib import Path
 
 import pytest
+from conftest import rows_folder
 from typer.testing import CliRunner
 
 from sweep.cli import app
-from sweep.results import plot as plotting
 from sweep.record.schema import TRAINING_DEFAULTS
-from conftest import rows_folder
+from sweep.results import plot as plotting
 
 MODELS = {"llama3-8b": 4, "gpt2-1.5b": 24, "llama-tiny": 121}  # smallest OOM batch at bf16, accum 1
 PROBES = (1, 2, 4, 8, 16, 32, 64, 113, 117, 118, 119, 121)  # a search's probes, in the order it ran them
@@ -28,7 +28,8 @@ def mixed_rows() -> list[dict]:
     rows, n = [], 0
     t0 = dt.datetime(2025, 7, 1, 8, 0, tzinfo=dt.timezone.utc)
     for (model, oom_at), precision, accum, reduce in itertools.product(
-            MODELS.items(), ("bf16", "fp8-te-delayed"), (1, 8), ("fp32", "bf16")):
+        MODELS.items(), ("bf16", "fp8-te-delayed"), (1, 8), ("fp32", "bf16")
+    ):
         # fp8 fits a bit more; reduce bf16 with accum 8 never ran out of memory within the probes
         limit = None if (accum, reduce) == (8, "bf16") else oom_at + (2 if precision != "bf16" else 0)
         for batch in PROBES:
@@ -36,18 +37,44 @@ def mixed_rows() -> list[dict]:
                 break  # the search stopped above its first OOM
             n += 1
             status = "oom" if limit is not None and batch >= limit else "ok"
-            row = {"run_id": "campaign", "trial_id": f"t{n:04d}", "attempt": 1, "grid_name": "mixed",
-                   "cluster": "h200", "accelerator": "h200", "cost_per_gpu_hour": None, "world_size": 1, "nodes": 1,
-                   "model": model, "precision": precision, "compile": "regional", "ac": "none",
-                   "batch_size": batch, "seq_len": 1024 if model == "gpt2-1.5b" else 4096,
-                   "warmup_steps": 3, "measure_steps": 10, **TRAINING_DEFAULTS, "grad_clip": 0.0, "grad_sync": "step",
-                   "grad_accum": accum, "reduce_dtype": reduce, "memory_cap_gib": 120.0, "status": status,
-                   "error": "CUDA out of memory" if status == "oom" else None,
-                   "started_at": t0 + dt.timedelta(minutes=n), "finished_at": t0 + dt.timedelta(minutes=n, seconds=30)}
+            row = {
+                "run_id": "campaign",
+                "trial_id": f"t{n:04d}",
+                "attempt": 1,
+                "grid_name": "mixed",
+                "cluster": "h200",
+                "accelerator": "h200",
+                "cost_per_gpu_hour": None,
+                "world_size": 1,
+                "nodes": 1,
+                "model": model,
+                "precision": precision,
+                "compile": "regional",
+                "ac": "none",
+                "batch_size": batch,
+                "seq_len": 1024 if model == "gpt2-1.5b" else 4096,
+                "warmup_steps": 3,
+                "measure_steps": 10,
+                **TRAINING_DEFAULTS,
+                "grad_clip": 0.0,
+                "grad_sync": "step",
+                "grad_accum": accum,
+                "reduce_dtype": reduce,
+                "memory_cap_gib": 120.0,
+                "status": status,
+                "error": "CUDA out of memory" if status == "oom" else None,
+                "started_at": t0 + dt.timedelta(minutes=n),
+                "finished_at": t0 + dt.timedelta(minutes=n, seconds=30),
+            }
             if status == "ok":
                 tf = 600 * (1 - 0.5 / (batch + 1)) * (1.3 if precision != "bf16" else 1.0) * (1.02 if accum == 8 else 1)
-                row.update(tflops_per_gpu=tf, mfu=tf / 989, tokens_per_s_per_gpu=tf * 40, step_time_s=0.5,
-                           peak_mem_gib=10 + batch)
+                row.update(
+                    tflops_per_gpu=tf,
+                    mfu=tf / 989,
+                    tokens_per_s_per_gpu=tf * 40,
+                    step_time_s=0.5,
+                    peak_mem_gib=10 + batch,
+                )
             rows.append(row)
     return rows
 
@@ -74,10 +101,19 @@ def svg_texts(mixed, tmp_path_factory) -> list[str]:
 
     tmp = tmp_path_factory.mktemp("svg")
     (tmp / "matplotlibrc").write_text("svg.fonttype: none\n")
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp)), "MATPLOTLIBRC": str(tmp / "matplotlibrc")}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(tmp)),
+        "MATPLOTLIBRC": str(tmp / "matplotlibrc"),
+    }
     sweep = Path(sys.executable).with_name("sweep")
-    done = subprocess.run([str(sweep), "results", "plot", str(mixed), "--out", str(tmp / "fig.svg")],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(sweep), "results", "plot", str(mixed), "--out", str(tmp / "fig.svg")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return [t.text or "" for t in ET.parse(tmp / "fig.svg").iter("{http://www.w3.org/2000/svg}text")]
 
@@ -88,7 +124,9 @@ def test_plot_names_what_varies_and_puts_the_rest_in_the_title_once(svg_texts):
         assert parts.count(part) == 1, (part, [t for t in svg_texts if part in t])
     for model, seq in (("gpt2-1.5b", 1024), ("llama-tiny", 4096), ("llama3-8b", 4096)):
         assert f"{model} · seq {seq}" in svg_texts and f"{model} · seq {seq}: largest batch that fits" in svg_texts
-    legend = {f"{p} · accum {a} · reduce {r}" for p in ("bf16", "fp8-te-delayed") for a in (1, 8) for r in ("fp32", "bf16")}
+    legend = {
+        f"{p} · accum {a} · reduce {r}" for p in ("bf16", "fp8-te-delayed") for a in (1, 8) for r in ("fp32", "bf16")
+    }
     assert legend <= set(svg_texts)
     # bar labels: one named value per line, the same names
     assert svg_texts.count("accum 8") == svg_texts.count("reduce bf16") == 3 * 4
@@ -121,7 +159,9 @@ def test_plot_out_without_suffix_says_the_file_it_wrote(mixed, tmp_path):
     assert (tmp_path / "prec.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("where", [[], ["model=llama3-8b", "grad_accum=1", "reduce_dtype=fp32"]], ids=["all", "one-model"])
+@pytest.mark.parametrize(
+    "where", [[], ["model=llama3-8b", "grad_accum=1", "reduce_dtype=fp32"]], ids=["all", "one-model"]
+)
 def test_plot_text_fits_and_does_not_overprint(mixed, where):
     """Laid out as saved: every text inside the figure; no two tick numbers or bar labels of a panel overlap."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

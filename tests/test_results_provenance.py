@@ -13,17 +13,38 @@ from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row
 
 T0 = dt.datetime(2025, 6, 2, 9, 0, tzinfo=dt.timezone.utc)
-STACK = {"gpu_name": "NVIDIA H200", "driver_version": "570.124.06", "cuda_version": "cuda 12.8",
-         "torch_version": "2.11.0+cu130", "torchao_version": "0.14.1", "te_version": "2.8.0",
-         "ray_version": "2.50.0", "git_sha": "417e321abcde"}
+STACK = {
+    "gpu_name": "NVIDIA H200",
+    "driver_version": "570.124.06",
+    "cuda_version": "cuda 12.8",
+    "torch_version": "2.11.0+cu130",
+    "torchao_version": "0.14.1",
+    "te_version": "2.8.0",
+    "ray_version": "2.50.0",
+    "git_sha": "417e321abcde",
+}
 
 
 def _row(trial_id: str, precision: str, batch: int, minutes: int, status: str = "ok", **stack) -> dict:
-    row = {"run_id": "r1", "trial_id": trial_id, "attempt": 1, "cluster": "h200", "accelerator": "h200",
-           "world_size": 2, "model": "llama3-8b", "precision": precision, "compile": "regional", "ac": "none",
-           "batch_size": batch, "seq_len": 4096, **TRAINING_DEFAULTS, "status": status,
-           "started_at": T0 + dt.timedelta(minutes=minutes), "ray_version": STACK["ray_version"],
-           "git_sha": STACK["git_sha"]}
+    row = {
+        "run_id": "r1",
+        "trial_id": trial_id,
+        "attempt": 1,
+        "cluster": "h200",
+        "accelerator": "h200",
+        "world_size": 2,
+        "model": "llama3-8b",
+        "precision": precision,
+        "compile": "regional",
+        "ac": "none",
+        "batch_size": batch,
+        "seq_len": 4096,
+        **TRAINING_DEFAULTS,
+        "status": status,
+        "started_at": T0 + dt.timedelta(minutes=minutes),
+        "ray_version": STACK["ray_version"],
+        "git_sha": STACK["git_sha"],
+    }
     if status == "ok":  # a rank reports its stack only when it ran to the end
         row.update(STACK, tflops_per_gpu=500.0 + batch, **stack)
     return row
@@ -39,7 +60,7 @@ def _footer(text: str) -> list[str]:
     """The lines after the table."""
     lines = text.splitlines()
     last = max(i for i, line in enumerate(lines) if line.startswith("|"))
-    return [line for line in lines[last + 1:] if line]
+    return [line for line in lines[last + 1 :] if line]
 
 
 def test_export_md_ends_with_the_stack_and_counts_what_differs(tmp_path):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from results_golden_rows import write_folder
 from typer.testing import CliRunner
 
-from results_golden_rows import write_folder
 from sweep.cli import app
 
 
@@ -26,7 +26,7 @@ def _damage_pages(path) -> None:
     for i in range(meta.num_columns):
         chunk = meta.column(i)
         start = chunk.dictionary_page_offset or chunk.data_page_offset
-        data[start:start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
+        data[start : start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
     path.write_bytes(bytes(data))
 
 
@@ -64,7 +64,7 @@ def test_show_reads_the_curves_of_the_printed_rows_only(folder, tmp_path):
     chunk = meta.column(names.index("loss_curve.list.element"))
     data = bytearray(path.read_bytes())
     start = chunk.dictionary_page_offset or chunk.data_page_offset
-    data[start:start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
+    data[start : start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
     path.write_bytes(bytes(data))
     res = _invoke("show", tree, "--limit", "5")  # the first rows by config are b200's
     assert res.exit_code == 0, res.output

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from results_golden_rows import write_folder
 from typer.testing import CliRunner
 
-from results_golden_rows import write_folder
 from sweep.cli import app
-from sweep.results import footers, scan
 from sweep.record.store import check_files
+from sweep.results import footers, scan
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +61,11 @@ def test_plot_lays_the_figure_out_once_for_all_panels(folder, tmp_path, monkeypa
 def test_a_results_command_imports_neither_the_grid_nor_the_catalog(sweep_env):
     """`sweep results ...` builds its own sub-app alone (sweep.cli.main): the run and tune commands' modules
     import the grid schema and the cluster catalog (~0.2 s of every results command's start at 10^6 rows)."""
-    code = ("import sys; sys.argv = ['sweep', 'results', 'show', '--help']\nfrom sweep.cli import main\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('sweep.spec.grid', 'clusters.catalog', 'torch', 'ray') if m in sys.modules))")
+    code = (
+        "import sys; sys.argv = ['sweep', 'results', 'show', '--help']\nfrom sweep.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('sweep.spec.grid', 'clusters.catalog', 'torch', 'ray') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=sweep_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from sweep.results import aggregate, render
-from sweep.results import plot as plotting
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row
+from sweep.results import aggregate, render
+from sweep.results import plot as plotting
 
 CAP_GIB = 1500 * 2**20 / 2**30  # --memory-cap 1500MiB: 1.46484375
 PROBES = (1, 38, 2039, 2040, 1020, 510, 765, 852, 926, 963, 981, 990, 985, 983, 982)  # limit 981
@@ -32,14 +32,36 @@ T0 = dt.datetime(2025, 7, 1, 8, 0, tzinfo=dt.timezone.utc)
 
 
 def _row(n: int, **fields) -> dict:
-    row = {"run_id": "r1", "trial_id": f"t{n:04d}", "attempt": 1, "grid_name": "g", "cluster": "local",
-           "accelerator": "cpu", "world_size": 1, "nodes": 1, "model": "gpt-tiny", "precision": "bf16",
-           "compile": "none", "ac": "none", "batch_size": 1, "seq_len": 128, "warmup_steps": 3, "measure_steps": 10,
-           **TRAINING_DEFAULTS, "status": "ok", "started_at": T0 + dt.timedelta(minutes=n),
-           "finished_at": T0 + dt.timedelta(minutes=n, seconds=30), **fields}
+    row = {
+        "run_id": "r1",
+        "trial_id": f"t{n:04d}",
+        "attempt": 1,
+        "grid_name": "g",
+        "cluster": "local",
+        "accelerator": "cpu",
+        "world_size": 1,
+        "nodes": 1,
+        "model": "gpt-tiny",
+        "precision": "bf16",
+        "compile": "none",
+        "ac": "none",
+        "batch_size": 1,
+        "seq_len": 128,
+        "warmup_steps": 3,
+        "measure_steps": 10,
+        **TRAINING_DEFAULTS,
+        "status": "ok",
+        "started_at": T0 + dt.timedelta(minutes=n),
+        "finished_at": T0 + dt.timedelta(minutes=n, seconds=30),
+        **fields,
+    }
     if row["status"] == "ok":
-        row.update(tflops_per_gpu=0.01 * (1 - 0.5 / (row["batch_size"] + 1)), step_time_s=0.5,
-                   tokens_per_s_per_gpu=400.0, peak_mem_gib=0.001 * row["batch_size"])
+        row.update(
+            tflops_per_gpu=0.01 * (1 - 0.5 / (row["batch_size"] + 1)),
+            step_time_s=0.5,
+            tokens_per_s_per_gpu=400.0,
+            peak_mem_gib=0.001 * row["batch_size"],
+        )
     return row
 
 
@@ -48,8 +70,16 @@ def search(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("search")
     for n, batch in enumerate(PROBES):
         status = "oom" if batch > 981 else "ok"
-        write_row(out, _row(n, batch_size=batch, memory_cap_gib=CAP_GIB, status=status,
-                            error="CUDA out of memory" if status == "oom" else None))
+        write_row(
+            out,
+            _row(
+                n,
+                batch_size=batch,
+                memory_cap_gib=CAP_GIB,
+                status=status,
+                error="CUDA out of memory" if status == "oom" else None,
+            ),
+        )
     return out
 
 
@@ -57,11 +87,21 @@ def search(tmp_path_factory) -> Path:
 def grid(tmp_path_factory) -> Path:
     """gpt-tiny and llama-tiny × bf16 and fp8-te × batches 1, 2, 4; no bf16 attempt failed, one fp8-te did."""
     out = tmp_path_factory.mktemp("grid")
-    for n, (model, precision, batch) in enumerate(itertools.product(("gpt-tiny", "llama-tiny"), ("bf16", "fp8-te"),
-                                                                    (1, 2, 4))):
+    for n, (model, precision, batch) in enumerate(
+        itertools.product(("gpt-tiny", "llama-tiny"), ("bf16", "fp8-te"), (1, 2, 4))
+    ):
         failed = (model, precision, batch) == ("llama-tiny", "fp8-te", 4)
-        write_row(out, _row(n, model=model, precision=precision, batch_size=batch,
-                            status="oom" if failed else "ok", error="CUDA out of memory" if failed else None))
+        write_row(
+            out,
+            _row(
+                n,
+                model=model,
+                precision=precision,
+                batch_size=batch,
+                status="oom" if failed else "ok",
+                error="CUDA out of memory" if failed else None,
+            ),
+        )
     return out
 
 
@@ -76,7 +116,7 @@ def _caption(stdout: str) -> str:
     """The text under a Rich table (its caption), on one line."""
     lines = stdout.splitlines()
     end = max(i for i, line in enumerate(lines) if line.startswith("└"))
-    return " ".join(" ".join(lines[end + 1:]).split())
+    return " ".join(" ".join(lines[end + 1 :]).split())
 
 
 def _header(stdout: str) -> list[str]:
@@ -85,6 +125,7 @@ def _header(stdout: str) -> list[str]:
 
 
 # --- item 7: captions true of every selected row ---------------------------------------------------
+
 
 def test_show_folds_only_what_every_selected_row_shares(cli, grid):
     """The first 3 rows are all gpt-tiny bf16: the caption must not say so of the 12 selected."""
@@ -99,8 +140,9 @@ def test_show_folds_only_what_every_selected_row_shares(cli, grid):
 
 def test_a_one_row_table_folds_its_config_into_the_caption(cli, grid):
     """As the table at the end of a one-trial `sweep run` (`render.rich_table` over SHOW_COLS, as `show`)."""
-    res = cli("results", "show", grid, "--where", "model=llama-tiny", "--where", "precision=fp8-te",
-              "--where", "batch_size=4")
+    res = cli(
+        "results", "show", grid, "--where", "model=llama-tiny", "--where", "precision=fp8-te", "--where", "batch_size=4"
+    )
     assert res.exit_code == 0, res.output
     assert _header(res.stdout)[0] == "status"
     assert "model llama-tiny · precision fp8-te · compile none · ac none · batch_size 4" in _caption(res.stdout)
@@ -115,10 +157,12 @@ def test_max_batch_caption_holds_for_the_rows_it_does_not_print(cli, grid):
 
 # --- item 8: messages that point the right way -----------------------------------------------------
 
+
 def test_no_match_names_the_filter_that_emptied_the_selection(cli, grid):
     line = _error(cli("results", "show", grid, "--where", "precision=bf16", "--where", "status!=ok"))
-    assert line == (f"error: {grid}: no results match --where 'status!=ok' "
-                    "(after --where 'precision=bf16': status values: ok)")
+    assert line == (
+        f"error: {grid}: no results match --where 'status!=ok' (after --where 'precision=bf16': status values: ok)"
+    )
     line = _error(cli("results", "show", grid, "--where", "batch_size>=2", "--where", "batch_size<2"))
     assert line.endswith("(after --where 'batch_size>=2': batch_size values: 2 to 4)")
 
@@ -149,6 +193,7 @@ def test_out_an_existing_folder_is_refused_and_nothing_written(cli, search, tmp_
 
 # --- item 9: -n 0 is all, for every results command -----------------------------------------------
 
+
 @pytest.mark.parametrize("command", ["show", "max-batch", "compare"])
 def test_limit_0_prints_every_row(cli, grid, command):
     res = cli("results", command, grid, "-n", 0)
@@ -164,6 +209,7 @@ def test_show_limit_0_prints_all_rows(cli, search):
 
 # --- item 10: a memory cap to the figures everything else has -------------------------------------
 
+
 def test_a_memory_cap_prints_with_significant_figures(cli, search):
     res = cli("results", "show", search)
     assert res.exit_code == 0, res.output
@@ -175,6 +221,7 @@ def test_a_memory_cap_prints_with_significant_figures(cli, search):
 
 
 # --- item 12: plot ticks --------------------------------------------------------------------------
+
 
 def _figure(folder: Path, where=()):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -218,8 +265,14 @@ def folder(tmp_path_factory) -> Path:
 
 
 def _sweep(*args: object, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sweep", "results", "query", *map(str, args)], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ}, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sweep", "results", "query", *map(str, args)],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ},
+        **kwargs,
+    )
 
 
 def test_the_limit_is_part_of_the_query(folder):
@@ -255,7 +308,9 @@ def test_a_statement_past_the_timeout_stops_with_one_line(cli, folder):
 
 
 def test_a_statement_past_the_memory_limit_stops_with_one_line(cli, folder):
-    line = _error(cli("results", "query", folder, "SELECT list(range) FROM range(300000000)", "--memory-limit", "100MB"))
+    line = _error(
+        cli("results", "query", folder, "SELECT list(range) FROM range(300000000)", "--memory-limit", "100MB")
+    )
     assert line == "error: query stopped: ran past the memory limit 100MB (--memory-limit)"
 
 
@@ -264,20 +319,26 @@ def test_the_memory_limit_cannot_be_lifted_from_inside(cli, folder):
     assert line.startswith("error: SQL: ") and "configuration" in line.lower()
 
 
-@pytest.mark.parametrize("statement, message", [
-    ("", "SQL: no statement"),
-    ("  ;  ", "SQL: no statement"),
-    ("/* a comment */", "SQL: no statement"),
-    ("SELECT 1; SELECT 2", "SQL: 2 statements; `sweep results query` runs one at a time"),
-])
+@pytest.mark.parametrize(
+    "statement, message",
+    [
+        ("", "SQL: no statement"),
+        ("  ;  ", "SQL: no statement"),
+        ("/* a comment */", "SQL: no statement"),
+        ("SELECT 1; SELECT 2", "SQL: 2 statements; `sweep results query` runs one at a time"),
+    ],
+)
 def test_one_statement_at_a_time(cli, folder, statement, message):
     assert message in _error(cli("results", "query", folder, statement))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--timeout", "soon"], "--timeout 'soon': expected a duration"),
-    (["--memory-limit", "2"], "--memory-limit '2': expected a size with a unit"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--timeout", "soon"], "--timeout 'soon': expected a duration"),
+        (["--memory-limit", "2"], "--memory-limit '2': expected a size with a unit"),
+    ],
+)
 def test_bad_bounds_are_one_line(cli, folder, args, message):
     assert message in _error(cli("results", "query", folder, "SELECT 1", *args))
 

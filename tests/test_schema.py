@@ -16,21 +16,43 @@ from sweep.record.schema import COLUMNS, RESULT_SCHEMA, SCHEMA_VERSION, TRAINING
 
 def _row(**changes) -> dict:
     now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
-    row = {"run_id": "r1", "trial_id": "t1", "attempt": 1, "cluster": "local", "accelerator": "cpu", "world_size": 2,
-           "model": "gpt-tiny", "precision": "bf16", "compile": "none", "batch_size": 2, "seq_len": 64,
-           "status": "ok", "step_time_s": 0.5, "tflops_per_gpu": 1.5, "node_ids": ["a", "b"],
-           "params_local": [10, 10], "started_at": now, "finished_at": now, **TRAINING_DEFAULTS, "dp_shard": 2}
+    row = {
+        "run_id": "r1",
+        "trial_id": "t1",
+        "attempt": 1,
+        "cluster": "local",
+        "accelerator": "cpu",
+        "world_size": 2,
+        "model": "gpt-tiny",
+        "precision": "bf16",
+        "compile": "none",
+        "batch_size": 2,
+        "seq_len": 64,
+        "status": "ok",
+        "step_time_s": 0.5,
+        "tflops_per_gpu": 1.5,
+        "node_ids": ["a", "b"],
+        "params_local": [10, 10],
+        "started_at": now,
+        "finished_at": now,
+        **TRAINING_DEFAULTS,
+        "dp_shard": 2,
+    }
     row.update(changes)
     return row
-
 
 
 def _python_type(typ: pa.DataType) -> object:
     """What a value of an Arrow type reads as in Python (`to_pylist`)."""
     if pa.types.is_list(typ):
         return list[_python_type(typ.value_type)]
-    for test, python in ((pa.types.is_string, str), (pa.types.is_boolean, bool), (pa.types.is_integer, int),
-                         (pa.types.is_floating, float), (pa.types.is_timestamp, datetime)):
+    for test, python in (
+        (pa.types.is_string, str),
+        (pa.types.is_boolean, bool),
+        (pa.types.is_integer, int),
+        (pa.types.is_floating, float),
+        (pa.types.is_timestamp, datetime),
+    ):
         if test(typ):
             return python
     raise AssertionError(f"no Python type for {typ}")
@@ -42,22 +64,45 @@ def test_row_typeddict_is_the_schema_column_for_column():
     hints = typing.get_type_hints(Row)
     assert list(hints) == list(COLUMNS)
     assert all(field.nullable for field in RESULT_SCHEMA)
-    assert {name: hints[name] for name in COLUMNS} == {
-        f.name: _python_type(f.type) | None for f in RESULT_SCHEMA}
+    assert {name: hints[name] for name in COLUMNS} == {f.name: _python_type(f.type) | None for f in RESULT_SCHEMA}
     assert Row.__total__ is False  # a row may leave a column out: it is written null
 
-@pytest.mark.parametrize("row", [_row(), _row(trial_id="t2", status="oom", error="CUDA out of memory", step_time_s=None),
-                                 _row(trial_id="t3", status="unsupported", error="needs TE", node_ids=None),
-                                 _row(trial_id="t4", grad_accum=8, grad_clip=0.0, fp8_lm_head=True, reduce_dtype="bf16",
-                                      grad_sync="step"),
-                                 _row(trial_id="t5", profile_gemm_pct=50.0, profile_attention_pct=10.0,
-                                      profile_comm_exposed_pct=5.0, profile_optimizer_pct=5.0, profile_other_pct=30.0,
-                                      trace_file="cluster=local/run=r1/_traces/t5.pt.trace.json.gz"),
-                                 _row(trial_id="t6", init_time_s=9.5, trial_wall_s=14.0, process_start_s=2.5,
-                                      import_s=3.0, process_setup_s=1.5, model_build_s=4.0),
-                                 _row(trial_id="t7", group_trial_index=1, actor_reused=True, model_build_s=1.25),
-                                 _row(trial_id="t8", step_time_ci_pct=12.5, ci_target_met=False,
-                                      loss_curve=[6.25, 6.0, 5.5], loss_curve_tokens=[0, 512, 1024])])
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        _row(),
+        _row(trial_id="t2", status="oom", error="CUDA out of memory", step_time_s=None),
+        _row(trial_id="t3", status="unsupported", error="needs TE", node_ids=None),
+        _row(trial_id="t4", grad_accum=8, grad_clip=0.0, fp8_lm_head=True, reduce_dtype="bf16", grad_sync="step"),
+        _row(
+            trial_id="t5",
+            profile_gemm_pct=50.0,
+            profile_attention_pct=10.0,
+            profile_comm_exposed_pct=5.0,
+            profile_optimizer_pct=5.0,
+            profile_other_pct=30.0,
+            trace_file="cluster=local/run=r1/_traces/t5.pt.trace.json.gz",
+        ),
+        _row(
+            trial_id="t6",
+            init_time_s=9.5,
+            trial_wall_s=14.0,
+            process_start_s=2.5,
+            import_s=3.0,
+            process_setup_s=1.5,
+            model_build_s=4.0,
+        ),
+        _row(trial_id="t7", group_trial_index=1, actor_reused=True, model_build_s=1.25),
+        _row(
+            trial_id="t8",
+            step_time_ci_pct=12.5,
+            ci_target_met=False,
+            loss_curve=[6.25, 6.0, 5.5],
+            loss_curve_tokens=[0, 512, 1024],
+        ),
+    ],
+)
 def test_round_trip(tmp_path, row):
     path = store.write_row(tmp_path, row)
     assert pq.read_schema(path).metadata[VERSION_KEY] == SCHEMA_VERSION.encode()
@@ -128,9 +173,16 @@ def test_foreign_and_newer_files_are_refused(tmp_path):
 
 
 def test_older_minor_version_reads_with_new_columns_null(tmp_path):
-    newer = ["reserved_mem_gib", "profile_gemm_pct", "trace_file",  # columns of 1.0's successors (1.7: profiles)
-             "process_start_s", "model_build_s",  # 1.8: start-up phases
-             "ci_target_met", "loss_curve", "loss_curve_tokens"]  # 1.9
+    newer = [
+        "reserved_mem_gib",
+        "profile_gemm_pct",
+        "trace_file",  # columns of 1.0's successors (1.7: profiles)
+        "process_start_s",
+        "model_build_s",  # 1.8: start-up phases
+        "ci_target_met",
+        "loss_curve",
+        "loss_curve_tokens",
+    ]  # 1.9
     old = to_table([_row()]).drop_columns(newer).replace_schema_metadata({VERSION_KEY: b"1.0"})
     pq.write_table(old, tmp_path / "old.parquet")
     (back,) = store.read_table(tmp_path).to_pylist()

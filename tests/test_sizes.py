@@ -22,16 +22,25 @@ def test_the_bounds_come_from_the_columns_arrow_types():
         int_range("step_time_s")
 
 
-@pytest.mark.parametrize("args, named", [
-    (["run", "--model", "gpt-tiny", "--batch-size", 3_000_000_000, *CHEAP], "batch_sizes: 3000000000"),
-    (["run", "--model", "gpt-tiny", "--batch-size", 1, "--seq-len", INT32_MAX + 1, *CHEAP], f"seq_len: {INT32_MAX + 1}"),
-    (["run", "--model", "gpt-tiny", "--batch-size", 1, "--grad-accum", 2**40, *CHEAP], f"grad_accum: {2**40}"),
-    (["max-batch", "--model", "gpt-tiny", "--start", 1_000_000_000_000, *CHEAP], "--start: 1000000000000"),
-    (["max-batch", "--model", "gpt-tiny", "--measure", INT32_MAX + 1, *CHEAP], f"steps.measure: {INT32_MAX + 1}"),
-    (["tune", "--model", "gpt-tiny", "--start", INT32_MAX + 1, *CHEAP], f"--start: {INT32_MAX + 1}"),
-    (["tune", "--model", "gpt-tiny", "--warmup", 2**33, *CHEAP], f"steps.warmup: {2**33}"),
-    (["plan", "--model", "gpt-tiny", "--batch-size", 3_000_000_000, "--cluster", "local"], "batch_sizes: 3000000000"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["run", "--model", "gpt-tiny", "--batch-size", 3_000_000_000, *CHEAP], "batch_sizes: 3000000000"),
+        (
+            ["run", "--model", "gpt-tiny", "--batch-size", 1, "--seq-len", INT32_MAX + 1, *CHEAP],
+            f"seq_len: {INT32_MAX + 1}",
+        ),
+        (["run", "--model", "gpt-tiny", "--batch-size", 1, "--grad-accum", 2**40, *CHEAP], f"grad_accum: {2**40}"),
+        (["max-batch", "--model", "gpt-tiny", "--start", 1_000_000_000_000, *CHEAP], "--start: 1000000000000"),
+        (["max-batch", "--model", "gpt-tiny", "--measure", INT32_MAX + 1, *CHEAP], f"steps.measure: {INT32_MAX + 1}"),
+        (["tune", "--model", "gpt-tiny", "--start", INT32_MAX + 1, *CHEAP], f"--start: {INT32_MAX + 1}"),
+        (["tune", "--model", "gpt-tiny", "--warmup", 2**33, *CHEAP], f"steps.warmup: {2**33}"),
+        (
+            ["plan", "--model", "gpt-tiny", "--batch-size", 3_000_000_000, "--cluster", "local"],
+            "batch_sizes: 3000000000",
+        ),
+    ],
+)
 def test_a_size_past_its_column_is_one_line_exit_2_and_nothing_written(cli, tmp_path, monkeypatch, args, named):
     monkeypatch.chdir(tmp_path)  # where a default --output would land
     result = cli(*args, *(["--output", tmp_path / "out"] if args[0] != "plan" else []))

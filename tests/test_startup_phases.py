@@ -74,9 +74,9 @@ def test_a_fresh_group_pays_every_phase_and_a_warm_trial_only_its_model_build(ra
 def test_rows_older_than_the_phases_read_null_and_show_without_them(cli, tmp_path):
     """A file of schema 1.7 has no phase columns: they read as null, and `results show` leaves them out."""
     import pyarrow.parquet as pq
+    from test_schema import _row
 
     from sweep.record.schema import VERSION_KEY, to_table
-    from test_schema import _row
 
     old = to_table([_row(init_time_s=3.0, trial_wall_s=5.0)]).drop_columns(list(PHASES))
     old = old.replace_schema_metadata({VERSION_KEY: b"1.7"})

@@ -17,8 +17,10 @@ def feed(rule, times):
 
 # -- the median's confidence interval ------------------------------------------------------------
 
-@pytest.mark.parametrize("n, ranks", [(6, (1, 6)), (8, (1, 8)), (9, (2, 8)), (10, (2, 9)), (20, (6, 15)),
-                                      (50, (18, 33)), (100, (40, 61))])
+
+@pytest.mark.parametrize(
+    "n, ranks", [(6, (1, 6)), (8, (1, 8)), (9, (2, 8)), (10, (2, 9)), (20, (6, 15)), (50, (18, 33)), (100, (40, 61))]
+)
 def test_median_ci_ranks_match_the_published_table(n, ranks):
     # Campbell & Gardner (BMJ 1988), table 1: the order statistics bounding the 95 % CI of a median
     data = [10.0 * i for i in range(1, n + 1)]
@@ -41,6 +43,7 @@ def test_half_width_is_the_farther_end_in_percent_of_the_median():
 
 # -- warm-up -------------------------------------------------------------------------------------
 
+
 def test_warmup_stops_once_three_successive_steps_agree():
     # compile step, a slow second one, then steady: steps 3, 4, 5 are within 2 % of each other
     assert feed(WarmUp(), [30.0, 1.5, 1.00, 1.01, 1.005, 1.0, 1.0]) == 5
@@ -60,6 +63,7 @@ def test_warmup_min_and_max():
 
 
 # -- measurement ---------------------------------------------------------------------------------
+
 
 def test_stable_steps_stop_at_the_first_interval():
     m = Measure()
@@ -87,11 +91,12 @@ def test_time_cap_stops_measurement_after_the_minimum():
     noise = random.Random(3)
     times = [noise.uniform(0.5, 1.5) for _ in range(200)]
     n = feed(Measure(time_cap_s=20.0), times)
-    assert sum(times[:n]) >= 20.0 > sum(times[:n - 1])
+    assert sum(times[:n]) >= 20.0 > sum(times[: n - 1])
     assert feed(Measure(time_cap_s=20.0), [60.0] * 10) == 5  # the cap never cuts below min_steps
 
 
 # -- fixed counts and the schedule ---------------------------------------------------------------
+
 
 def test_fixed_counts():
     assert feed(Fixed(3), [1.0, 9.0, 0.1, 5.0]) == 3

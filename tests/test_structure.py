@@ -59,14 +59,20 @@ def _span(node: ast.AST) -> int:
 
 def oversized(kinds: tuple[type, ...], limit: int) -> list[str]:
     """`path:line name (n lines)` of each node of `kinds`, anywhere in a module, longer than `limit`."""
-    return [f"{_where(name, node)} {node.name} ({_span(node)} lines)"
-            for name in modules() for node in ast.walk(tree(name))
-            if isinstance(node, kinds) and _span(node) > limit]
+    return [
+        f"{_where(name, node)} {node.name} ({_span(node)} lines)"
+        for name in modules()
+        for node in ast.walk(tree(name))
+        if isinstance(node, kinds) and _span(node) > limit
+    ]
 
 
 def test_no_module_is_over_400_lines():
-    over = [f"{m.path.relative_to(ROOT)} ({n} lines)" for m in modules().values()
-            if (n := len(m.path.read_text().splitlines())) > MAX_MODULE]
+    over = [
+        f"{m.path.relative_to(ROOT)} ({n} lines)"
+        for m in modules().values()
+        if (n := len(m.path.read_text().splitlines())) > MAX_MODULE
+    ]
     assert over == [], f"modules over {MAX_MODULE} lines: {over}"
 
 
@@ -81,6 +87,7 @@ def test_no_function_is_over_60_lines():
 
 
 # -- imports -----------------------------------------------------------------------------------------------
+
 
 def _base(name: str, node: ast.ImportFrom) -> str:
     """The module an ImportFrom names, its dots resolved against `name`'s package."""
@@ -160,8 +167,10 @@ def test_the_import_graph_resolves_relative_and_from_package_imports():
 def test_no_import_cycle_even_through_an_import_inside_a_function():
     graph = {name: imports(name) for name in modules()}
     found = cycles(graph)
-    named = [" <-> ".join(c) + ": " + "; ".join(f"{a} imports {', '.join(sorted(graph[a] & set(c)))}" for a in c)
-             for c in found]
+    named = [
+        " <-> ".join(c) + ": " + "; ".join(f"{a} imports {', '.join(sorted(graph[a] & set(c)))}" for a in c)
+        for c in found
+    ]
     assert found == [], f"import cycles: {named}"
 
 
@@ -194,14 +203,17 @@ def layout_names(readme: str) -> dict[str, set[str]]:
 
 
 def test_the_layout_reader_takes_the_names_outside_parentheses():
-    text = ("## Layout\n\n```\nsweep/      commands/ (the CLI), spec/ (grid.py: pure),\n            errors.py\n"
-            "docs/       guides (Transformer Engine/ROCm)\n```\n")
+    text = (
+        "## Layout\n\n```\nsweep/      commands/ (the CLI), spec/ (grid.py: pure),\n            errors.py\n"
+        "docs/       guides (Transformer Engine/ROCm)\n```\n"
+    )
     assert layout_names(text) == {"sweep/": {"commands/", "spec/", "errors.py"}, "docs/": set()}
 
 
 def _exists(folder: Path, name: str) -> bool:
-    return any(folder.glob(name.rstrip("/"))) and (not name.endswith("/") or
-                                                   all(p.is_dir() for p in folder.glob(name.rstrip("/"))))
+    return any(folder.glob(name.rstrip("/"))) and (
+        not name.endswith("/") or all(p.is_dir() for p in folder.glob(name.rstrip("/")))
+    )
 
 
 def test_the_readmes_layout_names_every_package_and_only_what_exists():
@@ -214,8 +226,9 @@ def test_the_readmes_layout_names_every_package_and_only_what_exists():
     assert unnamed == [], f"packages the README's layout does not name: {unnamed}"
 
 
-@pytest.mark.parametrize("doc", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))],
-                         ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "doc", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))], ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_every_source_path_the_docs_name_exists(doc):
     paths = set(re.findall(r"`((?:sweep|trainer|clusters)/[\w/.]*)`", doc.read_text()))
     missing = sorted(p for p in paths if not (ROOT / p).exists())

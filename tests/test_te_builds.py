@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from trainer.recipes import RECIPES, te_build_reason, unsupported_reason
 
 NVIDIA_TE = frozenset({"transformer-engine-cu12"})
@@ -23,11 +23,13 @@ H200 = dict(accelerator="h200", vendor="nvidia", compute_capability=9.0)
 @pytest.mark.parametrize("recipe", ["bf16-te", "fp8-te-delayed", "fp8-te-current"])
 def test_nvidia_te_on_an_amd_part_names_the_fix(recipe):
     reason = unsupported_reason(RECIPES[recipe], **MI300X, have_te=True, te_builds=NVIDIA_TE)
-    assert reason == (f"{recipe} on mi300x needs ROCm's Transformer Engine, but NVIDIA's is installed "
-                      "(transformer-engine-cu12): pip uninstall -y transformer-engine transformer-engine-torch "
-                      "transformer-engine-cu12, then use ROCm's Transformer Engine (github.com/ROCm/TransformerEngine: "
-                      "the one in AMD's ROCm containers, its transformer_engine_rocm wheels, or a source build), "
-                      "not pip install 'sweep[te]'")
+    assert reason == (
+        f"{recipe} on mi300x needs ROCm's Transformer Engine, but NVIDIA's is installed "
+        "(transformer-engine-cu12): pip uninstall -y transformer-engine transformer-engine-torch "
+        "transformer-engine-cu12, then use ROCm's Transformer Engine (github.com/ROCm/TransformerEngine: "
+        "the one in AMD's ROCm containers, its transformer_engine_rocm wheels, or a source build), "
+        "not pip install 'sweep[te]'"
+    )
 
 
 def test_the_matching_build_or_an_unnamed_one_runs():
@@ -40,9 +42,11 @@ def test_the_matching_build_or_an_unnamed_one_runs():
 
 def test_rocm_te_on_an_nvidia_part_and_what_it_leaves_alone():
     reason = te_build_reason(RECIPES["bf16-te"], accelerator="h200", vendor="nvidia", distributions=ROCM_TE)
-    assert reason.startswith("bf16-te on h200 needs NVIDIA's Transformer Engine, but ROCm's is installed "
-                             "(transformer-engine-rocm): pip uninstall -y transformer-engine transformer-engine-torch "
-                             "transformer-engine-rocm, then pip install 'sweep[te]'")
+    assert reason.startswith(
+        "bf16-te on h200 needs NVIDIA's Transformer Engine, but ROCm's is installed "
+        "(transformer-engine-rocm): pip uninstall -y transformer-engine transformer-engine-torch "
+        "transformer-engine-rocm, then pip install 'sweep[te]'"
+    )
     # only TE recipes care, and only on GPUs
     assert te_build_reason(RECIPES["fp8-torchao-rowwise"], **MI300X_NAMES, distributions=NVIDIA_TE) is None
     assert te_build_reason(RECIPES["bf16-te"], accelerator="cpu", vendor="cpu", distributions=NVIDIA_TE) is None
@@ -68,9 +72,27 @@ def _install_record(site: Path, name: str) -> None:
 def _plan(cluster: str, site: Path, sweep_env) -> subprocess.CompletedProcess:
     env = sweep_env()
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{site}"
-    return subprocess.run([sys.executable, "-m", "sweep", "plan", "--cluster", cluster, "--model", "gpt-tiny",
-                           "--batch-size", "1", "--precision", "bf16-te"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweep",
+            "plan",
+            "--cluster",
+            cluster,
+            "--model",
+            "gpt-tiny",
+            "--batch-size",
+            "1",
+            "--precision",
+            "bf16-te",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_plan_on_mi300x_with_nvidias_te_installed(tmp_path, sweep_env):
@@ -79,9 +101,11 @@ def test_plan_on_mi300x_with_nvidias_te_installed(tmp_path, sweep_env):
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())  # Rich wraps the reason
     assert "no (1)" in text
-    assert ("(1) unsupported: bf16-te on mi300x needs ROCm's Transformer Engine, but NVIDIA's is installed "
-            "(transformer-engine-cu12): pip uninstall -y transformer-engine transformer-engine-torch "
-            "transformer-engine-cu12, then use ROCm's Transformer Engine") in text
+    assert (
+        "(1) unsupported: bf16-te on mi300x needs ROCm's Transformer Engine, but NVIDIA's is installed "
+        "(transformer-engine-cu12): pip uninstall -y transformer-engine transformer-engine-torch "
+        "transformer-engine-cu12, then use ROCm's Transformer Engine"
+    ) in text
 
     # the same install on an NVIDIA profile is the right one: what is left is TE itself, absent here
     proc = _plan("h200", tmp_path / "site", sweep_env)

@@ -37,11 +37,35 @@ ACTIVATIONS = {"none": 1.0, "selective": 0.5, "full": 0.2}  # GiB per sample kep
 AC_SPEED = {"none": 1.0, "selective": 0.9, "full": 0.75}  # recomputation costs time
 COMPILE_SPEED = {"none": 0.8, "regional": 1.0, "full": 1.05}
 ALL_OPTIONS = list(TUNABLE)
-VERDICT_KEYS = {"kind", "search_id", "model", "precision", "seq_len", "gpus", "cluster", "allowed", "numerics_allowed",
-                "global_batch_tokens", "budget", "max_cost", "best", "baseline", "tflops_at_best", "baseline_tflops",
-                "speedup", "skipped_for_cost",
-                "best_trial_id", "baseline_trial_id", "candidates", "tried", "probes", "search_wall_s",
-                "cost_vs_one_trial", "aborted", "profile"}
+VERDICT_KEYS = {
+    "kind",
+    "search_id",
+    "model",
+    "precision",
+    "seq_len",
+    "gpus",
+    "cluster",
+    "allowed",
+    "numerics_allowed",
+    "global_batch_tokens",
+    "budget",
+    "max_cost",
+    "best",
+    "baseline",
+    "tflops_at_best",
+    "baseline_tflops",
+    "speedup",
+    "skipped_for_cost",
+    "best_trial_id",
+    "baseline_trial_id",
+    "candidates",
+    "tried",
+    "probes",
+    "search_wall_s",
+    "cost_vs_one_trial",
+    "aborted",
+    "profile",
+}
 
 
 @dataclass
@@ -68,9 +92,13 @@ class Machine:
 
     def peak(self, t) -> float:
         # grad_sync: step keeps whole gradients until the step's end: more memory per micro-batch here
-        return self.fixed_gib + t.batch_size * (ACTIVATIONS[t.ac] * (1.5 if t.grad_sync == "step" else 1.0) + (
-            self.compile_gib.get(t.compile, 0.0))) + (self.head_gib if t.fp8_lm_head else 0.0) + (
-            self.accum_gib if t.grad_accum > 1 else 0.0)
+        return (
+            self.fixed_gib
+            + t.batch_size
+            * (ACTIVATIONS[t.ac] * (1.5 if t.grad_sync == "step" else 1.0) + (self.compile_gib.get(t.compile, 0.0)))
+            + (self.head_gib if t.fp8_lm_head else 0.0)
+            + (self.accum_gib if t.grad_accum > 1 else 0.0)
+        )
 
     def tflops(self, t) -> float:
         speed = 100 * (1 - 1 / (t.batch_size + 1)) * self.ac_speed[t.ac]
@@ -78,14 +106,25 @@ class Machine:
             return speed
         g = self.gains
         speed *= COMPILE_SPEED[t.compile] * (1 + g["accum"] * math.log2(t.grad_accum))
-        return speed * (g["bf16"] if t.reduce_dtype == "bf16" else 1) * (g["step"] if t.grad_sync == "step" else 1) * (
-            g["head"] if t.fp8_lm_head else 1)
+        return (
+            speed
+            * (g["bf16"] if t.reduce_dtype == "bf16" else 1)
+            * (g["step"] if t.grad_sync == "step" else 1)
+            * (g["head"] if t.fp8_lm_head else 1)
+        )
 
     def __call__(self, t) -> tuple[dict, bool]:
         self.attempts += 1
-        row = {"trial_id": t.trial_id, "trial_wall_s": 10.0 + t.batch_size / 10, "warmup_steps": t.warmup_steps,
-               "measure_steps": t.measure_steps, "tflops_per_gpu": None, "tokens_per_s_per_gpu": None,
-               "peak_mem_gib": None, "params_local": [self.accum_gib * GIB / 4] * t.gpus if self.accum_gib else None}
+        row = {
+            "trial_id": t.trial_id,
+            "trial_wall_s": 10.0 + t.batch_size / 10,
+            "warmup_steps": t.warmup_steps,
+            "measure_steps": t.measure_steps,
+            "tflops_per_gpu": None,
+            "tokens_per_s_per_gpu": None,
+            "peak_mem_gib": None,
+            "params_local": [self.accum_gib * GIB / 4] * t.gpus if self.accum_gib else None,
+        }
         if self.attempts in self.lost:
             return {**row, "status": "error", "error": INFRA_PREFIX + "rank process died"}, True
         if t.compile == self.failing_compile or (t.warmup_steps, t.measure_steps) == self.failing_steps:
@@ -97,15 +136,30 @@ class Machine:
         speed = self.tflops(t)
         thrashes = self.thrash_gib is not None and self.peak(t) > self.thrash_gib
         speed *= (self.thrash_speed if thrashes else 1.0) * (0.98 if t.profile else 1.0)  # a profile's short reading
-        row.update(status="ok", tflops_per_gpu=speed, tokens_per_s_per_gpu=speed * 10, peak_mem_gib=self.peak(t),
-                   alloc_retries=8 if thrashes else 0)
+        row.update(
+            status="ok",
+            tflops_per_gpu=speed,
+            tokens_per_s_per_gpu=speed * 10,
+            peak_mem_gib=self.peak(t),
+            alloc_retries=8 if thrashes else 0,
+        )
         if self.timed:  # every attempt on fresh processes: its wall is a start-up, a compile, and its steps
             step = t.batch_size * t.grad_accum / speed
-            row.update(step_time_s=step, compile_time_s=5.0, init_time_s=2.0, group_trial_index=0,
-                       trial_wall_s=2.0 + 5.0 + (t.warmup_steps + t.measure_steps) * step)
+            row.update(
+                step_time_s=step,
+                compile_time_s=5.0,
+                init_time_s=2.0,
+                group_trial_index=0,
+                trial_wall_s=2.0 + 5.0 + (t.warmup_steps + t.measure_steps) * step,
+            )
         if t.profile:  # the trainer's summary of the traced steps
-            row.update(profile_gemm_pct=60.0, profile_attention_pct=20.0, profile_comm_exposed_pct=5.0,
-                       profile_optimizer_pct=5.0, profile_other_pct=10.0)
+            row.update(
+                profile_gemm_pct=60.0,
+                profile_attention_pct=20.0,
+                profile_comm_exposed_pct=5.0,
+                profile_optimizer_pct=5.0,
+                profile_other_pct=10.0,
+            )
         return row, False
 
 
@@ -144,8 +198,14 @@ class Watched:
 def outcome(t, row: dict, infrastructure: bool) -> Outcome:
     """The Outcome a scheduler returns for `row` (the simulated machine's, or a recorded one): rank results from
     which sweep.record.rows.outcome_row writes that row's fields back (its TFLOP/s to a rounding, its step time)."""
-    o = Outcome(trial=t, status=row["status"], error=row.get("error"), wall_s=row["trial_wall_s"],
-                infrastructure=infrastructure, group_trial_index=row.get("group_trial_index") or 0)
+    o = Outcome(
+        trial=t,
+        status=row["status"],
+        error=row.get("error"),
+        wall_s=row["trial_wall_s"],
+        infrastructure=infrastructure,
+        group_trial_index=row.get("group_trial_index") or 0,
+    )
     if row["status"] != "ok":
         return o
     # an untimed machine's step: b x accum samples at S TFLOP/s take b x accum / S seconds (as its timed rows say)
@@ -154,18 +214,31 @@ def outcome(t, row: dict, infrastructure: bool) -> Outcome:
     samples = t.batch_size * t.grad_accum * t.seq_len / t.layout_ranks
     flops = row["tflops_per_gpu"] * 1e12 * step / samples
     n_params = round((flops - spec_flops_per_token(t.model, t.seq_len, n_params=0)) / 6)
-    warmup, measure = (n if isinstance(n, int) else t_n if isinstance(t_n, int) else most for n, t_n, most in zip(
-        (row.get("warmup_steps"), row.get("measure_steps")), (t.warmup_steps, t.measure_steps), t.auto_max or (3, 5),
-        strict=True))
+    warmup, measure = (
+        n if isinstance(n, int) else t_n if isinstance(t_n, int) else most
+        for n, t_n, most in zip(
+            (row.get("warmup_steps"), row.get("measure_steps")),
+            (t.warmup_steps, t.measure_steps),
+            t.auto_max or (3, 5),
+            strict=True,
+        )
+    )
     # an untimed machine's rows say nothing of what a trial costs: without a warm-up count no cost is predicted
     # (sweep.search.fastest.cost.one_trial_s), as without the step times its rows lack
     warmup = warmup if row.get("step_time_s") else None
-    rank = {"step_times": [step] * measure, "n_params": n_params, "warmup_steps": warmup, "losses": [1.0] * measure,
-            "loss_first": 1.0, "loss_last": 1.0,
-            "tokens_per_step": t.batch_size * t.grad_accum * t.seq_len, "alloc_retries": row.get("alloc_retries"),
-            "peak_mem_bytes": row["peak_mem_gib"] * GIB if row.get("peak_mem_gib") is not None else None,
-            "compile_time_s": row.get("compile_time_s"),
-            "init_time_s": row.get("init_time_s")}
+    rank = {
+        "step_times": [step] * measure,
+        "n_params": n_params,
+        "warmup_steps": warmup,
+        "losses": [1.0] * measure,
+        "loss_first": 1.0,
+        "loss_last": 1.0,
+        "tokens_per_step": t.batch_size * t.grad_accum * t.seq_len,
+        "alloc_retries": row.get("alloc_retries"),
+        "peak_mem_bytes": row["peak_mem_gib"] * GIB if row.get("peak_mem_gib") is not None else None,
+        "compile_time_s": row.get("compile_time_s"),
+        "init_time_s": row.get("init_time_s"),
+    }
     if t.profile:  # what the trainer's profiler hands the driver: the traced steps' shares, the trace's bytes
         rank["profile"] = {**{k: row.get(f"profile_{k}") for k in PROFILE_KEYS}, "trace_gz": b"trace"}
     o.ranks = [{**rank, "params_local": n} for n in row.get("params_local") or [0] * t.gpus]
@@ -210,8 +283,14 @@ class SimScheduler:
         pass
 
 
-def run(plan, machine=None, recorded: list | None = None, last_first: bool = False, profile: str = "local",
-        scheduler: SimScheduler | None = None) -> Run:
+def run(
+    plan,
+    machine=None,
+    recorded: list | None = None,
+    last_first: bool = False,
+    profile: str = "local",
+    scheduler: SimScheduler | None = None,
+) -> Run:
     """The runner (sweep.execution.runner.execute) on the simulated machine: it runs what the plan asks, records
     each row, feeds it back and queues the follow-ups. `recorded`: the rows of an earlier run, reused (--resume)."""
     watched = Watched(plan)
@@ -220,8 +299,15 @@ def run(plan, machine=None, recorded: list | None = None, last_first: bool = Fal
         for row, _ in recorded or []:
             store.write_row(Path(output), row)
         # one run id for every run: a row's trace file is named by it (trace_file), and two runs compare equal
-        execute(watched, profile=load_profile(profile), output=Path(output), run_id="simulated",
-                resume=recorded is not None, progress=False, scheduler=scheduler)
+        execute(
+            watched,
+            profile=load_profile(profile),
+            output=Path(output),
+            run_id="simulated",
+            resume=recorded is not None,
+            progress=False,
+            scheduler=scheduler,
+        )
     return watched.run
 
 
@@ -233,8 +319,16 @@ def trace_file(r: Run, t) -> str:
 
 
 def grid(**extra):
-    data = {"models": ["llama-tiny"], "precisions": ["fp8-torchao-tensorwise"], "batch_sizes": [2], "gpus": 2,
-            "seq_len": 128, "search": "fastest", "steps": {"warmup": 3, "measure": 10}, **extra}
+    data = {
+        "models": ["llama-tiny"],
+        "precisions": ["fp8-torchao-tensorwise"],
+        "batch_sizes": [2],
+        "gpus": 2,
+        "seq_len": 128,
+        "search": "fastest",
+        "steps": {"warmup": 3, "measure": 10},
+        **extra,
+    }
     spec = parse_grid(data)
     return spec, expand(spec, cluster="local")
 
@@ -265,8 +359,7 @@ def finals(r: Run, spec_steps=(3, 10)) -> list:
 
 
 def test_an_option_ranges_over_its_grid_axis_when_listed_else_over_all_its_values():
-    r = run(plan(compile=["none", "regional"], tune={"vary": ["batch_size", "ac", "compile", "grad_accum"]}),
-            Machine())
+    r = run(plan(compile=["none", "regional"], tune={"vary": ["batch_size", "ac", "compile", "grad_accum"]}), Machine())
     assert {t.compile for t in r.asked} == {"none", "regional"}  # the grid's two, never full
     assert {t.ac for t in r.asked} == {"none", "selective", "full"}  # one in the grid: all of them
     assert {t.grad_accum for t in r.asked} == {1, 2, 4, 8}
@@ -315,24 +408,36 @@ def test_a_fixed_batch_is_the_seed_batch_in_every_probe():
 # 2. global_batch_tokens
 
 
-@pytest.mark.parametrize("tokens,vary", [(16384, ["batch_size", "ac", "compile", "grad_accum"]),
-                                         (16384, ALL_OPTIONS), (3 * 2 * 128 * 8, ["batch_size", "grad_accum"])])
+@pytest.mark.parametrize(
+    "tokens,vary",
+    [
+        (16384, ["batch_size", "ac", "compile", "grad_accum"]),
+        (16384, ALL_OPTIONS),
+        (3 * 2 * 128 * 8, ["batch_size", "grad_accum"]),
+    ],
+)
 def test_every_probe_holds_the_global_batch(tokens, vary):
     p = plan(tune={"vary": vary, "global_batch_tokens": tokens})
     r = run(p, Machine(capacity_gib=30))
     assert all(t.batch_size * t.grad_accum * t.gpus * t.seq_len == tokens for t in r.asked)
     (v,) = verdicts_json(p)
     assert v["global_batch_tokens"] == tokens and v["best"] is not None
-    ok = [t for t in r.asked if r.of(t)["status"] == "ok" and t.ac == v["baseline"]["ac"]
-          and t.compile == v["baseline"]["compile"]]
+    ok = [
+        t
+        for t in r.asked
+        if r.of(t)["status"] == "ok" and t.ac == v["baseline"]["ac"] and t.compile == v["baseline"]["compile"]
+    ]
     assert v["baseline"]["batch_size"] == max(t.batch_size for t in ok)  # the split with the largest micro-batch
 
 
-@pytest.mark.parametrize("extra,words", [
-    ({"tune": {"global_batch_tokens": 1000}}, ["1000", "2 x 128"]),  # not a whole number of samples per rank
-    # a fixed batch of 3 and grad_accum fixed at 1 make 3 samples per rank, not 8
-    ({"batch_sizes": [3], "tune": {"vary": ["ac"], "global_batch_tokens": 2048}}, ["2048", "8 samples", "3"]),
-])
+@pytest.mark.parametrize(
+    "extra,words",
+    [
+        ({"tune": {"global_batch_tokens": 1000}}, ["1000", "2 x 128"]),  # not a whole number of samples per rank
+        # a fixed batch of 3 and grad_accum fixed at 1 make 3 samples per rank, not 8
+        ({"batch_sizes": [3], "tune": {"vary": ["ac"], "global_batch_tokens": 2048}}, ["2048", "8 samples", "3"]),
+    ],
+)
 def test_a_global_batch_no_split_can_hold_is_a_user_error(extra, words):
     with pytest.raises(UserError) as e:
         plan(**extra)
@@ -371,8 +476,11 @@ def test_short_probes_then_longer_then_the_grids_own_steps(steps):
     p = plan(steps=steps)
     r = run(p, Machine())
     full = (steps["warmup"], steps["measure"])
-    kinds = {("short" if is_short(t) else "longer" if is_longer(t) else (t.warmup_steps, t.measure_steps))
-             for t in r.asked if not t.profile}
+    kinds = {
+        ("short" if is_short(t) else "longer" if is_longer(t) else (t.warmup_steps, t.measure_steps))
+        for t in r.asked
+        if not t.profile
+    }
     assert kinds == {"short", "longer", full}
     (v,) = verdicts_json(p)
     last = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == full]
@@ -432,10 +540,9 @@ def test_the_order_results_come_back_in_does_not_change_the_search():
 
 def test_successive_halving_keeps_the_faster_short_probes():
     r = run(plan(tune={"vary": ALL_OPTIONS, "budget": 40}), Machine())
-    short = sorted((r.of(t)["tflops_per_gpu"], config(t)) for t in r.asked
-                   if is_short(t) and r.of(t)["status"] == "ok")
+    short = sorted((r.of(t)["tflops_per_gpu"], config(t)) for t in r.asked if is_short(t) and r.of(t)["status"] == "ok")
     longer = {config(t) for t in r.asked if is_longer(t)}
-    assert longer == {c for _, c in short[-len(longer):]} and 2 < len(longer) < len(short)
+    assert longer == {c for _, c in short[-len(longer) :]} and 2 < len(longer) < len(short)
 
 
 # 4. pruning
@@ -499,8 +606,15 @@ def test_an_fp32_reduce_needs_at_least_the_memory_of_a_bf16_one():
 def test_an_oom_with_accumulation_does_not_prune_the_same_batch_without_it():
     # accumulating keeps the earlier micro-batches' gradients through the next backward: one micro-batch
     # needs less (2xH200: 107.6 GiB against 122.6 at 2, 4 and 8), so only the other direction prunes
-    one = Config(batch_size=4, ac="none", compile="regional", grad_accum=1, reduce_dtype="fp32",
-                 grad_sync="micro_batch", fp8_lm_head=False)
+    one = Config(
+        batch_size=4,
+        ac="none",
+        compile="regional",
+        grad_accum=1,
+        reduce_dtype="fp32",
+        grad_sync="micro_batch",
+        fp8_lm_head=False,
+    )
     eight, two = one._replace(grad_accum=8), one._replace(grad_accum=2)
     assert not at_least_as_heavy(one, eight) and at_least_as_heavy(eight, one) and at_least_as_heavy(two, eight)
     assert at_least_as_heavy(one._replace(batch_size=5), one) and not at_least_as_heavy(one, one._replace(batch_size=5))
@@ -509,8 +623,15 @@ def test_an_oom_with_accumulation_does_not_prune_the_same_batch_without_it():
 def test_a_thrash_with_accumulation_does_not_shrink_the_same_change_without_it():
     p = plan(tune={"vary": ALL_OPTIONS})
     (search,) = p.searches.values()
-    one = Config(batch_size=4, ac="none", compile="regional", grad_accum=1, reduce_dtype="fp32",
-                 grad_sync="micro_batch", fp8_lm_head=False)
+    one = Config(
+        batch_size=4,
+        ac="none",
+        compile="regional",
+        grad_accum=1,
+        reduce_dtype="fp32",
+        grad_sync="micro_batch",
+        fp8_lm_head=False,
+    )
     head_at_8 = one._replace(grad_accum=8, fp8_lm_head=True)
     space = search.space
     assert not needs(one._replace(fp8_lm_head=True), head_at_8, one, space)  # one micro-batch needs less
@@ -547,8 +668,10 @@ def test_more_checkpointing_is_searched_only_where_a_larger_batch_could_make_up_
     fitting = [t for t in slow.asked if t.ac != "none" and is_short(t)]
     assert [(t.ac, t.batch_size) for t in fitting] == [("selective", 36), ("full", 36)]
     # recomputation nearly free: a larger batch may pay, so each level finds its own limit
-    cheap = run(plan(tune={"vary": ["batch_size", "ac"]}),
-                Machine(capacity_gib=40, ac_speed={"none": 1.0, "selective": 0.995, "full": 0.99}))
+    cheap = run(
+        plan(tune={"vary": ["batch_size", "ac"]}),
+        Machine(capacity_gib=40, ac_speed={"none": 1.0, "selective": 0.995, "full": 0.99}),
+    )
     assert max(t.batch_size for t in cheap.asked if t.ac == "full" and cheap.of(t)["status"] == "ok") == 180
 
 
@@ -573,20 +696,31 @@ def test_a_batch_that_thrashes_ends_the_fit_and_a_thrashing_candidate_is_tried_s
     grid_options = config(r.asked[0])._replace(batch_size=0)
     fit = [t for t in r.asked if config(t)._replace(batch_size=0) == grid_options and is_short(t)]
     first = next(i for i, t in enumerate(fit) if r.of(t).get("alloc_retries"))
-    assert all(t.batch_size < fit[first].batch_size for t in fit[first + 1:]), [t.batch_size for t in fit]
+    assert all(t.batch_size < fit[first].batch_size for t in fit[first + 1 :]), [t.batch_size for t in fit]
     assert not any(r.of(t)["status"] == "oom" for t in fit)  # it never went on to the real limit (36)
     clean = [t.batch_size for t in fit if r.of(t)["status"] == "ok" and not r.of(t)["alloc_retries"]]
     assert max(clean) == 29  # 4 + 29 GiB: the largest without retries (30 thrashes, 36 is the real limit)
     # the first candidate that thrashed while exploring was tried smaller; the best ran clean, near the optimum
     explore = [t for t in r.asked if t not in fit and is_short(t)]
     t = next(t for t in explore if r.of(t).get("alloc_retries"))
-    assert any(config(u)._replace(batch_size=0) == config(t)._replace(batch_size=0) and u.batch_size < t.batch_size
-               for u in explore), f"{t.describe()} thrashed and was not tried smaller"
+    assert any(
+        config(u)._replace(batch_size=0) == config(t)._replace(batch_size=0) and u.batch_size < t.batch_size
+        for u in explore
+    ), f"{t.describe()} thrashed and was not tried smaller"
     (v,) = verdicts_json(p)
     best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
-    every = [replace(best, **dict(zip(Config._fields, values, strict=True))) for values in itertools.product(
-        range(1, 41), ("none", "selective", "full"), ("none", "regional", "full"), (1, 2, 4, 8), ("fp32", "bf16"),
-        ("micro_batch", "step"), (False, True))]
+    every = [
+        replace(best, **dict(zip(Config._fields, values, strict=True)))
+        for values in itertools.product(
+            range(1, 41),
+            ("none", "selective", "full"),
+            ("none", "regional", "full"),
+            (1, 2, 4, 8),
+            ("fp32", "bf16"),
+            ("micro_batch", "step"),
+            (False, True),
+        )
+    ]
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
     assert not r.of(best)["alloc_retries"] and v["tflops_at_best"] >= 0.97 * optimum, (v["best"], optimum)
 
@@ -633,8 +767,12 @@ def test_grad_sync_step_out_of_memory_at_the_top_batch_is_run_lower_and_the_best
     r = run(p, m)
     (v,) = verdicts_json(p)
     best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
-    every = [replace(best, **dict(zip(NUMERICS_RUN, values, strict=True))) for values in itertools.product(
-        range(1, 41), (1, 2, 4, 8), ("fp32", "bf16"), ("micro_batch", "step"), (False, True))]
+    every = [
+        replace(best, **dict(zip(NUMERICS_RUN, values, strict=True)))
+        for values in itertools.product(
+            range(1, 41), (1, 2, 4, 8), ("fp32", "bf16"), ("micro_batch", "step"), (False, True)
+        )
+    ]
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
     assert v["best"]["grad_sync"] == "step" and _clean(r, best)
     assert v["tflops_at_best"] >= 0.985 * optimum, (v["best"], v["tflops_at_best"], optimum)
@@ -652,8 +790,10 @@ def test_an_option_never_run_clean_is_probed_lower_even_after_waves_found_nothin
     (v,) = verdicts_json(p)
     assert any(t.grad_sync == "step" and _clean(r, t) for t in r.asked)
     best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
-    every = [replace(best, **dict(zip(NUMERICS_RUN, values, strict=True))) for values in itertools.product(
-        range(1, 6), (1, 2, 4, 8), ("fp32", "bf16"), ("micro_batch", "step"), (False,))]
+    every = [
+        replace(best, **dict(zip(NUMERICS_RUN, values, strict=True)))
+        for values in itertools.product(range(1, 6), (1, 2, 4, 8), ("fp32", "bf16"), ("micro_batch", "step"), (False,))
+    ]
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)
     assert v["best"]["grad_sync"] == "step" and v["tflops_at_best"] >= 0.985 * optimum, (v["best"], optimum)
     assert len(r.asked) <= 16
@@ -678,8 +818,10 @@ def test_accumulation_and_a_compile_mode_are_first_probed_where_memory_is_known_
     assert any(t.grad_accum == 8 and r.of(t)["status"] == "ok" for t in others)
     (v,) = verdicts_json(p)
     best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
-    every = [replace(best, batch_size=b, grad_accum=a, compile=c)
-             for b, a, c in itertools.product(range(1, 41), (1, 2, 4, 8), ("none", "regional", "full"))]
+    every = [
+        replace(best, batch_size=b, grad_accum=a, compile=c)
+        for b, a, c in itertools.product(range(1, 41), (1, 2, 4, 8), ("none", "regional", "full"))
+    ]
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.capacity_gib)
     assert v["tflops_at_best"] >= 0.985 * optimum, (v["best"], v["tflops_at_best"], optimum)
 
@@ -695,15 +837,24 @@ def test_no_probe_asked_after_a_thrash_needs_its_memory(capacity, head):
     base = Config(**v["baseline"])
 
     def changes(c: Config) -> set:  # the options (but the batch, ac and accumulation) changed from the baseline
-        return {(k, x) for k, x in c._asdict().items()
-                if k not in ("batch_size", "ac", "grad_accum") and x != getattr(base, k)}
+        return {
+            (k, x)
+            for k, x in c._asdict().items()
+            if k not in ("batch_size", "ac", "grad_accum") and x != getattr(base, k)
+        }
 
     short = [(i, t) for i, t in enumerate(r.asked) if is_short(t)]
     thrashed = [(i, config(t)) for i, t in short if r.of(t).get("alloc_retries")]
     assert len(thrashed) > 2
     for i, t in thrashed:
-        heavy = [u.describe() for _, u in short if r.known[u.trial_id] > i and u.ac == t.ac
-                 and u.batch_size >= t.batch_size and changes(t) <= changes(config(u))]
+        heavy = [
+            u.describe()
+            for _, u in short
+            if r.known[u.trial_id] > i
+            and u.ac == t.ac
+            and u.batch_size >= t.batch_size
+            and changes(t) <= changes(config(u))
+        ]
         assert not heavy, f"{t} thrashed, then {heavy}"
 
 
@@ -735,16 +886,28 @@ def test_the_best_is_the_fastest_full_measurement_and_the_baseline_is_measured_i
     # the final's full measurement, never the profile trial's short reading (the Machine reads it 2 % lower)
     assert v["tflops_at_best"] == r.of(best)["tflops_per_gpu"] != r.of(profiled)["tflops_per_gpu"]
     base = next(t for t in full if t.trial_id == v["baseline_trial_id"])
-    grid_options = {"ac": "none", "compile": "regional", "grad_accum": 1, "reduce_dtype": "fp32",
-                    "grad_sync": "micro_batch", "fp8_lm_head": False}
+    grid_options = {
+        "ac": "none",
+        "compile": "regional",
+        "grad_accum": 1,
+        "reduce_dtype": "fp32",
+        "grad_sync": "micro_batch",
+        "fp8_lm_head": False,
+    }
     assert {k: v["baseline"][k] for k in grid_options} == grid_options == {k: getattr(base, k) for k in grid_options}
     assert v["speedup"] == pytest.approx(v["tflops_at_best"] / v["baseline_tflops"]) and v["speedup"] > 1.1
     # the profile trial is GPU time the search spent: in probes and wall (its config is the best's: no new one tried)
     assert v["probes"] == len(r.asked) and v["tried"] == len({config(t) for t in r.asked})
     assert v["search_wall_s"] == pytest.approx(sum(row["trial_wall_s"] for row, _ in r.rows))
     assert v["cost_vs_one_trial"] == pytest.approx(v["search_wall_s"] / r.of(best)["trial_wall_s"])
-    assert v["profile"] == {"gemm_pct": 60.0, "attention_pct": 20.0, "comm_exposed_pct": 5.0, "optimizer_pct": 5.0,
-                            "other_pct": 10.0, "trace_file": trace_file(r, profiled)}
+    assert v["profile"] == {
+        "gemm_pct": 60.0,
+        "attention_pct": 20.0,
+        "comm_exposed_pct": 5.0,
+        "optimizer_pct": 5.0,
+        "other_pct": 10.0,
+        "trace_file": trace_file(r, profiled),
+    }
     assert v["numerics_allowed"] == list(NUMERICS_CHANGING) and v["allowed"] == ALL_OPTIONS
 
 
@@ -756,7 +919,12 @@ def test_the_search_finds_the_simulated_optimum_within_its_default_budget():
     # the machine's best: compile full, 8 micro-batches, bf16 reduce, FP8 head, ac none; grad_sync: step
     # needs a smaller batch (20 fits), which is still faster than micro_batch at 36
     assert {k: v["best"][k] for k in ("ac", "compile", "grad_accum", "reduce_dtype", "fp8_lm_head")} == {
-        "ac": "none", "compile": "full", "grad_accum": 8, "reduce_dtype": "bf16", "fp8_lm_head": True}
+        "ac": "none",
+        "compile": "full",
+        "grad_accum": 8,
+        "reduce_dtype": "bf16",
+        "fp8_lm_head": True,
+    }
 
 
 def test_a_baseline_that_does_not_fit_is_not_measured_again():
@@ -855,7 +1023,11 @@ def test_one_verdict_per_group():
     p = TunePlan(trials, spec, capacity_bytes=40 * GIB)
     run(p, Machine())
     assert sorted((v["precision"], v["seq_len"]) for v in verdicts_json(p)) == [
-        ("bf16", 64), ("bf16", 128), ("fp8-torchao-tensorwise", 64), ("fp8-torchao-tensorwise", 128)]
+        ("bf16", 64),
+        ("bf16", 128),
+        ("fp8-torchao-tensorwise", 64),
+        ("fp8-torchao-tensorwise", 128),
+    ]
     assert len({v["search_id"] for v in verdicts_json(p)}) == 4
 
 
@@ -877,8 +1049,10 @@ def test_a_runner_up_is_fully_measured_only_within_final_margin_of_the_fastest(a
     r = run(p := plan(tune={"budget": 13}), Machine(gains=gains))
     (v,) = verdicts_json(p)
     base = Config(**v["baseline"])
-    ranked = sorted(((r.of(t)["tflops_per_gpu"], config(t)) for t in r.asked
-                     if is_short(t) and r.of(t)["status"] == "ok"), reverse=True)
+    ranked = sorted(
+        ((r.of(t)["tflops_per_gpu"], config(t)) for t in r.asked if is_short(t) and r.of(t)["status"] == "ok"),
+        reverse=True,
+    )
     (top, best), (second, other) = ranked[0], next(x for x in ranked[1:] if x[1] != ranked[0][1])
     assert (second >= top * (1 - FINAL_MARGIN)) == runner_up  # the two machines differ in this alone
     measured = {config(t) for t in finals(r)}
@@ -894,8 +1068,9 @@ def test_a_probe_that_thrashed_is_never_fully_measured_even_where_its_short_read
     p = plan(tune={"vary": NUMERICS_RUN, "budget": budget})
     r = run(p, Machine(capacity_gib=40, thrash_gib=30.0, thrash_speed=1.2, timed=True))
     thrashed = {config(t) for t in r.asked if is_short(t) and r.of(t).get("alloc_retries")}
-    fastest = max((t for t in r.asked if is_short(t) and r.of(t)["status"] == "ok"),
-                  key=lambda t: r.of(t)["tflops_per_gpu"])
+    fastest = max(
+        (t for t in r.asked if is_short(t) and r.of(t)["status"] == "ok"), key=lambda t: r.of(t)["tflops_per_gpu"]
+    )
     assert config(fastest) in thrashed  # the case: the fastest short reading is a thrashing one
     again = [t for t in r.asked if not is_short(t) and not t.profile and config(t) in thrashed]
     assert again == [], [t.describe() for t in again]

@@ -24,8 +24,21 @@ from sweep.spec.grid import TUNABLE
 pytestmark = pytest.mark.integration
 
 FINAL = (1, 4)  # the finals' steps (warm-up, measured): neither the short probes' (2, 3) nor the rung's (3, 9)
-COMMON = ("--gpus", 2, "--seq-len", 32, "--compile", "none", "--warmup", FINAL[0], "--measure", FINAL[1],
-          "--cluster", "local", "--no-progress")
+COMMON = (
+    "--gpus",
+    2,
+    "--seq-len",
+    32,
+    "--compile",
+    "none",
+    "--warmup",
+    FINAL[0],
+    "--measure",
+    FINAL[1],
+    "--cluster",
+    "local",
+    "--no-progress",
+)
 FIXED_NUMERICS = {"reduce_dtype": "fp32", "grad_sync": "micro_batch", "fp8_lm_head": False}
 SHARES = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "other_pct")
 
@@ -62,17 +75,40 @@ def one_line_error(result, *words: str) -> None:
 
 # -- `sweep tune` over two precisions ---------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tuned(ray_session, tmp_path_factory):
     """bf16 and torchao FP8 (emulated on CPU) tuned over accumulation and checkpointing at batch 4, the
     default numerics: a llama model, whose untied head an FP8 recipe could run in FP8, and 2 ranks with
     more than one micro-batch, where gradients could be reduced in bf16 or once per step."""
     out = tmp_path_factory.mktemp("tune") / "out"
-    result = sweep("tune", "--model", "llama-tiny", "--precision", "bf16", "--precision", "fp8-torchao-tensorwise",
-                   "--vary", "grad_accum", "--vary", "ac", "--start", 4, "--budget", 7, *COMMON, "--output", out)
+    result = sweep(
+        "tune",
+        "--model",
+        "llama-tiny",
+        "--precision",
+        "bf16",
+        "--precision",
+        "fp8-torchao-tensorwise",
+        "--vary",
+        "grad_accum",
+        "--vary",
+        "ac",
+        "--start",
+        4,
+        "--budget",
+        7,
+        *COMMON,
+        "--output",
+        out,
+    )
     assert result.exit_code == 0, result.output
-    return {"out": out, "output": result.output, "verdicts": {v["precision"]: v for v in verdicts(out)},
-            "rows": rows(out)}
+    return {
+        "out": out,
+        "output": result.output,
+        "verdicts": {v["precision"]: v for v in verdicts(out)},
+        "rows": rows(out),
+    }
 
 
 def test_tune_gives_one_fastest_verdict_per_precision_within_its_budget(tuned):
@@ -102,8 +138,11 @@ def test_the_best_is_the_fastest_full_measurement_against_a_baseline_of_the_same
         assert v["tflops_at_best"] == fastest["tflops_per_gpu"] and v["best"] == config(fastest)
         (base,) = [r for r in finals if r["trial_id"] == v["baseline_trial_id"]]
         # the baseline: the grid's own options (one micro-batch, no checkpointing) at the seed batch
-        assert v["baseline"] == config(base) == {**config(base), "batch_size": 4, "ac": "none", "grad_accum": 1,
-                                                 **FIXED_NUMERICS}
+        assert (
+            v["baseline"]
+            == config(base)
+            == {**config(base), "batch_size": 4, "ac": "none", "grad_accum": 1, **FIXED_NUMERICS}
+        )
         assert v["baseline_tflops"] == base["tflops_per_gpu"]
         assert v["speedup"] == pytest.approx(fastest["tflops_per_gpu"] / base["tflops_per_gpu"])
 
@@ -155,11 +194,26 @@ def test_results_verdicts_and_compare_best_read_the_tune(tuned):
 
 # -- numerics-changing options vary when named --------------------------------------------------------------
 
+
 def test_a_named_numerics_option_is_probed_and_the_verdict_says_it_was_allowed(ray_session, tmp_path):
     out = tmp_path / "out"
     # budget 5: room for two short probes (fp32, the baseline, and bf16), the finals and the best's profile
-    result = sweep("tune", "--model", "llama-tiny", "--precision", "bf16", "--vary", "reduce_dtype", "--start", 4,
-                   "--budget", 5, *COMMON, "--output", out)
+    result = sweep(
+        "tune",
+        "--model",
+        "llama-tiny",
+        "--precision",
+        "bf16",
+        "--vary",
+        "reduce_dtype",
+        "--start",
+        4,
+        "--budget",
+        5,
+        *COMMON,
+        "--output",
+        out,
+    )
     assert result.exit_code == 0, result.output
     (v,) = verdicts(out)
     assert v["allowed"] == ["reduce_dtype"] and v["numerics_allowed"] == ["reduce_dtype"]
@@ -171,8 +225,16 @@ def test_a_named_numerics_option_is_probed_and_the_verdict_says_it_was_allowed(r
 
 # -- a grid with search: fastest and a global batch ---------------------------------------------------------
 
-GRID = {"models": ["llama-tiny"], "precisions": ["bf16"], "batch_sizes": [1], "compile": "none", "seq_len": 32,
-        "gpus": 2, "steps": {"warmup": FINAL[0], "measure": FINAL[1]}, "search": "fastest"}
+GRID = {
+    "models": ["llama-tiny"],
+    "precisions": ["bf16"],
+    "batch_sizes": [1],
+    "compile": "none",
+    "seq_len": 32,
+    "gpus": 2,
+    "steps": {"warmup": FINAL[0], "measure": FINAL[1]},
+    "search": "fastest",
+}
 G = 8 * 2 * 32  # 8 samples per rank per step: batch x accumulation = 1x8, 2x4, 4x2 or 8x1
 
 
@@ -205,8 +267,9 @@ def test_a_global_batch_no_split_holds_stops_before_anything_runs(ray_session, t
     grid = write(tmp_path, {"vary": ["batch_size", "grad_accum"], "budget": 8, "global_batch_tokens": G + 32})
     one_line_error(sweep("plan", grid, "--cluster", "local"), "global_batch_tokens", str(G + 32))
     out = tmp_path / "out"
-    one_line_error(sweep("run", grid, "--cluster", "local", "--output", out, "--no-progress"),
-                   "global_batch_tokens", str(G + 32))
+    one_line_error(
+        sweep("run", grid, "--cluster", "local", "--output", out, "--no-progress"), "global_batch_tokens", str(G + 32)
+    )
     assert not out.exists()
 
 
@@ -234,14 +297,18 @@ def test_a_search_skips_what_its_max_cost_cannot_pay_for_and_says_so(ray_session
 
 
 def test_a_max_cost_of_one_trial_or_less_stops_before_anything_runs(ray_session, tmp_path):
-    uncapped = sweep("plan", write(tmp_path, {"vary": ["batch_size"], "budget": 8, "max_cost": None}), "--cluster",
-                     "local")
+    uncapped = sweep(
+        "plan", write(tmp_path, {"vary": ["batch_size"], "budget": 8, "max_cost": None}), "--cluster", "local"
+    )
     assert uncapped.exit_code == 0, uncapped.output  # null: no cap
     grid = write(tmp_path, {"vary": ["batch_size"], "budget": 8, "max_cost": 1})
     one_line_error(sweep("plan", grid, "--cluster", "local"), "tune.max_cost", "greater than 1")
     out = tmp_path / "out"
-    one_line_error(sweep("tune", "--model", "llama-tiny", "--precision", "bf16", "--max-cost", 0.5, *COMMON,
-                         "--output", out), "tune.max_cost", "greater than 1")
+    one_line_error(
+        sweep("tune", "--model", "llama-tiny", "--precision", "bf16", "--max-cost", 0.5, *COMMON, "--output", out),
+        "tune.max_cost",
+        "greater than 1",
+    )
     assert not out.exists()
 
 
@@ -251,9 +318,27 @@ def test_a_resumed_tune_runs_nothing_again_and_gives_the_same_verdicts(tuned, tm
 
     out = tmp_path / "out"
     shutil.copytree(tuned["out"], out)
-    result = sweep("tune", "--model", "llama-tiny", "--precision", "bf16", "--precision", "fp8-torchao-tensorwise",
-                   "--vary", "grad_accum", "--vary", "ac", "--start", 4, "--budget", 7, *COMMON, "--output", out,
-                   "--resume")
+    result = sweep(
+        "tune",
+        "--model",
+        "llama-tiny",
+        "--precision",
+        "bf16",
+        "--precision",
+        "fp8-torchao-tensorwise",
+        "--vary",
+        "grad_accum",
+        "--vary",
+        "ac",
+        "--start",
+        4,
+        "--budget",
+        7,
+        *COMMON,
+        "--output",
+        out,
+        "--resume",
+    )
     assert result.exit_code == 0, result.output
     assert len(rows(out)) == len(tuned["rows"])  # no attempt run twice
     # run ids start with their UTC start time: the resumed run's verdicts sort last
@@ -262,7 +347,10 @@ def test_a_resumed_tune_runs_nothing_again_and_gives_the_same_verdicts(tuned, tm
     for v in resumed:
         b = tuned["verdicts"][v["precision"]]
         assert (v["best_trial_id"], v["baseline_trial_id"], v["probes"]) == (
-            b["best_trial_id"], b["baseline_trial_id"], b["probes"])
+            b["best_trial_id"],
+            b["baseline_trial_id"],
+            b["probes"],
+        )
     # the folder now holds each search's verdict twice (the first run's and the resumed one's): shown once each
     shown = sweep("results", "verdicts", out)
     assert shown.exit_code == 0, shown.output

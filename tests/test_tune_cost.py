@@ -27,9 +27,16 @@ def cfg(batch=32, compile="regional", accum=1) -> Config:
 
 
 def row(wall, step=1.0, compile_s=20.0, fresh=True, init=15.0, steps=SHORT) -> dict:
-    return {"status": "ok", "trial_wall_s": wall, "step_time_s": step, "compile_time_s": compile_s,
-            "init_time_s": init if fresh else 0.5, "group_trial_index": 0 if fresh else 2,
-            "warmup_steps": steps[0], "measure_steps": steps[1]}
+    return {
+        "status": "ok",
+        "trial_wall_s": wall,
+        "step_time_s": step,
+        "compile_time_s": compile_s,
+        "init_time_s": init if fresh else 0.5,
+        "group_trial_index": 0 if fresh else 2,
+        "warmup_steps": steps[0],
+        "measure_steps": steps[1],
+    }
 
 
 def test_one_trial_is_the_leader_fresh_at_the_finals_steps():
@@ -54,7 +61,8 @@ def test_a_final_is_reserved_at_the_most_auto_steps_it_may_run():
     # interval needs (one more than auto's least); 2 micro-batches no more than 4 + 8
     assert final_auto_max(8) == (3, 6) and final_auto_max(2) == (4, 8) and final_auto_max(16) == (3, 6)
     assert final_s((cfg(accum=8), fresh), [fresh], ("auto", "auto")) == pytest.approx(
-        one_trial_s(fresh, [fresh], ("auto", "auto")) + 2.0)
+        one_trial_s(fresh, [fresh], ("auto", "auto")) + 2.0
+    )
     assert final_s((cfg(), None), [], ("auto", "auto")) is None
 
 
@@ -65,11 +73,13 @@ def test_a_probe_costs_its_compile_and_its_steps():
     assert probe_s(cfg(33), SHORT, leader, compiled) == pytest.approx(22.0 + 5 * 1.2 * 33 / 66)
     # full never ran: regional's compile times COMPILE_VS_REGIONAL; none compiles nothing
     assert probe_s(cfg(32, "full"), SHORT, leader, compiled) == pytest.approx(
-        22.0 * COMPILE_VS_REGIONAL["full"] + 5 * 1.2 * 32 / 66)
+        22.0 * COMPILE_VS_REGIONAL["full"] + 5 * 1.2 * 32 / 66
+    )
     assert probe_s(cfg(32, "none"), SHORT, leader, compiled) == pytest.approx(5 * 1.2 * 32 / 66)
     # once full has run, its own compile counts; a step of 8 micro-batches trains 8 times the samples
-    ran_full = compile_times([(cfg(32), row(47.0, compile_s=22.0)), leader,
-                              (cfg(32, "full"), row(178.0, compile_s=167.5))])
+    ran_full = compile_times(
+        [(cfg(32), row(47.0, compile_s=22.0)), leader, (cfg(32, "full"), row(178.0, compile_s=167.5))]
+    )
     assert probe_s(cfg(59, "full"), SHORT, leader, ran_full) == pytest.approx(167.5 + 5 * 1.2 * 59 / 66)
     assert probe_s(cfg(59, accum=8), (1, 1), leader, compiled) == pytest.approx(22.0 + 2 * 1.2 * 59 * 8 / 66)
     assert probe_s(cfg(32, "full"), SHORT, leader, compile_times([(cfg(66), {"trial_wall_s": 1.0})])) is None
@@ -82,25 +92,30 @@ def test_probes_are_kept_in_order_while_the_finals_keep_their_room():
     probes = [leader]  # 36 s spent; one trial: 36 + 3 steps = 39 s
     wave = [cfg(32, "none"), cfg(32, "full"), cfg(59, accum=8), cfg(30, "none")]
     steps = [SHORT, SHORT, (1, 1), SHORT]
-    kept, skipped = affordable(wave, steps, leader=leader, finals=2, max_cost=10, probes=probes,
-                               final_steps=("auto", "auto"))
+    kept, skipped = affordable(
+        wave, steps, leader=leader, finals=2, max_cost=10, probes=probes, final_steps=("auto", "auto")
+    )
     # room: 390 - 36 - 2 finals at their most (39 + 16 steps) - the profile (20 + 5) = 219 s: full (200 + 2.4)
     # fits, 59 x 8 (20 + 14.3) then not, 30 x none (2.3) does
     assert kept == [cfg(32, "none"), cfg(32, "full"), cfg(30, "none")] and skipped == [cfg(59, accum=8)]
-    kept, skipped = affordable(wave, steps, leader=leader, finals=2, max_cost=12, probes=probes,
-                               final_steps=("auto", "auto"))
+    kept, skipped = affordable(
+        wave, steps, leader=leader, finals=2, max_cost=12, probes=probes, final_steps=("auto", "auto")
+    )
     assert kept == wave and skipped == []  # 468 - 36 - 110 - 25 = 297 s: all 241.4 s of them
     # a third final reserved (finals=3): 55 s less, and full no longer fits
-    kept, skipped = affordable(wave, steps, leader=leader, finals=3, max_cost=10, probes=probes,
-                               final_steps=("auto", "auto"))
+    kept, skipped = affordable(
+        wave, steps, leader=leader, finals=3, max_cost=10, probes=probes, final_steps=("auto", "auto")
+    )
     assert skipped == [cfg(32, "full")]
-    kept, skipped = affordable(wave, steps, leader=leader, finals=2, max_cost=5, probes=probes,
-                               final_steps=("auto", "auto"))
+    kept, skipped = affordable(
+        wave, steps, leader=leader, finals=2, max_cost=5, probes=probes, final_steps=("auto", "auto")
+    )
     assert cfg(32, "full") in skipped and cfg(32, "none") in kept
     # nothing says what a trial costs, or no cap: all kept
     for leader_, cap in ((None, 10), (leader, None), ((cfg(66), {**leader[1], "step_time_s": None}), 10)):
-        assert affordable(wave, steps, leader=leader_, finals=3, max_cost=cap, probes=probes,
-                          final_steps=("auto", "auto")) == (wave, [])
+        assert affordable(
+            wave, steps, leader=leader_, finals=3, max_cost=cap, probes=probes, final_steps=("auto", "auto")
+        ) == (wave, [])
 
 
 def test_a_probe_may_run_a_few_times_its_prediction_on_fresh_processes_before_it_is_stopped():
@@ -110,7 +125,8 @@ def test_a_probe_may_run_a_few_times_its_prediction_on_fresh_processes_before_it
     # a first compile: full, predicted at regional's 22 s x 10 plus its steps, on top of one fresh trial
     full = probe_s(cfg(32, "full"), SHORT, leader, compile_times(probes))
     assert time_limit_s(cfg(32, "full"), SHORT, leader, probes, ("auto", "auto")) == pytest.approx(
-        HANG_X * (unit + full))
+        HANG_X * (unit + full)
+    )
     assert HANG_X * (unit + full) > 178.3  # session 10's such probe, all of it (RESULTS.md)
     # a cheap probe: the floor
     assert time_limit_s(cfg(32, "none"), SHORT, leader, probes, ("auto", "auto")) == HANG_FLOOR_S

@@ -19,9 +19,18 @@ GIB = 1024**3
 
 def grid(**extra):
     # llama-tiny: 4 heads, 2 kv heads, ffn 192, vocab 512: tp 1 and 2 split it, tp 4 does not (2 kv heads)
-    data = {"models": ["llama-tiny"], "precisions": ["bf16"], "batch_sizes": [2], "gpus": 4, "seq_len": 64,
-            "compile": "none", "search": "fastest", "steps": {"warmup": 1, "measure": 2},
-            "tune": {"vary": ["batch_size"], "budget": 6}, **extra}
+    data = {
+        "models": ["llama-tiny"],
+        "precisions": ["bf16"],
+        "batch_sizes": [2],
+        "gpus": 4,
+        "seq_len": 64,
+        "compile": "none",
+        "search": "fastest",
+        "steps": {"warmup": 1, "measure": 2},
+        "tune": {"vary": ["batch_size"], "budget": 6},
+        **extra,
+    }
     spec = parse_grid(data)
     return spec, expand(spec, cluster="local")
 
@@ -75,8 +84,14 @@ def run(p: TunePlan, tflops) -> list:
     while queue:
         t = queue.popleft()
         asked.append(t)
-        row = {"trial_id": t.trial_id, "status": "ok", "tflops_per_gpu": tflops(t), "tokens_per_s_per_gpu": 1.0,
-               "peak_mem_gib": 1.0 + t.batch_size / t.tp, "alloc_retries": 0}
+        row = {
+            "trial_id": t.trial_id,
+            "status": "ok",
+            "tflops_per_gpu": tflops(t),
+            "tokens_per_s_per_gpu": 1.0,
+            "peak_mem_gib": 1.0 + t.batch_size / t.tp,
+            "alloc_retries": 0,
+        }
         queue.extend(p.on_result(t, "ok", False, row))
     return asked
 

@@ -15,10 +15,34 @@ pytestmark = pytest.mark.integration
 def test_tune_vary_tp_searches_each_layout_apart(ray_session, cli, tmp_path):
     out = tmp_path / "out"
     # llama-tiny on 2 ranks: tp 1 and tp 2 split it (its 4 heads, 2 kv heads); budget 4: a probe, two finals, a profile
-    result = cli("tune", "--model", "llama-tiny", "--precision", "fp32", "--gpus", "2", "--seq-len", "64",
-                 "--compile", "none", "--vary", "tp", "--budget", "4", "--start", "2", "--warmup", "1",
-                 "--measure", "2",
-                 "--cluster", "local", "--output", out, "--no-progress")
+    result = cli(
+        "tune",
+        "--model",
+        "llama-tiny",
+        "--precision",
+        "fp32",
+        "--gpus",
+        "2",
+        "--seq-len",
+        "64",
+        "--compile",
+        "none",
+        "--vary",
+        "tp",
+        "--budget",
+        "4",
+        "--start",
+        "2",
+        "--warmup",
+        "1",
+        "--measure",
+        "2",
+        "--cluster",
+        "local",
+        "--output",
+        out,
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     (path,) = (out / "_search").glob("*.json")
     verdicts = json.loads(path.read_text())

@@ -21,17 +21,19 @@ from sweep.search.fastest.plan import TunePlan
 def _exact(machine: Machine):
     """The largest batch of a trial's config that fits `machine` (a memory model that is right): its peak is a
     line in the batch."""
+
     def predicted_max(t) -> int:
         at0, at1 = (machine.peak(replace(t, batch_size=b)) for b in (0, 1))
         return math.floor((machine.capacity_gib - at0) / (at1 - at0))
+
     return predicted_max
 
 
-def _plan(machine: Machine, predicted_max=None, is_gpu: bool = False, vary=("batch_size",), budget: int = 20,
-          **extra) -> TunePlan:
+def _plan(
+    machine: Machine, predicted_max=None, is_gpu: bool = False, vary=("batch_size",), budget: int = 20, **extra
+) -> TunePlan:
     spec, trials = grid(tune={"vary": list(vary), "budget": budget}, **extra)
-    return TunePlan(trials, spec, capacity_bytes=machine.capacity_gib * GIB, is_gpu=is_gpu,
-                    predicted_max=predicted_max)
+    return TunePlan(trials, spec, capacity_bytes=machine.capacity_gib * GIB, is_gpu=is_gpu, predicted_max=predicted_max)
 
 
 def test_the_fit_starts_at_the_predicted_limit_and_checks_its_neighbour():
@@ -62,8 +64,12 @@ def test_a_predicted_oom_is_an_oom_to_the_fit_not_the_end_of_the_search():
 
     def runner(t):
         if t.batch_size > 36:
-            return {"trial_id": t.trial_id, "status": "unsupported", "trial_wall_s": 0.0,
-                    "error": "predicted OOM: 45 GiB > 40 GiB per rank"}, False
+            return {
+                "trial_id": t.trial_id,
+                "status": "unsupported",
+                "trial_wall_s": 0.0,
+                "error": "predicted OOM: 45 GiB > 40 GiB per rank",
+            }, False
         return machine(t)
 
     plan = _plan(machine, lambda t: 40, vary=["batch_size"])
@@ -94,13 +100,29 @@ def test_a_tune_whose_every_probe_is_predicted_not_to_fit_runs_nothing(tmp_path,
     a trial started would exit 2), each an OOM to its level's fit, and ends with nothing measured (exit 3)."""
     profile, out = dead_h200_profile(tmp_path, gpus=1)
     g = tmp_path / "g.yaml"
-    g.write_text(yaml.safe_dump({"models": ["llama3-8b"], "seq_len": [4096], "batch_sizes": [4], "gpus": [1],
-                                 "search": "fastest", "tune": {"vary": ["batch_size", "ac"], "budget": 12}}))
-    proc = subprocess.run([sys.executable, "-m", "sweep", "run", g, "--cluster", profile, "--output", out,
-                           "--no-progress"], cwd=ROOT, env={**sweep_env(), "COLUMNS": "250"}, capture_output=True,
-                          text=True, timeout=120)
+    g.write_text(
+        yaml.safe_dump(
+            {
+                "models": ["llama3-8b"],
+                "seq_len": [4096],
+                "batch_sizes": [4],
+                "gpus": [1],
+                "search": "fastest",
+                "tune": {"vary": ["batch_size", "ac"], "budget": 12},
+            }
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweep", "run", g, "--cluster", profile, "--output", out, "--no-progress"],
+        cwd=ROOT,
+        env={**sweep_env(), "COLUMNS": "250"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     from sweep.record import store
+
     rows = [r for r in store.read_table(out).to_pylist() if r["run_id"] != "r0"]
     assert rows and all(r["status"] == "unsupported" and r["error"].startswith("predicted OOM:") for r in rows)
     assert {r["ac"] for r in rows} == {"none", "selective", "full"}  # each level fitted on: none stopped the search

@@ -40,20 +40,35 @@ def _rows(name: str) -> dict[tuple, dict]:
     out = {}
     with open(HISTORY / f"rows-2026-11-30-{name}.csv", newline="") as f:
         for r in csv.DictReader(f):
-            key = (_kind(bool(r["trace_file"]), int(r["warmup_steps"]), int(r["measure_steps"])), r["precision"],
-                   int(r["batch_size"]), r["ac"], r["compile"], int(r["grad_accum"]), r["reduce_dtype"],
-                   r["grad_sync"], r["fp8_lm_head"].lower() == "true")
+            key = (
+                _kind(bool(r["trace_file"]), int(r["warmup_steps"]), int(r["measure_steps"])),
+                r["precision"],
+                int(r["batch_size"]),
+                r["ac"],
+                r["compile"],
+                int(r["grad_accum"]),
+                r["reduce_dtype"],
+                r["grad_sync"],
+                r["fp8_lm_head"].lower() == "true",
+            )
             number = lambda k, r=r: float(r[k]) if r[k] else None  # noqa: E731
-            out[key] = {"status": r["status"], "tflops_per_gpu": number("tflops_per_gpu"),
-                        "tokens_per_s_per_gpu": number("tokens_per_s_per_gpu"), "peak_mem_gib": number("peak_mem_gib"),
-                        "alloc_retries": int(r["alloc_retries"]) if r["alloc_retries"] else None,
-                        "params_local": [int(x) for x in r["params_local"].split(";")] if r["params_local"] else None,
-                        "trial_wall_s": number("trial_wall_s"), "step_time_s": number("step_time_s"),
-                        "compile_time_s": number("compile_time_s"), "init_time_s": number("init_time_s"),
-                        "warmup_steps": int(r["warmup_steps"]), "measure_steps": int(r["measure_steps"]),
-                        "group_trial_index": int(r["group_trial_index"]) if r["group_trial_index"] else None,
-                        "trace_file": r["trace_file"] or None,
-                        **{k: number(k) for k in r if k.startswith("profile_")}}
+            out[key] = {
+                "status": r["status"],
+                "tflops_per_gpu": number("tflops_per_gpu"),
+                "tokens_per_s_per_gpu": number("tokens_per_s_per_gpu"),
+                "peak_mem_gib": number("peak_mem_gib"),
+                "alloc_retries": int(r["alloc_retries"]) if r["alloc_retries"] else None,
+                "params_local": [int(x) for x in r["params_local"].split(";")] if r["params_local"] else None,
+                "trial_wall_s": number("trial_wall_s"),
+                "step_time_s": number("step_time_s"),
+                "compile_time_s": number("compile_time_s"),
+                "init_time_s": number("init_time_s"),
+                "warmup_steps": int(r["warmup_steps"]),
+                "measure_steps": int(r["measure_steps"]),
+                "group_trial_index": int(r["group_trial_index"]) if r["group_trial_index"] else None,
+                "trace_file": r["trace_file"] or None,
+                **{k: number(k) for k in r if k.startswith("profile_")},
+            }
     return out
 
 
@@ -98,14 +113,22 @@ def _worst_and_cap(plan: TunePlan, finals: int) -> tuple[float, float]:
     return worst, search.max_cost * one_trial_s(leader[1], rows, ("auto", "auto"))
 
 
-LLAMA = {"models": ["llama3-8b"], "gpus": 2, "seq_len": 4096, "compile": "regional",
-         "tune": {"vary": ["batch_size", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head"], "budget": 16}}
+LLAMA = {
+    "models": ["llama3-8b"],
+    "gpus": 2,
+    "seq_len": 4096,
+    "compile": "regional",
+    "tune": {"vary": ["batch_size", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head"], "budget": 16},
+}
 
 
-@pytest.mark.parametrize("name, precision, start, missed", [
-    ("s9-tune-llama-torchao", "fp8-torchao-tensorwise", 3, (3, 8, "bf16", "step")),  # hand-found 873.3 there
-    ("s9-tune-llama-bf16", "bf16", 2, (2, 8, "bf16", "step")),  # hand-found 627.7 there
-])
+@pytest.mark.parametrize(
+    "name, precision, start, missed",
+    [
+        ("s9-tune-llama-torchao", "fp8-torchao-tensorwise", 3, (3, 8, "bf16", "step")),  # hand-found 873.3 there
+        ("s9-tune-llama-bf16", "bf16", 2, (2, 8, "bf16", "step")),  # hand-found 627.7 there
+    ],
+)
 def test_the_llama_searches_now_ask_for_grad_sync_step_a_batch_lower(name, precision, start, missed):
     asked, wave, _ = _replay(name, {**LLAMA, "precisions": [precision], "batch_sizes": [start]})
     assert wave, "the search ended on the recorded rows"
@@ -118,9 +141,15 @@ def test_the_llama_searches_now_ask_for_grad_sync_step_a_batch_lower(name, preci
 
 
 def test_the_gpt_torchao_search_makes_none_of_its_recorded_out_of_memory_neighbours():
-    grid = {"models": ["gpt2-1.5b"], "precisions": ["fp8-torchao-tensorwise"], "batch_sizes": [32], "gpus": 1,
-            "seq_len": 1024, "compile": "regional",
-            "tune": {"vary": ["batch_size", "grad_accum", "compile"], "budget": 12}}
+    grid = {
+        "models": ["gpt2-1.5b"],
+        "precisions": ["fp8-torchao-tensorwise"],
+        "batch_sizes": [32],
+        "gpus": 1,
+        "seq_len": 1024,
+        "compile": "regional",
+        "tune": {"vary": ["batch_size", "grad_accum", "compile"], "budget": 12},
+    }
     asked, wave, _ = _replay("s9-tune-gpt", grid)
     fit = [(t.batch_size, t.compile, t.grad_accum) for t, _ in asked[:4]]
     assert fit == [(32, "regional", 1), (59, "regional", 1), (67, "regional", 1), (66, "regional", 1)]  # as recorded
@@ -132,8 +161,14 @@ def test_the_gpt_torchao_search_makes_none_of_its_recorded_out_of_memory_neighbo
     assert neighbours == {(59, "regional", 8), (32, "none", 1)}, neighbours
 
 
-GPT = {"models": ["gpt2-1.5b"], "batch_sizes": [32], "gpus": 1, "seq_len": 1024, "compile": "regional",
-       "tune": {"vary": ["batch_size", "grad_accum", "compile"], "budget": 12}}
+GPT = {
+    "models": ["gpt2-1.5b"],
+    "batch_sizes": [32],
+    "gpus": 1,
+    "seq_len": 1024,
+    "compile": "regional",
+    "tune": {"vary": ["batch_size", "grad_accum", "compile"], "budget": 12},
+}
 
 
 def test_a_whole_model_compile_is_not_probed_where_its_cost_would_take_the_search_past_max_cost():
@@ -147,12 +182,19 @@ def test_a_whole_model_compile_is_not_probed_where_its_cost_would_take_the_searc
     same best, the runner-up's final (2.9 % behind) not made (RESULTS.md, session 10)."""
     asked, wave, plan = _replay("s10-tune-gpt-torchao", {**GPT, "precisions": ["fp8-torchao-tensorwise"]})
     assert [(t.batch_size, t.compile, t.grad_accum, status) for t, status in asked] == [
-        (32, "regional", 1, "ok"), (59, "regional", 1, "ok"), (67, "regional", 1, "oom"), (66, "regional", 1, "ok"),
-        (32, "none", 1, "ok"), (59, "regional", 8, "ok"), (62, "regional", 8, None)]  # None: never run
+        (32, "regional", 1, "ok"),
+        (59, "regional", 1, "ok"),
+        (67, "regional", 1, "oom"),
+        (66, "regional", 1, "ok"),
+        (32, "none", 1, "ok"),
+        (59, "regional", 8, "ok"),
+        (62, "regional", 8, None),
+    ]  # None: never run
     assert [(t.batch_size, t.compile, t.grad_accum) for t in wave] == [(62, "regional", 8)]
     (v,) = verdicts_json(plan)
     assert {"batch_size": 32, "compile": "full", "grad_accum": 1} in [
-        {k: c[k] for k in ("batch_size", "compile", "grad_accum")} for c in v["skipped_for_cost"]]
+        {k: c[k] for k in ("batch_size", "compile", "grad_accum")} for c in v["skipped_for_cost"]
+    ]
     assert v["max_cost"] == 10 and v["search_wall_s"] == pytest.approx(149.2, abs=0.1)  # 500.3 s recorded
 
 
@@ -162,8 +204,14 @@ def test_the_gpt_search_now_places_accumulation_under_the_largest_clean_peak_not
     then), and it ran out of memory (22.6 s, a new group after). Replayed, it asks 62 x 2: under 66's clean 137.9."""
     asked, wave, _ = _replay("s11-tune-gpt-torchao", {**GPT, "precisions": ["fp8-torchao-tensorwise"]})
     assert [(t.batch_size, t.compile, t.grad_accum, status) for t, status in asked] == [
-        (32, "regional", 1, "ok"), (59, "regional", 1, "ok"), (67, "regional", 1, "oom"), (66, "regional", 1, "ok"),
-        (32, "none", 1, "ok"), (59, "regional", 8, "ok"), (62, "regional", 2, None)]  # recorded: 63 x 2, oom
+        (32, "regional", 1, "ok"),
+        (59, "regional", 1, "ok"),
+        (67, "regional", 1, "oom"),
+        (66, "regional", 1, "ok"),
+        (32, "none", 1, "ok"),
+        (59, "regional", 8, "ok"),
+        (62, "regional", 2, None),
+    ]  # recorded: 63 x 2, oom
     assert [(t.batch_size, t.grad_accum) for t in wave] == [(62, 2)]
 
 
@@ -176,10 +224,17 @@ def test_the_te_search_measures_its_baseline_at_most_final_auto_max_steps_within
     (what it spent, that final at its most, the profile) is within max_cost one-trial costs."""
     asked, wave, plan = _replay("s11-tune-llama-te", {**LLAMA, "precisions": ["fp8-te-delayed"], "batch_sizes": [2]})
     assert [(t.batch_size, t.grad_accum, t.reduce_dtype, t.fp8_lm_head, status) for t, status in asked] == [
-        (2, 1, "fp32", False, "ok"), (3, 1, "fp32", False, "ok"), (5, 1, "fp32", False, "ok"),
-        (4, 1, "fp32", False, "ok"), (4, 1, "fp32", True, "ok"), (4, 1, "bf16", False, "ok"),
-        (4, 8, "fp32", False, "ok"), (3, 1, "bf16", True, "ok"), (4, 1, "bf16", False, "ok"),  # the best's final
-        (4, 1, "fp32", False, None)]  # the baseline's final: never recorded
+        (2, 1, "fp32", False, "ok"),
+        (3, 1, "fp32", False, "ok"),
+        (5, 1, "fp32", False, "ok"),
+        (4, 1, "fp32", False, "ok"),
+        (4, 1, "fp32", True, "ok"),
+        (4, 1, "bf16", False, "ok"),
+        (4, 8, "fp32", False, "ok"),
+        (3, 1, "bf16", True, "ok"),
+        (4, 1, "bf16", False, "ok"),  # the best's final
+        (4, 1, "fp32", False, None),
+    ]  # the baseline's final: never recorded
     (final,) = wave
     assert (final.warmup_steps, final.measure_steps, final.auto_max) == ("auto", "auto", (8, 16))
     leader, probes = next(iter(plan.searches.values())).prober.spent()
@@ -202,7 +257,9 @@ def test_the_te_search_no_longer_fully_measures_a_probe_that_thrashed_and_its_fi
     asked, wave, plan = _replay("s12-tune-llama-te", TE_COMPILE)
     assert len(asked) == 11 and all(status == "ok" for _, status in asked[:10])
     assert [(t.batch_size, t.grad_accum, t.reduce_dtype, t.warmup_steps) for t in wave] == [
-        (4, 1, "bf16", "auto"), (4, 1, "fp32", "auto")]  # recorded: 4 x 8's final, then the baseline's
+        (4, 1, "bf16", "auto"),
+        (4, 1, "fp32", "auto"),
+    ]  # recorded: 4 x 8's final, then the baseline's
     leader, _ = next(iter(plan.searches.values())).prober.spent()
     assert (leader[0].batch_size, leader[0].grad_accum, leader[0].reduce_dtype) == (4, 1, "bf16")
     worst, cap = _worst_and_cap(plan, finals=2)
@@ -214,27 +271,43 @@ def test_the_te_search_no_longer_fully_measures_a_probe_that_thrashed_and_its_fi
     assert unit == pytest.approx(46.9, abs=0.05) and worst / unit == pytest.approx(10.6, abs=0.05)
 
 
-@pytest.mark.parametrize("name, grid", [
-    ("s9-tune-llama-torchao", {**LLAMA, "precisions": ["fp8-torchao-tensorwise"], "batch_sizes": [3]}),
-    ("s9-tune-llama-bf16", {**LLAMA, "precisions": ["bf16"], "batch_sizes": [2]}),
-    ("s9-tune-gpt", GPT_TORCHAO), ("s10-tune-gpt-torchao", GPT_TORCHAO), ("s11-tune-gpt-torchao", GPT_TORCHAO),
-    ("s11-tune-llama-te", TE), ("s12-tune-gpt-torchao", GPT_TORCHAO), ("s12-tune-llama-te", TE_COMPILE),
-    ("s12-tune-llama-te-none", {**TE, "compile": "none"}),
-], ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(
+    "name, grid",
+    [
+        ("s9-tune-llama-torchao", {**LLAMA, "precisions": ["fp8-torchao-tensorwise"], "batch_sizes": [3]}),
+        ("s9-tune-llama-bf16", {**LLAMA, "precisions": ["bf16"], "batch_sizes": [2]}),
+        ("s9-tune-gpt", GPT_TORCHAO),
+        ("s10-tune-gpt-torchao", GPT_TORCHAO),
+        ("s11-tune-gpt-torchao", GPT_TORCHAO),
+        ("s11-tune-llama-te", TE),
+        ("s12-tune-gpt-torchao", GPT_TORCHAO),
+        ("s12-tune-llama-te", TE_COMPILE),
+        ("s12-tune-llama-te-none", {**TE, "compile": "none"}),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
 def test_every_recorded_attempt_ran_within_the_time_limit_the_search_now_gives_it(name, grid):
     """A tune's probe is stopped past 3x its predicted seconds (at least 5 min: tune_cost.time_limit_s). On the
     GPUs' rows, no attempt the search asks for again took longer than that: the limit stops hangs, not probes."""
     asked, _, _ = _replay(name, grid)
     rows = _rows(name)
-    limited = [(t, rows[_key(t)]["trial_wall_s"]) for t, status in asked
-               if status is not None and t.timeout_s < DEFAULT_TIMEOUT_S]
+    limited = [
+        (t, rows[_key(t)]["trial_wall_s"])
+        for t, status in asked
+        if status is not None and t.timeout_s < DEFAULT_TIMEOUT_S
+    ]
     assert len(limited) >= len(asked) // 2  # all but the first probes, before anything says what a trial costs
     assert all(wall <= t.timeout_s for t, wall in limited), [(t.describe(), wall, t.timeout_s) for t, wall in limited]
 
 
-@pytest.mark.parametrize("name, held, startup, warmup, oom", [
-    ("s13-tune-llama-torchao", 649, 19, 26, 0), ("s13-tune-llama-bf16", 497, 23, 28, 0),
-    ("s13-tune-gpt-bf16", 341, 21, 19, 20)])
+@pytest.mark.parametrize(
+    "name, held, startup, warmup, oom",
+    [
+        ("s13-tune-llama-torchao", 649, 19, 26, 0),
+        ("s13-tune-llama-bf16", 497, 23, 28, 0),
+        ("s13-tune-gpt-bf16", 341, 21, 19, 20),
+    ],
+)
 def test_the_gpu_time_session_13_reports_is_what_its_recorded_rows_give(name, held, startup, warmup, oom):
     """RESULTS.md session 13 cites each search's start-up and warm-up shares (and GPT-1.5B's OOM attempts) from
     `sweep tune`'s 'GPU time' line; the same line again, from the rows kept in benchmarks/history."""
@@ -242,8 +315,15 @@ def test_the_gpu_time_session_13_reports_is_what_its_recorded_rows_give(name, he
 
     number = lambda v: float(v) if v else None  # noqa: E731
     with open(HISTORY / f"rows-2026-12-01-{name}.csv", newline="") as f:
-        rows = [{**r, **{k: number(r[k]) for k in ("trial_wall_s", "compile_time_s", "step_time_s", "steps_time_s")},
-                 "warmup_steps": int(r["warmup_steps"]), "world_size": int(r["world_size"])} for r in csv.DictReader(f)]
+        rows = [
+            {
+                **r,
+                **{k: number(r[k]) for k in ("trial_wall_s", "compile_time_s", "step_time_s", "steps_time_s")},
+                "warmup_steps": int(r["warmup_steps"]),
+                "world_size": int(r["world_size"]),
+            }
+            for r in csv.DictReader(f)
+        ]
     line = summary_line(rows)
     assert line.startswith(f"GPU time: {held} GPU-s held"), line
     assert f"warm-up {warmup} %" in line and f"start-up {startup} %" in line and f"OOM attempts {oom} %" in line, line

@@ -31,8 +31,16 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-MODEL = dict(arch="llama", name="llama3-8b-8l", n_layers=8, d_embd=4096, n_heads=32, n_kv_heads=8,
-             ffn_hidden=14336, vocab_size=128256)
+MODEL = dict(
+    arch="llama",
+    name="llama3-8b-8l",
+    n_layers=8,
+    d_embd=4096,
+    n_heads=32,
+    n_kv_heads=8,
+    ffn_hidden=14336,
+    vocab_size=128256,
+)
 
 
 @contextlib.contextmanager
@@ -41,8 +49,14 @@ def knobs(names: list[str]):
     import torch._inductor.config as inductor
 
     backends = torch.backends.cuda
-    saved = (backends.flash_sdp_enabled(), backends.mem_efficient_sdp_enabled(), backends.cudnn_sdp_enabled(),
-             backends.math_sdp_enabled(), inductor.max_autotune, inductor.max_autotune_gemm)
+    saved = (
+        backends.flash_sdp_enabled(),
+        backends.mem_efficient_sdp_enabled(),
+        backends.cudnn_sdp_enabled(),
+        backends.math_sdp_enabled(),
+        inductor.max_autotune,
+        inductor.max_autotune_gemm,
+    )
     undo = []
     try:
         for knob in names:
@@ -59,7 +73,8 @@ def knobs(names: list[str]):
 
                 original = Float8LinearConfig.from_recipe_name
                 Float8LinearConfig.from_recipe_name = staticmethod(  # type: ignore[method-assign]
-                    lambda name: dataclasses.replace(original(name), round_scales_to_power_of_2=True))
+                    lambda name: dataclasses.replace(original(name), round_scales_to_power_of_2=True)
+                )
                 undo.append(lambda: setattr(Float8LinearConfig, "from_recipe_name", staticmethod(original)))
             elif knob:
                 raise SystemExit(f"unknown knob {knob!r}")
@@ -67,8 +82,10 @@ def knobs(names: list[str]):
     finally:
         for u in undo:
             u()
-        backends.enable_flash_sdp(saved[0]); backends.enable_mem_efficient_sdp(saved[1])
-        backends.enable_cudnn_sdp(saved[2]); backends.enable_math_sdp(saved[3])
+        backends.enable_flash_sdp(saved[0])
+        backends.enable_mem_efficient_sdp(saved[1])
+        backends.enable_cudnn_sdp(saved[2])
+        backends.enable_math_sdp(saved[3])
         inductor.max_autotune, inductor.max_autotune_gemm = saved[4], saved[5]
 
 
@@ -102,24 +119,45 @@ def main() -> None:
         precision, _, knob_text = variant.partition(":")
         names = [k for k in knob_text.split(",") if k and not k.startswith("b=") and k != "head"]
         batch = next((int(k[2:]) for k in knob_text.split(",") if k.startswith("b=")), args.batch)
-        config = TrialConfig(model_spec_json=spec.to_json(), precision=precision, compile=args.compile, ac="none",
-                             batch_size=batch, seq_len=args.seq_len, warmup_steps=args.warmup,
-                             measure_steps=args.measure,
-                             options=TrainingOptions(fp8_lm_head="head" in knob_text.split(",")))
+        config = TrialConfig(
+            model_spec_json=spec.to_json(),
+            precision=precision,
+            compile=args.compile,
+            ac="none",
+            batch_size=batch,
+            seq_len=args.seq_len,
+            warmup_steps=args.warmup,
+            measure_steps=args.measure,
+            options=TrainingOptions(fp8_lm_head="head" in knob_text.split(",")),
+        )
         torch._dynamo.reset()
         began = time.perf_counter()
-        record = {"variant": variant, "precision": precision, "knobs": names, "batch_size": batch,
-                  "seq_len": args.seq_len, "compile": args.compile, "torch": torch.__version__,
-                  "gpu": torch.cuda.get_device_name(0)}
+        record = {
+            "variant": variant,
+            "precision": precision,
+            "knobs": names,
+            "batch_size": batch,
+            "seq_len": args.seq_len,
+            "compile": args.compile,
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0),
+        }
         try:
             with knobs(names):
                 m = run_trial(config, rank)
             median = statistics.median(m.step_times)
-            record.update(status="ok", step_time_s=median, tokens_per_s=batch * args.seq_len / median,
-                          step_p10=sorted(m.step_times)[len(m.step_times) // 10],
-                          compile_time_s=m.compile_time_s, loss_first=m.losses[0], loss_last=m.losses[-1],
-                          losses=m.losses, peak_gib=m.memory.get("peak_mem_bytes", 0) / 2**30,
-                          reserved_gib=(m.memory.get("reserved_mem_bytes") or 0) / 2**30)
+            record.update(
+                status="ok",
+                step_time_s=median,
+                tokens_per_s=batch * args.seq_len / median,
+                step_p10=sorted(m.step_times)[len(m.step_times) // 10],
+                compile_time_s=m.compile_time_s,
+                loss_first=m.losses[0],
+                loss_last=m.losses[-1],
+                losses=m.losses,
+                peak_gib=m.memory.get("peak_mem_bytes", 0) / 2**30,
+                reserved_gib=(m.memory.get("reserved_mem_bytes") or 0) / 2**30,
+            )
         except torch.OutOfMemoryError as e:
             record.update(status="oom", error=str(e).splitlines()[0][:200])
         except Exception as e:  # a knob the stack refuses (e.g. a backend that cannot run this shape)

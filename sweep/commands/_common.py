@@ -8,7 +8,8 @@ import functools
 import inspect
 import sys
 import typing
-from typing import Any, Callable, Collection, TypeVar
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar
 
 import typer
 
@@ -54,12 +55,17 @@ def dataclass_options(skip: Collection[str] = ()) -> Callable[[F], F]:
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn, eval_str=True)
-        name, group = next((p.name, p.annotation) for p in signature.parameters.values()
-                           if dataclasses.is_dataclass(p.annotation))
+        name, group = next(
+            (p.name, p.annotation) for p in signature.parameters.values() if dataclasses.is_dataclass(p.annotation)
+        )
         hints = typing.get_type_hints(group, include_extras=True)
-        fields = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default,
-                                    annotation=hints[f.name])
-                  for f in dataclasses.fields(group) if f.name not in skip]
+        fields = [
+            inspect.Parameter(
+                f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default, annotation=hints[f.name]
+            )
+            for f in dataclasses.fields(group)
+            if f.name not in skip
+        ]
         params = [q for p in signature.parameters.values() for q in (fields if p.name == name else [p])]
 
         @functools.wraps(fn)

@@ -26,8 +26,14 @@ NOTHING_MEASURED = 3  # exit status of a sweep whose every attempt was oom, erro
 TEARDOWN_NOTE_S = 5.0
 
 
-def execute(plan: Plan, trials: list[Trial], profile: ClusterProfile, output: Path,
-            predictor: Predictor | None = None, **options: Any) -> None:
+def execute(
+    plan: Plan,
+    trials: list[Trial],
+    profile: ClusterProfile,
+    output: Path,
+    predictor: Predictor | None = None,
+    **options: Any,
+) -> None:
     """What `run`, `max-batch` and `tune` do once planned: check --output, warn, run the plan, report and exit.
     `predictor`: the memory model calibrated on --output's rows (loaded here when the plan did not need one).
     `options`: sweep.service.run_plan's."""
@@ -65,9 +71,13 @@ def finish(report: RunReport, output: Path, plan: Plan, predictor: Predictor | N
 
     rows = report.rows
     if rows:
-        render.rich_table(rows, render.SHOW_COLS, f"run {report.run_id}: {plural(len(rows), 'attempt')}" +
-                          (f" ({report.reused} reused from earlier runs)" if report.reused else ""),
-                          note=intervals.ci_note(rows))
+        render.rich_table(
+            rows,
+            render.SHOW_COLS,
+            f"run {report.run_id}: {plural(len(rows), 'attempt')}"
+            + (f" ({report.reused} reused from earlier runs)" if report.reused else ""),
+            note=intervals.ci_note(rows),
+        )
     console = Console(stderr=True)
     warn(intervals.missed_target_warnings(rows), console)  # `steps: auto` that stopped short: said, not only marked
     if verdicts := plan.verdicts():  # probes reused by --resume count too
@@ -99,13 +109,15 @@ def _interrupted(report: RunReport, output: Path, console: Console) -> None:
 
     signum = report.interrupted_by or signal.SIGINT
     by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
-    console.print(f"interrupted{by}: {plural(len(report.rows), 'attempt')} written to {output}; rerun with --resume "
-                  "to finish")
+    console.print(
+        f"interrupted{by}: {plural(len(report.rows), 'attempt')} written to {output}; rerun with --resume to finish"
+    )
     raise typer.Exit(128 + signum)
 
 
-def write_verdicts(output: Path, run_id: str, verdicts: list[Verdict], rows: list[dict[str, Any]],
-                   predictor: Predictor | None = None) -> None:
+def write_verdicts(
+    output: Path, run_id: str, verdicts: list[Verdict], rows: list[dict[str, Any]], predictor: Predictor | None = None
+) -> None:
     """Complete a search's verdicts from its rows (sweep.service.complete_verdicts), print them and record them
     beside the rows. Under each max-batch verdict, on GPU ranks: predicted against measured peak per probe."""
     from sweep.memory.predictor import peak_line

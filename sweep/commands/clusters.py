@@ -39,9 +39,11 @@ def _cost(profile: ClusterProfile) -> str:
 
 def _power(profile: ClusterProfile) -> str:
     """'limit 700 W · $0.12/kWh · PUE 1.3' from the profile's power keys; - when it sets none."""
-    parts = ([f"limit {profile.power_limit_w:g} W"] if profile.power_limit_w is not None else []) + \
-        ([f"${profile.power_cost_per_kwh:g}/kWh"] if profile.power_cost_per_kwh is not None else []) + \
-        ([f"PUE {profile.pue:g}"] if profile.pue is not None else [])
+    parts = (
+        ([f"limit {profile.power_limit_w:g} W"] if profile.power_limit_w is not None else [])
+        + ([f"${profile.power_cost_per_kwh:g}/kWh"] if profile.power_cost_per_kwh is not None else [])
+        + ([f"PUE {profile.pue:g}"] if profile.pue is not None else [])
+    )
     return " · ".join(parts) or _NONE
 
 
@@ -52,13 +54,19 @@ def list_clusters() -> None:
     from clusters import load_profile, profile_names
 
     # in words: "dim" (the style of a datasheet figure) means nothing without colour, or in a pasted table
-    table = Table(caption="memory: the profile's memory_per_device, else the datasheet figure",
-                  caption_justify="left")
+    table = Table(caption="memory: the profile's memory_per_device, else the datasheet figure", caption_justify="left")
     for header in ("name", "accelerator", "nodes × gpus", "memory", "ray address", "$/GPU-h"):
         table.add_column(header, no_wrap=True)
     for name in profile_names():
         profile = load_profile(name)
-        cells = (profile.name, profile.accelerator, _ranks(profile), _memory(profile), profile.ray_address, _cost(profile))
+        cells = (
+            profile.name,
+            profile.accelerator,
+            _ranks(profile),
+            _memory(profile),
+            profile.ray_address,
+            _cost(profile),
+        )
         table.add_row(*(cell if isinstance(cell, Text) else Text(cell) for cell in cells))
     Console().print(table)
 
@@ -66,7 +74,9 @@ def list_clusters() -> None:
 @app.command("show")
 @user_errors
 def show_cluster(
-    name_or_path: Annotated[str, typer.Argument(help="A profile name (see `sweep clusters list`) or a path to a YAML file.")],
+    name_or_path: Annotated[
+        str, typer.Argument(help="A profile name (see `sweep clusters list`) or a path to a YAML file.")
+    ],
 ) -> None:
     """Show a profile as sweep resolves it, with its accelerator's peaks and their sources."""
     from clusters import PRECISION_FAMILIES, load_profile
@@ -85,7 +95,9 @@ def show_cluster(
         "cpus per rank": str(profile.cpus_per_rank),
         "memory/device": memory,
         "fp8 flavour": accelerator.fp8_flavour or _NONE,
-        "compute capability": _NONE if accelerator.compute_capability is None else f"{accelerator.compute_capability:.1f}",
+        "compute capability": _NONE
+        if accelerator.compute_capability is None
+        else f"{accelerator.compute_capability:.1f}",
         "cost": _cost(profile) + (" per GPU-hour" if profile.cost_per_gpu_hour is not None else ""),
         "power": _power(profile),
         "trial timeout": _NONE if profile.timeout_s is None else f"{profile.timeout_s:g} s",
@@ -109,8 +121,9 @@ def show_cluster(
     peaks.add_column("source")
     for family in PRECISION_FAMILIES:
         peak = profile.peak_tflops(family)
-        source = accelerator.sources.get(family) or (f"no {family.upper()}: those recipes are unsupported on "
-                                                     f"{accelerator.name}" if peak is None else _NONE)
+        source = accelerator.sources.get(family) or (
+            f"no {family.upper()}: those recipes are unsupported on {accelerator.name}" if peak is None else _NONE
+        )
         peaks.add_row(family, _NONE if peak is None else f"{peak:g}", Text(source))
     if "memory_gib" in accelerator.sources:
         peaks.caption = Text(f"memory: {accelerator.sources['memory_gib']}")

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,14 +24,29 @@ if TYPE_CHECKING:
 
 app = typer.Typer(no_args_is_help=True, help="Aggregate, compare, export and plot result datasets.")
 
-Directory = Annotated[Path, typer.Argument(help="Result directory written by `sweep run` (cluster=*/run=*/*.parquet).", show_default=False)]
-Where = Annotated[Optional[list[str]], typer.Option(
-    "--where", "-w", metavar="EXPR", show_default=False,
-    help="Filter COLUMN OP VALUE with OP one of = != > >= < <= (precision=bf16, batch_size>=4, status!=ok, "
-         "precision=bf16,fp8-te). Repeatable; all apply.")]
-SkipBad = Annotated[bool, flag(
-    "--skip-bad", help="Read the other files when a .parquet file is unreadable or not a sweep result (a warning "
-                       "names each one skipped). Without it, such a file is an error.")]
+Directory = Annotated[
+    Path,
+    typer.Argument(help="Result directory written by `sweep run` (cluster=*/run=*/*.parquet).", show_default=False),
+]
+Where = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--where",
+        "-w",
+        metavar="EXPR",
+        show_default=False,
+        help="Filter COLUMN OP VALUE with OP one of = != > >= < <= (precision=bf16, batch_size>=4, status!=ok, "
+        "precision=bf16,fp8-te). Repeatable; all apply.",
+    ),
+]
+SkipBad = Annotated[
+    bool,
+    flag(
+        "--skip-bad",
+        help="Read the other files when a .parquet file is unreadable or not a sweep result (a warning "
+        "names each one skipped). Without it, such a file is an error.",
+    ),
+]
 
 
 class TableFormat(str, Enum):
@@ -68,18 +83,35 @@ class By(str, Enum):
 
 # The FLOP conventions of trainer.flops (pure, light to import): how a table's TFLOP/s and MFU are counted.
 FlopConvention = Enum("FlopConvention", {name: name for name in CONVENTIONS}, type=str)
-Flops = Annotated[FlopConvention, typer.Option(
-    "--flops", help="Count TFLOP/s and MFU as this tool does: "
-                    + "; ".join(f"{name}: {text}" for name, (_, text) in CONVENTIONS.items())
-                    + ". Recounted from each row's model spec; the table says which.")]
-Format = Annotated[TableFormat, typer.Option("--format", "-f", help="table: Rich table; md: GitHub markdown; csv: raw numbers.")]
+Flops = Annotated[
+    FlopConvention,
+    typer.Option(
+        "--flops",
+        help="Count TFLOP/s and MFU as this tool does: "
+        + "; ".join(f"{name}: {text}" for name, (_, text) in CONVENTIONS.items())
+        + ". Recounted from each row's model spec; the table says which.",
+    ),
+]
+Format = Annotated[
+    TableFormat, typer.Option("--format", "-f", help="table: Rich table; md: GitHub markdown; csv: raw numbers.")
+]
 # Rich renders about 300 table rows a second: a terminal table stops here, md and csv never do.
-Limit = Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows of a terminal table (0: all). md and csv print every row.")]
+Limit = Annotated[
+    int, typer.Option("--limit", "-n", min=0, help="Rows of a terminal table (0: all). md and csv print every row.")
+]
 
 
-def _emit(rows: list[dict[str, Any]], cols: list[Col], fmt: TableFormat, title: str, note: str = "",
-          always: Sequence[str] = (), csv_columns: list[str] | None = None, limit: int = 0,
-          footer: Callable[[], str] | None = None) -> None:
+def _emit(
+    rows: list[dict[str, Any]],
+    cols: list[Col],
+    fmt: TableFormat,
+    title: str,
+    note: str = "",
+    always: Sequence[str] = (),
+    csv_columns: list[str] | None = None,
+    limit: int = 0,
+    footer: Callable[[], str] | None = None,
+) -> None:
     """Print ``rows`` as ``fmt``; ``footer()`` (the provenance) goes under a markdown table."""
     from sweep.results import render
 
@@ -109,21 +141,37 @@ def show(
     from sweep.results import aggregate, energy_view, intervals, loss_at, recount, render
 
     cols = energy_view.with_energy(render.SHOW_COLS, energy_view.SHOW_COLS, before="loss_last")
-    columns = [c.key for c in cols if c is not render.LOSS_AT] + ["loss_first", "started_at", "run_id", *aggregate.LOSS_CURVES]
+    columns = [c.key for c in cols if c is not render.LOSS_AT] + [
+        "loss_first",
+        "started_at",
+        "run_id",
+        *aggregate.LOSS_CURVES,
+    ]
     table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value, row_id=True)
     rows, tokens, total = aggregate.show_rows(table, limit)  # tokens, total: over every selected row
     rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in rows]
     more = "" if total <= len(rows) else f"{total - len(rows)} more rows not printed: --limit 0 for all, or --where"
     losses_at = loss_at.note({tokens} - {None}, "every ok row")
     notes = (recount.caption(flops.value), intervals.ci_note(rows), losses_at, more)
-    render.rich_table(rows, cols, f"{directory}: {len(rows)} of {total} rows",
-                      note=" · ".join(p for p in notes if p), selected=aggregate.distinct_configs(table))
+    render.rich_table(
+        rows,
+        cols,
+        f"{directory}: {len(rows)} of {total} rows",
+        note=" · ".join(p for p in notes if p),
+        selected=aggregate.distinct_configs(table),
+    )
 
 
 @app.command("max-batch")
 @user_errors
-def max_batch(directory: Directory, where: Where = None, fmt: Format = TableFormat.table, limit: Limit = 200,
-              flops: Flops = FlopConvention.sweep, skip_bad: SkipBad = False) -> None:
+def max_batch(
+    directory: Directory,
+    where: Where = None,
+    fmt: Format = TableFormat.table,
+    limit: Limit = 200,
+    flops: Flops = FlopConvention.sweep,
+    skip_bad: SkipBad = False,
+) -> None:
     """Largest batch that fits per model × precision × compile × ac × seq_len × GPUs × cluster.
 
     Also the smallest batch above it that ran out of memory, and the fastest batch (highest median
@@ -135,25 +183,49 @@ def max_batch(directory: Directory, where: Where = None, fmt: Format = TableForm
     rows = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
     table = aggregate.max_batch_table(aggregate.config_table(rows, aggregate.MAX_BATCH_INPUTS))
     groups = table.to_pylist()
-    _emit(groups, render.max_batch_cols(groups), fmt, f"{directory}: largest batch per GPU that fits",
-          recount.caption(flops.value), csv_columns=table.column_names, limit=limit,
-          footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
+    _emit(
+        groups,
+        render.max_batch_cols(groups),
+        fmt,
+        f"{directory}: largest batch per GPU that fits",
+        recount.caption(flops.value),
+        csv_columns=table.column_names,
+        limit=limit,
+        footer=lambda: provenance.markdown(rows, recount.formula(flops.value)),
+    )
 
 
 @app.command()
 @user_errors
 def compare(
     directory: Directory,
-    baseline: Annotated[Optional[str], typer.Option(
-        "--baseline", "-b", show_default=False,
-        help="The value of --by to divide by. Default: bf16, compile none, ac none, reduce_dtype fp32, grad_sync "
-             "micro_batch, tp 1, dp_replicate 1; --by cluster needs one.")] = None,
-    by: Annotated[By, typer.Option("--by", help="The config key that varies: everything else stays the same "
-                                               "(precisions on one cluster, clusters for one precision, ...).")] = By.precision,
-    best: Annotated[bool, flag(
-        "--best", help="Each precision at its best against the baseline's best, per model × seq_len × GPUs × cluster, "
-                       "whatever their batch and options: a fastest search's measured best where one ran "
-                       "(_search/*.json), else the fastest ok config.")] = False,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            "-b",
+            show_default=False,
+            help="The value of --by to divide by. Default: bf16, compile none, ac none, reduce_dtype fp32, grad_sync "
+            "micro_batch, tp 1, dp_replicate 1; --by cluster needs one.",
+        ),
+    ] = None,
+    by: Annotated[
+        By,
+        typer.Option(
+            "--by",
+            help="The config key that varies: everything else stays the same "
+            "(precisions on one cluster, clusters for one precision, ...).",
+        ),
+    ] = By.precision,
+    best: Annotated[
+        bool,
+        flag(
+            "--best",
+            help="Each precision at its best against the baseline's best, per model × seq_len × GPUs × cluster, "
+            "whatever their batch and options: a fastest search's measured best where one ran "
+            "(_search/*.json), else the fastest ok config.",
+        ),
+    ] = False,
     where: Where = None,
     fmt: Format = TableFormat.table,
     limit: Limit = 200,
@@ -174,11 +246,16 @@ def compare(
     from sweep.results import aggregate, energy, energy_view, loss_at, provenance, recount, render
 
     if best:
-        return _compare_best(directory, baseline or aggregate.COMPARE_BY["precision"], by, where, fmt, limit, flops,
-                             skip_bad)
-    rows = aggregate.load_rows(directory, where or (), skip_bad,
-                               ("cost_per_gpu_hour", *energy.PRICES, *aggregate.LOSS_CURVES, *provenance.COLUMNS),
-                               flops.value)
+        return _compare_best(
+            directory, baseline or aggregate.COMPARE_BY["precision"], by, where, fmt, limit, flops, skip_bad
+        )
+    rows = aggregate.load_rows(
+        directory,
+        where or (),
+        skip_bad,
+        ("cost_per_gpu_hour", *energy.PRICES, *aggregate.LOSS_CURVES, *provenance.COLUMNS),
+        flops.value,
+    )
     configs, costs, prices = aggregate.compare_inputs(rows, by.value)
     present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
     baseline = _baseline(directory, by, baseline, present)
@@ -190,15 +267,26 @@ def compare(
     tokens = {p["loss_at_tokens"] for p in pairs} - {None}
     unknown = sorted(c for c, v in (costs or {}).items() if v is None)
     with_cost = costs is not None and len(unknown) < len(costs)
-    note = " · ".join([recount.caption(flops.value)]
-                      + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else [])
-                      + ([loss_at.note(tokens)] if tokens else []))
-    cols = (render.compare_cols(by.value, baseline, with_cost, tokens_column=len(tokens) > 1)
-            + energy_view.compare_cols(baseline, with_cost))
+    note = " · ".join(
+        [recount.caption(flops.value)]
+        + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else [])
+        + ([loss_at.note(tokens)] if tokens else [])
+    )
+    cols = render.compare_cols(by.value, baseline, with_cost, tokens_column=len(tokens) > 1) + energy_view.compare_cols(
+        baseline, with_cost
+    )
     title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
-    _emit(pairs, cols, fmt, title, note, always=(by.value,), limit=limit,
-          csv_columns=[*energy.drop_empty(table).column_names, "loss_at_tokens", "loss_at", "base_loss_at"],
-          footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
+    _emit(
+        pairs,
+        cols,
+        fmt,
+        title,
+        note,
+        always=(by.value,),
+        limit=limit,
+        csv_columns=[*energy.drop_empty(table).column_names, "loss_at_tokens", "loss_at", "base_loss_at"],
+        footer=lambda: provenance.markdown(rows, recount.formula(flops.value)),
+    )
 
 
 def _baseline(directory: Path, by: By, given: str | None, present: list[Any]) -> Any:
@@ -208,28 +296,41 @@ def _baseline(directory: Path, by: By, given: str | None, present: list[Any]) ->
 
     baseline = aggregate.typed_baseline(by.value, given)
     if len(present) < 2:  # whatever the baseline, default or given: there is no other side
-        raise UserError(f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}")
+        raise UserError(
+            f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}"
+        )
     if baseline is None:
         if by is By.cluster:
             raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
         baseline = aggregate.COMPARE_BY[by.value]
         if baseline not in present:
-            raise UserError(f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
-                            f"--baseline, one of: {', '.join(map(str, present))}")
+            raise UserError(
+                f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
+                f"--baseline, one of: {', '.join(map(str, present))}"
+            )
     return baseline
 
 
 BEST_REACH = ("loss_reached", "base_loss_reached")  # read by best_losses, printed as loss_at_tokens
 
 
-def _compare_best(directory: Path, baseline: str, by: By, where: list[str] | None, fmt: TableFormat, limit: int,
-                  flops: FlopConvention, skip_bad: bool) -> None:
+def _compare_best(
+    directory: Path,
+    baseline: str,
+    by: By,
+    where: list[str] | None,
+    fmt: TableFormat,
+    limit: int,
+    flops: FlopConvention,
+    skip_bad: bool,
+) -> None:
     from sweep.results import aggregate, best, loss_at, provenance, recount, verdicts
 
     if by is not By.precision:
         raise UserError(f"--best compares precisions, each at its best; leave out --by {by.value}")
-    rows = aggregate.load_rows(directory, where or (), skip_bad, ("trial_id", *aggregate.LOSS_CURVES, *provenance.COLUMNS),
-                               flops.value)
+    rows = aggregate.load_rows(
+        directory, where or (), skip_bad, ("trial_id", *aggregate.LOSS_CURVES, *provenance.COLUMNS), flops.value
+    )
     finalists = verdicts.finalists(verdicts.load(directory))
     table = best.best_table(rows, baseline, finalists)
     if table.num_rows == 0:
@@ -238,13 +339,29 @@ def _compare_best(directory: Path, baseline: str, by: By, where: list[str] | Non
     pairs = best.best_losses(table.to_pylist(), rows, baseline, finalists, printed)
     tokens = {p["loss_at_tokens"] for p in pairs} - {None}
     title = f"{directory}: each precision at its best vs {baseline} at its best (TFLOP/s/GPU)"
-    note = " · ".join([recount.caption(flops.value),
-                       "best: a fastest search's measured best, else the config with the fastest median of its ok attempts"]
-                      + ([loss_at.note(tokens)] if tokens else []))
-    _emit(pairs, verdicts.best_cols(baseline, tokens_column=len(tokens) > 1), fmt, title, note, always=("precision",),
-          csv_columns=[*(c for c in table.column_names if c not in BEST_REACH), "loss_at_tokens", "loss_at",
-                       "base_loss_at"], limit=limit,
-          footer=lambda: provenance.markdown(rows, recount.formula(flops.value)))
+    note = " · ".join(
+        [
+            recount.caption(flops.value),
+            "best: a fastest search's measured best, else the config with the fastest median of its ok attempts",
+        ]
+        + ([loss_at.note(tokens)] if tokens else [])
+    )
+    _emit(
+        pairs,
+        verdicts.best_cols(baseline, tokens_column=len(tokens) > 1),
+        fmt,
+        title,
+        note,
+        always=("precision",),
+        csv_columns=[
+            *(c for c in table.column_names if c not in BEST_REACH),
+            "loss_at_tokens",
+            "loss_at",
+            "base_loss_at",
+        ],
+        limit=limit,
+        footer=lambda: provenance.markdown(rows, recount.formula(flops.value)),
+    )
 
 
 @app.command()
@@ -259,8 +376,10 @@ def verdicts(directory: Directory) -> None:
 
     found = saved.load(directory)
     if not found:
-        raise UserError(f"{directory}: no saved search verdicts (_search/*.json); `sweep max-batch` and grids with "
-                        "`search: fastest` write them")
+        raise UserError(
+            f"{directory}: no saved search verdicts (_search/*.json); `sweep max-batch` and grids with "
+            "`search: fastest` write them"
+        )
     saved.print_tables(found)
 
 
@@ -268,8 +387,13 @@ def verdicts(directory: Directory) -> None:
 @user_errors
 def export(
     directory: Directory,
-    fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="md: table to paste in a GitHub issue; csv: the same numbers, unrounded.")] = ExportFormat.md,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write here instead of stdout.", show_default=False)] = None,
+    fmt: Annotated[
+        ExportFormat,
+        typer.Option("--format", "-f", help="md: table to paste in a GitHub issue; csv: the same numbers, unrounded."),
+    ] = ExportFormat.md,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write here instead of stdout.", show_default=False)
+    ] = None,
     where: Where = None,
     flops: Flops = FlopConvention.sweep,
     skip_bad: SkipBad = False,
@@ -292,8 +416,9 @@ def export(
     if fmt is ExportFormat.md:
         note = " · ".join(p for p in (recount.caption(flops.value), intervals.ci_note(rows)) if p)
         cols = energy_view.with_energy(render.EXPORT_COLS, energy_view.EXPORT_COLS, before="peak_mem_gib")
-        text = (render.markdown(rows, cols, note=note) + "\n"
-                + provenance.markdown(attempts, recount.formula(flops.value)))
+        text = (
+            render.markdown(rows, cols, note=note) + "\n" + provenance.markdown(attempts, recount.formula(flops.value))
+        )
     else:
         text = render.csv_text(rows, table.column_names)
     if out is None:
@@ -314,9 +439,14 @@ def plot(
     out: Annotated[Path, typer.Option("--out", "-o", help="Image file (.png, .svg, .pdf).", show_default=False)],
     where: Where = None,
     skip_bad: SkipBad = False,
-    metric: Annotated[PlotMetric, typer.Option(
-        "--metric", help="The top panels' y axis: tflops (TFLOP/s/GPU) or tokens-per-kwh (energy efficiency, "
-                         "where rows measured energy).")] = PlotMetric.tflops,
+    metric: Annotated[
+        PlotMetric,
+        typer.Option(
+            "--metric",
+            help="The top panels' y axis: tflops (TFLOP/s/GPU) or tokens-per-kwh (energy efficiency, "
+            "where rows measured energy).",
+        ),
+    ] = PlotMetric.tflops,
 ) -> None:
     """Plot TFLOP/s/GPU (or tokens per kWh: --metric) vs batch size per precision and, below it, the largest batch
     that fits.
@@ -335,15 +465,29 @@ def plot(
 @user_errors
 def query(
     directory: Directory,
-    statement: Annotated[str, typer.Argument(metavar="SQL", help="DuckDB SQL over the table `results` (one row per attempt).", show_default=False)],
-    fmt: Annotated[QueryFormat, typer.Option("--format", "-f", help="table: Rich table; csv: every row.")] = QueryFormat.table,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows to print as a table (0: all); the query "
-                                                                    "stops after them.")] = 100,
-    memory_limit: Annotated[str, typer.Option(
-        "--memory-limit", help="DuckDB's memory for the statement (e.g. 2GB, 512MiB); past it DuckDB spills to "
-                               "disk or the statement stops.")] = "2GB",
-    timeout: Annotated[str, typer.Option("--timeout", help="Stop the statement after this long (e.g. 60s, 5m; "
-                                                           "0: no limit).")] = "60s",
+    statement: Annotated[
+        str,
+        typer.Argument(
+            metavar="SQL", help="DuckDB SQL over the table `results` (one row per attempt).", show_default=False
+        ),
+    ],
+    fmt: Annotated[
+        QueryFormat, typer.Option("--format", "-f", help="table: Rich table; csv: every row.")
+    ] = QueryFormat.table,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=0, help="Rows to print as a table (0: all); the query stops after them.")
+    ] = 100,
+    memory_limit: Annotated[
+        str,
+        typer.Option(
+            "--memory-limit",
+            help="DuckDB's memory for the statement (e.g. 2GB, 512MiB); past it DuckDB spills to "
+            "disk or the statement stops.",
+        ),
+    ] = "2GB",
+    timeout: Annotated[
+        str, typer.Option("--timeout", help="Stop the statement after this long (e.g. 60s, 5m; 0: no limit).")
+    ] = "60s",
     skip_bad: SkipBad = False,
 ) -> None:
     """Run SQL in DuckDB, e.g. "SELECT precision, median(tflops_per_gpu) FROM results GROUP BY ALL".
@@ -351,8 +495,8 @@ def query(
     One statement, within --memory-limit and --timeout (Ctrl-C stops it too).
     """
     from clusters.schema import parse_memory_size
-
-    from sweep.results import query as q, render
+    from sweep.results import query as q
+    from sweep.results import render
 
     try:
         memory = parse_memory_size(memory_limit)

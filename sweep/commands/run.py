@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,20 +27,48 @@ class Compile(str, Enum):
     full = "full"
 
 
-GridArg = Annotated[Optional[Path], typer.Argument(
-    help="Grid YAML. An axis option below (--model, --precision, ...) replaces that axis of the grid: it does not "
-         "add to it.", show_default=False)]
+GridArg = Annotated[
+    Path | None,
+    typer.Argument(
+        help="Grid YAML. An axis option below (--model, --precision, ...) replaces that axis of the grid: it does not "
+        "add to it.",
+        show_default=False,
+    ),
+]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster profile name or YAML path.")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Result dataset folder.")]
-CapOpt = Annotated[Optional[str], typer.Option("--memory-cap", help="Per-rank memory cap, e.g. 80GiB: "
-                                               "allocations past it really fail (what fits on a smaller card?).")]
+CapOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-cap",
+        help="Per-rank memory cap, e.g. 80GiB: allocations past it really fail (what fits on a smaller card?).",
+    ),
+]
 ProgressOpt = Annotated[bool, flag(help="Show a progress bar.")]
-FreshOpt = Annotated[bool, flag("--fresh-actors", help="New rank processes for every trial, instead of warm "
-                                        "ones that run trials of one kind one after the other.")]
-ProfileOpt = Annotated[bool, flag("--profile", help="After the measured steps, trace a few more with "
-                                          "torch.profiler: a trace file beside each row, and where the step time goes.")]
-NoPredictOpt = Annotated[bool, flag("--no-predict", help="Run trials whose predicted peak memory exceeds a GPU "
-                                             "rank's memory (else recorded unsupported without GPU time).")]
+FreshOpt = Annotated[
+    bool,
+    flag(
+        "--fresh-actors",
+        help="New rank processes for every trial, instead of warm "
+        "ones that run trials of one kind one after the other.",
+    ),
+]
+ProfileOpt = Annotated[
+    bool,
+    flag(
+        "--profile",
+        help="After the measured steps, trace a few more with "
+        "torch.profiler: a trace file beside each row, and where the step time goes.",
+    ),
+]
+NoPredictOpt = Annotated[
+    bool,
+    flag(
+        "--no-predict",
+        help="Run trials whose predicted peak memory exceeds a GPU "
+        "rank's memory (else recorded unsupported without GPU time).",
+    ),
+]
 StartOpt = Annotated[int, typer.Option(min=1, help="First batch to probe.")]
 
 
@@ -54,27 +82,43 @@ class Axes:
     """The grid's axes as options of `sweep run`, `plan` and `max-batch` (a field here is an option on each):
     one given replaces that axis of the grid file."""
 
-    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Model (repeatable).")] = _axis("models")
-    precision: Annotated[Optional[list[str]], typer.Option(
-        "--precision", "-p", help="Precision recipe (repeatable).")] = _axis("precisions")
-    batch_size: Annotated[Optional[list[int]], typer.Option(
-        "--batch-size", "-b", help="Per-GPU batch (repeatable).")] = _axis("batch_sizes")
-    compile: Annotated[Optional[list[Compile]], typer.Option("--compile", help="Compile mode (repeatable).")] = _axis("compile")
-    seq_len: Annotated[Optional[list[int]], typer.Option("--seq-len", help="Sequence length (repeatable).")] = _axis("seq_len")
-    gpus: Annotated[Optional[list[int]], typer.Option("--gpus", help="Ranks per trial (repeatable).")] = _axis("gpus")
-    grad_accum: Annotated[Optional[list[int]], typer.Option(
-        "--grad-accum", help="Micro-batches per optimizer step (repeatable).")] = _axis("grad_accum")
-    dp_replicate: Annotated[Optional[list[int]], typer.Option(
-        "--dp-replicate", help="HSDP replicas of the sharded model (repeatable).")] = _axis("dp_replicate")
-    tp: Annotated[Optional[list[int]], typer.Option(
-        "--tp", help="Tensor-parallel ranks, with sequence parallel (repeatable).")] = _axis("tp")
-    cp: Annotated[Optional[list[int]], typer.Option(
-        "--cp", help="Context-parallel ranks: not built (no CPU path in torch 2.13), 1 only (repeatable).")] = _axis("cp")
+    model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model (repeatable).")] = _axis("models")
+    precision: Annotated[list[str] | None, typer.Option("--precision", "-p", help="Precision recipe (repeatable).")] = (
+        _axis("precisions")
+    )
+    batch_size: Annotated[list[int] | None, typer.Option("--batch-size", "-b", help="Per-GPU batch (repeatable).")] = (
+        _axis("batch_sizes")
+    )
+    compile: Annotated[list[Compile] | None, typer.Option("--compile", help="Compile mode (repeatable).")] = _axis(
+        "compile"
+    )
+    seq_len: Annotated[list[int] | None, typer.Option("--seq-len", help="Sequence length (repeatable).")] = _axis(
+        "seq_len"
+    )
+    gpus: Annotated[list[int] | None, typer.Option("--gpus", help="Ranks per trial (repeatable).")] = _axis("gpus")
+    grad_accum: Annotated[
+        list[int] | None, typer.Option("--grad-accum", help="Micro-batches per optimizer step (repeatable).")
+    ] = _axis("grad_accum")
+    dp_replicate: Annotated[
+        list[int] | None, typer.Option("--dp-replicate", help="HSDP replicas of the sharded model (repeatable).")
+    ] = _axis("dp_replicate")
+    tp: Annotated[
+        list[int] | None, typer.Option("--tp", help="Tensor-parallel ranks, with sequence parallel (repeatable).")
+    ] = _axis("tp")
+    cp: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--cp", help="Context-parallel ranks: not built (no CPU path in torch 2.13), 1 only (repeatable)."
+        ),
+    ] = _axis("cp")
 
     def grid_data(self) -> dict[str, Any]:
         """The axes given, as a grid file writes them."""
-        return {f.metadata["grid"]: [v.value if isinstance(v, Enum) else v for v in values]
-                for f in fields(self) if (values := getattr(self, f.name))}
+        return {
+            f.metadata["grid"]: [v.value if isinstance(v, Enum) else v for v in values]
+            for f in fields(self)
+            if (values := getattr(self, f.name))
+        }
 
     def search_data(self, start: int) -> dict[str, Any]:
         """The axes of a search from options alone (`sweep max-batch`, `sweep tune`): `start` its one batch."""
@@ -84,13 +128,20 @@ class Axes:
 @app.command()
 @user_errors
 @dataclass_options()
-def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(),
-        output: OutputOpt = Path("results"), memory_cap: CapOpt = None,
-        resume: Annotated[bool, flag(help="Skip attempts already recorded in --output.")] = False,
-        max_concurrent: Annotated[Optional[int], typer.Option(min=1, help="At most this many trials at once.")] = None,
-        progress: ProgressOpt = True, fresh_actors: FreshOpt = False, profile_steps: ProfileOpt = False,
-        no_predict: NoPredictOpt = False,
-        yes: Annotated[bool, flag("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False) -> None:
+def run(
+    grid: GridArg = None,
+    cluster: ClusterOpt = "local",
+    axes: Axes = Axes(),
+    output: OutputOpt = Path("results"),
+    memory_cap: CapOpt = None,
+    resume: Annotated[bool, flag(help="Skip attempts already recorded in --output.")] = False,
+    max_concurrent: Annotated[int | None, typer.Option(min=1, help="At most this many trials at once.")] = None,
+    progress: ProgressOpt = True,
+    fresh_actors: FreshOpt = False,
+    profile_steps: ProfileOpt = False,
+    no_predict: NoPredictOpt = False,
+    yes: Annotated[bool, flag("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False,
+) -> None:
     """Run a grid of trials and write one Parquet row per attempt."""
     from sweep.errors import UserError
     from sweep.spec.advice import LARGE_GRID, needs_confirmation
@@ -98,21 +149,43 @@ def run(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes()
     extra = ({"profile": True} if profile_steps else {}) | ({"predict_memory": False} if no_predict else {})
     profile, spec, trials = service.prepare(grid, cluster, memory_cap, axes.grid_data() | extra)
     if needs_confirmation(trials) and not yes:
-        raise UserError(f"{len(trials)} trials (more than {LARGE_GRID}): check the grid with `sweep plan`, "
-                        f"then run it with --yes")
+        raise UserError(
+            f"{len(trials)} trials (more than {LARGE_GRID}): check the grid with `sweep plan`, then run it with --yes"
+        )
     predictor = service.load_predictor(profile, output)
     plan = service.make_plan(spec, trials, profile, predictor=predictor)
-    execute(plan, trials, profile, output, predictor=predictor, grid_name=spec.name, resume=resume,
-            max_concurrent=max_concurrent, progress=progress, reuse_actors=spec.reuse_actors and not fresh_actors)
+    execute(
+        plan,
+        trials,
+        profile,
+        output,
+        predictor=predictor,
+        grid_name=spec.name,
+        resume=resume,
+        max_concurrent=max_concurrent,
+        progress=progress,
+        reuse_actors=spec.reuse_actors and not fresh_actors,
+    )
 
 
 @app.command()
 @user_errors
 @dataclass_options()
-def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(), memory_cap: CapOpt = None,
-         no_predict: NoPredictOpt = False,
-         output: Annotated[Path, typer.Option("--output", "-o", help="Result dataset folder whose clean rows of this "
-                                              "cluster calibrate the predicted peak memory.")] = Path("results")) -> None:
+def plan(
+    grid: GridArg = None,
+    cluster: ClusterOpt = "local",
+    axes: Axes = Axes(),
+    memory_cap: CapOpt = None,
+    no_predict: NoPredictOpt = False,
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Result dataset folder whose clean rows of this cluster calibrate the predicted peak memory.",
+        ),
+    ] = Path("results"),
+) -> None:
     """Show the trials a grid expands to, and which cannot run here and why. Nothing runs."""
     from rich.console import Console
 
@@ -122,11 +195,17 @@ def plan(grid: GridArg = None, cluster: ClusterOpt = "local", axes: Axes = Axes(
     options = axes.grid_data() | ({"predict_memory": False} if no_predict else {})
     profile, spec, trials = service.prepare(grid, cluster, memory_cap, options)
     predictor = service.load_predictor(profile, output)
-    service.make_plan(spec, trials, profile, predictor=predictor)  # a search's own checks (a tune budget or global batch)
+    service.make_plan(
+        spec, trials, profile, predictor=predictor
+    )  # a search's own checks (a tune budget or global batch)
     rows, reasons = _plan_rows(trials, predictor)
     search = {"max_batch": " — max-batch search", "fastest": " — fastest-configuration search"}.get(spec.search, "")
-    render.plan_table(rows, f"{plural(len(trials), 'trial')} on {profile.name} ({profile.accelerator}, "
-                            f"{plural(profile.total_ranks, 'rank')})" + search, reasons)
+    render.plan_table(
+        rows,
+        f"{plural(len(trials), 'trial')} on {profile.name} ({profile.accelerator}, "
+        f"{plural(profile.total_ranks, 'rank')})" + search,
+        reasons,
+    )
     lines = predictor.max_batch_lines(trials)
     for line in ([predictor.basis()] if lines else []) + lines:
         Console().print(line, soft_wrap=True, markup=False)
@@ -152,28 +231,53 @@ def _plan_rows(trials: list[Trial], predictor: Predictor) -> tuple[list[dict[str
         reason = unsupported(t, predictor.profile, predictor.calibration)
         if reason is not None:
             reasons.setdefault(reason, len(reasons) + 1)
-        rows.append({"trial_id": t.trial_id[:8], "model": t.model.label, "params": param_count(t.model.n_params()),
-                     "precision": t.precision, "compile": t.compile, "ac": t.ac, "batch": str(t.batch_size),
-                     "seq": str(t.seq_len), "gpus": str(t.gpus), "options": t.options_text().replace(" ", "\n") or "-",
-                     "predicted": _predicted_cell(t, predictor),
-                     "runs": "yes" if reason is None else f"[yellow]no ({reasons[reason]})[/yellow]"})
+        rows.append(
+            {
+                "trial_id": t.trial_id[:8],
+                "model": t.model.label,
+                "params": param_count(t.model.n_params()),
+                "precision": t.precision,
+                "compile": t.compile,
+                "ac": t.ac,
+                "batch": str(t.batch_size),
+                "seq": str(t.seq_len),
+                "gpus": str(t.gpus),
+                "options": t.options_text().replace(" ", "\n") or "-",
+                "predicted": _predicted_cell(t, predictor),
+                "runs": "yes" if reason is None else f"[yellow]no ({reasons[reason]})[/yellow]",
+            }
+        )
     return rows, reasons
 
 
 @app.command("max-batch")
 @user_errors
 @dataclass_options(skip=("batch_size",))  # the search picks the batches, from --start
-def max_batch(cluster: ClusterOpt = "local", axes: Axes = Axes(),
-              start: StartOpt = 1,
-              step: Annotated[int, typer.Option(min=1, help="Granularity: stop when B ok and B+step oom.")] = 1,
-              warmup: Annotated[int, typer.Option(min=0)] = 2, measure: Annotated[int, typer.Option(min=1)] = 5,
-              output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True,
-              fresh_actors: FreshOpt = False, profile_steps: ProfileOpt = False) -> None:
+def max_batch(
+    cluster: ClusterOpt = "local",
+    axes: Axes = Axes(),
+    start: StartOpt = 1,
+    step: Annotated[int, typer.Option(min=1, help="Granularity: stop when B ok and B+step oom.")] = 1,
+    warmup: Annotated[int, typer.Option(min=0)] = 2,
+    measure: Annotated[int, typer.Option(min=1)] = 5,
+    output: OutputOpt = Path("results"),
+    memory_cap: CapOpt = None,
+    progress: ProgressOpt = True,
+    fresh_actors: FreshOpt = False,
+    profile_steps: ProfileOpt = False,
+) -> None:
     """Find the largest batch that fits, and the fastest, per model and precision."""
     extra = {"search": "max_batch", "steps": {"warmup": warmup, "measure": measure}, "profile": profile_steps}
-    profile, spec, trials = service.prepare_search("max-batch", cluster, memory_cap, axes.search_data(start) | extra,
-                                                   start)
+    profile, spec, trials = service.prepare_search(
+        "max-batch", cluster, memory_cap, axes.search_data(start) | extra, start
+    )
     predictor = service.load_predictor(profile, output)
-    execute(service.make_plan(spec, trials, profile, step=step, predictor=predictor), trials, profile, output,
-            predictor=predictor, progress=progress, reuse_actors=not fresh_actors)
-
+    execute(
+        service.make_plan(spec, trials, profile, step=step, predictor=predictor),
+        trials,
+        profile,
+        output,
+        predictor=predictor,
+        progress=progress,
+        reuse_actors=not fresh_actors,
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -42,32 +42,63 @@ def _steps(value: str) -> int | str:
 @app.command()
 @user_errors
 @dataclass_options(skip=("batch_size",))  # the search picks the batches, from --start
-def tune(cluster: ClusterOpt = "local", axes: Axes = Axes(),
-         vary: Annotated[Optional[list[Option]], typer.Option(
-             help=f"An option the search may change (repeatable; default: {', '.join(DEFAULT_VARY)}). "
-                  "reduce_dtype, grad_sync and fp8_lm_head change the numerics: they vary only when named; "
-                  "tp and dp_replicate: one search per layout.")] = None,
-         budget: Annotated[int, typer.Option(min=1, help="Trial attempts at most per model and precision (and layout).")]
-         = TuneSpec.model_fields["budget"].default,
-         global_batch_tokens: Annotated[Optional[int], typer.Option(
-             min=1, help="Hold micro-batch x grad_accum x ranks x seq_len at this: the best split of one global batch.")]
-         = None,
-         max_cost: Annotated[float, typer.Option(
-             help="GPU time at most, in fresh measured trials of the fastest probe so far (its finals included): "
-                  "a probe predicted past it is skipped, and the verdict lists it.")]
-         = TuneSpec.model_fields["max_cost"].default,
-         start: StartOpt = 1,
-         warmup: Annotated[str, typer.Option(parser=_steps, help=f"Warm-up steps: {_STEPS_HELP}.")] = "auto",
-         measure: Annotated[str, typer.Option(parser=_steps, help=f"Measured steps: {_STEPS_HELP}.")] = "auto",
-         output: OutputOpt = Path("results"), memory_cap: CapOpt = None, progress: ProgressOpt = True,
-         fresh_actors: FreshOpt = False,
-         resume: Annotated[bool, flag(help="Go on from the attempts already recorded in --output: the "
-                                              "search asks for what it asked then, and runs only what is missing.")]
-         = False) -> None:
+def tune(
+    cluster: ClusterOpt = "local",
+    axes: Axes = Axes(),
+    vary: Annotated[
+        list[Option] | None,
+        typer.Option(
+            help=f"An option the search may change (repeatable; default: {', '.join(DEFAULT_VARY)}). "
+            "reduce_dtype, grad_sync and fp8_lm_head change the numerics: they vary only when named; "
+            "tp and dp_replicate: one search per layout."
+        ),
+    ] = None,
+    budget: Annotated[
+        int, typer.Option(min=1, help="Trial attempts at most per model and precision (and layout).")
+    ] = TuneSpec.model_fields["budget"].default,
+    global_batch_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Hold micro-batch x grad_accum x ranks x seq_len at this: the best split of one global batch."
+        ),
+    ] = None,
+    max_cost: Annotated[
+        float,
+        typer.Option(
+            help="GPU time at most, in fresh measured trials of the fastest probe so far (its finals included): "
+            "a probe predicted past it is skipped, and the verdict lists it."
+        ),
+    ] = TuneSpec.model_fields["max_cost"].default,
+    start: StartOpt = 1,
+    warmup: Annotated[str, typer.Option(parser=_steps, help=f"Warm-up steps: {_STEPS_HELP}.")] = "auto",
+    measure: Annotated[str, typer.Option(parser=_steps, help=f"Measured steps: {_STEPS_HELP}.")] = "auto",
+    output: OutputOpt = Path("results"),
+    memory_cap: CapOpt = None,
+    progress: ProgressOpt = True,
+    fresh_actors: FreshOpt = False,
+    resume: Annotated[
+        bool,
+        flag(
+            help="Go on from the attempts already recorded in --output: the "
+            "search asks for what it asked then, and runs only what is missing."
+        ),
+    ] = False,
+) -> None:
     """Find the fastest configuration (batch, activation checkpointing, accumulation, ...) per model and precision."""
-    tune_block = {"vary": [v.value for v in vary or []] or list(DEFAULT_VARY), "budget": budget,
-                  "global_batch_tokens": global_batch_tokens, "max_cost": max_cost}
+    tune_block = {
+        "vary": [v.value for v in vary or []] or list(DEFAULT_VARY),
+        "budget": budget,
+        "global_batch_tokens": global_batch_tokens,
+        "max_cost": max_cost,
+    }
     extra = {"search": "fastest", "tune": tune_block, "steps": {"warmup": warmup, "measure": measure}}
     profile, spec, trials = service.prepare_search("tune", cluster, memory_cap, axes.search_data(start) | extra, start)
-    execute(service.make_plan(spec, trials, profile), trials, profile, output, progress=progress, resume=resume,
-            reuse_actors=not fresh_actors)
+    execute(
+        service.make_plan(spec, trials, profile),
+        trials,
+        profile,
+        output,
+        progress=progress,
+        resume=resume,
+        reuse_actors=not fresh_actors,
+    )

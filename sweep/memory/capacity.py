@@ -23,8 +23,9 @@ def state_bytes_per_rank(n_params: int, ranks: int) -> float:
     return BYTES_PER_PARAM * n_params / ranks
 
 
-def per_rank_memory(*, memory_cap: int | None, memory_per_device: int | None, accelerator: str,
-                    memory_gib: float | None) -> tuple[float, str] | None:
+def per_rank_memory(
+    *, memory_cap: int | None, memory_per_device: int | None, accelerator: str, memory_gib: float | None
+) -> tuple[float, str] | None:
     """The memory one rank may use, in bytes, and how to name it in a reason; None when nothing says.
 
     The trial's memory cap first, else the profile's memory_per_device, else the accelerator's datasheet
@@ -47,8 +48,10 @@ def state_reason(*, n_params: int, ranks: int, memory: tuple[float, str] | None)
     need = state_bytes_per_rank(n_params, ranks)
     if need <= available:
         return None
-    return (f"weights, gradients and AdamW state need {size(need)} per rank ({BYTES_PER_PARAM} B × "
-            f"{param_count(n_params)} params / {ranks} rank{'s' * (ranks != 1)}) > {size(available)} {per}")
+    return (
+        f"weights, gradients and AdamW state need {size(need)} per rank ({BYTES_PER_PARAM} B × "
+        f"{param_count(n_params)} params / {ranks} rank{'s' * (ranks != 1)}) > {size(available)} {per}"
+    )
 
 
 def size(n_bytes: float) -> str:

@@ -75,17 +75,49 @@ class Shape:
     @classmethod
     def of(cls, trial: Trial) -> Shape:
         """From a `sweep.spec.grid.Trial` (its ModelSpec and layout)."""
-        return cls.of_spec(trial.model, precision=trial.precision, batch_size=trial.batch_size, seq_len=trial.seq_len,
-                           ranks=trial.dp_shard * trial.tp, ac=trial.ac, grad_accum=trial.grad_accum, tp=trial.tp)
+        return cls.of_spec(
+            trial.model,
+            precision=trial.precision,
+            batch_size=trial.batch_size,
+            seq_len=trial.seq_len,
+            ranks=trial.dp_shard * trial.tp,
+            ac=trial.ac,
+            grad_accum=trial.grad_accum,
+            tp=trial.tp,
+        )
 
     @classmethod
-    def of_spec(cls, m: ModelSpec, *, precision: str, batch_size: int, seq_len: int, ranks: int, ac: str = "none",
-                grad_accum: int = 1, tp: int = 1) -> Shape:
+    def of_spec(
+        cls,
+        m: ModelSpec,
+        *,
+        precision: str,
+        batch_size: int,
+        seq_len: int,
+        ranks: int,
+        ac: str = "none",
+        grad_accum: int = 1,
+        tp: int = 1,
+    ) -> Shape:
         """From a `trainer.models.specs.ModelSpec` and a layout (a trial's, or a recorded row's)."""
-        return cls(arch=m.arch, n_layers=m.n_layers, d_embd=m.d_embd, n_heads=m.n_heads, vocab_size=m.vocab_size,
-                   n_params=m.n_params(), n_kv_heads=m.n_kv_heads, ffn_hidden=m.ffn_hidden, max_seq_len=m.max_seq_len,
-                   batch_size=batch_size, seq_len=seq_len, ranks=ranks, ac=ac, grad_accum=grad_accum, tp=tp,
-                   fp8_saved=cls.saves_fp8(precision))
+        return cls(
+            arch=m.arch,
+            n_layers=m.n_layers,
+            d_embd=m.d_embd,
+            n_heads=m.n_heads,
+            vocab_size=m.vocab_size,
+            n_params=m.n_params(),
+            n_kv_heads=m.n_kv_heads,
+            ffn_hidden=m.ffn_hidden,
+            max_seq_len=m.max_seq_len,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            ranks=ranks,
+            ac=ac,
+            grad_accum=grad_accum,
+            tp=tp,
+            fp8_saved=cls.saves_fp8(precision),
+        )
 
 
 @dataclass(frozen=True)
@@ -167,8 +199,13 @@ def breakdown(s: Shape) -> Breakdown:
     # with TP the logits stay sharded on the vocabulary, and sequence parallel splits what lives between the
     # matmuls (norms, residuals) as column/row parallel splits what lives inside them: each about 1 / tp
     logits = LOGIT_BYTES * s.batch_size * s.seq_len * s.vocab_size / s.tp
-    return Breakdown(state=fwd_state, compute_copies=copies, activations=activation_bytes(s) / s.tp, logits=logits,
-                     backward_end=16 * s.n_params / s.ranks + copies)
+    return Breakdown(
+        state=fwd_state,
+        compute_copies=copies,
+        activations=activation_bytes(s) / s.tp,
+        logits=logits,
+        backward_end=16 * s.n_params / s.ranks + copies,
+    )
 
 
 def predicted_bytes(s: Shape) -> float:
@@ -225,7 +262,9 @@ class Prediction:
 
     def basis(self) -> str:
         if self.ratio is None:
-            return f"uncalibrated (no clean rows; predicted not to fit only past the memory by {UNCALIBRATED_MARGIN:.0%})"
+            return (
+                f"uncalibrated (no clean rows; predicted not to fit only past the memory by {UNCALIBRATED_MARGIN:.0%})"
+            )
         return f"× {self.ratio:.3f}, the median measured/predicted of {self.rows} clean row{'s' * (self.rows != 1)}"
 
 
@@ -235,15 +274,16 @@ def calibrate(samples: Iterable[Sample]) -> Calibration:
     for x in samples:
         if x.predicted > 0 and x.measured > 0:
             by_kind.setdefault((x.precision, x.compile), []).append(x.measured / x.predicted)
-    return Calibration(ratios={k: statistics.median(v) for k, v in by_kind.items()},
-                       rows={k: len(v) for k, v in by_kind.items()})
+    return Calibration(
+        ratios={k: statistics.median(v) for k, v in by_kind.items()}, rows={k: len(v) for k, v in by_kind.items()}
+    )
 
 
 def leave_one_out(samples: list[Sample]) -> list[float | None]:
     """Each sample's calibrated prediction from the others alone (None: no other sample of its kind)."""
     out: list[float | None] = []
     for i, x in enumerate(samples):
-        ratio = calibrate(samples[:i] + samples[i + 1:]).ratio(x.precision, x.compile)
+        ratio = calibrate(samples[:i] + samples[i + 1 :]).ratio(x.precision, x.compile)
         out.append(None if ratio is None else x.predicted * ratio)
     return out
 

@@ -20,8 +20,21 @@ from sweep.spec.layout import layout_text
 from sweep.spec.trial import Trial
 
 # what a row must say for the calibration to learn from it (store.read_columns reads these alone)
-CALIBRATION_COLUMNS = ("model_spec", "precision", "compile", "ac", "batch_size", "seq_len", "grad_accum", "world_size",
-                       "peak_mem_gib", "status", "alloc_retries", "tp", "dp_shard")
+CALIBRATION_COLUMNS = (
+    "model_spec",
+    "precision",
+    "compile",
+    "ac",
+    "batch_size",
+    "seq_len",
+    "grad_accum",
+    "world_size",
+    "peak_mem_gib",
+    "status",
+    "alloc_retries",
+    "tp",
+    "dp_shard",
+)
 NO_ROWS = Calibration(ratios={}, rows={})
 
 
@@ -35,9 +48,16 @@ def _shape(row: Row) -> Shape:
     assert spec is not None and precision is not None and batch_size is not None and seq_len is not None
     assert ranks is not None
     tp = row.get("tp") or 1
-    return Shape.of_spec(ModelSpec(**json.loads(spec)), precision=precision,
-                         batch_size=batch_size, seq_len=seq_len, ac=row.get("ac") or "none",
-                         grad_accum=row.get("grad_accum") or 1, tp=tp, ranks=ranks * tp)
+    return Shape.of_spec(
+        ModelSpec(**json.loads(spec)),
+        precision=precision,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        ac=row.get("ac") or "none",
+        grad_accum=row.get("grad_accum") or 1,
+        tp=tp,
+        ranks=ranks * tp,
+    )
 
 
 def sample(row: Row) -> Sample | None:
@@ -75,7 +95,10 @@ class Predictor:
     def load(cls, profile: ClusterProfile, output: Path | None) -> Predictor:
         """Calibrated on the clean rows of `profile`'s cluster under `output` (GPU profiles; none read otherwise)."""
         from sweep.record import store
-        rows = store.read_columns(output, CALIBRATION_COLUMNS, cluster=profile.name) if output and profile.is_gpu else []
+
+        rows = (
+            store.read_columns(output, CALIBRATION_COLUMNS, cluster=profile.name) if output and profile.is_gpu else []
+        )
         samples = [s for r in rows if (s := sample(r)) is not None]
         calibration = calibrate(samples)
         return cls(profile=profile, output=output, samples=samples, calibration=calibration, prior=calibration)
@@ -92,8 +115,12 @@ class Predictor:
 
         if not self.profile.is_gpu:
             return None
-        return per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=self.profile.memory_per_device_bytes,
-                               accelerator=self.profile.accelerator, memory_gib=self.profile.accelerator_info.memory_gib)
+        return per_rank_memory(
+            memory_cap=trial.memory_cap_bytes,
+            memory_per_device=self.profile.memory_per_device_bytes,
+            accelerator=self.profile.accelerator,
+            memory_gib=self.profile.accelerator_info.memory_gib,
+        )
 
     def predict(self, trial: Trial) -> Prediction:
         return self.calibration.predict_trial(trial)
@@ -120,9 +147,15 @@ class Predictor:
             precision, compile, batch, status = row["precision"], row["compile"], row["batch_size"], row["status"]
             assert precision is not None and compile is not None and batch is not None and status is not None
             ratio = self.prior.ratio(precision, compile)
-            out.append(ProbePeak(batch=batch, predicted=predicted_bytes(_shape(row)) * (ratio or 1.0),
-                                 measured_gib=row.get("peak_mem_gib") if status == "ok" else None, status=status,
-                                 predicted_oom=is_predicted_oom(cast(dict[str, Any], row))))  # policy takes a dict
+            out.append(
+                ProbePeak(
+                    batch=batch,
+                    predicted=predicted_bytes(_shape(row)) * (ratio or 1.0),
+                    measured_gib=row.get("peak_mem_gib") if status == "ok" else None,
+                    status=status,
+                    predicted_oom=is_predicted_oom(cast(dict[str, Any], row)),
+                )
+            )  # policy takes a dict
         return out
 
     def max_batch_lines(self, trials: Iterable[Trial]) -> list[str]:
@@ -138,8 +171,10 @@ class Predictor:
             basis = f"calibrated on {rows} row{'s' * (rows != 1)}" if rows else "uncalibrated"
             best = self.max_batch(replace(t, predict_memory=True))  # --no-predict still shows what is predicted
             layout = f" as {layout_text(t)}" if layout_text(t) else ""  # e.g. "8 ranks as tp 2"
-            lines.append(f"predicted max batch: {t.model.label} {t.precision} (compile {t.compile}, ac {t.ac}, seq "
-                         f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}{layout}): {best}, {basis}")
+            lines.append(
+                f"predicted max batch: {t.model.label} {t.precision} (compile {t.compile}, ac {t.ac}, seq "
+                f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}{layout}): {best}, {basis}"
+            )
         return lines
 
     def basis(self) -> str:
@@ -164,8 +199,10 @@ def predicted_reason(trial: Trial, memory: tuple[float, str] | None, calibration
     available, per = memory
     if prediction.fits(available):
         return None
-    return (f"predicted OOM: {size(prediction.bytes)} > {size(available)} {per} "
-            f"(sweep.memory.model, {prediction.basis()}; --no-predict or predict_memory: false runs it anyway)")
+    return (
+        f"predicted OOM: {size(prediction.bytes)} > {size(available)} {per} "
+        f"(sweep.memory.model, {prediction.basis()}; --no-predict or predict_memory: false runs it anyway)"
+    )
 
 
 def peak_line(v: Mapping[str, Any], peaks: Sequence[ProbePeak]) -> str:
@@ -180,5 +217,7 @@ def peak_line(v: Mapping[str, Any], peaks: Sequence[ProbePeak]) -> str:
         else:
             measured = "predicted OOM" if p.predicted_oom else p.status
         parts.append(f"batch {p.batch} {size(p.predicted)} / {measured}")
-    return (f"predicted / measured peak, {v['model']} {v['precision']} (compile {v['compile']}, {v['gpus']} "
-            f"rank{'s' * (v['gpus'] != 1)}): " + (" · ".join(parts) or "no probes"))
+    return (
+        f"predicted / measured peak, {v['model']} {v['precision']} (compile {v['compile']}, {v['gpus']} "
+        f"rank{'s' * (v['gpus'] != 1)}): " + (" · ".join(parts) or "no probes")
+    )

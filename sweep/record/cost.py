@@ -81,7 +81,13 @@ def summary_line(rows: Iterable[Row]) -> str | None:
     if not shares:
         return None
     total = sum(seconds.values())
-    held = f"{total / 3600:,.1f} GPU-h" if total >= 3600 else f"{total:,.0f} GPU-s" if total >= 10 else f"{total:.2g} GPU-s"
+    held = (
+        f"{total / 3600:,.1f} GPU-h"
+        if total >= 3600
+        else f"{total:,.0f} GPU-s"
+        if total >= 10
+        else f"{total:.2g} GPU-s"
+    )
     named = [p for p in PARTS if p in _ALWAYS or seconds[p] > 0]
     return f"GPU time: {held} held — " + ", ".join(f"{p} {shares[p]} %" for p in named)
 
@@ -99,6 +105,9 @@ def fresh_trial_s(answer: Row, rows: Iterable[Row]) -> float | None:
         return None
     if not answer.get("group_trial_index"):
         return wall
-    fresh = [init for r in rows if r.get("status") == "ok" and not r.get("group_trial_index")
-             and (init := r.get("init_time_s")) is not None]
+    fresh = [
+        init
+        for r in rows
+        if r.get("status") == "ok" and not r.get("group_trial_index") and (init := r.get("init_time_s")) is not None
+    ]
     return wall - (answer.get("init_time_s") or 0.0) + statistics.median(fresh) if fresh else None

@@ -21,25 +21,34 @@ ranks, never 0. `energy_source` is "counter" when every GPU's came from its coun
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional, cast
+from typing import cast
 
 from sweep.record.schema import Row
 from trainer.energy import EnergyReport
 
 J_PER_KWH = 3.6e6
 
-ENERGY_COLUMNS = ("energy_j", "energy_sampled_j", "avg_power_w", "joules_per_token", "tokens_per_kwh",
-                  "tflops_per_watt", "power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "gpu_temp_c",
-                  "energy_source")
+ENERGY_COLUMNS = (
+    "energy_j",
+    "energy_sampled_j",
+    "avg_power_w",
+    "joules_per_token",
+    "tokens_per_kwh",
+    "tflops_per_watt",
+    "power_limit_w",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "gpu_temp_c",
+    "energy_source",
+)
 
 
-def _all(values: list[Optional[float]]) -> Optional[list[float]]:
+def _all(values: list[float | None]) -> list[float] | None:
     present = [v for v in values if v is not None]
     return present if values and len(present) == len(values) else None
 
 
-def energy_columns(reports: Sequence[Optional[EnergyReport]], *, tokens: float,
-                   flops_per_token: Optional[float]) -> Row:
+def energy_columns(reports: Sequence[EnergyReport | None], *, tokens: float, flops_per_token: float | None) -> Row:
     """The row's energy columns (ENERGY_COLUMNS) from one report per rank (None for a rank that measured none)."""
     out = cast(Row, dict.fromkeys(ENERGY_COLUMNS))  # every energy column, null unless measured below
     present = [r for r in reports if r is not None]
@@ -53,27 +62,44 @@ def energy_columns(reports: Sequence[Optional[EnergyReport]], *, tokens: float,
     clocks = [r.sm_clock_mhz for r in reports if r.sm_clock_mhz is not None]
     max_clocks = [r.sm_clock_max_mhz for r in reports if r.sm_clock_max_mhz is not None]
     temps = [r.temperature_c for r in reports if r.temperature_c is not None]
-    out.update({"power_limit_w": max(limits, default=None),
-                "sm_clock_mhz": sum(clocks) / len(clocks) if clocks else None,
-                "sm_clock_max_mhz": max(max_clocks, default=None), "gpu_temp_c": max(temps, default=None)})
+    out.update(
+        {
+            "power_limit_w": max(limits, default=None),
+            "sm_clock_mhz": sum(clocks) / len(clocks) if clocks else None,
+            "sm_clock_max_mhz": max(max_clocks, default=None),
+            "gpu_temp_c": max(temps, default=None),
+        }
+    )
     powers = _all([r.avg_power_w for r in reports])
     if energies is None or powers is None:
         return out
     energy = sum(energies)
-    out.update({"energy_j": energy, "avg_power_w": sum(powers) / len(powers),
-                "energy_source": "counter" if all(r.source == "counter" for r in reports) else "sampled"})
+    out.update(
+        {
+            "energy_j": energy,
+            "avg_power_w": sum(powers) / len(powers),
+            "energy_source": "counter" if all(r.source == "counter" for r in reports) else "sampled",
+        }
+    )
     if energy > 0 and tokens > 0:
         jpt = energy / tokens
-        out.update({"joules_per_token": jpt, "tokens_per_kwh": J_PER_KWH / jpt,
-                    "tflops_per_watt": flops_per_token / jpt / 1e12 if flops_per_token else None})
+        out.update(
+            {
+                "joules_per_token": jpt,
+                "tokens_per_kwh": J_PER_KWH / jpt,
+                "tflops_per_watt": flops_per_token / jpt / 1e12 if flops_per_token else None,
+            }
+        )
     return out
 
 
-def power_limit_mismatch(row: Row, tolerance_w: float = 1.0) -> Optional[str]:
+def power_limit_mismatch(row: Row, tolerance_w: float = 1.0) -> str | None:
     """Why a row's measured power limit is not the one its profile declares (`power_limit_w`), or None.
     sweep never sets a limit: a profile that says 700 W on GPUs capped at 350 W compares the wrong parts."""
     declared, measured = row.get("profile_power_limit_w"), row.get("power_limit_w")
     if declared is None or measured is None or abs(declared - measured) <= tolerance_w:
         return None
-    return (f"cluster {row.get('cluster')} declares power_limit_w {declared:g} W, but its GPUs enforce "
-            f"{measured:g} W (sweep never changes a GPU's power limit: fix the profile or the GPUs)")
+    return (
+        f"cluster {row.get('cluster')} declares power_limit_w {declared:g} W, but its GPUs enforce "
+        f"{measured:g} W (sweep never changes a GPU's power limit: fix the profile or the GPUs)"
+    )

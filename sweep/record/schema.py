@@ -31,9 +31,17 @@ STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 # with. `sweep.record.store` fills an older row's missing option with its default when it reads the dataset.
 TRAINING_DEFAULTS = dict(OPTION_DEFAULTS)
 # The schema version that added each option's column: a new option is a new column, so a version bump.
-_OPTION_SINCE = {"grad_accum": "1.3", "grad_clip": "1.3", "fp8_lm_head": "1.3",
-                 "reduce_dtype": "1.4", "grad_sync": "1.4", "dynamic_batch": "1.11",
-                 "dp_replicate": "1.12", "tp": "1.12", "cp": "1.12"}
+_OPTION_SINCE = {
+    "grad_accum": "1.3",
+    "grad_clip": "1.3",
+    "fp8_lm_head": "1.3",
+    "reduce_dtype": "1.4",
+    "grad_sync": "1.4",
+    "dynamic_batch": "1.11",
+    "dp_replicate": "1.12",
+    "tp": "1.12",
+    "cp": "1.12",
+}
 _ARROW_TYPES = {int: pa.int32(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
 
 
@@ -46,8 +54,13 @@ def _option_columns() -> list[tuple[str, pa.DataType, str]]:
     columns = []
     for name, default in OPTION_DEFAULTS.items():
         shown = str(default).lower() if isinstance(default, bool) else default
-        columns.append((name, _ARROW_TYPES[type(default)],
-                        f"{OPTION_DOCS[name]} ({shown} in rows before schema {_OPTION_SINCE[name]})"))
+        columns.append(
+            (
+                name,
+                _ARROW_TYPES[type(default)],
+                f"{OPTION_DOCS[name]} ({shown} in rows before schema {_OPTION_SINCE[name]})",
+            )
+        )
     return columns
 
 
@@ -87,8 +100,12 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("warmup_steps", pa.int32(), "steps run before timing (steps: auto: as many as it took; null if none ran)"),
     ("measure_steps", pa.int32(), "timed steps (steps: auto: as many as it took; null if none ran)"),
     *_option_columns(),  # grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync, ..., dp_replicate, tp, cp
-    ("dp_shard", pa.int32(), "ranks each data-parallel replica shards the model over: world_size / (dp_replicate x "
-                             "tp x cp) (world_size in rows before schema 1.12)"),
+    (
+        "dp_shard",
+        pa.int32(),
+        "ranks each data-parallel replica shards the model over: world_size / (dp_replicate x "
+        "tp x cp) (world_size in rows before schema 1.12)",
+    ),
     ("memory_cap_gib", pa.float64(), "per-rank memory cap imposed by sweep, else null"),
     # outcome
     ("status", pa.string(), "ok | oom | error | timeout | unsupported"),
@@ -98,11 +115,19 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("step_time_s", pa.float64(), "median optimizer-step time (grad_accum micro-batches) over the measured steps"),
     ("step_time_p10_s", pa.float64(), "10th percentile step time"),
     ("step_time_p90_s", pa.float64(), "90th percentile step time"),
-    ("step_time_ci_pct", pa.float64(), "half-width of the median step time's 95 % confidence interval (order "
-                                       "statistics), % of the median; null under 6 steps and before schema 1.5"),
-    ("ci_target_met", pa.bool_(), "steps: {measure: auto}: step_time_ci_pct within auto's ±1 % target (false: short "
-                                  "of it, as when auto stops at its most steps or 300 s first); null for a fixed "
-                                  "measure count, for rows that ran no steps and before schema 1.9"),
+    (
+        "step_time_ci_pct",
+        pa.float64(),
+        "half-width of the median step time's 95 % confidence interval (order "
+        "statistics), % of the median; null under 6 steps and before schema 1.5",
+    ),
+    (
+        "ci_target_met",
+        pa.bool_(),
+        "steps: {measure: auto}: step_time_ci_pct within auto's ±1 % target (false: short "
+        "of it, as when auto stops at its most steps or 300 s first); null for a fixed "
+        "measure count, for rows that ran no steps and before schema 1.9",
+    ),
     ("tokens_per_s_per_gpu", pa.float64(), "grad_accum * batch_size * seq_len / (tp x cp) / step_time_s"),
     ("tflops_per_gpu", pa.float64(), "flops_per_token * tokens_per_s_per_gpu / 1e12"),
     ("mfu", pa.float64(), "tflops_per_gpu / peak_tflops"),
@@ -115,20 +140,35 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("alloc_retries", pa.int64(), "CUDA allocator retries (cudaMalloc after freeing cache), max over ranks"),
     ("loss_first", pa.float64(), "loss at the first step (rank 0)"),
     ("loss_last", pa.float64(), "loss at the last step (rank 0)"),
-    ("loss_curve", pa.list_(pa.float64()), "every optimizer step's loss, warm-up first (step 1 on): the mean over "
-                                           "ranks of each rank's loss, i.e. the step's global batch, computed before "
-                                           "the step's update; null for rows that ran no steps and before schema 1.9"),
-    ("loss_curve_tokens", pa.list_(pa.int64()), "tokens trained when each loss_curve loss was computed: 0 at step 1, "
-                                                "then grad_accum * batch_size * seq_len * world_size / (tp x cp) more per step"),
+    (
+        "loss_curve",
+        pa.list_(pa.float64()),
+        "every optimizer step's loss, warm-up first (step 1 on): the mean over "
+        "ranks of each rank's loss, i.e. the step's global batch, computed before "
+        "the step's update; null for rows that ran no steps and before schema 1.9",
+    ),
+    (
+        "loss_curve_tokens",
+        pa.list_(pa.int64()),
+        "tokens trained when each loss_curve loss was computed: 0 at step 1, "
+        "then grad_accum * batch_size * seq_len * world_size / (tp x cp) more per step",
+    ),
     ("init_time_s", pa.float64(), "actor start (on a warm group: the trial's start) to model built, sharded and ready"),
     ("compile_time_s", pa.float64(), "first step's time beyond a steady step (compilation, autotuning)"),
     ("steps_time_s", pa.float64(), "sum of measured step times"),
     # energy over the measured steps (sweep.record.energy has the formulas; trainer.energy measures): null on CPU ranks,
     # where a GPU could not be read, and before schema 1.10; never 0
-    ("energy_j", pa.float64(), "joules the trial's GPUs drew over the measured steps, all GPUs summed (energy counter, "
-                               "else sampled power; energy_source says which)"),
-    ("energy_sampled_j", pa.float64(), "the same energy from power sampled at ~20 Hz and integrated: an independent "
-                                       "check on the counter"),
+    (
+        "energy_j",
+        pa.float64(),
+        "joules the trial's GPUs drew over the measured steps, all GPUs summed (energy counter, "
+        "else sampled power; energy_source says which)",
+    ),
+    (
+        "energy_sampled_j",
+        pa.float64(),
+        "the same energy from power sampled at ~20 Hz and integrated: an independent check on the counter",
+    ),
     ("avg_power_w", pa.float64(), "mean power per GPU over the measured steps: energy / window seconds"),
     ("joules_per_token", pa.float64(), "energy_j / tokens the measured steps trained (all GPUs)"),
     ("tokens_per_kwh", pa.float64(), "3.6e6 / joules_per_token"),
@@ -137,30 +177,66 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("sm_clock_mhz", pa.float64(), "mean SM (AMD: GFX) clock sampled over the measured steps, mean over GPUs"),
     ("sm_clock_max_mhz", pa.float64(), "the part's maximum SM clock"),
     ("gpu_temp_c", pa.float64(), "hottest GPU temperature sampled over the measured steps"),
-    ("energy_source", pa.string(), "counter (the GPU's cumulative energy counter) | sampled (no counter: power × time)"),
-    ("trial_wall_s", pa.float64(), "seen by the driver: placement of its group to the trial's end, or for a trial on "
-                                   "a warm group (actor_reused) its start to its end"),
-    ("actor_reused", pa.bool_(), "ran on rank processes that had run an earlier trial of this run (a warm group); "
-                                 "null for unsupported rows and before schema 1.6"),
+    (
+        "energy_source",
+        pa.string(),
+        "counter (the GPU's cumulative energy counter) | sampled (no counter: power × time)",
+    ),
+    (
+        "trial_wall_s",
+        pa.float64(),
+        "seen by the driver: placement of its group to the trial's end, or for a trial on "
+        "a warm group (actor_reused) its start to its end",
+    ),
+    (
+        "actor_reused",
+        pa.bool_(),
+        "ran on rank processes that had run an earlier trial of this run (a warm group); "
+        "null for unsupported rows and before schema 1.6",
+    ),
     ("group_trial_index", pa.int32(), "trials its group ran before it: 0 on fresh processes; null as actor_reused"),
     # start-up, in phases that follow one another inside trial_wall_s (null before schema 1.8); the in-rank
     # ones (all but process_start_s) are rank 0's and lie inside init_time_s
-    ("process_start_s", pa.float64(), "driver's clock, a fresh group's first trial: placement ready to every rank "
-                                      "process up (Ray spawns them, they import trainer.worker); null on a warm group"),
-    ("import_s", pa.float64(), "rank 0, a trial that started its process group: importing torch and the trainer; "
-                               "null on a warm group"),
-    ("process_setup_s", pa.float64(), "rank 0, a trial that started its process group: device (CUDA context), "
-                                      "rendezvous, process group (NCCL or gloo), baseline barrier; null when warm"),
-    ("model_build_s", pa.float64(), "rank 0: the trial's own set-up in the trainer, fresh or warm: model built, "
-                                    "converted, wrapped for compile, sharded, optimizer made, ranks ready to step"),
+    (
+        "process_start_s",
+        pa.float64(),
+        "driver's clock, a fresh group's first trial: placement ready to every rank "
+        "process up (Ray spawns them, they import trainer.worker); null on a warm group",
+    ),
+    (
+        "import_s",
+        pa.float64(),
+        "rank 0, a trial that started its process group: importing torch and the trainer; null on a warm group",
+    ),
+    (
+        "process_setup_s",
+        pa.float64(),
+        "rank 0, a trial that started its process group: device (CUDA context), "
+        "rendezvous, process group (NCCL or gloo), baseline barrier; null when warm",
+    ),
+    (
+        "model_build_s",
+        pa.float64(),
+        "rank 0: the trial's own set-up in the trainer, fresh or warm: model built, "
+        "converted, wrapped for compile, sharded, optimizer made, ranks ready to step",
+    ),
     # where the time goes (`profile: true`): shares of the profiled steps' wall time, adding up to 100 (trainer.profiling)
-    *[(f"profile_{kind}_pct", pa.float64(), f"% of the profiled step time {what}; null unless profiled (schema 1.7)")
-      for kind, what in (("gemm", "in matrix multiplies"), ("attention", "in fused attention"),
-                         ("comm_exposed", "in communication that no computation overlaps"),
-                         ("optimizer", "in the optimizer phase (clip, step, zero_grad)"),
-                         ("other", "in everything else, idle time included"))],
-    ("trace_file", pa.string(), "the profiled steps' Chrome/Perfetto trace (gzipped JSON, rank 0), relative to the "
-                                "results directory; null unless profiled (schema 1.7)"),
+    *[
+        (f"profile_{kind}_pct", pa.float64(), f"% of the profiled step time {what}; null unless profiled (schema 1.7)")
+        for kind, what in (
+            ("gemm", "in matrix multiplies"),
+            ("attention", "in fused attention"),
+            ("comm_exposed", "in communication that no computation overlaps"),
+            ("optimizer", "in the optimizer phase (clip, step, zero_grad)"),
+            ("other", "in everything else, idle time included"),
+        )
+    ],
+    (
+        "trace_file",
+        pa.string(),
+        "the profiled steps' Chrome/Perfetto trace (gzipped JSON, rank 0), relative to the "
+        "results directory; null unless profiled (schema 1.7)",
+    ),
     # software and hardware
     ("torch_version", pa.string(), "torch version the ranks ran"),
     ("ray_version", pa.string(), "Ray version"),

@@ -90,7 +90,9 @@ def result_files(output: Path) -> list[Path]:
     root = Path(output)
     if not root.exists():
         return []
-    return sorted(p for p in root.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts))
+    return sorted(
+        p for p in root.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts)
+    )
 
 
 def _footer(path: Path) -> tuple[str | None, frozenset[str]]:
@@ -109,7 +111,9 @@ def _version_problem(meta: dict) -> str | None:
         return f"not a sweep result file (no {VERSION_KEY.decode()} in its metadata)"
     major = version.decode().split(".")[0]
     if major != SCHEMA_VERSION.split(".")[0]:
-        return f"schema version {version.decode()} cannot be read by this sweep (reads {SCHEMA_VERSION.split('.')[0]}.x)"
+        return (
+            f"schema version {version.decode()} cannot be read by this sweep (reads {SCHEMA_VERSION.split('.')[0]}.x)"
+        )
     return None
 
 
@@ -140,7 +144,9 @@ def _refuse(output: Path, bad: dict[Path, str]) -> None:
         path, why = next(iter(bad.items()))
         more = f"; {len(bad) - 1} more such file(s)" if len(bad) > 1 else ""
         # `sweep run --resume` reads here too: the hint must hold for both
-        raise UserError(f"{path}: {why}{more} (move it out of {output}, or pass --skip-bad to `sweep results` to read the rest)")
+        raise UserError(
+            f"{path}: {why}{more} (move it out of {output}, or pass --skip-bad to `sweep results` to read the rest)"
+        )
 
 
 def check_files(output: Path, skip_bad: bool = False) -> dict[Path, frozenset[str]]:
@@ -188,8 +194,9 @@ def open_dataset(output: Path, skip_bad: bool = False) -> ds.Dataset:
         table = table.set_column(table.schema.get_field_index(name), field, filled)
     # A row before schema 1.12 sharded over all its ranks (its layout options read as 1 above): dp_shard = world_size
     at = table.schema.get_field_index("dp_shard")
-    table = table.set_column(at, RESULT_SCHEMA.field("dp_shard"),
-                             pc.coalesce(table.column("dp_shard"), table.column("world_size")))
+    table = table.set_column(
+        at, RESULT_SCHEMA.field("dp_shard"), pc.coalesce(table.column("dp_shard"), table.column("world_size"))
+    )
     return ds.dataset(table)
 
 

@@ -33,8 +33,20 @@ FAILURES = tuple(s for s in STATUSES if s != "ok")
 TIMES = ("trial_wall_s", "steps_time_s", "compile_time_s", "warmup_steps")
 # The median's interval and whether `steps: auto` reached its target (`results show` and `export` print them)
 INTERVALS = ("step_time_ci_pct", "ci_target_met")
-LOAD_COLUMNS = (*CONFIG_KEYS, "run_id", "status", "error", "finished_at", *METRICS, *LOSSES, "alloc_retries", *TIMES,
-                *INTERVALS, *energy.MEDIANS, "energy_source")
+LOAD_COLUMNS = (
+    *CONFIG_KEYS,
+    "run_id",
+    "status",
+    "error",
+    "finished_at",
+    *METRICS,
+    *LOSSES,
+    "alloc_retries",
+    *TIMES,
+    *INTERVALS,
+    *energy.MEDIANS,
+    "energy_source",
+)
 # Each ok attempt's loss per step and the tokens trained at each (`loss_at`: losses at the same tokens trained)
 LOSS_CURVES = ("loss_curve", "loss_curve_tokens")
 # max-batch groups: a config without its batch size.
@@ -42,9 +54,16 @@ BATCH_GROUP = tuple(k for k in CONFIG_KEYS if k != "batch_size")
 # What `compare --by` can divide by (text-valued config keys), with the default baseline: the fair
 # reference for precisions, no compile / no checkpointing, and the training options' defaults. Clusters
 # have no natural baseline: the user names one.
-COMPARE_BY: dict[str, str | int | None] = {"precision": "bf16", "cluster": None, "compile": "none", "ac": "none",
-                                     "reduce_dtype": "fp32", "grad_sync": "micro_batch",
-                                     "tp": 1, "dp_replicate": 1}  # layouts: against FSDP over the same ranks
+COMPARE_BY: dict[str, str | int | None] = {
+    "precision": "bf16",
+    "cluster": None,
+    "compile": "none",
+    "ac": "none",
+    "reduce_dtype": "fp32",
+    "grad_sync": "micro_batch",
+    "tp": 1,
+    "dp_replicate": 1,
+}  # layouts: against FSDP over the same ranks
 
 
 def typed_baseline(by: str, baseline: str | int | None) -> str | int | None:
@@ -126,15 +145,24 @@ def show_rows(rows: Relation, limit: int) -> tuple[list[dict], int | None, int]:
     from sweep.results import curves
 
     order = ", ".join((*CONFIG_KEYS, "started_at", "filename", "file_row_number"))
-    printed = run_sql(f"SELECT * EXCLUDE ({', '.join(LOSS_CURVES)}) FROM rows ORDER BY {order}"
-                      + (f" LIMIT {int(limit)}" if limit else ""), rows=rows).to_pylist()
+    printed = run_sql(
+        f"SELECT * EXCLUDE ({', '.join(LOSS_CURVES)}) FROM rows ORDER BY {order}"
+        + (f" LIMIT {int(limit)}" if limit else ""),
+        rows=rows,
+    ).to_pylist()
     printed = curves.row_curves(rows, printed)
     total, tokens = curves.count_and_tokens(rows)  # after the rows are read: a damaged file left out is not counted
     return printed, tokens, total
 
 
-def load_rows(directory: Path, where: Iterable[str] = (), skip_bad: bool = False, extra: Iterable[str] = (),
-              flops: str = "sweep", row_id: bool = False) -> Relation:
+def load_rows(
+    directory: Path,
+    where: Iterable[str] = (),
+    skip_bad: bool = False,
+    extra: Iterable[str] = (),
+    flops: str = "sweep",
+    row_id: bool = False,
+) -> Relation:
     """The rows under ``directory`` passing ``where``, with LOAD_COLUMNS and ``extra``, their TFLOP/s and MFU
     counted in the FLOP convention ``flops`` (``recount``): a ``scan.Rows`` view that each statement reads."""
     from sweep.results.recount import COLUMNS, recount
@@ -149,14 +177,45 @@ def configs(directory: Path, where: Iterable[str] = (), skip_bad: bool = False) 
 
 
 # what max_batch_table and compare_table read of config_table's columns
-MAX_BATCH_INPUTS = ("batch_size", "n_ok", *(f"n_{s}" for s in FAILURES), "n_attempts", "tflops_per_gpu", "mfu",
-                    "alloc_retries", "peak_mem_gib")
+MAX_BATCH_INPUTS = (
+    "batch_size",
+    "n_ok",
+    *(f"n_{s}" for s in FAILURES),
+    "n_attempts",
+    "tflops_per_gpu",
+    "mfu",
+    "alloc_retries",
+    "peak_mem_gib",
+)
 # what `export --format md` prints of config_table (render.EXPORT_COLS, energy_view.EXPORT_COLS)
-EXPORT_INPUTS = ("status", *(f"n_{s}" for s in FAILURES), "tflops_per_gpu", "spread_pct", "n_ok", "mfu",
-                 "step_time_s", *INTERVALS, "tokens_per_s_per_gpu", "tokens_per_kwh", "tflops_per_watt",
-                 "avg_power_w", "joules_per_token", "peak_mem_gib", *LOSSES, "n_attempts")
-COMPARE_INPUTS = ("status", "tflops_per_gpu", "tokens_per_s_per_gpu", "n_ok", "n_attempts", "loss_last",
-                  "loss_reached", *energy.COMPARE_INPUTS)
+EXPORT_INPUTS = (
+    "status",
+    *(f"n_{s}" for s in FAILURES),
+    "tflops_per_gpu",
+    "spread_pct",
+    "n_ok",
+    "mfu",
+    "step_time_s",
+    *INTERVALS,
+    "tokens_per_s_per_gpu",
+    "tokens_per_kwh",
+    "tflops_per_watt",
+    "avg_power_w",
+    "joules_per_token",
+    "peak_mem_gib",
+    *LOSSES,
+    "n_attempts",
+)
+COMPARE_INPUTS = (
+    "status",
+    "tflops_per_gpu",
+    "tokens_per_s_per_gpu",
+    "n_ok",
+    "n_attempts",
+    "loss_last",
+    "loss_reached",
+    *energy.COMPARE_INPUTS,
+)
 
 
 def max_batch_table(configs: pa.Table) -> pa.Table:
@@ -199,8 +258,13 @@ def max_batch(directory: Path, where: Iterable[str] = (), skip_bad: bool = False
     return max_batch_table(configs(directory, where, skip_bad))
 
 
-def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
-                  costs: Mapping[str, float | None] | None = None, prices: pa.Table | None = None) -> pa.Table:
+def compare_table(
+    configs: pa.Table,
+    baseline: str,
+    by: str = "precision",
+    costs: Mapping[str, float | None] | None = None,
+    prices: pa.Table | None = None,
+) -> pa.Table:
     """Each config against the config that differs only in ``by``, where ``by`` is ``baseline``.
 
     ``ratio`` is tflops_per_gpu / the baseline's (null when either side has no ok attempt; the
@@ -244,8 +308,14 @@ def compare_table(configs: pa.Table, baseline: str, by: str = "precision",
     return run_sql(sql, {"baseline": baseline}, configs=configs, costs=cost_table, prices=prices)
 
 
-def compare_losses(pairs: list[dict], attempts: Relation, by: str, baseline: str, printed: int | None = None,
-                   configs: pa.Table | None = None) -> list[dict]:
+def compare_losses(
+    pairs: list[dict],
+    attempts: Relation,
+    by: str,
+    baseline: str,
+    printed: int | None = None,
+    configs: pa.Table | None = None,
+) -> list[dict]:
     """``compare_table``'s rows with each side's loss at the same tokens trained (``curves.losses_at``):
     ``loss_at_tokens`` (the largest count every ok attempt of both sides reached), ``loss_at``, ``base_loss_at``.
     ``attempts``: the rows the configs came from, with LOSS_CURVES. ``printed``: as ``curves.losses_at``;
@@ -256,16 +326,24 @@ def compare_losses(pairs: list[dict], attempts: Relation, by: str, baseline: str
     reached = None
     if configs is not None and "loss_reached" in configs.column_names:
         reached = {config(r): r["loss_reached"] for r in configs.select([*CONFIG_KEYS, "loss_reached"]).to_pylist()}
-    return losses_at(attempts, pairs, CONFIG_KEYS, config, lambda pair: config({**pair, by: baseline}),
-                     printed=printed, reached=reached)
+    return losses_at(
+        attempts,
+        pairs,
+        CONFIG_KEYS,
+        config,
+        lambda pair: config({**pair, by: baseline}),
+        printed=printed,
+        reached=reached,
+    )
 
 
 def check_baseline(table: Relation, baseline: str, by: str) -> None:
     values = run_sql(f"SELECT DISTINCT {by} AS v FROM rows", rows=table).column("v").to_pylist()
     present = sorted(v for v in values if v is not None)
     if baseline not in present:
-        raise UserError(f"--baseline {baseline!r}: no {by} of that name in the results; valid: "
-                        f"{', '.join(map(str, present))}")
+        raise UserError(
+            f"--baseline {baseline!r}: no {by} of that name in the results; valid: {', '.join(map(str, present))}"
+        )
 
 
 def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float | None] | None, pa.Table | None]:
@@ -280,9 +358,11 @@ def compare_inputs(rows: pa.Table, by: str) -> tuple[pa.Table, dict[str, float |
     table = config_table(rows, COMPARE_INPUTS)
     if by != "cluster":
         return table, None, None
-    latest = run_sql(f"""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)
+    latest = run_sql(
+        f"""SELECT cluster, first(cost_per_gpu_hour ORDER BY finished_at DESC NULLS LAST)
                        FILTER (WHERE cost_per_gpu_hour > 0) AS cost, {energy.PRICES_SQL} FROM rows GROUP BY cluster""",
-                     rows=rows)
+        rows=rows,
+    )
     recorded = {c: v for c, v in zip(latest.column("cluster").to_pylist(), latest.column("cost").to_pylist()) if v}
     names = sorted(set(table.column("cluster").to_pylist()) - set(recorded))
     return table, {**cluster_costs(names), **recorded}, latest.select(["cluster", *energy.PRICES])

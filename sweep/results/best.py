@@ -34,13 +34,20 @@ def best_table(rows: Relation, baseline: str, finalists: Iterable[tuple[str | No
 
     group, config = ", ".join(BEST_GROUP), ", ".join(BEST_CONFIG)
     # what each precision ran per group, read once: the baseline's check and the statuses below both use it
-    ran = run_sql(f"""SELECT {group}, precision,
+    ran = run_sql(
+        f"""SELECT {group}, precision,
         CASE WHEN count(*) FILTER (WHERE status = 'ok') > 0 THEN 'ok'
              ELSE {failure_text("count(*) FILTER (WHERE status = '{}')")} END AS status
-      FROM rows GROUP BY ALL""", rows=rows)
+      FROM rows GROUP BY ALL""",
+        rows=rows,
+    )
     check_baseline(ran, baseline, "precision")
-    found = pa.table({"cluster": pa.array([c for c, _ in finalists], pa.string()),
-                      "trial_id": pa.array([t for _, t in finalists], pa.string())})
+    found = pa.table(
+        {
+            "cluster": pa.array([c for c, _ in finalists], pa.string()),
+            "trial_id": pa.array([t for _, t in finalists], pa.string()),
+        }
+    )
     same = " AND ".join(f"c.{k} IS NOT DISTINCT FROM b.{k}" for k in BEST_GROUP)
     side = ["status", *BEST_CONFIG, "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_last", "n_ok", "tuned"]
     reach = [f"{REACHED} AS loss_reached"] if set(LOSS_CURVES) <= set(rows.column_names) else []
@@ -74,8 +81,13 @@ def best_table(rows: Relation, baseline: str, finalists: Iterable[tuple[str | No
     return run_sql(sql, {"baseline": baseline}, rows=rows, found=found, ran=ran)
 
 
-def best_losses(best: list[dict], attempts: Relation, baseline: str, finalists: Iterable[tuple[str | None, str]] = (),
-                printed: int | None = None) -> list[dict]:
+def best_losses(
+    best: list[dict],
+    attempts: Relation,
+    baseline: str,
+    finalists: Iterable[tuple[str | None, str]] = (),
+    printed: int | None = None,
+) -> list[dict]:
     """``best_table``'s rows with each side's loss at the same tokens trained, as ``compare_losses`` adds them.
 
     A side's curves are those of the attempts its figures are the median of: its best config's ok attempts,
@@ -87,8 +99,11 @@ def best_losses(best: list[dict], attempts: Relation, baseline: str, finalists: 
     key = lambda config, tuned: (*(config[k] for k in CONFIG_KEYS), bool(tuned))  # noqa: E731
 
     def base(pair: dict) -> tuple:
-        config = {**{k: pair[k] for k in BEST_GROUP}, "precision": baseline,
-                  **{k: pair[f"base_{k}"] for k in BEST_CONFIG}}
+        config = {
+            **{k: pair[k] for k in BEST_GROUP},
+            "precision": baseline,
+            **{k: pair[f"base_{k}"] for k in BEST_CONFIG},
+        }
         return key(config, pair["base_tuned"])
 
     found = list(dict.fromkeys(finalists))
@@ -97,10 +112,13 @@ def best_losses(best: list[dict], attempts: Relation, baseline: str, finalists: 
       LEFT JOIN (VALUES {values}) f(cluster, trial_id) ON f.cluster = r.cluster AND f.trial_id = r.trial_id)"""
     reached = None
     if best and "loss_reached" in best[0]:  # best_table read each side's reach: the curves are read once less
-        reached = {**{key(p, p["tuned"]): p["loss_reached"] for p in best},
-                   **{base(p): p["base_loss_reached"] for p in best}}
-    return losses_at(attempts, best, (*CONFIG_KEYS, "tuned"), lambda pair: key(pair, pair["tuned"]), base, source,
-                     printed, reached)
+        reached = {
+            **{key(p, p["tuned"]): p["loss_reached"] for p in best},
+            **{base(p): p["base_loss_reached"] for p in best},
+        }
+    return losses_at(
+        attempts, best, (*CONFIG_KEYS, "tuned"), lambda pair: key(pair, pair["tuned"]), base, source, printed, reached
+    )
 
 
 def _quote(text: str | None) -> str:

@@ -18,8 +18,9 @@ from sweep.results.scan import Relation, sql_type
 
 # an ok attempt's curve, as ``loss_at.Curve.of`` takes one: both lists there and not empty
 # the same per config, inside a GROUP BY over the rows (aggregate.config_table's `loss_reached`)
-REACHED = ("min(loss_curve_tokens[-1]) FILTER (WHERE status = 'ok' AND len(loss_curve_tokens) > 0 "
-           "AND len(loss_curve) > 0)")
+REACHED = (
+    "min(loss_curve_tokens[-1]) FILTER (WHERE status = 'ok' AND len(loss_curve_tokens) > 0 AND len(loss_curve) > 0)"
+)
 _CURVES = """SELECT {keys}, loss_curve AS l, loss_curve_tokens AS t FROM {source}
   WHERE status = 'ok' AND len(loss_curve_tokens) > 0 AND len(loss_curve) > 0"""
 # the loss at x tokens of the curve (t, l): r is bisect_left(t, x) + 1 (SQL lists count from 1)
@@ -40,9 +41,16 @@ def _arrow(key: str) -> pa.DataType:
     return pa.bool_() if key == "tuned" else RESULT_SCHEMA.field(key).type
 
 
-def losses_at(rows: Relation, pairs: list[dict], keys: Sequence[str], side: Callable[[dict], tuple],
-              base: Callable[[dict], tuple], source: str = "rows", printed: int | None = None,
-              reached: dict[tuple, int | None] | None = None) -> list[dict]:
+def losses_at(
+    rows: Relation,
+    pairs: list[dict],
+    keys: Sequence[str],
+    side: Callable[[dict], tuple],
+    base: Callable[[dict], tuple],
+    source: str = "rows",
+    printed: int | None = None,
+    reached: dict[tuple, int | None] | None = None,
+) -> list[dict]:
     """Each pair with ``loss_at_tokens`` (the largest count every ok curve of both its sides reached), ``loss_at``
     and ``base_loss_at`` (each side's median loss there). ``side``, ``base``: a pair's two configs as values of
     ``keys``, columns of ``source`` (SQL over the view ``rows``). ``printed``: only the first so many pairs are
@@ -58,9 +66,12 @@ def losses_at(rows: Relation, pairs: list[dict], keys: Sequence[str], side: Call
     if reached is not None:
         reach = {index[c]: reached.get(c) for c in configs}
     else:
-        found = run_sql(f"""WITH c AS ({curves})
+        found = run_sql(
+            f"""WITH c AS ({curves})
             SELECT g.cfg, min(c.t[-1]) AS reached FROM configs g JOIN c ON {match} GROUP BY g.cfg""",
-                        rows=rows, configs=_configs(keys, configs))
+            rows=rows,
+            configs=_configs(keys, configs),
+        )
         reach = dict(zip(found.column("cfg").to_pylist(), found.column("reached").to_pylist()))
     tokens = []
     for p in pairs:
@@ -69,33 +80,55 @@ def losses_at(rows: Relation, pairs: list[dict], keys: Sequence[str], side: Call
     shown = list(zip(pairs, tokens))[:printed]
     wanted = sorted({(index[c(p)], t) for p, t in shown if t is not None for c in (side, base)})
     losses = _medians(rows, keys, configs, wanted, match, curves)
-    return [{**p, "loss_at_tokens": t, "loss_at": None if t is None else losses.get((index[side(p)], t)),
-             "base_loss_at": None if t is None else losses.get((index[base(p)], t))} for p, t in zip(pairs, tokens)]
+    return [
+        {
+            **p,
+            "loss_at_tokens": t,
+            "loss_at": None if t is None else losses.get((index[side(p)], t)),
+            "base_loss_at": None if t is None else losses.get((index[base(p)], t)),
+        }
+        for p, t in zip(pairs, tokens)
+    ]
 
 
-def _medians(rows: Relation, keys: Sequence[str], configs: list[tuple], wanted: list[tuple[int, int]], match: str,
-             curves: str) -> dict[tuple[int, int], float | None]:
+def _medians(
+    rows: Relation, keys: Sequence[str], configs: list[tuple], wanted: list[tuple[int, int]], match: str, curves: str
+) -> dict[tuple[int, int], float | None]:
     """(config index, tokens) -> the median over the config's ok curves of their loss at those tokens."""
     if not wanted:
         return {}
     picked = [configs[i] for i, _ in wanted]
-    targets = _configs(keys, picked, {"x": pa.array([t for _, t in wanted], pa.int64()),
-                                      "want": pa.array([i for i, _ in wanted], pa.int64())})
-    found = run_sql(f"""WITH c AS ({curves}),
+    targets = _configs(
+        keys,
+        picked,
+        {"x": pa.array([t for _, t in wanted], pa.int64()), "want": pa.array([i for i, _ in wanted], pa.int64())},
+    )
+    found = run_sql(
+        f"""WITH c AS ({curves}),
         j AS (SELECT g.want, g.x, c.t, c.l, len(list_filter(c.t, lambda v: v < g.x)) + 1 AS r
               FROM configs g JOIN c ON {match}),
         a AS (SELECT want, x, {_AT} AS v FROM j),
         m AS (SELECT want, x, list_sort(list(v) FILTER (WHERE v IS NOT NULL)) AS s FROM a GROUP BY want, x)
-        SELECT want, x, {_MEDIAN} AS loss FROM m""", rows=rows, configs=targets)
-    return {(w, x): loss for w, x, loss in zip(found.column("want").to_pylist(), found.column("x").to_pylist(),
-                                              found.column("loss").to_pylist())}
+        SELECT want, x, {_MEDIAN} AS loss FROM m""",
+        rows=rows,
+        configs=targets,
+    )
+    return {
+        (w, x): loss
+        for w, x, loss in zip(
+            found.column("want").to_pylist(), found.column("x").to_pylist(), found.column("loss").to_pylist()
+        )
+    }
 
 
 def count_and_tokens(rows: Relation) -> tuple[int, int | None]:
     """The view's row count and the largest token count the loss curve of every ok row reached
     (``loss_at.common_tokens``): one read of the rows for both."""
-    found = run_sql("""SELECT count(*) AS n, min(loss_curve_tokens[-1])
-                         FILTER (WHERE status = 'ok' AND len(loss_curve_tokens) > 0) AS tokens FROM rows""", rows=rows)
+    found = run_sql(
+        """SELECT count(*) AS n, min(loss_curve_tokens[-1])
+                         FILTER (WHERE status = 'ok' AND len(loss_curve_tokens) > 0) AS tokens FROM rows""",
+        rows=rows,
+    )
     return found.column("n")[0].as_py(), found.column("tokens")[0].as_py()
 
 
@@ -104,16 +137,31 @@ def row_curves(rows: Relation, printed: list[dict]) -> list[dict]:
     their files alone."""
     if not printed:
         return printed
-    ids = pa.table({"filename": [r["filename"] for r in printed],
-                    "file_row_number": pa.array([r["file_row_number"] for r in printed], pa.int64())})
+    ids = pa.table(
+        {
+            "filename": [r["filename"] for r in printed],
+            "file_row_number": pa.array([r["file_row_number"] for r in printed], pa.int64()),
+        }
+    )
     files = sorted(set(ids.column("filename").to_pylist()))
     listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-    found = rows.sql(f"""SELECT p.filename, p.file_row_number, {_curve_columns(rows, files)}
+    found = rows.sql(
+        f"""SELECT p.filename, p.file_row_number, {_curve_columns(rows, files)}
         FROM read_parquet([{listed}], filename = true, file_row_number = true, union_by_name = true) p
-        SEMI JOIN ids USING (filename, file_row_number)""", ids=ids).to_pylist()
+        SEMI JOIN ids USING (filename, file_row_number)""",
+        ids=ids,
+    ).to_pylist()
     curves = {(r["filename"], r["file_row_number"]): r for r in found}
-    return [{**r, **{k: curves.get((r["filename"], r["file_row_number"]), {}).get(k) for k in ("loss_curve", "loss_curve_tokens")}}
-            for r in printed]
+    return [
+        {
+            **r,
+            **{
+                k: curves.get((r["filename"], r["file_row_number"]), {}).get(k)
+                for k in ("loss_curve", "loss_curve_tokens")
+            },
+        }
+        for r in printed
+    ]
 
 
 def _curve_columns(rows: Relation, files: list[str]) -> str:
@@ -121,5 +169,6 @@ def _curve_columns(rows: Relation, files: list[str]) -> str:
     from pathlib import Path
 
     held = set().union(*(rows.files.get(Path(f), frozenset()) for f in files))
-    return ", ".join(f"p.{c} AS {c}" if c in held else f"NULL::{sql_type(c)} AS {c}"
-                     for c in ("loss_curve", "loss_curve_tokens"))
+    return ", ".join(
+        f"p.{c} AS {c}" if c in held else f"NULL::{sql_type(c)} AS {c}" for c in ("loss_curve", "loss_curve_tokens")
+    )

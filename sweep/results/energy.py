@@ -20,8 +20,18 @@ import pyarrow as pa
 from sweep.results.query import run_sql
 
 # medians over a config's ok attempts (`aggregate.config_table`)
-MEDIANS = ("energy_j", "energy_sampled_j", "avg_power_w", "joules_per_token", "tokens_per_kwh", "tflops_per_watt",
-           "power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "gpu_temp_c")
+MEDIANS = (
+    "energy_j",
+    "energy_sampled_j",
+    "avg_power_w",
+    "joules_per_token",
+    "tokens_per_kwh",
+    "tflops_per_watt",
+    "power_limit_w",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "gpu_temp_c",
+)
 PRICES = ("power_cost_per_kwh", "pue")
 COMPARE_INPUTS = ("tflops_per_watt", "joules_per_token", "avg_power_w")  # the config columns watt_sql and cost_sql read
 FOOTER = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "energy_source")
@@ -30,8 +40,12 @@ FOOTER = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "energy_source")
 def config_aggregates(ok: str) -> dict[str, str]:
     """The aggregates `aggregate.config_table` adds, by column: medians, the plot's error bars, the source (any
     sampled attempt makes the config's 'sampled')."""
-    return {**{m: f"median({m}) {ok}" for m in MEDIANS}, "tokens_per_kwh_min": f"min(tokens_per_kwh) {ok}",
-            "tokens_per_kwh_max": f"max(tokens_per_kwh) {ok}", "energy_source": f"max(energy_source) {ok}"}
+    return {
+        **{m: f"median({m}) {ok}" for m in MEDIANS},
+        "tokens_per_kwh_min": f"min(tokens_per_kwh) {ok}",
+        "tokens_per_kwh_max": f"max(tokens_per_kwh) {ok}",
+        "energy_source": f"max(energy_source) {ok}",
+    }
 
 
 def watt_sql() -> str:
@@ -68,19 +82,34 @@ PRICES_SQL = """first(power_cost_per_kwh ORDER BY finished_at DESC NULLS LAST) F
 def cluster_prices(rows: pa.Table) -> pa.Table:
     """Each cluster's power price and PUE, the latest its rows were written with (null where none set them)."""
     if rows.num_rows == 0:
-        return pa.table({"cluster": pa.array([], pa.string()), "power_cost_per_kwh": pa.array([], pa.float64()),
-                         "pue": pa.array([], pa.float64())})
+        return pa.table(
+            {
+                "cluster": pa.array([], pa.string()),
+                "power_cost_per_kwh": pa.array([], pa.float64()),
+                "pue": pa.array([], pa.float64()),
+            }
+        )
     return run_sql(f"SELECT cluster, {PRICES_SQL} FROM rows GROUP BY cluster", rows=rows)
 
 
-def drop_empty(table: pa.Table, columns: Sequence[str] = (*MEDIANS, "tokens_per_kwh_min", "tokens_per_kwh_max", "energy_source",
-                                        "watt_ratio", "base_tflops_per_watt")) -> pa.Table:
+def drop_empty(
+    table: pa.Table,
+    columns: Sequence[str] = (
+        *MEDIANS,
+        "tokens_per_kwh_min",
+        "tokens_per_kwh_max",
+        "energy_source",
+        "watt_ratio",
+        "base_tflops_per_watt",
+    ),
+) -> pa.Table:
     """``table`` without the energy columns that are null in every row (CSV: absent, as the tables fold them)."""
     empty = [c for c in columns if c in table.column_names and table.column(c).null_count == table.num_rows]
     return table.drop_columns(empty)
 
 
 # `sweep results plot --metric`: (median, min, max, axis label)
-PLOT_METRICS = {"tflops": ("tflops_per_gpu", "tflops_min", "tflops_max", "TFLOP/s/GPU (median)"),
-                "tokens-per-kwh": ("tokens_per_kwh", "tokens_per_kwh_min", "tokens_per_kwh_max",
-                                   "tokens per kWh (median)")}
+PLOT_METRICS = {
+    "tflops": ("tflops_per_gpu", "tflops_min", "tflops_max", "TFLOP/s/GPU (median)"),
+    "tokens-per-kwh": ("tokens_per_kwh", "tokens_per_kwh_min", "tokens_per_kwh_max", "tokens per kWh (median)"),
+}

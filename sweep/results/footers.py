@@ -27,10 +27,15 @@ def checked(con, root: Path, skip_bad: bool = False) -> dict[Path, frozenset[str
         return check_files(root, skip_bad)
     listed = "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
     try:
-        versions = dict(con.sql(f"SELECT file_name, value FROM parquet_kv_metadata({listed}) "
-                                f"WHERE key = $key", params={"key": VERSION_KEY}).fetchall())
-        schema = con.sql(f"SELECT file_name, name, num_children FROM parquet_schema({listed}) "
-                         "ORDER BY file_name, column_id").fetchall()
+        versions = dict(
+            con.sql(
+                f"SELECT file_name, value FROM parquet_kv_metadata({listed}) WHERE key = $key",
+                params={"key": VERSION_KEY},
+            ).fetchall()
+        )
+        schema = con.sql(
+            f"SELECT file_name, name, num_children FROM parquet_schema({listed}) ORDER BY file_name, column_id"
+        ).fetchall()
     except duckdb.Error:  # some file is no Parquet DuckDB can read: check_files names it
         return check_files(root, skip_bad)
     names = _top_level(schema)

@@ -34,8 +34,10 @@ def missed_target_warnings(rows: list[dict]) -> list[str]:
         ci = row.get("step_time_ci_pct")
         interval = "no interval" if ci is None else f"±{sig(ci, RATIO_SIGNIFICANT)} %"
         measure = row.get("measure_steps") or 0
-        lines.append(f"{row['model']} {row['precision']} bsz {row['batch_size']} (trial {row['trial_id'][:8]}): step "
-                     f"time {interval} after {row.get('warmup_steps') or 0}+{measure} steps (target {_TARGET}): "
-                     f"{_LIMIT}; for a tighter interval set steps.measure to a count (e.g. {4 * measure}: 4× the "
-                     f"steps about halve it), or make the steps steadier (a larger batch, an otherwise idle machine)")
+        lines.append(
+            f"{row['model']} {row['precision']} bsz {row['batch_size']} (trial {row['trial_id'][:8]}): step "
+            f"time {interval} after {row.get('warmup_steps') or 0}+{measure} steps (target {_TARGET}): "
+            f"{_LIMIT}; for a tighter interval set steps.measure to a count (e.g. {4 * measure}: 4× the "
+            f"steps about halve it), or make the steps steadier (a larger batch, an otherwise idle machine)"
+        )
     return lines

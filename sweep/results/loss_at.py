@@ -20,7 +20,6 @@ import bisect
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +34,7 @@ class Curve:
             raise ValueError(f"a loss curve of {len(self.losses)} losses has {len(self.tokens)} token counts")
 
     @classmethod
-    def of(cls, row: dict) -> Optional[Curve]:
+    def of(cls, row: dict) -> Curve | None:
         """The row's curve; None for a row without one (it ran no steps, or predates schema 1.9)."""
         tokens, losses = row.get("loss_curve_tokens"), row.get("loss_curve")
         if not tokens or not losses:
@@ -46,29 +45,29 @@ class Curve:
     def reached(self) -> int:
         return self.tokens[-1]
 
-    def at(self, tokens: int) -> Optional[float]:
+    def at(self, tokens: int) -> float | None:
         """The loss at `tokens` trained, interpolated between the steps around it; None outside the curve."""
         if not self.tokens[0] <= tokens <= self.reached:
             return None
         right = bisect.bisect_left(self.tokens, tokens)
         if self.tokens[right] == tokens:
             return self.losses[right]
-        (t0, t1), (l0, l1) = self.tokens[right - 1:right + 1], self.losses[right - 1:right + 1]
+        (t0, t1), (l0, l1) = self.tokens[right - 1 : right + 1], self.losses[right - 1 : right + 1]
         return l0 + (l1 - l0) * (tokens - t0) / (t1 - t0)
 
 
-def row_at(row: dict, tokens: Optional[int]) -> Optional[float]:
+def row_at(row: dict, tokens: int | None) -> float | None:
     """One row's loss at `tokens` trained; None without a curve, a count, or when its curve ends before it."""
     curve = Curve.of(row)
     return None if curve is None or tokens is None else curve.at(tokens)
 
 
-def common_tokens(curves: Iterable[Curve]) -> Optional[int]:
+def common_tokens(curves: Iterable[Curve]) -> int | None:
     """The largest token count every curve reached; None without a curve."""
     return min((c.reached for c in curves), default=None)
 
 
-def median_at(curves: Sequence[Curve], tokens: Optional[int]) -> Optional[float]:
+def median_at(curves: Sequence[Curve], tokens: int | None) -> float | None:
     """The median over `curves` of their losses at `tokens`; None when none reached it (or no count is given)."""
     if tokens is None:
         return None
@@ -80,9 +79,9 @@ def median_at(curves: Sequence[Curve], tokens: Optional[int]) -> Optional[float]
 class LossAt:
     """Two sides of a comparison read at the same tokens trained."""
 
-    tokens: Optional[int]  # None: a side has no loss curve
-    loss: Optional[float]
-    base_loss: Optional[float]
+    tokens: int | None  # None: a side has no loss curve
+    loss: float | None
+    base_loss: float | None
 
 
 def compare(side: Sequence[Curve], base: Sequence[Curve]) -> LossAt:

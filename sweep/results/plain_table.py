@@ -13,19 +13,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # box.HEAVY_HEAD, as Rich's Table draws it by default: (left, between, right, fill) per kind of line
-_TOP, _HEAD, _RULE, _ROW, _BOTTOM = ("┏", "┳", "┓", "━"), ("┃", "┃", "┃", " "), ("┡", "╇", "┩", "━"), \
-    ("│", "│", "│", " "), ("└", "┴", "┘", "─")
+_TOP, _HEAD, _RULE, _ROW, _BOTTOM = (
+    ("┏", "┳", "┓", "━"),
+    ("┃", "┃", "┃", " "),
+    ("┡", "╇", "┩", "━"),
+    ("│", "│", "│", " "),
+    ("└", "┴", "┘", "─"),
+)
 
 
 def _plain(text: str) -> bool:
     """Whether Rich prints ``text`` as it is: no markup, no emoji code, one line, nothing it would strip."""
     from rich._emoji_replace import _emoji_replace
 
-    return ("[" not in text and text.isprintable() and text == text.strip() and _emoji_replace(text) == text)
+    return "[" not in text and text.isprintable() and text == text.strip() and _emoji_replace(text) == text
 
 
-def draw(console, title: str | None, caption: str | None, headers: Sequence[str], right: Sequence[bool],
-         rows: Sequence[Sequence[str]]) -> str | None:
+def draw(
+    console,
+    title: str | None,
+    caption: str | None,
+    headers: Sequence[str],
+    right: Sequence[bool],
+    rows: Sequence[Sequence[str]],
+) -> str | None:
     """The table Rich's colourless ``console`` prints for ``Table(title=title, caption=caption,
     title_justify="left")`` with a column per header (right-justified where ``right``) and ``rows`` of plain cells;
     None where Rich must lay it out itself."""
@@ -67,8 +78,9 @@ def _rule(box: tuple[str, str, str, str], widths: Sequence[int]) -> str:
     return left + between.join(fill * (w + 2) for w in widths) + right
 
 
-def _cells(box: tuple[str, str, str, str], cells: Sequence[str], widths: Sequence[int], right: Sequence[bool],
-           cell_len) -> str:
+def _cells(
+    box: tuple[str, str, str, str], cells: Sequence[str], widths: Sequence[int], right: Sequence[bool], cell_len
+) -> str:
     left, between, end, _ = box
     parts = []
     for cell, w, r in zip(cells, widths, right):

@@ -52,8 +52,9 @@ def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool =
     configs = aggregate.config_table(aggregate.load_rows(directory, where, skip_bad), inputs)
     y = PLOT_METRICS[metric][0]
     if metric != "tflops" and configs.column(y).null_count == configs.num_rows:
-        raise UserError(f"--metric {metric}: no row in {directory} measured it (energy is measured on GPU ranks "
-                        "from schema 1.10)")
+        raise UserError(
+            f"--metric {metric}: no row in {directory} measured it (energy is measured on GPU ranks from schema 1.10)"
+        )
     return plot_tables(configs, aggregate.max_batch_table(configs), Path(out), metric)
 
 
@@ -91,8 +92,12 @@ def _styles(rows: list[dict], varying: list[str], label) -> dict[str, dict]:
     styles = {}
     for r in rows:
         i = others.index(rest(r))
-        styles[label(r)] = {"color": f"C{precisions.index(str(r['precision'])) % 10}", "linestyle": ("-", "--", ":", "-.")[i % 4],
-                            "marker": "osD^vP*X"[i % 8], "hatch": ("", "//", "..", "xx", "\\\\", "++")[i % 6]}
+        styles[label(r)] = {
+            "color": f"C{precisions.index(str(r['precision'])) % 10}",
+            "linestyle": ("-", "--", ":", "-.")[i % 4],
+            "marker": "osD^vP*X"[i % 8],
+            "hatch": ("", "//", "..", "xx", "\\\\", "++")[i % 6],
+        }
     return dict(sorted(styles.items()))
 
 
@@ -139,17 +144,34 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
         top.set_title(name)
         bottom.set_title(f"{name}: largest batch that fits")
         perf_axes.append((top, sorted({r["batch_size"] for r in mine})))
-    for ax in [*axes[:nrows].flat[len(models):], *axes[nrows:].flat[len(models):]]:
+    for ax in [*axes[:nrows].flat[len(models) :], *axes[nrows:].flat[len(models) :]]:
         ax.set_visible(False)
 
-    handles = [Line2D([], [], color=style[s]["color"], linestyle=style[s]["linestyle"], marker=style[s]["marker"], label=s) for s in series]
-    handles += [Line2D([], [], color="0.3", marker="x", linestyle="none", markersize=8, label="OOM"),
-                Line2D([], [], color="0.3", marker="^", markerfacecolor="none", linestyle="none", label="error / timeout / unsupported")]
+    handles = [
+        Line2D([], [], color=style[s]["color"], linestyle=style[s]["linestyle"], marker=style[s]["marker"], label=s)
+        for s in series
+    ]
+    handles += [
+        Line2D([], [], color="0.3", marker="x", linestyle="none", markersize=8, label="OOM"),
+        Line2D(
+            [],
+            [],
+            color="0.3",
+            marker="^",
+            markerfacecolor="none",
+            linestyle="none",
+            label="error / timeout / unsupported",
+        ),
+    ]
     # as many columns as the figure's width holds for the longest label (~7 px per character)
     width_px = fig.get_figwidth() * fig.dpi
     longest = max(len(str(h.get_label())) for h in handles) * 7 + 40
-    fig.legend(handles=handles, loc="outside lower center", ncols=max(1, min(len(handles), int(width_px // longest))),
-               frameon=False)
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncols=max(1, min(len(handles), int(width_px // longest))),
+        frameon=False,
+    )
     title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
     if title:
         fig.suptitle(_wrap(title, int(width_px // 8)), fontsize="medium")
@@ -204,14 +226,32 @@ def _perf_panel(ax, rows: list[dict], label, style: dict, metric=PLOT_METRICS["t
         if ok:
             y = [r[key] for r in ok]
             err = [[v - r[low] for v, r in zip(y, ok)], [r[high] - v for v, r in zip(y, ok)]]
-            ax.errorbar([r["batch_size"] for r in ok], y, yerr=err, capsize=3, color=style[s]["color"],
-                        linestyle=style[s]["linestyle"], marker=style[s]["marker"])
+            ax.errorbar(
+                [r["batch_size"] for r in ok],
+                y,
+                yerr=err,
+                capsize=3,
+                color=style[s]["color"],
+                linestyle=style[s]["linestyle"],
+                marker=style[s]["marker"],
+            )
         # Failure markers sit on the zero line, nudged sideways per series so they do not hide each other.
         nudge = 2 ** (0.07 * (n - (len(series) - 1) / 2))
         oom = [r["batch_size"] * nudge for r in mine if r["tflops_per_gpu"] is None and r["n_oom"]]
         other = [r["batch_size"] * nudge for r in mine if r["tflops_per_gpu"] is None and not r["n_oom"]]
-        ax.scatter(oom, [0] * len(oom), marker="x", s=60, linewidths=2, color=style[s]["color"], clip_on=False, zorder=3)
-        ax.scatter(other, [0] * len(other), marker="^", s=50, facecolors="none", edgecolors=style[s]["color"], clip_on=False, zorder=3)
+        ax.scatter(
+            oom, [0] * len(oom), marker="x", s=60, linewidths=2, color=style[s]["color"], clip_on=False, zorder=3
+        )
+        ax.scatter(
+            other,
+            [0] * len(other),
+            marker="^",
+            s=50,
+            facecolors="none",
+            edgecolors=style[s]["color"],
+            clip_on=False,
+            zorder=3,
+        )
     ax.set_ylim(-0.04 * top, 1.1 * top)
     ax.set_xlabel("batch size per GPU")
     ax.set_ylabel(axis_label)
@@ -234,9 +274,13 @@ def _bar_panel(ax, groups: list[dict], label, style: dict) -> None:
             text = f"{height}\nOOM at {g['oom_batch']}"
         if g["fastest_batch"] is not None and g["fastest_batch"] != g["max_ok_batch"]:
             text += f"\nfastest {g['fastest_batch']}"
-        ax.annotate(text, (x, height), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize="small")
+        ax.annotate(
+            text, (x, height), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize="small"
+        )
     ax.set_xticks(range(len(groups)), [label(g).replace(" · ", "\n") for g in groups], fontsize="small")
     ax.set_ylim(0, top * 1.3)
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))  # a batch is whole: no 0.2 ticks when the largest is 1
+    ax.yaxis.set_major_locator(
+        MaxNLocator(integer=True, steps=[1, 2, 5, 10])
+    )  # a batch is whole: no 0.2 ticks when the largest is 1
     ax.set_ylabel("largest ok batch per GPU")
     ax.grid(axis="y", alpha=0.3)

@@ -36,14 +36,19 @@ def _stacks(rows: Relation) -> pa.Table:
     """The rows counted per distinct stack (FIELDS) and ok or not, with their first and last start: one read of a
     million rows, a few hundred rows out, which every bullet then counts."""
     fields = ", ".join(f[0] for f in FIELDS)
-    return run_sql(f"""SELECT status = 'ok' AS ok, {fields}, count(*) AS n, min(started_at) AS a, max(started_at) AS b
-                       FROM rows GROUP BY ALL""", rows=rows)
+    return run_sql(
+        f"""SELECT status = 'ok' AS ok, {fields}, count(*) AS n, min(started_at) AS a, max(started_at) AS b
+                       FROM rows GROUP BY ALL""",
+        rows=rows,
+    )
 
 
 def _counts(stacks: pa.Table, column: str, ok_only: bool) -> list[tuple[str | None, int]]:
     where = "WHERE ok" if ok_only else ""
-    table = run_sql(f"SELECT {column} AS v, sum(n)::BIGINT AS n FROM rows {where} GROUP BY 1 "
-                    "ORDER BY n DESC, v NULLS LAST", rows=stacks)
+    table = run_sql(
+        f"SELECT {column} AS v, sum(n)::BIGINT AS n FROM rows {where} GROUP BY 1 ORDER BY n DESC, v NULLS LAST",
+        rows=stacks,
+    )
     return list(zip(table.column("v").to_pylist(), table.column("n").to_pylist()))
 
 
@@ -63,7 +68,11 @@ def _when(stacks: pa.Table) -> str:
     if a is None:
         return "start time not recorded"
     if a.date() == b.date():
-        return f"started {a:%Y-%m-%d %H:%M}" + ("" if b.strftime("%H:%M") == a.strftime("%H:%M") else f"–{b:%H:%M}") + " UTC"
+        return (
+            f"started {a:%Y-%m-%d %H:%M}"
+            + ("" if b.strftime("%H:%M") == a.strftime("%H:%M") else f"–{b:%H:%M}")
+            + " UTC"
+        )
     return f"started {a:%Y-%m-%d %H:%M} – {b:%Y-%m-%d %H:%M} UTC"
 
 

@@ -25,8 +25,18 @@ from sweep.results.scan import Relation, Rows
 
 # The columns that make two attempts "the same config": repeats of one config aggregate together.
 # memory_cap_gib: a run under `--memory-cap 80GiB` answers another question than one on the whole card
-CONFIG_KEYS = ("cluster", "model", "precision", "compile", "ac", "batch_size", "seq_len", "world_size",
-               *TRAINING_DEFAULTS, "memory_cap_gib")
+CONFIG_KEYS = (
+    "cluster",
+    "model",
+    "precision",
+    "compile",
+    "ac",
+    "batch_size",
+    "seq_len",
+    "world_size",
+    *TRAINING_DEFAULTS,
+    "memory_cap_gib",
+)
 
 _WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|!=|==|=|>|<)\s*(.*?)\s*$")
 
@@ -53,7 +63,13 @@ def _convert(text: str, column: str, value: str) -> object:
             when = dt.datetime.fromisoformat(value)
             return pa.scalar(when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc), type=typ)
     except ValueError:
-        kind = "an integer" if pa.types.is_integer(typ) else "a number" if pa.types.is_floating(typ) else "an ISO date/time"
+        kind = (
+            "an integer"
+            if pa.types.is_integer(typ)
+            else "a number"
+            if pa.types.is_floating(typ)
+            else "an ISO date/time"
+        )
         raise UserError(f"--where {text!r}: {column} takes {kind}, not {value!r}") from None
     if not pa.types.is_string(typ):
         raise UserError(f"--where {text!r}: {column} is a {typ} column; filter it with `sweep results query` (SQL)")
@@ -66,7 +82,9 @@ def parse_where(text: str) -> Where:
     """``"batch_size>=4"`` -> Where. Raises UserError naming the valid columns or the expected type."""
     m = _WHERE.match(text)
     if not m or not m.group(3):
-        raise UserError(f"--where {text!r}: expected COLUMN OP VALUE with OP one of = != > >= < <= (e.g. precision=bf16, batch_size>=4)")
+        raise UserError(
+            f"--where {text!r}: expected COLUMN OP VALUE with OP one of = != > >= < <= (e.g. precision=bf16, batch_size>=4)"
+        )
     column, op, raw = m.groups()
     if column not in RESULT_SCHEMA.names:
         raise UserError(f"--where {text!r}: unknown column {column!r}; valid columns: {', '.join(RESULT_SCHEMA.names)}")
@@ -74,8 +92,13 @@ def parse_where(text: str) -> Where:
     return Where(text=text, column=column, op=op, values=tuple(_convert(text, column, p) for p in parts))
 
 
-def load(directory: Path, where: Iterable[str] = (), columns: Sequence[str] | None = None,
-         skip_bad: bool = False, row_id: bool = False) -> Rows:
+def load(
+    directory: Path,
+    where: Iterable[str] = (),
+    columns: Sequence[str] | None = None,
+    skip_bad: bool = False,
+    row_id: bool = False,
+) -> Rows:
     """The rows under ``directory`` that pass every ``where`` filter, with ``columns`` (default all), as the
     DuckDB view of ``scan.Rows``: read by each statement, never into Python.
 
@@ -183,8 +206,10 @@ def sql(directory: Path, statement: str, bounds: Bounds, skip_bad: bool = False)
         except duckdb.OutOfMemoryException:
             raise UserError(f"query stopped: ran past the memory limit {bounds.memory_text} (--memory-limit)") from None
         except duckdb.PermissionException as e:
-            raise UserError(f"SQL: {duckdb_message(e)} (`sweep results query` reads the table `results` only; "
-                            "to save its output: --format csv > FILE)") from None
+            raise UserError(
+                f"SQL: {duckdb_message(e)} (`sweep results query` reads the table `results` only; "
+                "to save its output: --format csv > FILE)"
+            ) from None
         except duckdb.Error as e:
             raise UserError(f"SQL: {duckdb_message(e)}") from None
     finally:
@@ -196,7 +221,7 @@ def sql(directory: Path, statement: str, bounds: Bounds, skip_bad: bool = False)
 def _one_statement(con, statement: str) -> None:
     count = len(con.extract_statements(statement))
     if count == 0:
-        raise UserError("SQL: no statement; give one, e.g. \"SELECT count(*) FROM results\"")
+        raise UserError('SQL: no statement; give one, e.g. "SELECT count(*) FROM results"')
     if count > 1:
         raise UserError(f"SQL: {count} statements; `sweep results query` runs one at a time")
 

@@ -31,8 +31,10 @@ def _spec(label: str, spec_json: str | None, convention: str):
         return ModelSpec(**json.loads(spec_json))
     if label in REGISTRY:
         return REGISTRY[label]
-    raise UserError(f"--flops {convention}: rows of model {label!r} carry no model spec and {label!r} is not in the "
-                    f"registry, so their FLOPs cannot be recounted (leave them out: --where model!={label})")
+    raise UserError(
+        f"--flops {convention}: rows of model {label!r} carry no model spec and {label!r} is not in the "
+        f"registry, so their FLOPs cannot be recounted (leave them out: --where model!={label})"
+    )
 
 
 def recount(rows: Relation, convention: str) -> Relation:
@@ -47,9 +49,18 @@ def recount(rows: Relation, convention: str) -> Relation:
         spec = _spec(s["model"], s["model_spec"], convention)
         s["fpt"] = convention_flops_per_token(convention, spec, s["seq_len"])
         s["sweep_fpt"] = spec_flops_per_token(spec, s["seq_len"])  # for a row that lacks its own figure
-    factors = pa.Table.from_pylist(shapes, schema=pa.schema([("model", pa.string()), ("model_spec", pa.string()),
-                                                             ("seq_len", pa.int32()), ("fpt", pa.float64()),
-                                                             ("sweep_fpt", pa.float64())]))
+    factors = pa.Table.from_pylist(
+        shapes,
+        schema=pa.schema(
+            [
+                ("model", pa.string()),
+                ("model_spec", pa.string()),
+                ("seq_len", pa.int32()),
+                ("fpt", pa.float64()),
+                ("sweep_fpt", pa.float64()),
+            ]
+        ),
+    )
     order = ", ".join(f'r."{c}"' for c in rows.column_names if c not in ("tflops_per_gpu", "mfu", "flops_per_token"))
 
     def select(source: str) -> str:

@@ -100,8 +100,9 @@ def config_value(key: str, value: object) -> str:
 
 
 def config_cols(keys: Sequence[str]) -> list[Col]:
-    return [Col(k, CONFIG_HEADERS[k], _cell(k, config_value), k in ("batch_size", "seq_len", "world_size"))
-            for k in keys]
+    return [
+        Col(k, CONFIG_HEADERS[k], _cell(k, config_value), k in ("batch_size", "seq_len", "world_size")) for k in keys
+    ]
 
 
 def _cell(key: str, text: Callable[[str, object], str]) -> Callable[[dict], str]:
@@ -164,9 +165,15 @@ def _measured(row: dict) -> str:
 MEASURED = Col("steps_time_s", "time measured", _measured)  # reads aggregate.TIMES and step_time_s too
 # The start-up in the order it happens (`sweep.record.schema`): a fresh group's first trial pays all four, a warm one only
 # its build (the rest "—")
-STARTUP = [Col(key, header, num(key), optional=True) for key, header in (
-    ("process_start_s", "spawn (s)"), ("import_s", "import (s)"), ("process_setup_s", "setup (s)"),
-    ("model_build_s", "build (s)"))]
+STARTUP = [
+    Col(key, header, num(key), optional=True)
+    for key, header in (
+        ("process_start_s", "spawn (s)"),
+        ("import_s", "import (s)"),
+        ("process_setup_s", "setup (s)"),
+        ("model_build_s", "build (s)"),
+    )
+]
 
 SHOW_COLS = [
     *config_cols(CONFIG_KEYS),
@@ -213,15 +220,23 @@ def thrashes(batch: int | None, retries: int | None) -> str:
     return f"batch {batch} fits, but the allocator thrashes ({retries} {'retry' if retries == 1 else 'retries'})"
 
 
-def thrash_note(max_batch: int | None, retries_at_max: int | None, fastest: int | None, retries_at_fastest: int | None) -> str:
+def thrash_note(
+    max_batch: int | None, retries_at_max: int | None, fastest: int | None, retries_at_fastest: int | None
+) -> str:
     """`thrashes` for the largest batch and, when another, the fastest one; '' when neither retried."""
-    notes = [thrashes(max_batch, retries_at_max)] + ([thrashes(fastest, retries_at_fastest)] if fastest != max_batch else [])
+    notes = [thrashes(max_batch, retries_at_max)] + (
+        [thrashes(fastest, retries_at_fastest)] if fastest != max_batch else []
+    )
     return "; ".join(n for n in notes if n)
 
 
 def _thrash_note(row: dict) -> str:
-    return thrash_note(row.get("max_ok_batch"), row.get("alloc_retries_at_max"), row.get("fastest_batch"),
-                       row.get("alloc_retries_at_fastest"))
+    return thrash_note(
+        row.get("max_ok_batch"),
+        row.get("alloc_retries_at_max"),
+        row.get("fastest_batch"),
+        row.get("alloc_retries_at_fastest"),
+    )
 
 
 def _count(key: str) -> Callable[[dict], str]:
@@ -233,7 +248,9 @@ MAX_BATCH_COLS = [
     Col("status", "status", lambda r: r.get("status") or DASH, numeric=False),
     Col("max_ok_batch", "max ok batch", _max_ok),
     Col("oom_batch", "OOM at", lambda r: DASH if r.get("oom_batch") is None else str(r["oom_batch"])),
-    Col("fastest_batch", "fastest batch", lambda r: DASH if r.get("fastest_batch") is None else str(r["fastest_batch"])),
+    Col(
+        "fastest_batch", "fastest batch", lambda r: DASH if r.get("fastest_batch") is None else str(r["fastest_batch"])
+    ),
     Col("tflops_per_gpu", "TFLOP/s/GPU @fastest", TFLOPS),
     Col("mfu", "MFU @fastest", MFU),
     Col("peak_mem_gib", "peak mem @max (GiB)", PEAK_MEM),
@@ -256,8 +273,11 @@ def base_tflops(row: dict) -> str:
 
 def loss_at_cols(baseline: str, tokens_column: bool) -> list[Col]:
     """`compare`'s and `compare --best`'s loss at the same tokens trained; `tokens_column`: each pair at its own count."""
-    return [*([Col("loss_at_tokens", "at tokens", _count("loss_at_tokens"), optional=True)] if tokens_column else []),
-            LOSS_AT, Col("base_loss_at", f"{baseline} loss @ tokens", num("base_loss_at"), optional=True)]
+    return [
+        *([Col("loss_at_tokens", "at tokens", _count("loss_at_tokens"), optional=True)] if tokens_column else []),
+        LOSS_AT,
+        Col("base_loss_at", f"{baseline} loss @ tokens", num("base_loss_at"), optional=True),
+    ]
 
 
 def compare_cols(by: str, baseline: str, with_cost: bool, tokens_column: bool = False) -> list[Col]:
@@ -296,9 +316,15 @@ def value_text(value: object) -> str:
 
 def generic_cols(schema: pa.Schema) -> list[Col]:
     """Columns for an arbitrary Arrow schema (``sweep results query``)."""
-    return [Col(f.name, f.name, _cell(f.name, lambda _, value: value_text(value)),
-                pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type))
-            for f in schema]
+    return [
+        Col(
+            f.name,
+            f.name,
+            _cell(f.name, lambda _, value: value_text(value)),
+            pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type),
+        )
+        for f in schema
+    ]
 
 
 # --- the table `sweep plan` prints before a run (the verdicts after a search: `verdicts`) ------------
@@ -326,4 +352,3 @@ def plan_table(rows: list[dict], title: str, reasons: dict[str, int]) -> None:
         console.print(f"every trial: {escape(shared)}", soft_wrap=True)
     for reason, n in reasons.items():
         console.print(f"[yellow]({n}) unsupported:[/yellow] {escape(reason)}")
-

@@ -22,9 +22,17 @@ from sweep.errors import UserError, one_line
 from sweep.record.schema import RESULT_SCHEMA, TRAINING_DEFAULTS
 from sweep.record.store import safe_part
 
-_SQL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
-              pa.bool_(): "BOOLEAN", pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ", pa.list_(pa.float64()): "DOUBLE[]",
-              pa.list_(pa.int64()): "BIGINT[]", pa.list_(pa.string()): "VARCHAR[]"}
+_SQL_TYPES = {
+    pa.string(): "VARCHAR",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+    pa.list_(pa.float64()): "DOUBLE[]",
+    pa.list_(pa.int64()): "BIGINT[]",
+    pa.list_(pa.string()): "VARCHAR[]",
+}
 ROW_ID = ("filename", "file_row_number")  # one attempt's place: which file, which row (for its curves, later)
 
 
@@ -68,9 +76,11 @@ def _pruned(files: dict[Path, frozenset[str]], root: Path, wheres: Sequence) -> 
         if folder is None or w.op not in ("=", "=="):
             continue
         allowed = {folder + safe_part(str(v)) for v in w.values}
-        files = {f: names for f, names in files.items()
-                 if not (parts := [p for p in f.relative_to(root).parts[:-1] if p.startswith(folder)])
-                 or parts[0] in allowed}
+        files = {
+            f: names
+            for f, names in files.items()
+            if not (parts := [p for p in f.relative_to(root).parts[:-1] if p.startswith(folder)]) or parts[0] in allowed
+        }
     return files
 
 
@@ -84,15 +94,19 @@ def _from(files: dict[Path, frozenset[str]], columns: Sequence[str], row_id: boo
         cols = [f'"{c}"' if c in names else f'NULL::{sql_type(c)} AS "{c}"' for c in columns]
         listed = ", ".join(literal(p) for p in paths)
         options = ", filename = true, file_row_number = true" if row_id else ""
-        selects.append(f"SELECT {', '.join(cols)}{', filename, file_row_number' if row_id else ''} "
-                       f"FROM read_parquet([{listed}]{options})")
+        selects.append(
+            f"SELECT {', '.join(cols)}{', filename, file_row_number' if row_id else ''} "
+            f"FROM read_parquet([{listed}]{options})"
+        )
     return " UNION ALL ".join(selects)
 
 
 def _filled(columns: Sequence[str]) -> str:
     """The select list that reads a training option a row predates as its default (``store.open_dataset``)."""
-    return ", ".join(f'coalesce("{c}", {literal(TRAINING_DEFAULTS[c])}) AS "{c}"' if c in TRAINING_DEFAULTS
-                     else f'"{c}"' for c in columns)
+    return ", ".join(
+        f'coalesce("{c}", {literal(TRAINING_DEFAULTS[c])}) AS "{c}"' if c in TRAINING_DEFAULTS else f'"{c}"'
+        for c in columns
+    )
 
 
 class Rows:
@@ -103,8 +117,16 @@ class Rows:
     and the statement run again on the rest.
     """
 
-    def __init__(self, directory: Path, files: dict[Path, frozenset[str]], columns: Sequence[str], wheres: Sequence,
-                 row_id: bool = False, skip_bad: bool = False, con=None):
+    def __init__(
+        self,
+        directory: Path,
+        files: dict[Path, frozenset[str]],
+        columns: Sequence[str],
+        wheres: Sequence,
+        row_id: bool = False,
+        skip_bad: bool = False,
+        con=None,
+    ):
         self.directory, self.files, self.columns, self.wheres = Path(directory), files, list(columns), list(wheres)
         self.row_id, self.skip_bad = row_id, skip_bad
         self.con = con if con is not None else connect()
@@ -115,11 +137,14 @@ class Rows:
     def _build(self) -> None:
         read = list(dict.fromkeys([*self.columns, *(w.column for w in self.wheres)]))  # a filter reads its column
         extra = ", filename, file_row_number" if self.row_id else ""
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW everything AS SELECT {_filled(read)}{extra} "
-                         f"FROM ({_from(self.files, read, self.row_id)})")
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP VIEW everything AS SELECT {_filled(read)}{extra} "
+            f"FROM ({_from(self.files, read, self.row_id)})"
+        )
         listed = ", ".join(f'"{c}"' for c in self.columns)
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW rows AS SELECT {listed}{extra} FROM everything "
-                         f"WHERE {where_sql(self.wheres)}")
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP VIEW rows AS SELECT {listed}{extra} FROM everything WHERE {where_sql(self.wheres)}"
+        )
         for n, (select, tables) in enumerate(self._layers):
             for name, table in tables.items():
                 self.con.register(name, table)
@@ -145,8 +170,10 @@ class Rows:
         bad = _damaged(self.files, self.columns, error)
         if not self.skip_bad:
             path, why = next(iter(bad.items()))
-            raise UserError(f"{path}: {why} (move it out of {self.directory}, or pass --skip-bad to `sweep results` "
-                            "to read the rest)") from None
+            raise UserError(
+                f"{path}: {why} (move it out of {self.directory}, or pass --skip-bad to `sweep results` "
+                "to read the rest)"
+            ) from None
         for path, why in sorted(bad.items()):
             print(f"warning: skipped {path}: {why}", file=sys.stderr)
         self.files = {f: n for f, n in self.files.items() if f not in bad}
@@ -210,8 +237,9 @@ def connect():
     return con
 
 
-def select(directory: Path, wheres: Sequence, columns: Iterable[str], skip_bad: bool = False,
-           row_id: bool = False) -> Rows:
+def select(
+    directory: Path, wheres: Sequence, columns: Iterable[str], skip_bad: bool = False, row_id: bool = False
+) -> Rows:
     """The rows under ``directory`` passing ``wheres`` (``query.Where``) with ``columns``, as a ``Rows`` view."""
     from sweep.results.footers import checked
 

@@ -13,12 +13,26 @@ from dataclasses import dataclass
 from sweep.record.schema import TRAINING_DEFAULTS
 
 DASH = "—"
-CONFIG_HEADERS = {"cluster": "cluster", "model": "model", "precision": "precision", "compile": "compile",
-                  "ac": "ac", "batch_size": "batch", "seq_len": "seq", "world_size": "GPUs",
-                  "grad_accum": "accum", "grad_clip": "clip", "fp8_lm_head": "fp8 head",
-                  "reduce_dtype": "reduce", "grad_sync": "grad sync", "dynamic_batch": "dyn batch",
-                  "dp_replicate": "replicas", "tp": "tp", "cp": "cp",
-                  "memory_cap_gib": "cap (GiB)"}
+CONFIG_HEADERS = {
+    "cluster": "cluster",
+    "model": "model",
+    "precision": "precision",
+    "compile": "compile",
+    "ac": "ac",
+    "batch_size": "batch",
+    "seq_len": "seq",
+    "world_size": "GPUs",
+    "grad_accum": "accum",
+    "grad_clip": "clip",
+    "fp8_lm_head": "fp8 head",
+    "reduce_dtype": "reduce",
+    "grad_sync": "grad sync",
+    "dynamic_batch": "dyn batch",
+    "dp_replicate": "replicas",
+    "tp": "tp",
+    "cp": "cp",
+    "memory_cap_gib": "cap (GiB)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +52,9 @@ def says_nothing(key: str, value: object) -> bool:
     return value is None or (key in TRAINING_DEFAULTS and value == TRAINING_DEFAULTS[key])
 
 
-def split_constant(rows: list[dict], cols: list[Col], always: Sequence[str] = (),
-                   selected: Sequence[dict] | None = None) -> tuple[list[Col], str]:
+def split_constant(
+    rows: list[dict], cols: list[Col], always: Sequence[str] = (), selected: Sequence[dict] | None = None
+) -> tuple[list[Col], str]:
     """Drop config columns (but ``always``) with one value across ``selected`` (default ``rows``); return the rest
     and a caption.
 
@@ -68,8 +83,14 @@ def stdout_console():
     return Console(width=None if sys.stdout.isatty() else 400, highlight=False)
 
 
-def rich_table(rows: list[dict], cols: list[Col], title: str, note: str = "", always: Sequence[str] = (),
-               selected: Sequence[dict] | None = None) -> None:
+def rich_table(
+    rows: list[dict],
+    cols: list[Col],
+    title: str,
+    note: str = "",
+    always: Sequence[str] = (),
+    selected: Sequence[dict] | None = None,
+) -> None:
     """Print ``rows`` as a Rich table on stdout (wide when stdout is not a terminal, so nothing is cut); the
     caption folds what is constant over ``selected`` (``split_constant``)."""
     from rich.table import Table
@@ -80,8 +101,14 @@ def rich_table(rows: list[dict], cols: list[Col], title: str, note: str = "", al
     caption = " · ".join(p for p in (constant, note) if p) or None
     console = stdout_console()
     if not console.is_terminal and console.color_system is None:  # Rich would print plain text: draw it directly
-        text = plain_table.draw(console, title or None, caption, [c.header for c in cols], [c.numeric for c in cols],
-                                [[c.text(r) for c in cols] for r in rows])
+        text = plain_table.draw(
+            console,
+            title or None,
+            caption,
+            [c.header for c in cols],
+            [c.numeric for c in cols],
+            [[c.text(r) for c in cols] for r in rows],
+        )
         if text is not None:
             console.file.write(text)
             return

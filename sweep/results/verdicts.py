@@ -35,8 +35,13 @@ from sweep.results.render import (
 # activation checkpointing, the training options' defaults (the batch is always said).
 DEFAULT_CONFIG = {"compile": "none", "ac": "none", **TRAINING_DEFAULTS}
 # Where a fastest search's best spends its step (the row's profile_* columns: trainer.profiling.SHARE_KEYS)
-PROFILE_PARTS = (("gemm_pct", "GEMM"), ("attention_pct", "attention"), ("comm_exposed_pct", "exposed comm"),
-                 ("optimizer_pct", "optimizer"), ("other_pct", "other"))
+PROFILE_PARTS = (
+    ("gemm_pct", "GEMM"),
+    ("attention_pct", "attention"),
+    ("comm_exposed_pct", "exposed comm"),
+    ("optimizer_pct", "optimizer"),
+    ("other_pct", "other"),
+)
 
 
 def load(directory: Path) -> list[dict]:
@@ -96,20 +101,43 @@ def verdict_table(verdicts: list[dict]) -> None:
 
     table = Table(title="max-batch verdicts", title_justify="left")
     thrash = any(v.get("allocator") for v in verdicts)
-    for col in ["model", "precision", "compile", "seq", "gpus", "max batch", "first OOM", "fastest batch",
-                "TFLOP/s/GPU @fastest", "alloc retries @max", "alloc retries @fastest", "probes", "search s",
-                "cost (x one trial)"] + (["allocator"] if thrash else []):
+    for col in [
+        "model",
+        "precision",
+        "compile",
+        "seq",
+        "gpus",
+        "max batch",
+        "first OOM",
+        "fastest batch",
+        "TFLOP/s/GPU @fastest",
+        "alloc retries @max",
+        "alloc retries @fastest",
+        "probes",
+        "search s",
+        "cost (x one trial)",
+    ] + (["allocator"] if thrash else []):
         table.add_column(col)
     for v in verdicts:
         precision = v["precision"] + (f" ({v['options']})" if v.get("options") else "")  # e.g. grad_accum=8
-        table.add_row(v["model"], precision, v["compile"], str(v["seq_len"]), str(v["gpus"]), str(v["max_batch"]),
-                      str(v["first_failing_batch"]), str(v["fastest_batch"]),
-                      _opt(v.get("tflops_at_fastest"), lambda x: f"{x:.4g}"),
-                      _opt(v.get("alloc_retries_at_max")), _opt(v.get("alloc_retries_at_fastest")), str(v["probes"]),
-                      _opt(v.get("search_wall_s"), lambda x: f"{x:.1f}")
-                      + (f" [red]aborted: {v['aborted']}[/red]" if v.get("aborted") else ""),
-                      _opt(v.get("cost_vs_one_trial"), lambda x: f"{x:.1f}x"),
-                      *([f"[yellow]{v.get('allocator') or ''}[/yellow]"] if thrash else []))
+        table.add_row(
+            v["model"],
+            precision,
+            v["compile"],
+            str(v["seq_len"]),
+            str(v["gpus"]),
+            str(v["max_batch"]),
+            str(v["first_failing_batch"]),
+            str(v["fastest_batch"]),
+            _opt(v.get("tflops_at_fastest"), lambda x: f"{x:.4g}"),
+            _opt(v.get("alloc_retries_at_max")),
+            _opt(v.get("alloc_retries_at_fastest")),
+            str(v["probes"]),
+            _opt(v.get("search_wall_s"), lambda x: f"{x:.1f}")
+            + (f" [red]aborted: {v['aborted']}[/red]" if v.get("aborted") else ""),
+            _opt(v.get("cost_vs_one_trial"), lambda x: f"{x:.1f}x"),
+            *([f"[yellow]{v.get('allocator') or ''}[/yellow]"] if thrash else []),
+        )
     stdout_console().print(table)
 
 
@@ -125,23 +153,48 @@ def tune_table(verdicts: list[dict]) -> None:
     clusters = len({v.get("cluster") for v in verdicts}) > 1
     global_batch = any(v.get("global_batch_tokens") for v in verdicts)
     table = Table(title="fastest configuration per model × precision", title_justify="left")
-    for col in (["cluster"] if clusters else []) + ["model", "precision", "seq", "gpus", "best (vs baseline)",
-                                                    "TFLOP/s/GPU @best", "baseline", "baseline TFLOP/s/GPU", "speedup",
-                                                    "probes / budget", "cost (x one trial)", "numerics allowed"] \
-            + (["global batch (tokens)"] if global_batch else []):
+    for col in (
+        (["cluster"] if clusters else [])
+        + [
+            "model",
+            "precision",
+            "seq",
+            "gpus",
+            "best (vs baseline)",
+            "TFLOP/s/GPU @best",
+            "baseline",
+            "baseline TFLOP/s/GPU",
+            "speedup",
+            "probes / budget",
+            "cost (x one trial)",
+            "numerics allowed",
+        ]
+        + (["global batch (tokens)"] if global_batch else [])
+    ):
         table.add_column(col, justify="right" if "TFLOP" in col or col in ("seq", "gpus", "speedup") else "left")
     for v in verdicts:
         baseline = v.get("baseline") or {}
-        best = f"[red]aborted: {escape(str(v['aborted']))}[/red]" if v.get("aborted") else escape(config_text(
-            v.get("best"), {**DEFAULT_CONFIG, **baseline}))
-        table.add_row(*([str(v.get("cluster"))] if clusters else []), _model_at_layout(v), v["precision"],
-                      str(v["seq_len"]),
-                      str(v["gpus"]), best, _opt(v.get("tflops_at_best"), sig, DASH), escape(config_text(baseline)),
-                      _opt(v.get("baseline_tflops"), sig, DASH), ratio_text("speedup")(v),
-                      f"{v.get('probes', DASH)} / {v.get('budget', DASH)}",
-                      _opt(v.get("cost_vs_one_trial"), lambda x: f"{x:.1f}x", DASH),
-                      ", ".join(v.get("numerics_allowed") or []) or "none",
-                      *([_opt(v.get("global_batch_tokens"), lambda x: f"{x:,}", DASH)] if global_batch else []))
+        best = (
+            f"[red]aborted: {escape(str(v['aborted']))}[/red]"
+            if v.get("aborted")
+            else escape(config_text(v.get("best"), {**DEFAULT_CONFIG, **baseline}))
+        )
+        table.add_row(
+            *([str(v.get("cluster"))] if clusters else []),
+            _model_at_layout(v),
+            v["precision"],
+            str(v["seq_len"]),
+            str(v["gpus"]),
+            best,
+            _opt(v.get("tflops_at_best"), sig, DASH),
+            escape(config_text(baseline)),
+            _opt(v.get("baseline_tflops"), sig, DASH),
+            ratio_text("speedup")(v),
+            f"{v.get('probes', DASH)} / {v.get('budget', DASH)}",
+            _opt(v.get("cost_vs_one_trial"), lambda x: f"{x:.1f}x", DASH),
+            ", ".join(v.get("numerics_allowed") or []) or "none",
+            *([_opt(v.get("global_batch_tokens"), lambda x: f"{x:,}", DASH)] if global_batch else []),
+        )
     console = stdout_console()
     console.print(table)
     for v in verdicts:
@@ -160,7 +213,9 @@ def _model_at_layout(v: dict) -> str:
 def profile_line(v: dict) -> str:
     """'llama3-8b fp8-te T4096 ×2, the best's step: GEMM 61.2 %, attention 14.0 %, ... · trace run1/x.json'."""
     p = v["profile"]
-    shares = ", ".join(f"{name} {_opt(p.get(key), lambda x: sig(x, RATIO_SIGNIFICANT), DASH)} %" for key, name in PROFILE_PARTS)
+    shares = ", ".join(
+        f"{name} {_opt(p.get(key), lambda x: sig(x, RATIO_SIGNIFICANT), DASH)} %" for key, name in PROFILE_PARTS
+    )
     trace = f" · trace {p['trace_file']}" if p.get("trace_file") else ""
     return f"{_model_at_layout(v)} {v['precision']} T{v['seq_len']} ×{v['gpus']}, the best's step: {shares}{trace}"
 
@@ -170,14 +225,19 @@ def skipped_line(v: dict) -> str:
     compile full': what a fastest search skipped for cost (sweep.search.fastest.cost)."""
     base = {**DEFAULT_CONFIG, **(v.get("baseline") or {})}
     said = "; ".join(config_text(c, base) for c in v["skipped_for_cost"])
-    return (f"{_model_at_layout(v)} {v['precision']} T{v['seq_len']} ×{v['gpus']}, not probed (predicted past max_cost "
-            f"{v.get('max_cost'):g}x one trial): {said}")
+    return (
+        f"{_model_at_layout(v)} {v['precision']} T{v['seq_len']} ×{v['gpus']}, not probed (predicted past max_cost "
+        f"{v.get('max_cost'):g}x one trial): {said}"
+    )
 
 
 def finalists(verdicts: list[dict]) -> list[tuple[str | None, str]]:
     """(cluster, trial_id) of each fastest search's best: a fully measured finalist, not a short probe."""
-    return [(v.get("cluster"), v["best_trial_id"]) for v in verdicts
-            if v["kind"] == "fastest" and not v.get("aborted") and v.get("best_trial_id")]
+    return [
+        (v.get("cluster"), v["best_trial_id"])
+        for v in verdicts
+        if v["kind"] == "fastest" and not v.get("aborted") and v.get("best_trial_id")
+    ]
 
 
 def _config(row: dict, prefix: str = "") -> str:

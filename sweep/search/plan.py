@@ -19,7 +19,7 @@ class Verdict(Protocol):
 
     @property
     def kind(self) -> str:
-        """"max_batch" or "fastest"."""
+        """ "max_batch" or "fastest"."""
         ...
 
     @property
@@ -39,8 +39,9 @@ class Plan(Protocol):
         """The trials to run first."""
         ...
 
-    def on_result(self, trial: Trial, status: str, infrastructure: bool = False,
-                  row: dict[str, Any] | None = None) -> list[Trial]:
+    def on_result(
+        self, trial: Trial, status: str, infrastructure: bool = False, row: dict[str, Any] | None = None
+    ) -> list[Trial]:
         """The follow-up trials after `trial` ended with `status` (its row, when one was written)."""
         ...
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from sweep.record.schema import int_range
 from sweep.search import probe_budget
@@ -20,8 +21,9 @@ from sweep.spec.grid import OomPolicy, Trial
 INFRA_RETRIES = 1  # a dead rank process or lost node is retried once; OOM/unsupported/timeout never
 
 
-def next_batch_after_oom(policy: OomPolicy, failed: int, *, ok: set[int], tried: set[int],
-                         predicted: int | None = None) -> int | None:
+def next_batch_after_oom(
+    policy: OomPolicy, failed: int, *, ok: set[int], tried: set[int], predicted: int | None = None
+) -> int | None:
     """The batch to retry after `failed` ran out of memory, or None to stop.
 
     halve:  failed // 2
@@ -78,8 +80,9 @@ class GridPlan:
     def initial(self) -> list[Trial]:
         return list(self.trials)
 
-    def on_result(self, trial: Trial, status: str, infrastructure: bool = False,
-                  row: dict[str, Any] | None = None) -> list[Trial]:
+    def on_result(
+        self, trial: Trial, status: str, infrastructure: bool = False, row: dict[str, Any] | None = None
+    ) -> list[Trial]:
         key = trial.config_key
         if status == "unsupported" and is_predicted_oom(row):  # its on_oom applies as to a real OOM
             status = "oom"
@@ -95,8 +98,9 @@ class GridPlan:
         # A lower batch that the grid runs anyway is not run twice: the grid's own trial covers it.
         tried = self._tried[key] | set(grid_batches)
         predicted = self.predicted_max(trial) if self.predicted_max else None
-        batch = next_batch_after_oom(self.oom, trial.batch_size, ok=self._ok.get(key, set()), tried=tried,
-                                     predicted=predicted)
+        batch = next_batch_after_oom(
+            self.oom, trial.batch_size, ok=self._ok.get(key, set()), tried=tried, predicted=predicted
+        )
         return [] if batch is None else [trial.child(batch_size=batch, retry=0)]
 
     def verdicts(self) -> list[Verdict]:
@@ -188,8 +192,9 @@ class MaxBatchSearch:
     def smallest_failed(self) -> int | None:
         return min(self.failed, default=None)
 
-    def record(self, batch: int, status: str, *, peak_mem_bytes: float | None = None,
-               tokens_per_s: float | None = None) -> None:
+    def record(
+        self, batch: int, status: str, *, peak_mem_bytes: float | None = None, tokens_per_s: float | None = None
+    ) -> None:
         choice = self._choice()
         if choice is not None and choice.batch == batch and choice.guided:
             self.guided += 1
@@ -220,12 +225,16 @@ class MaxBatchSearch:
         if (hi is not None and hi - (lo or 0) <= (self.step if lo else 1)) or (lo is not None and lo >= top):
             return None
         wanted = self._guided(lo, hi, top) or self._blind(lo, hi, top)
-        smallest, largest = (probe_budget.window(lo or 0, min(hi or top + 1, top + 1), self._spent())
-                             if self.bounded else (1, MAX_BATCH))
+        smallest, largest = (
+            probe_budget.window(lo or 0, min(hi or top + 1, top + 1), self._spent()) if self.bounded else (1, MAX_BATCH)
+        )
         batch = min(max(wanted.batch, smallest), largest)
         # moved down, a batch said to fit still does; moved up, one said to fail still fails
-        kept = (batch == wanted.batch or (batch < wanted.batch and wanted.fits)
-                or (batch > wanted.batch and wanted.fits is False))
+        kept = (
+            batch == wanted.batch
+            or (batch < wanted.batch and wanted.fits)
+            or (batch > wanted.batch and wanted.fits is False)
+        )
         fits = wanted.fits if kept else None
         return Probe(batch, wanted.guided, fits)
 
@@ -334,8 +343,14 @@ class MaxBatchPlan:
     """One MaxBatchSearch per (model, precision, compile, ac, seq_len, ranks); each probe is a trial.
     `predicted_max`: the memory model's largest batch of a config (its point estimate), where the search starts."""
 
-    def __init__(self, seeds: list[Trial], *, capacity_bytes: float | None, step: int = 1,
-                 predicted_max: Callable[[Trial], int | None] | None = None):
+    def __init__(
+        self,
+        seeds: list[Trial],
+        *,
+        capacity_bytes: float | None,
+        step: int = 1,
+        predicted_max: Callable[[Trial], int | None] | None = None,
+    ):
         self.templates: dict[tuple[Any, ...], Trial] = {}
         self.searches: dict[tuple[Any, ...], MaxBatchSearch] = {}
         for t in seeds:
@@ -344,8 +359,9 @@ class MaxBatchPlan:
             sid = max_batch_search_id(t)
             self.templates[t.config_key] = replace(t, search_id=sid)
             predicted = predicted_max(t) if predicted_max else None  # None: start from the seed's batch
-            self.searches[t.config_key] = MaxBatchSearch(start=t.batch_size, step=step, capacity_bytes=capacity_bytes,
-                                                         predicted=predicted)
+            self.searches[t.config_key] = MaxBatchSearch(
+                start=t.batch_size, step=step, capacity_bytes=capacity_bytes, predicted=predicted
+            )
 
     def _probe(self, key: tuple[Any, ...]) -> list[Trial]:
         batch = self.searches[key].next_probe()
@@ -357,8 +373,9 @@ class MaxBatchPlan:
     def initial(self) -> list[Trial]:
         return [t for key in self.searches for t in self._probe(key)]
 
-    def on_result(self, trial: Trial, status: str, infrastructure: bool = False,
-                  row: dict[str, Any] | None = None) -> list[Trial]:
+    def on_result(
+        self, trial: Trial, status: str, infrastructure: bool = False, row: dict[str, Any] | None = None
+    ) -> list[Trial]:
         retry = infra_retry(trial, status, infrastructure)
         if retry is not None:
             return [retry]
@@ -367,17 +384,34 @@ class MaxBatchPlan:
             status = "oom"
         row = row or {}
         peak = row.get("peak_mem_gib")
-        search.record(trial.batch_size, status, peak_mem_bytes=peak * 1024**3 if peak is not None else None,
-                      tokens_per_s=row.get("tokens_per_s_per_gpu"))
+        search.record(
+            trial.batch_size,
+            status,
+            peak_mem_bytes=peak * 1024**3 if peak is not None else None,
+            tokens_per_s=row.get("tokens_per_s_per_gpu"),
+        )
         return self._probe(trial.config_key)
 
     def verdicts(self) -> list[Verdict]:
         out: list[Verdict] = []
         for key, search in self.searches.items():
             t = self.templates[key]
-            out.append(MaxBatchVerdict(
-                search_id=t.search_id, model=t.model.label, precision=t.precision, compile=t.compile,
-                ac=t.ac, seq_len=t.seq_len, gpus=t.gpus, options=t.options_text(), max_batch=search.largest_ok,
-                first_failing_batch=search.smallest_failed, fastest_batch=search.fastest(),
-                probes=len(search.probes), probe_batches=tuple(search.probes), aborted=search.aborted))
+            out.append(
+                MaxBatchVerdict(
+                    search_id=t.search_id,
+                    model=t.model.label,
+                    precision=t.precision,
+                    compile=t.compile,
+                    ac=t.ac,
+                    seq_len=t.seq_len,
+                    gpus=t.gpus,
+                    options=t.options_text(),
+                    max_batch=search.largest_ok,
+                    first_failing_batch=search.smallest_failed,
+                    fastest_batch=search.fastest(),
+                    probes=len(search.probes),
+                    probe_batches=tuple(search.probes),
+                    aborted=search.aborted,
+                )
+            )
         return out

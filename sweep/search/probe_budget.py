@@ -13,8 +13,8 @@ memory model, a doubling, a midpoint) and never loses its bound. Pure arithmetic
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from fractions import Fraction
-from typing import Iterator
 
 HALF = Fraction(1, 2)
 

@@ -114,7 +114,8 @@ class Steps(BaseModel):
 
     model_config = _STRICT
     warmup: Annotated[StepsSpec, _steps(0)] = Field(
-        default=3, description="untimed steps first (compile, allocator warm-up), or auto")
+        default=3, description="untimed steps first (compile, allocator warm-up), or auto"
+    )
     measure: Annotated[StepsSpec, _steps(1)] = Field(default=10, description="timed steps, or auto")
 
 
@@ -122,7 +123,10 @@ class Steps(BaseModel):
 # only when `tune.vary` names them.
 TUNABLE = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")
 NUMERICS_CHANGING = ("reduce_dtype", "grad_sync", "fp8_lm_head")
-DEFAULT_VARY, VARIABLE = ("batch_size", "ac", "compile", "grad_accum"), TUNABLE + LAYOUT_VARY  # layouts: sweep.spec.layout
+DEFAULT_VARY, VARIABLE = (
+    ("batch_size", "ac", "compile", "grad_accum"),
+    TUNABLE + LAYOUT_VARY,
+)  # layouts: sweep.spec.layout
 
 
 class TuneSpec(BaseModel):
@@ -133,20 +137,27 @@ class TuneSpec(BaseModel):
     model_config = _STRICT
     # a Literal of the tuple's values, made at run time (pydantic reads it; mypy cannot)
     vary: list[Literal[VARIABLE]] = Field(  # type: ignore[valid-type]
-        default=list(DEFAULT_VARY), description="options the search may change")
+        default=list(DEFAULT_VARY), description="options the search may change"
+    )
     budget: int = Field(default=40, gt=0, description="probes (trial attempts) at most, per model and precision")
     global_batch_tokens: int | None = Field(
-        default=None, gt=0, description="micro-batch x grad_accum x ranks x seq_len held at this, if given")
+        default=None, gt=0, description="micro-batch x grad_accum x ranks x seq_len held at this, if given"
+    )
     max_cost: float | None = Field(
-        default=10.0, gt=1, description="GPU time at most, in fresh measured trials of the fastest probe (finals "
-                                        "included): a probe predicted past it is skipped; null: no cap")
+        default=10.0,
+        gt=1,
+        description="GPU time at most, in fresh measured trials of the fastest probe (finals "
+        "included): a probe predicted past it is skipped; null: no cap",
+    )
 
     @field_validator("vary")
     @classmethod
     def _no_repeats(cls, value: list[str]) -> list[str]:
         if not value:  # nothing to vary: the search would measure its one configuration over and over
-            raise ValueError(f"no option to vary: name at least one of {', '.join(TUNABLE)}; to measure "
-                             f"one configuration, leave out search: fastest")
+            raise ValueError(
+                f"no option to vary: name at least one of {', '.join(TUNABLE)}; to measure "
+                f"one configuration, leave out search: fastest"
+            )
         if len(set(value)) != len(value):
             raise ValueError(f"an option is named twice: {value}")
         return value
@@ -155,58 +166,103 @@ class TuneSpec(BaseModel):
 class OomPolicy(BaseModel):
     model_config = _STRICT
     policy: Literal["halve", "next", "bisect", "none"] = Field(
-        default="halve", description="after an out-of-memory attempt, retry at: halve (B/2), next (B-1), bisect "
-                                     "(midway to the largest batch known to fit), or none (no retry)")
+        default="halve",
+        description="after an out-of-memory attempt, retry at: halve (B/2), next (B-1), bisect "
+        "(midway to the largest batch known to fit), or none (no retry)",
+    )
     min_batch: int = Field(default=1, gt=0, description="no retry below this batch")
 
 
 # The training options as grid axes: a list of each option's type (its constraint included), defaulting to
 # the option's default alone (`trainer.options.TrainingOptions` declares them).
 # (built at run time from the options, so mypy sees neither the fields nor the base class: the ignores below)
-_TrainingAxes = create_model("_TrainingAxes", __config__=_STRICT, **{  # type: ignore[call-overload]
-    name: (list[typ], Field(  # type: ignore[valid-type]
-        default=[OPTION_DEFAULTS[name]], min_length=1, description=OPTION_DOCS[name]))
-    for name, typ in option_types().items()})
+_TrainingAxes = create_model(
+    "_TrainingAxes",
+    __config__=_STRICT,
+    **{  # type: ignore[call-overload]
+        name: (
+            list[typ],
+            Field(  # type: ignore[valid-type]
+                default=[OPTION_DEFAULTS[name]], min_length=1, description=OPTION_DOCS[name]
+            ),
+        )
+        for name, typ in option_types().items()
+    },
+)
 
 
 class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
-
     name: str | None = Field(default=None, description="the grid's name, stored in every row's grid_name column")
     models: list[Annotated[ModelSpec, BeforeValidator(_registry_model)]] = Field(
-        min_length=1, description="registry names (llama3-8b, gpt2-1.5b, ...) or inline specs {arch: gpt|llama, "
-                                  "n_layers, d_embd, n_heads, vocab_size, ...}")
+        min_length=1,
+        description="registry names (llama3-8b, gpt2-1.5b, ...) or inline specs {arch: gpt|llama, "
+        "n_layers, d_embd, n_heads, vocab_size, ...}",
+    )
     precisions: list[Annotated[str, AfterValidator(_known_precision)]] = Field(
-        default=["bf16"], min_length=1, description="precision recipes (bf16, fp8-torchao-tensorwise, "
-                                                    "fp8-te-delayed, ...)")
+        default=["bf16"],
+        min_length=1,
+        description="precision recipes (bf16, fp8-torchao-tensorwise, fp8-te-delayed, ...)",
+    )
     batch_sizes: list[_Positive] = Field(min_length=1, description="per-GPU micro-batch, in samples")
-    compile: list[CompileMode] = Field(default=["regional"], min_length=1, description=(
-        "torch.compile: none, regional (each transformer block) or full (the whole model)"))
-    seq_len: list[_Positive] = Field(default=[1024], min_length=1, description=(
-        "tokens per sample; at most each model's max_seq_len"))
+    compile: list[CompileMode] = Field(
+        default=["regional"],
+        min_length=1,
+        description=("torch.compile: none, regional (each transformer block) or full (the whole model)"),
+    )
+    seq_len: list[_Positive] = Field(
+        default=[1024], min_length=1, description=("tokens per sample; at most each model's max_seq_len")
+    )
     gpus: list[_Positive] = Field(default=[1], min_length=1, description="ranks per trial (one per GPU)")
-    ac: list[AcMode] = Field(default=["none"], min_length=1, description=(
-        "activation checkpointing: none, selective (some blocks) or full (every block)"))
+    ac: list[AcMode] = Field(
+        default=["none"],
+        min_length=1,
+        description=("activation checkpointing: none, selective (some blocks) or full (every block)"),
+    )
     # + one axis per training option (from _TrainingAxes): grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync
     steps: Steps = Field(default=Steps(), description="warm-up and measured steps per trial (counts, or auto)")
     on_oom: OomPolicy = Field(default=OomPolicy(), description="what an out-of-memory attempt is retried at")
-    search: Literal["max_batch", "fastest"] | None = Field(default=None, description=(
-        "max_batch: the largest and the fastest batch per model and precision; fastest: the fastest "
-        "configuration over the options tune.vary names; null: run the grid as written"))
+    search: Literal["max_batch", "fastest"] | None = Field(
+        default=None,
+        description=(
+            "max_batch: the largest and the fastest batch per model and precision; fastest: the fastest "
+            "configuration over the options tune.vary names; null: run the grid as written"
+        ),
+    )
     tune: TuneSpec | None = Field(default=None, description="how search: fastest searches")
-    profile: bool = Field(default=False, description="record a torch.profiler trace of a few steps after the "
-                                                     "measured ones, and where the step time goes")
-    timeout_s: float | None = Field(default=None, gt=0, description=(
-        "seconds a trial may run before it is killed and recorded timeout (null: the profile's, else 1800)"))
-    memory_cap: int | None = Field(default=None, description=(  # bytes, from a size with a unit
-        "per-rank memory cap, a size with a unit (80GiB): allocations past it really fail"))
-    predict_memory: bool = Field(default=True, description=(
-        "record a trial whose predicted peak memory (sweep.memory.model) exceeds a GPU rank's memory unsupported, "
-        "without GPU time; false: run it anyway"))
-    reuse_actors: bool = Field(default=True, description="run trials of one kind one after the other on warm rank "
-                                                         "processes (sweep.execution.scheduler); false: fresh ones for each")
+    profile: bool = Field(
+        default=False,
+        description="record a torch.profiler trace of a few steps after the "
+        "measured ones, and where the step time goes",
+    )
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "seconds a trial may run before it is killed and recorded timeout (null: the profile's, else 1800)"
+        ),
+    )
+    memory_cap: int | None = Field(
+        default=None,
+        description=(  # bytes, from a size with a unit
+            "per-rank memory cap, a size with a unit (80GiB): allocations past it really fail"
+        ),
+    )
+    predict_memory: bool = Field(
+        default=True,
+        description=(
+            "record a trial whose predicted peak memory (sweep.memory.model) exceeds a GPU rank's memory unsupported, "
+            "without GPU time; false: run it anyway"
+        ),
+    )
+    reuse_actors: bool = Field(
+        default=True,
+        description="run trials of one kind one after the other on warm rank "
+        "processes (sweep.execution.scheduler); false: fresh ones for each",
+    )
 
-    _as_list = field_validator("models", "precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac",
-                               *OPTION_DEFAULTS, mode="before")(_listify)
+    _as_list = field_validator(
+        "models", "precisions", "batch_sizes", "compile", "seq_len", "gpus", "ac", *OPTION_DEFAULTS, mode="before"
+    )(_listify)
 
     @field_validator("memory_cap", mode="before")
     @classmethod
@@ -220,8 +276,10 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
         for i, spec in enumerate(self.models):
             known = REGISTRY.get(spec.label)
             if known is not None and known != spec:
-                raise ValueError(f"models.{i}: name {spec.label!r} is a registry model with other dims; "
-                                 f"give this spec a name of its own")
+                raise ValueError(
+                    f"models.{i}: name {spec.label!r} is a registry model with other dims; "
+                    f"give this spec a name of its own"
+                )
             if seen.setdefault(spec.label, spec) != spec:
                 raise ValueError(f"models.{i}: two different specs are named {spec.label!r}; give each its own name")
         return self
@@ -229,8 +287,10 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
     @model_validator(mode="after")
     def _one_start_for_a_search(self) -> GridSpec:
         if self.search and len(self.batch_sizes) > 1:
-            raise ValueError(f"search: {self.search} starts from one batch and finds the rest; give one batch_sizes "
-                             f"entry (the first probe), got {self.batch_sizes}")
+            raise ValueError(
+                f"search: {self.search} starts from one batch and finds the rest; give one batch_sizes "
+                f"entry (the first probe), got {self.batch_sizes}"
+            )
         if self.tune is not None and self.search != "fastest":
             raise ValueError("tune: configures search: fastest; add `search: fastest` or remove tune")
         return self
@@ -239,13 +299,15 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
     def _storable(self) -> GridSpec:
         """Every size a row records fits its column (sweep.record.schema): a batch of 3e9 would otherwise run, and then
         fail to be written."""
-        sizes = {"batch_sizes": ("batch_size", self.batch_sizes), "seq_len": ("seq_len", self.seq_len),
-                 "gpus": ("world_size", self.gpus),
-                 "steps.warmup": ("warmup_steps", [self.steps.warmup]),
-                 "steps.measure": ("measure_steps", [self.steps.measure]),
-                 "models": ("n_params", [m.n_params() for m in self.models]),
-                 **{name: (name, getattr(self, name)) for name, default in OPTION_DEFAULTS.items()
-                    if type(default) is int}}  # grad_accum
+        sizes = {
+            "batch_sizes": ("batch_size", self.batch_sizes),
+            "seq_len": ("seq_len", self.seq_len),
+            "gpus": ("world_size", self.gpus),
+            "steps.warmup": ("warmup_steps", [self.steps.warmup]),
+            "steps.measure": ("measure_steps", [self.steps.measure]),
+            "models": ("n_params", [m.n_params() for m in self.models]),
+            **{name: (name, getattr(self, name)) for name, default in OPTION_DEFAULTS.items() if type(default) is int},
+        }  # grad_accum
         for key, (column, values) in sizes.items():
             problem = unstorable(key, column, values)
             if problem:
@@ -262,15 +324,19 @@ def unstorable(key: str, column: str, values: Sequence[Any]) -> str | None:
     if bad is None:
         return None
     unit = " parameters" if column == "n_params" else ""
-    return (f"{key}: {bad}{unit} is more than the results can record ({column} is "
-            f"{RESULT_SCHEMA.field(column).type}: at most {high})")
+    return (
+        f"{key}: {bad}{unit} is more than the results can record ({column} is "
+        f"{RESULT_SCHEMA.field(column).type}: at most {high})"
+    )
 
 
 def parse_grid(data: Any, source: str = "<grid>") -> GridSpec:
     """Validate a grid mapping once; every mistake in it goes into the one line of the UserError."""
     if not isinstance(data, dict):
-        raise UserError(f"Invalid grid {source}: the top level must be a mapping of keys (models, precisions, ...), "
-                        f"got {type(data).__name__}")
+        raise UserError(
+            f"Invalid grid {source}: the top level must be a mapping of keys (models, precisions, ...), "
+            f"got {type(data).__name__}"
+        )
     try:
         grid: GridSpec = GridSpec.model_validate(data)
     except ValidationError as e:
@@ -293,8 +359,9 @@ def load_grid(path: str | Path) -> GridSpec:
     return parse_grid(read_grid(path), display_path(Path(path)))
 
 
-def fold_options(options: Mapping[str, Any], *, model: ModelSpec, precision: str, gpus: int,
-                 compile: str | None = None) -> dict[str, Any]:
+def fold_options(
+    options: Mapping[str, Any], *, model: ModelSpec, precision: str, gpus: int, compile: str | None = None
+) -> dict[str, Any]:
     """The options a trial really runs with: one that can do nothing in this trial is back at its default."""
     family = RECIPES[precision].family
     # An FP8 head needs an FP8 recipe and an untied head (GPT's head is the embedding): elsewhere the
@@ -308,14 +375,25 @@ def fold_options(options: Mapping[str, Any], *, model: ModelSpec, precision: str
     # Nothing is traced without compile (a caller that does not say which compile keeps the option as it is).
     # torchao's FP8 graphs keep static shapes: on one H200 a symbolic batch ran them 1.9-2.3 % slower (bf16 within
     # 0.7 %; benchmarks/RESULTS.md "Compile once per graph"), more than a benchmark may trade for compile time.
-    dynamic = (options["dynamic_batch"] and RECIPES[precision].backend != "torchao" if compile != "none"
-               else OPTION_DEFAULTS["dynamic_batch"])
+    dynamic = (
+        options["dynamic_batch"] and RECIPES[precision].backend != "torchao"
+        if compile != "none"
+        else OPTION_DEFAULTS["dynamic_batch"]
+    )
     return {**options, "fp8_lm_head": fp8_head, "reduce_dtype": reduce, "grad_sync": sync, "dynamic_batch": dynamic}
 
 
-def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | None = None,
-           timeout_s: float | None = None, memory_cap_bytes: int | None = None,
-           default_memory_cap: int | None = None, ranks_per_node: int | None = None) -> list[Trial]:
+def expand(
+    grid: GridSpec,
+    *,
+    cluster: str,
+    source: str = "",
+    max_ranks: int | None = None,
+    timeout_s: float | None = None,
+    memory_cap_bytes: int | None = None,
+    default_memory_cap: int | None = None,
+    ranks_per_node: int | None = None,
+) -> list[Trial]:
     """The cartesian product of the grid's axes, in a stable order. `timeout_s` is the profile's: a trial's
     limit is the grid's timeout_s, else that, else DEFAULT_TIMEOUT_S (decided here, once). A layout (dp_replicate x
     tp x cp) that does not divide a trial's ranks is left out of that gpus value's trials (gpus: [2, 4] with tp: [1, 4]
@@ -323,30 +401,47 @@ def expand(grid: GridSpec, *, cluster: str, source: str = "", max_ranks: int | N
     if max_ranks is not None:
         too_many = [g for g in grid.gpus if g > max_ranks]
         if too_many:
-            raise UserError(f"Invalid grid {source}: gpus: {too_many[0]} ranks per trial, but cluster '{cluster}' "
-                            f"has {max_ranks}")
+            raise UserError(
+                f"Invalid grid {source}: gpus: {too_many[0]} ranks per trial, but cluster '{cluster}' has {max_ranks}"
+            )
     if problem := grid_layout_problem(grid):
         raise UserError(f"Invalid grid {source}: {problem}")
     cap = next((c for c in (memory_cap_bytes, grid.memory_cap, default_memory_cap) if c is not None), None)
     limit = grid.timeout_s or timeout_s or DEFAULT_TIMEOUT_S
-    option_sets = [dict(zip(OPTION_DEFAULTS, values))
-                   for values in itertools.product(*(getattr(grid, name) for name in OPTION_DEFAULTS))]
+    option_sets = [
+        dict(zip(OPTION_DEFAULTS, values))
+        for values in itertools.product(*(getattr(grid, name) for name in OPTION_DEFAULTS))
+    ]
     trials = []
     for model, precision, comp, ac, seq_len, gpus, options, batch in itertools.product(
-            grid.models, grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, option_sets,
-            grid.batch_sizes):
+        grid.models, grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, option_sets, grid.batch_sizes
+    ):
         if seq_len > model.max_seq_len:  # gpt: learned positions; llama: the RoPE table
-            raise UserError(f"Invalid grid {source}: seq_len: {seq_len} exceeds {model.label}'s max_seq_len "
-                            f"({model.max_seq_len})")
+            raise UserError(
+                f"Invalid grid {source}: seq_len: {seq_len} exceeds {model.label}'s max_seq_len ({model.max_seq_len})"
+            )
         if not divides(gpus, options):
             continue
         if problem := layout_problem(model, seq_len=seq_len, options=options, ranks_per_node=ranks_per_node):
             raise UserError(f"Invalid grid {source}: {problem}")
-        trials.append(Trial(cluster=cluster, model=model, precision=precision, compile=comp, ac=ac,
-                            batch_size=batch, seq_len=seq_len, gpus=gpus, warmup_steps=grid.steps.warmup,
-                            measure_steps=grid.steps.measure, memory_cap_bytes=cap, timeout_s=limit,
-                            predict_memory=grid.predict_memory,
-                            profile=grid.profile, **fold_options(options, model=model, precision=precision, gpus=gpus,
-                                                           compile=comp)))
+        trials.append(
+            Trial(
+                cluster=cluster,
+                model=model,
+                precision=precision,
+                compile=comp,
+                ac=ac,
+                batch_size=batch,
+                seq_len=seq_len,
+                gpus=gpus,
+                warmup_steps=grid.steps.warmup,
+                measure_steps=grid.steps.measure,
+                memory_cap_bytes=cap,
+                timeout_s=limit,
+                predict_memory=grid.predict_memory,
+                profile=grid.profile,
+                **fold_options(options, model=model, precision=precision, gpus=gpus, compile=comp),
+            )
+        )
     unique = {t.trial_id: t for t in trials}
     return list(unique.values())

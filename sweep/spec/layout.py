@@ -24,8 +24,10 @@ LAYOUT_AXES = ("dp_replicate", "tp", "cp")
 # What tune.vary may name besides sweep.spec.grid.TUNABLE: a layout is searched as its own group, one search per value
 # (sweep.search.fastest.plan), as the layout sets each rank's share of the memory (so its batch fit) and its communication.
 LAYOUT_VARY = ("tp", "dp_replicate")
-CP_NOT_BUILT = ("context parallel is not built: torch 2.13's context_parallel has no sharding rule for CPU attention "
-                "(aten._scaled_dot_product_flash_attention_for_cpu), so it cannot be tested on CPU ranks; use cp: 1")
+CP_NOT_BUILT = (
+    "context parallel is not built: torch 2.13's context_parallel has no sharding rule for CPU attention "
+    "(aten._scaled_dot_product_flash_attention_for_cpu), so it cannot be tested on CPU ranks; use cp: 1"
+)
 
 
 class LayoutLists(Protocol):
@@ -67,8 +69,9 @@ def _split_dims(model: ModelSpec) -> dict[str, int]:
     return dims
 
 
-def layout_problem(model: ModelSpec, *, seq_len: int, options: Mapping[str, Any],
-                   ranks_per_node: int | None) -> str | None:
+def layout_problem(
+    model: ModelSpec, *, seq_len: int, options: Mapping[str, Any], ranks_per_node: int | None
+) -> str | None:
     """Why this model can never run at this layout (a grid to fix), or None. `options`: the trial's training
     options (dp_replicate, tp, cp among them); `ranks_per_node`: the cluster's (None: not checked)."""
     tp = options["tp"]
@@ -81,8 +84,7 @@ def layout_problem(model: ModelSpec, *, seq_len: int, options: Mapping[str, Any]
         return f"tp: {tp} does not divide seq_len {seq_len} (sequence parallel splits it)"
     if ranks_per_node is not None and ranks_per_node % tp:
         # a TP group all-reduces in every block: it must stay on one node's fabric
-        return (f"tp: {tp} ranks cannot stay on one node of {ranks_per_node} ranks (tp must divide the ranks "
-                f"per node)")
+        return f"tp: {tp} ranks cannot stay on one node of {ranks_per_node} ranks (tp must divide the ranks per node)"
     return None
 
 
@@ -95,8 +97,9 @@ def layout_unsupported(trial: Trial) -> str | None:
     if recipe.layers == "te":
         return f"{trial.precision}: tensor parallel (tp > 1) is not wired for Transformer Engine layers yet"
     if recipe.backend == "torchao":
-        return (f"{trial.precision}: tensor parallel (tp > 1) with torchao float8 (its float8 TP styles) is not "
-                f"built yet")
+        return (
+            f"{trial.precision}: tensor parallel (tp > 1) with torchao float8 (its float8 TP styles) is not built yet"
+        )
     if trial.model.arch == "gpt":
         return "tp > 1: tensor parallel is built for llama models (gpt ties its output head to the embedding)"
     if trial.compile == "full":  # dynamo over the whole TP model: "Attempting to use FunctionalTensor on its own"
@@ -119,8 +122,10 @@ def grid_layout_problem(grid: LayoutLists) -> str | None:
         for value in getattr(grid, axis):  # a value of 1 fails only with another axis's, which is named instead
             if value > 1 and not any(divides(gpus, c) for c in combos if c[axis] == value for gpus in grid.gpus):
                 least = min(layout_ranks(c) for c in combos if c[axis] == value)
-                return (f"{axis}: {value}: gpus {grid.gpus[0] if len(grid.gpus) == 1 else grid.gpus} is not a "
-                        f"multiple of dp_replicate x tp x cp ({least} at the least with {axis} {value})")
+                return (
+                    f"{axis}: {value}: gpus {grid.gpus[0] if len(grid.gpus) == 1 else grid.gpus} is not a "
+                    f"multiple of dp_replicate x tp x cp ({least} at the least with {axis} {value})"
+                )
     return None
 
 
@@ -133,8 +138,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def searched_layouts(template: Trial, spec: LayoutLists, vary: Sequence[str], *,
-                     ranks_per_node: int | None) -> list[dict[str, int]]:
+def searched_layouts(
+    template: Trial, spec: LayoutLists, vary: Sequence[str], *, ranks_per_node: int | None
+) -> list[dict[str, int]]:
     """The layouts (dp_replicate, tp) a `search: fastest` group searches, one search each: an axis tune.vary names
     ranges over the grid's list when it lists several values, else over the divisors of the trial's ranks; one not
     named stays at the template's. Kept: the template's own (the grid's trial: a recipe that does not build it is
@@ -143,14 +149,16 @@ def searched_layouts(template: Trial, spec: LayoutLists, vary: Sequence[str], *,
     values: dict[str, list[Any]] = {}  # ranks per axis, as the trial's fields (replace below) take them
     for axis in LAYOUT_VARY:
         listed = list(getattr(spec, axis))
-        values[axis] = (listed if len(listed) > 1 else _divisors(template.gpus)) if axis in vary \
-            else [getattr(template, axis)]
+        values[axis] = (
+            (listed if len(listed) > 1 else _divisors(template.gpus)) if axis in vary else [getattr(template, axis)]
+        )
     kept: list[dict[str, int]] = []
     own = {a: getattr(template, a) for a in LAYOUT_VARY}
     for combo in (dict(zip(LAYOUT_VARY, v)) for v in itertools.product(*values.values())):
         options = {**template.as_dict(), **combo}
         fits = divides(template.gpus, options) and not layout_problem(
-            template.model, seq_len=template.seq_len, options=options, ranks_per_node=ranks_per_node)
+            template.model, seq_len=template.seq_len, options=options, ranks_per_node=ranks_per_node
+        )
         if combo == own or (fits and not layout_unsupported(replace(template, **combo))):
             kept.append(combo)
     return kept

@@ -45,10 +45,20 @@ class Trial(TrainingOptions):
 
     @property
     def trial_id(self) -> str:
-        key = {"cluster": self.cluster, "model": self.model.model_dump(exclude_none=True), "precision": self.precision,
-               "compile": self.compile, "ac": self.ac, "batch_size": self.batch_size, "seq_len": self.seq_len,
-               "gpus": self.gpus, "warmup": self.warmup_steps, "measure": self.measure_steps,
-               "memory_cap": self.memory_cap_bytes, "retry": self.retry}
+        key = {
+            "cluster": self.cluster,
+            "model": self.model.model_dump(exclude_none=True),
+            "precision": self.precision,
+            "compile": self.compile,
+            "ac": self.ac,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "gpus": self.gpus,
+            "warmup": self.warmup_steps,
+            "measure": self.measure_steps,
+            "memory_cap": self.memory_cap_bytes,
+            "retry": self.retry,
+        }
         # Keys added later enter the hash only when not at their default, so earlier trial ids stay valid.
         key.update(self.changed())
         if self.auto_max is not None:  # fewer steps at most: another measurement
@@ -66,8 +76,16 @@ class Trial(TrainingOptions):
     @property
     def config_key(self) -> tuple[Any, ...]:
         """Everything but the batch: trials that differ only in batch share it (OOM retry, search)."""
-        return (self.cluster, self.model.to_json(), self.precision, self.compile, self.ac, self.seq_len, self.gpus,
-                *self.changed().items())  # as trial_id: options at their default leave earlier keys alone
+        return (
+            self.cluster,
+            self.model.to_json(),
+            self.precision,
+            self.compile,
+            self.ac,
+            self.seq_len,
+            self.gpus,
+            *self.changed().items(),
+        )  # as trial_id: options at their default leave earlier keys alone
 
     @property
     def training_options(self) -> dict[str, Any]:
@@ -83,5 +101,7 @@ class Trial(TrainingOptions):
 
     def describe(self) -> str:
         extra = self.options_text()
-        return (f"{self.model.label} {self.precision} bs={self.batch_size} T={self.seq_len} "
-                f"gpus={self.gpus} compile={self.compile}{' ' + extra if extra else ''}")
+        return (
+            f"{self.model.label} {self.precision} bs={self.batch_size} T={self.seq_len} "
+            f"gpus={self.gpus} compile={self.compile}{' ' + extra if extra else ''}"
+        )

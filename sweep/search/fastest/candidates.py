@@ -16,8 +16,15 @@ from sweep.spec.grid import Trial
 class Candidates:
     """The configs a group's search may still probe, placed and ranked from its ledger."""
 
-    def __init__(self, space: Space, ledger: Ledger, learned: Learned, *, capacity_bytes: float | None,
-                 predicted_max: Callable[[Trial], int | None] | None):
+    def __init__(
+        self,
+        space: Space,
+        ledger: Ledger,
+        learned: Learned,
+        *,
+        capacity_bytes: float | None,
+        predicted_max: Callable[[Trial], int | None] | None,
+    ):
         self.space, self.ledger, self.learned, self.capacity = space, ledger, learned, capacity_bytes
         self.predicted_max = predicted_max
         self.batches: dict[str, list[int]] = {}  # per ac level: the batches its fit found (or the fixed batch)
@@ -48,8 +55,16 @@ class Candidates:
         `memory`: what `memory` says, for a caller placing many."""
         params, effects, peaks, room = memory or self.memory()
         ref = self.space.baseline(c.ac, c.batch_size)
-        c = fitted(self.space, c, ref, peaks.get(c.ac, {}), effects, capacity=room.get(c.ac, self.capacity),
-                   params_local=params, snap=first)
+        c = fitted(
+            self.space,
+            c,
+            ref,
+            peaks.get(c.ac, {}),
+            effects,
+            capacity=room.get(c.ac, self.capacity),
+            params_local=params,
+            snap=first,
+        )
         center = self._center()
         center_peaks = peaks.get(center.ac, {})
         c = with_headroom(self.space, c, center, center_peaks, capacity=self.capacity) if first else c
@@ -57,8 +72,9 @@ class Candidates:
 
     def memory(self) -> Memory:
         """What the clean short probes say of memory (sweep.search.fastest.memory.measured)."""
-        return measured(self.space, self.ledger.clean(), self.ledger.results.values(), self.learned.ooms,
-                        capacity=self.capacity)
+        return measured(
+            self.space, self.ledger.clean(), self.ledger.results.values(), self.learned.ooms, capacity=self.capacity
+        )
 
     def ranked(self) -> list[Config]:
         """Configs not yet probed nor pruned, the likely fastest first (then the fewest changes)."""
@@ -74,12 +90,19 @@ class Candidates:
         fallbacks = [self.learned.fallbacks[c] for c in self.ledger.probed(Rung.SHORT) if c in self.learned.fallbacks]
         memory = self.memory()
         fits = [f for f, _ in self.ledger.measured(Rung.SHORT)]
-        configs = [self.placed(rebatched(c, self.learned.ooms, fits, self.space), memory=memory)
-                   for c in self.space.configs(self.batches)]
+        configs = [
+            self.placed(rebatched(c, self.learned.ooms, fits, self.space), memory=memory)
+            for c in self.space.configs(self.batches)
+        ]
         # configs are placed under the prediction already (placed), and unthrashed only lowers a batch
         lowered = [self.under_prediction(c) for c in fallbacks]
-        return list(dict.fromkeys(unthrashed(c, self.ledger.thrashed, self._center(), self.space)
-                                  for c in [*configs, *lowered] if c is not None))
+        return list(
+            dict.fromkeys(
+                unthrashed(c, self.ledger.thrashed, self._center(), self.space)
+                for c in [*configs, *lowered]
+                if c is not None
+            )
+        )
 
     def predicted(self, c: Config) -> int | None:
         """The largest batch of `c`'s configuration the memory model predicts to fit (None: no prediction)."""
@@ -97,16 +120,20 @@ class Candidates:
 
     def pruned(self, c: Config) -> bool:
         learned = self.learned
-        return (any(at_least_as_heavy(c, o) for o in learned.ooms) or any(d in learned.broken for d in self.diff(c))
-                or c in learned.unaffordable)
+        return (
+            any(at_least_as_heavy(c, o) for o in learned.ooms)
+            or any(d in learned.broken for d in self.diff(c))
+            or c in learned.unaffordable
+        )
 
     def effects(self) -> dict[tuple[str, Any], float]:
         """Each option value's measured effect against the center's value (mean log speed ratio), from
         pairs of short probes that differ in that option alone (e.g. grad_sync: step at 8 micro-batches
         against micro_batch at 8: with one micro-batch it folds away and says nothing)."""
         # a probe that thrashed measured the memory's limit, not its option: it rates no option
-        points = [(self.space.coords(c), math.log(tf)) for c, tf in self.ledger.measured(Rung.SHORT, clean=True)
-                  if tf > 0]
+        points = [
+            (self.space.coords(c), math.log(tf)) for c, tf in self.ledger.measured(Rung.SHORT, clean=True) if tf > 0
+        ]
         return one_option_effects(points, self.space.coords(self._center()))
 
     def center_row(self) -> Row | None:

@@ -113,8 +113,9 @@ HANG_X = 3.0
 HANG_FLOOR_S = 300.0
 
 
-def time_limit_s(c: Config, steps: Steps, leader: tuple[Config, Row] | None, probes: list[tuple[Config, Row]],
-                 final_steps: Steps) -> float | None:
+def time_limit_s(
+    c: Config, steps: Steps, leader: tuple[Config, Row] | None, probes: list[tuple[Config, Row]], final_steps: Steps
+) -> float | None:
     """How long probing `c` at `steps` may run before it is stopped; None when nothing says what it costs (no clean
     probe yet, no step times): the grid's timeout_s then."""
     if leader is None:
@@ -124,9 +125,16 @@ def time_limit_s(c: Config, steps: Steps, leader: tuple[Config, Row] | None, pro
     return None if unit is None or own is None else max(HANG_FLOOR_S, HANG_X * (unit + own))
 
 
-def affordable(wave: list[Config], steps: list[Steps], *, leader: tuple[Config, Row] | None, finals: int,
-               max_cost: float | None, probes: list[tuple[Config, Row]],
-               final_steps: Steps) -> tuple[list[Config], list[Config]]:
+def affordable(
+    wave: list[Config],
+    steps: list[Steps],
+    *,
+    leader: tuple[Config, Row] | None,
+    finals: int,
+    max_cost: float | None,
+    probes: list[tuple[Config, Row]],
+    final_steps: Steps,
+) -> tuple[list[Config], list[Config]]:
     """(kept, skipped): the probes of `wave` (each at its `steps`) in order while their predicted seconds leave
     room, under `max_cost` one-trial costs of the leader, for what every attempt so far took (`probes`: config
     and row of each; the verdict's search_wall_s), the `finals` full measurements (at their most: final_s) and the

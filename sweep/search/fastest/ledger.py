@@ -60,14 +60,20 @@ class Ledger:
     def measured(self, rung: Rung, clean: bool = False) -> list[tuple[Config, float]]:
         """The configs measured at `rung`, fastest first (a tie: the one asked first); `clean`: not those that
         thrashed (their speed measured the allocator, not their options)."""
-        out = [(c, row["tflops_per_gpu"] or 0.0) for (c, r) in self.asked
-               if r == rung and (row := self.ok_row(c, r)) and not (clean and c in self.thrashed)]
+        out = [
+            (c, row["tflops_per_gpu"] or 0.0)
+            for (c, r) in self.asked
+            if r == rung and (row := self.ok_row(c, r)) and not (clean and c in self.thrashed)
+        ]
         return sorted(out, key=lambda x: -x[1])
 
     def clean(self) -> list[tuple[Config, Row]]:
         """The short probes that ran ok without thrashing, fastest first, with their rows."""
-        return [(c, row) for c, _ in self.measured(Rung.SHORT, clean=True)
-                if (row := self.ok_row(c, Rung.SHORT)) is not None]
+        return [
+            (c, row)
+            for c, _ in self.measured(Rung.SHORT, clean=True)
+            if (row := self.ok_row(c, Rung.SHORT)) is not None
+        ]
 
     def probed(self, rung: Rung) -> list[Config]:
         """The configs asked at `rung`, in the order first asked."""
@@ -99,8 +105,17 @@ class Prober:
     """Asks for a group's probes: a config at a rung's steps, while the trials issued are under the rung's cap,
     and only those the cost cap allows (sweep.search.fastest.cost)."""
 
-    def __init__(self, space: Space, ledger: Ledger, learned: Learned, *, sid: str, caps: dict[Rung, int],
-                 steps: dict[Rung, Steps], max_cost: float | None):
+    def __init__(
+        self,
+        space: Space,
+        ledger: Ledger,
+        learned: Learned,
+        *,
+        sid: str,
+        caps: dict[Rung, int],
+        steps: dict[Rung, Steps],
+        max_cost: float | None,
+    ):
         self.space, self.ledger, self.learned, self.sid = space, ledger, learned, sid
         self.caps, self.steps, self.max_cost = caps, steps, max_cost
 
@@ -117,8 +132,9 @@ class Prober:
         most = final_auto_max(c.grad_accum) if final and "auto" in steps else None  # as the cost cap reserved
         # a hang costs this, not 30 min
         limit = time_limit_s(c, steps, *self.spent(), final_steps=self.steps[Rung.FINAL])
-        trial = self.space.trial(c, steps, profile=rung == Rung.PROFILE, search_id=self.sid, auto_max=most,
-                                 time_limit_s=limit)
+        trial = self.space.trial(
+            c, steps, profile=rung == Rung.PROFILE, search_id=self.sid, auto_max=most, time_limit_s=limit
+        )
         if trial.trial_id in self.ledger.owner:
             self.ledger.asked[(c, rung)] = trial.trial_id
             return []
@@ -130,12 +146,20 @@ class Prober:
     def affordable(self, wave: list[Config], rung: Rung) -> list[Config]:
         """The probes of `wave` the cost cap allows (sweep.search.fastest.cost.affordable); the others are skipped
         for good."""
-        steps = [self.steps[Rung.FINAL] if rung == Rung.FINAL else probe_steps(self.steps[rung], c.grad_accum)
-                 for c in wave]
+        steps = [
+            self.steps[Rung.FINAL] if rung == Rung.FINAL else probe_steps(self.steps[rung], c.grad_accum) for c in wave
+        ]
         leader, probes = self.spent()
         # the room kept is the best's and the baseline's finals': a runner-up's final is made only if it fits then
-        kept, skipped = affordable(wave, steps, leader=leader, finals=2, max_cost=self.max_cost, probes=probes,
-                                   final_steps=self.steps[Rung.FINAL])
+        kept, skipped = affordable(
+            wave,
+            steps,
+            leader=leader,
+            finals=2,
+            max_cost=self.max_cost,
+            probes=probes,
+            final_steps=self.steps[Rung.FINAL],
+        )
         self.learned.unaffordable += skipped
         return kept
 

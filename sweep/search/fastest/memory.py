@@ -58,8 +58,17 @@ def memory_effects(space: Space, probes: list[tuple[Config, float]], ref: Config
     return one_option_effects(points, space.coords(ref), skip=("ac_batch", "grad_accum"))
 
 
-def fitted(space: Space, c: Config, ref: Config, ref_peaks: dict[int, float], effects: dict[tuple[str, Any], float],
-           *, capacity: float | None, params_local: float | None, snap: bool = False) -> Config:
+def fitted(
+    space: Space,
+    c: Config,
+    ref: Config,
+    ref_peaks: dict[int, float],
+    effects: dict[tuple[str, Any], float],
+    *,
+    capacity: float | None,
+    params_local: float | None,
+    snap: bool = False,
+) -> Config:
     """`c` at the largest batch where its predicted peak is within the capacity, if it is not at its own: the peak of
     `ref` (the grid's options at c's ac) on the line through its two largest clean probes, plus the measured bytes
     per sample of each option `c` changes (an unmeasured one as none: the prediction is then a bound from below),
@@ -89,8 +98,7 @@ def _peak_line(ref_peaks: dict[int, float]) -> tuple[float, float]:
     return slope, m1 - slope * b1
 
 
-def with_headroom(space: Space, c: Config, center: Config, mine: dict[int, float], *,
-                  capacity: float | None) -> Config:
+def with_headroom(space: Space, c: Config, center: Config, mine: dict[int, float], *, capacity: float | None) -> Config:
     """A neighbour `c` of `center` that changes an option in UNKNOWN_MEMORY, at the largest batch where the
     center's options peaked (clean; `mine`: batch -> peak bytes) within the capacity less HEADROOM, when the
     center's own batch is above that; `c` as it is otherwise."""
@@ -104,8 +112,9 @@ def with_headroom(space: Space, c: Config, center: Config, mine: dict[int, float
     return space.at_batch(c, max(safe)) if safe else c
 
 
-def measured(space: Space, clean: list[tuple[Config, Row]], rows: Iterable[Row], ooms: list[Config], *,
-             capacity: float | None) -> Memory:
+def measured(
+    space: Space, clean: list[tuple[Config, Row]], rows: Iterable[Row], ooms: list[Config], *, capacity: float | None
+) -> Memory:
     """What a search's clean short probes (config, row), its attempts' rows and its out-of-memory probes say of
     memory: the most parameters a rank holds (any row's), the options' bytes per sample (memory_effects), per ac
     level the grid options' peak bytes by batch, and per ac level the memory a rank may use (`usable`)."""
@@ -144,8 +153,12 @@ def needs(c: Config, t: Config, center: Config, space: Space) -> bool:
     alone."""
     mine, theirs, base = space.coords(c), space.coords(t), space.coords(center)
     made = [(k, v) for k, v in theirs.items() if v != base[k] and k not in ("ac_batch", "grad_accum")]
-    return at_least_as_heavy(c, t) or (t.ac == c.ac and c.batch_size >= t.batch_size and (c.grad_accum > 1) >= (
-        t.grad_accum > 1) and all(no_lighter(k, mine[k], v) for k, v in made))
+    return at_least_as_heavy(c, t) or (
+        t.ac == c.ac
+        and c.batch_size >= t.batch_size
+        and (c.grad_accum > 1) >= (t.grad_accum > 1)
+        and all(no_lighter(k, mine[k], v) for k, v in made)
+    )
 
 
 def unthrashed(c: Config, thrashed: Iterable[Config], center: Config, space: Space) -> Config:
@@ -162,6 +175,7 @@ def rebatched(c: Config, ooms: list[Config], fits: list[Config], space: Space) -
     like = [o.batch_size for o in ooms if heavy_class(o) == heavy_class(c) and o.ac == c.ac]
     if not like or c.batch_size < min(like):
         return c
-    below = [f.batch_size for f in fits
-             if heavy_class(f) == heavy_class(c) and f.ac == c.ac and f.batch_size < min(like)]
+    below = [
+        f.batch_size for f in fits if heavy_class(f) == heavy_class(c) and f.ac == c.ac and f.batch_size < min(like)
+    ]
     return space.at_batch(c, max(below)) if below else c

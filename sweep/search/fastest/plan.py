@@ -43,8 +43,16 @@ class TunePlan:
     of sweep.search.plan.Plan (initial, on_result, verdicts). Each seed is one group's first trial: the grid's
     single batch and its options at their first values."""
 
-    def __init__(self, seeds: list[Trial], spec: GridSpec, *, capacity_bytes: float | None, is_gpu: bool = False,
-                 predicted_max: Callable[[Trial], int | None] | None = None, ranks_per_node: int | None = None):
+    def __init__(
+        self,
+        seeds: list[Trial],
+        spec: GridSpec,
+        *,
+        capacity_bytes: float | None,
+        is_gpu: bool = False,
+        predicted_max: Callable[[Trial], int | None] | None = None,
+        ranks_per_node: int | None = None,
+    ):
         """`is_gpu`: the ranks are GPUs (the plan's warnings apply: sweep.spec.advice.discouraged); `predicted_max`: the
         memory model's largest batch of a trial's config (sweep.memory.predictor.Predictor.max_batch);
         `ranks_per_node`: the
@@ -59,15 +67,21 @@ class TunePlan:
                 t = replace(first, **layout)
                 space = Space(t, spec, tune, avoid=discouraged(t.precision, is_gpu=is_gpu))
                 self.searches[search_key(t)] = GroupSearch(
-                    space, budget=tune.budget, capacity_bytes=capacity_bytes, sid=fastest_search_id(t, tune),
-                    final_steps=(spec.steps.warmup, spec.steps.measure), max_cost=tune.max_cost,
-                    predicted_max=predicted_max)
+                    space,
+                    budget=tune.budget,
+                    capacity_bytes=capacity_bytes,
+                    sid=fastest_search_id(t, tune),
+                    final_steps=(spec.steps.warmup, spec.steps.measure),
+                    max_cost=tune.max_cost,
+                    predicted_max=predicted_max,
+                )
 
     def initial(self) -> list[Trial]:
         return [t for s in self.searches.values() for t in s.start()]
 
-    def on_result(self, trial: Trial, status: str, infrastructure: bool = False,
-                  row: dict[str, Any] | None = None) -> list[Trial]:
+    def on_result(
+        self, trial: Trial, status: str, infrastructure: bool = False, row: dict[str, Any] | None = None
+    ) -> list[Trial]:
         return self.searches[search_key(trial)].on_result(trial, status, infrastructure, row or {})
 
     def verdicts(self) -> list[Verdict]:

@@ -53,8 +53,12 @@ class Screening:
         if center is None:  # nothing to explore from: no candidates either
             return []
         at_center = dict.fromkeys(self.space.at_batch(c, center.batch_size) for c in todo if c.ac == center.ac)
-        near = [c for c in at_center if not cands.pruned(c) and (not (d := cands.diff(c)) or len(d) == 1 and (
-            d[0][0] != "grad_accum" or c.grad_accum == most))]
+        near = [
+            c
+            for c in at_center
+            if not cands.pruned(c)
+            and (not (d := cands.diff(c)) or len(d) == 1 and (d[0][0] != "grad_accum" or c.grad_accum == most))
+        ]
         placed = (cands.placed(c, first=True) for c in sorted(near, key=cands.distance))
         return list(dict.fromkeys(c for c in placed if c is not None))
 
@@ -72,8 +76,11 @@ class Screening:
         (if `ranked`) the promising ones, but only one per heavy class whose batch is not yet known to fit there:
         should it run out of memory, the others learn its limit (rebatched) rather than fail with it."""
         fits = [(heavy_class(c), c.ac, c.batch_size) for c, _ in self.prober.ledger.measured(Rung.SHORT)]
-        lead = list(dict.fromkeys(c for k, v in self._untried()
-                                  if (c := next((c for c in todo if self.space.coords(c)[k] == v), None))))
+        lead = list(
+            dict.fromkeys(
+                c for k, v in self._untried() if (c := next((c for c in todo if self.space.coords(c)[k] == v), None))
+            )
+        )
         todo = lead + [c for c in self._promising(todo) if c not in lead] if ranked else lead
         wave: list[Config] = []
         unsure: set[tuple[Any, ...]] = set()
@@ -101,9 +108,14 @@ class Screening:
         """Option values (besides ac and batch) that no clean short probe ran: known to need memory (their
         probes thrashed or ran out of it) or folded away so far (grad_sync: step at one micro-batch), but not
         what they gain, which the measured effects would count as nothing and never rank first."""
-        seen = {kv for c, _ in self.prober.ledger.measured(Rung.SHORT, clean=True)
-                for kv in self.space.coords(c).items()}
+        seen = {
+            kv for c, _ in self.prober.ledger.measured(Rung.SHORT, clean=True) for kv in self.space.coords(c).items()
+        }
         # (accumulation's counts between those run are in their order: _neighbours)
-        values = (kv for c in self.candidates.configs() for kv in self.space.coords(c).items()
-                  if kv[0] not in ("ac_batch", "grad_accum"))
+        values = (
+            kv
+            for c in self.candidates.configs()
+            for kv in self.space.coords(c).items()
+            if kv[0] not in ("ac_batch", "grad_accum")
+        )
         return [kv for kv in dict.fromkeys(values) if kv not in seen and kv not in self.prober.learned.broken]

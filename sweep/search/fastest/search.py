@@ -73,16 +73,35 @@ from sweep.search.policy import infra_retry, is_predicted_oom
 from sweep.spec.grid import Trial
 from sweep.text import plural
 
-__all__ = ["FINAL_MARGIN", "KEEP", "LONGER", "NOISE", "RUNG_MAX", "SHORT", "STALE_WAVES", "WAVE", "GroupSearch", "Rung",
-           "probe_steps"]
+__all__ = [
+    "FINAL_MARGIN",
+    "KEEP",
+    "LONGER",
+    "NOISE",
+    "RUNG_MAX",
+    "SHORT",
+    "STALE_WAVES",
+    "WAVE",
+    "GroupSearch",
+    "Rung",
+    "probe_steps",
+]
 
 
 class GroupSearch:
     """The search of one group: stages fit, explore, rung, final, profile (module docstring), over one ledger."""
 
-    def __init__(self, space: Space, *, budget: int, capacity_bytes: float | None, sid: str,
-                 final_steps: tuple[Any, Any], max_cost: float | None = None,
-                 predicted_max: Callable[[Trial], int | None] | None = None):
+    def __init__(
+        self,
+        space: Space,
+        *,
+        budget: int,
+        capacity_bytes: float | None,
+        sid: str,
+        final_steps: tuple[Any, Any],
+        max_cost: float | None = None,
+        predicted_max: Callable[[Trial], int | None] | None = None,
+    ):
         """`predicted_max`: the largest batch of a trial's config the memory model predicts to fit
         (sweep.memory.predictor; None: nothing predicted): where each level's fit starts, and a ceiling on every
         candidate's batch."""
@@ -91,24 +110,36 @@ class GroupSearch:
         reserve = self.finalists + 2  # the finalists, the baseline and the best's profile
         rung = min(RUNG_MAX, (budget - reserve) // 5)  # a fifth of the rest at most: most of it explores
         self.rung_size = rung if rung > self.finalists else 0  # a rung that keeps only the finalists is moot
-        caps = {Rung.SHORT: budget - reserve - self.rung_size, Rung.LONGER: budget - reserve,
-                Rung.FINAL: budget - 1, Rung.PROFILE: budget}
+        caps = {
+            Rung.SHORT: budget - reserve - self.rung_size,
+            Rung.LONGER: budget - reserve,
+            Rung.FINAL: budget - 1,
+            Rung.PROFILE: budget,
+        }
         t = space.template
         if caps[Rung.SHORT] < 1:  # budgets under 8 have one finalist: reserve 3
-            raise UserError(f"tune.budget: {plural(budget, 'probe')} cannot find and fully measure a baseline and one "
-                            f"finalist for {t.model.label} {t.precision} (one short probe, two full measurements "
-                            f"and the best's profile); give budget: 4 or more")
+            raise UserError(
+                f"tune.budget: {plural(budget, 'probe')} cannot find and fully measure a baseline and one "
+                f"finalist for {t.model.label} {t.precision} (one short probe, two full measurements "
+                f"and the best's profile); give budget: 4 or more"
+            )
         steps = {Rung.SHORT: SHORT, Rung.LONGER: LONGER, Rung.FINAL: final_steps, Rung.PROFILE: SHORT}
         self.ledger, self.learned = Ledger(), Learned()
         self.prober = Prober(space, self.ledger, self.learned, sid=sid, caps=caps, steps=steps, max_cost=max_cost)
-        self.candidates = Candidates(space, self.ledger, self.learned, capacity_bytes=capacity_bytes,
-                                     predicted_max=predicted_max)
+        self.candidates = Candidates(
+            space, self.ledger, self.learned, capacity_bytes=capacity_bytes, predicted_max=predicted_max
+        )
         self.fit = FitStage(space, self.prober, self.candidates, capacity_bytes=capacity_bytes)
         self.screening = Screening(space, self.prober, self.candidates, self.fit)
         self.rung = RungStage(self.prober, size=self.rung_size, finalists=self.finalists)
         self.final = FinalStage(self.prober, self.fit, self.rung, finalists=self.finalists)
-        self.stages: list[Stage] = [self.fit, self.screening, self.rung, self.final,
-                                    ProfileStage(self.prober, self.final)]
+        self.stages: list[Stage] = [
+            self.fit,
+            self.screening,
+            self.rung,
+            self.final,
+            ProfileStage(self.prober, self.final),
+        ]
         self.at = 0  # the stage under way (len(stages): done)
 
     @property
@@ -159,6 +190,14 @@ class GroupSearch:
             self.fit.record(c.batch_size, status, row)
 
     def verdict(self) -> FastestVerdict:
-        return fastest_verdict(self.space, self.ledger, self.learned, sid=self.sid, budget=self.budget,
-                               max_cost=self.max_cost, baseline=self.fit.baseline, finals=self.final.asked,
-                               candidates=self.candidates.configs())
+        return fastest_verdict(
+            self.space,
+            self.ledger,
+            self.learned,
+            sid=self.sid,
+            budget=self.budget,
+            max_cost=self.max_cost,
+            baseline=self.fit.baseline,
+            finals=self.final.asked,
+            candidates=self.candidates.configs(),
+        )

@@ -44,9 +44,14 @@ class Config(NamedTuple):
 assert Config._fields == TUNABLE  # one list of tunables: the grid's
 
 # Every value of an option in vary whose grid axis lists one value (the batch: 1 up to what fits, probed).
-ALL_VALUES = {"ac": ("none", "selective", "full"), "compile": ("none", "regional", "full"),
-              "grad_accum": (1, 2, 4, 8), "reduce_dtype": ("fp32", "bf16"),
-              "grad_sync": ("micro_batch", "step"), "fp8_lm_head": (False, True)}
+ALL_VALUES = {
+    "ac": ("none", "selective", "full"),
+    "compile": ("none", "regional", "full"),
+    "grad_accum": (1, 2, 4, 8),
+    "reduce_dtype": ("fp32", "bf16"),
+    "grad_sync": ("micro_batch", "step"),
+    "fp8_lm_head": (False, True),
+}
 FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.search.policy.MaxBatchSearch)
 _FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")  # the training options among TUNABLE
 SHORT = (2, 3)  # a search's short probe: warm-up 2 (a compile), measure 3: enough to rank candidates
@@ -93,13 +98,17 @@ def at_least_as_heavy(c: Config, oom: Config) -> bool:
     memory class no lighter (`no_lighter`). More than one micro-batch per step needs more than one, however
     many: the gradients of the micro-batches before stay through the next one's backward (2xH200, Llama3-8B
     torchao batch 4: 122.6 GiB at 2, 4 and 8, 107.6 at 1)."""
-    return (all(no_lighter(k, getattr(c, k), getattr(oom, k)) for k in MEMORY_CLASS)
-            and AC_MEMORY[c.ac] >= AC_MEMORY[oom.ac] and c.batch_size >= oom.batch_size
-            and (c.grad_accum > 1) >= (oom.grad_accum > 1))
+    return (
+        all(no_lighter(k, getattr(c, k), getattr(oom, k)) for k in MEMORY_CLASS)
+        and AC_MEMORY[c.ac] >= AC_MEMORY[oom.ac]
+        and c.batch_size >= oom.batch_size
+        and (c.grad_accum > 1) >= (oom.grad_accum > 1)
+    )
 
 
-def one_option_effects(points: list[tuple[dict[str, Any], float]], ref: dict[str, Any],
-                       skip: tuple[str, ...] = ()) -> dict[tuple[str, Any], float]:
+def one_option_effects(
+    points: list[tuple[dict[str, Any], float]], ref: dict[str, Any], skip: tuple[str, ...] = ()
+) -> dict[tuple[str, Any], float]:
     """Each option value's mean effect on a quantity against `ref`'s value of that option, from every pair of
     points (a config's coordinates, the quantity) that differ in that option alone (not one in `skip`)."""
     samples: defaultdict[tuple[str, Any], list[float]] = defaultdict(list)
@@ -150,9 +159,11 @@ class Space:
         assert tokens is not None  # called under global_batch_tokens only
         per = t.gpus * t.seq_len
         if tokens % per:
-            raise UserError(f"tune.global_batch_tokens: {self.tokens} is not a multiple of ranks x seq_len "
-                            f"({t.gpus} x {t.seq_len} = {per}) for {t.model.label} {t.precision}; no micro-batch "
-                            f"x grad_accum split can hold it")
+            raise UserError(
+                f"tune.global_batch_tokens: {self.tokens} is not a multiple of ranks x seq_len "
+                f"({t.gpus} x {t.seq_len} = {per}) for {t.model.label} {t.precision}; no micro-batch "
+                f"x grad_accum split can hold it"
+            )
         return tokens // per
 
     def _splits(self, axes: dict[str, list[Any]]) -> list[tuple[int, int]]:
@@ -162,8 +173,9 @@ class Space:
         accums = None if "grad_accum" in self.vary and len(axes["grad_accum"]) == 1 else set(self.values["grad_accum"])
         samples = self.samples
         assert samples is not None  # called under global_batch_tokens only
-        splits = [(b, samples // b) for b in _divisors(samples)
-                  if batch_ok(b) and (accums is None or samples // b in accums)]
+        splits = [
+            (b, samples // b) for b in _divisors(samples) if batch_ok(b) and (accums is None or samples // b in accums)
+        ]
         if not splits:
             t = self.template
             batches = "any" if "batch_size" in self.vary else axes["batch_size"][0]
@@ -171,7 +183,8 @@ class Space:
                 f"tune.global_batch_tokens: {self.tokens} tokens = {self.samples} samples per rank per step "
                 f"(ranks {t.gpus} x seq_len {t.seq_len}) for {t.model.label} {t.precision}, but no allowed "
                 f"batch_size ({batches}) x grad_accum ({sorted(accums) if accums else 'any'}) makes {self.samples}; "
-                f"add batch_size and grad_accum to tune.vary or change the global batch")
+                f"add batch_size and grad_accum to tune.vary or change the global batch"
+            )
         return splits
 
     def batch_choices(self) -> list[int] | None:
@@ -216,16 +229,22 @@ class Space:
         out: dict[Config, None] = {}
         for ac, ac_batches in batches.items():
             for batch in ac_batches:
-                for combo in itertools.product(v["compile"], self.accums(batch), v["reduce_dtype"],
-                                               v["grad_sync"], v["fp8_lm_head"]):
+                for combo in itertools.product(
+                    v["compile"], self.accums(batch), v["reduce_dtype"], v["grad_sync"], v["fp8_lm_head"]
+                ):
                     out.setdefault(self.fold(Config(batch, ac, *combo)), None)
         return list(out)
 
     def coords(self, c: Config) -> dict[str, Any]:
         """The dimensions candidates differ in: ac and batch as one (each ac level has its own batches),
         grad_accum only where it is free (under G it follows from the batch)."""
-        out = {"ac_batch": (c.ac, c.batch_size), "compile": c.compile, "reduce_dtype": c.reduce_dtype,
-               "grad_sync": c.grad_sync, "fp8_lm_head": c.fp8_lm_head}
+        out = {
+            "ac_batch": (c.ac, c.batch_size),
+            "compile": c.compile,
+            "reduce_dtype": c.reduce_dtype,
+            "grad_sync": c.grad_sync,
+            "fp8_lm_head": c.fp8_lm_head,
+        }
         return out if self.samples else {**out, "grad_accum": c.grad_accum}
 
     def levels(self) -> list[str]:
@@ -238,28 +257,57 @@ class Space:
         """`c` as the template's trial, for what depends on its configuration alone (its predicted memory)."""
         return replace(self.template, **c._asdict())
 
-    def trial(self, c: Config, steps: Steps, *, profile: bool, search_id: str,
-              auto_max: tuple[int, int] | None = None, time_limit_s: float | None = None) -> Trial:
+    def trial(
+        self,
+        c: Config,
+        steps: Steps,
+        *,
+        profile: bool,
+        search_id: str,
+        auto_max: tuple[int, int] | None = None,
+        time_limit_s: float | None = None,
+    ) -> Trial:
         """`c` as a trial; `time_limit_s` lowers the grid's timeout_s (not part of the trial id)."""
         limit = min(self.template.timeout_s, time_limit_s or math.inf)
-        return replace(self.template, **c._asdict(), warmup_steps=steps[0], measure_steps=steps[1],
-                       profile=profile, search_id=search_id, auto_max=auto_max, timeout_s=limit)
+        return replace(
+            self.template,
+            **c._asdict(),
+            warmup_steps=steps[0],
+            measure_steps=steps[1],
+            profile=profile,
+            search_id=search_id,
+            auto_max=auto_max,
+            timeout_s=limit,
+        )
 
 
 class LevelFit:
     """The batches that fit at one ac level (the grid's other options): a MaxBatchSearch whose probes
     are snapped to the allowed batches (None: any), and stay under `ceiling` (a known OOM's batch)."""
 
-    def __init__(self, ac: str, *, start: int, allowed: list[int] | None, ceiling: int | None,
-                 capacity_bytes: float | None, need: float | None = None, predicted: int | None = None):
+    def __init__(
+        self,
+        ac: str,
+        *,
+        start: int,
+        allowed: list[int] | None,
+        ceiling: int | None,
+        capacity_bytes: float | None,
+        need: float | None = None,
+        predicted: int | None = None,
+    ):
         """`predicted`: the memory model's largest batch for this level's config (sweep.memory.predictor), its first
         probe in place of `start` (kept under `ceiling`); None or 0: from `start`."""
         self.ac, self.allowed, self.ceiling, self.need = ac, allowed, ceiling, need
         start = start if ceiling is None else min(start, ceiling - 1)
         if predicted and ceiling is not None:
             predicted = min(predicted, ceiling - 1)
-        self.search = MaxBatchSearch(start=max(1, start), capacity_bytes=capacity_bytes, bounded=False,
-                                     predicted=predicted if predicted and predicted >= 1 else None)
+        self.search = MaxBatchSearch(
+            start=max(1, start),
+            capacity_bytes=capacity_bytes,
+            bounded=False,
+            predicted=predicted if predicted and predicted >= 1 else None,
+        )
         self.tflops: dict[int, float] = {}
         self.thrashed: set[int] = set()  # batches that fit only by the allocator freeing its cache (retries)
 
@@ -297,8 +345,12 @@ class LevelFit:
         thrashed = thrashes(status, row)
         # For the search, memory ends where the allocator starts retrying: a larger batch would only thrash
         # more, so the fit looks for the largest batch without retries, not the largest that squeezes in.
-        self.search.record(batch, "oom" if thrashed else status, tokens_per_s=row.get("tokens_per_s_per_gpu"),
-                           peak_mem_bytes=peak * 1024**3 if peak is not None else None)
+        self.search.record(
+            batch,
+            "oom" if thrashed else status,
+            tokens_per_s=row.get("tokens_per_s_per_gpu"),
+            peak_mem_bytes=peak * 1024**3 if peak is not None else None,
+        )
         if status == "ok":
             self.tflops[batch] = row.get("tflops_per_gpu") or 0.0
         if thrashed:

@@ -86,8 +86,15 @@ class FitStage:
         need = fastest / (1 + gain) if gain is not None and fastest else None
         # the memory model's limit for this level, where nothing measured says more (no heavier level fitted)
         predicted = self.candidates.predicted(self.space.baseline(ac, start)) if not heavier else None
-        fit = LevelFit(ac, start=start, allowed=self.space.batch_choices(), ceiling=min(ceiling, default=None),
-                       capacity_bytes=self.capacity, need=need, predicted=predicted)
+        fit = LevelFit(
+            ac,
+            start=start,
+            allowed=self.space.batch_choices(),
+            ceiling=min(ceiling, default=None),
+            capacity_bytes=self.capacity,
+            need=need,
+            predicted=predicted,
+        )
         if heavier and not ooms:  # no level met the memory's limit (no capacity, e.g. a CPU): more
             fit.search.max_batch = max(heavier)  # checkpointing only buys a batch nobody needed; check it fits
         return fit
@@ -135,7 +142,7 @@ class FinalStage:
             return []
         ledger, baseline = self.prober.ledger, self.fit.baseline
         # none that thrashed (RESULTS.md session 12: one read 841.6 short, then 794.0 in a 105 s final)
-        measured = ledger.measured(Rung.LONGER if self.rung.asked else Rung.SHORT, clean=True)[:self.finalists]
+        measured = ledger.measured(Rung.LONGER if self.rung.asked else Rung.SHORT, clean=True)[: self.finalists]
         close = [c for c, tf in measured if tf >= measured[0][1] * (1 - FINAL_MARGIN)]
         finalists = close[:1] + self.prober.affordable(close[1:], Rung.FINAL)
         ran = {c for c, _ in ledger.measured(Rung.SHORT)}  # a baseline that failed its short probe would fail again

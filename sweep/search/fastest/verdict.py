@@ -82,8 +82,11 @@ class FastestVerdict:
 
     def to_json(self) -> dict[str, Any]:
         """The saved object: the keys and their order every earlier release wrote."""
-        configs = {"best": _config(self.best), "baseline": _config(self.baseline),
-                   "skipped_for_cost": [c._asdict() for c in self.skipped_for_cost]}
+        configs = {
+            "best": _config(self.best),
+            "baseline": _config(self.baseline),
+            "skipped_for_cost": [c._asdict() for c in self.skipped_for_cost],
+        }
         out: dict[str, Any] = {"kind": self.kind}
         for f in fields(self):
             if f.name not in ("kind", "layout"):
@@ -99,13 +102,22 @@ def best_final(ledger: Ledger, finals: list[Config] | None) -> tuple[Config | No
     """(config, row) of the fastest final that ran ok (a tie: the one asked first), else (None, None): the best,
     for the verdict and for the search's profile stage alike."""
     ran = [(c, row) for c in finals or [] if (row := ledger.ok_row(c, Rung.FINAL))]
-    best: tuple[Config | None, Row | None] = max(ran, key=lambda x: x[1]["tflops_per_gpu"] or 0.0,
-                                                 default=(None, None))
+    best: tuple[Config | None, Row | None] = max(ran, key=lambda x: x[1]["tflops_per_gpu"] or 0.0, default=(None, None))
     return best
 
 
-def fastest_verdict(space: Space, ledger: Ledger, learned: Learned, *, sid: str, budget: int, max_cost: float | None,
-                    baseline: Config | None, finals: list[Config] | None, candidates: list[Config]) -> FastestVerdict:
+def fastest_verdict(
+    space: Space,
+    ledger: Ledger,
+    learned: Learned,
+    *,
+    sid: str,
+    budget: int,
+    max_cost: float | None,
+    baseline: Config | None,
+    finals: list[Config] | None,
+    candidates: list[Config],
+) -> FastestVerdict:
     """A search's verdict: its best and baseline fully measured, what it tried and cost (every attempt's row, the
     best's profile trial too: GPU time the search spent). `candidates`: the configs it could still probe."""
     t = space.template
@@ -118,16 +130,34 @@ def fastest_verdict(space: Space, ledger: Ledger, learned: Learned, *, sid: str,
     wall = spent_s(ledger.results.values())
     tried = ledger.tried()
     return FastestVerdict(
-        search_id=sid, model=t.model.label, precision=t.precision, seq_len=t.seq_len, gpus=t.gpus,
-        cluster=t.cluster, allowed=list(space.vary), numerics_allowed=[o for o in NUMERICS_CHANGING if o in space.vary],
-        global_batch_tokens=space.tokens, budget=budget, max_cost=max_cost, best=best, baseline=baseline,
-        tflops_at_best=at_best, baseline_tflops=at_base, speedup=at_best / at_base if at_best and at_base else None,
+        search_id=sid,
+        model=t.model.label,
+        precision=t.precision,
+        seq_len=t.seq_len,
+        gpus=t.gpus,
+        cluster=t.cluster,
+        allowed=list(space.vary),
+        numerics_allowed=[o for o in NUMERICS_CHANGING if o in space.vary],
+        global_batch_tokens=space.tokens,
+        budget=budget,
+        max_cost=max_cost,
+        best=best,
+        baseline=baseline,
+        tflops_at_best=at_best,
+        baseline_tflops=at_base,
+        speedup=at_best / at_base if at_best and at_base else None,
         best_trial_id=ledger.asked.get((best, Rung.FINAL)) if best else None,
         baseline_trial_id=ledger.asked.get((baseline, Rung.FINAL)) if base_row and baseline else None,
-        candidates=len({*candidates, *tried}), tried=len(tried), skipped_for_cost=list(learned.unaffordable),
-        probes=len(ledger.results), search_wall_s=wall, cost_vs_one_trial=wall / one_trial if one_trial else None,
-        aborted=None if best else _why_none(ledger), profile=_profile(ledger.ok_row(best, Rung.PROFILE)),
-        layout=_layout(t, space.vary))
+        candidates=len({*candidates, *tried}),
+        tried=len(tried),
+        skipped_for_cost=list(learned.unaffordable),
+        probes=len(ledger.results),
+        search_wall_s=wall,
+        cost_vs_one_trial=wall / one_trial if one_trial else None,
+        aborted=None if best else _why_none(ledger),
+        profile=_profile(ledger.ok_row(best, Rung.PROFILE)),
+        layout=_layout(t, space.vary),
+    )
 
 
 def _layout(t: Trial, vary: list[str]) -> dict[str, int]:
@@ -142,8 +172,11 @@ def _why_none(ledger: Ledger) -> str:
     if not counts:
         return "nothing ran: the search was stopped before its first probe"
     if not counts.get("ok"):
-        return f"nothing fits: every probe ran out of memory ({said})" if set(counts) == {"oom"} else \
-            f"nothing ran: no probe completed ({said})"
+        return (
+            f"nothing fits: every probe ran out of memory ({said})"
+            if set(counts) == {"oom"}
+            else f"nothing ran: no probe completed ({said})"
+        )
     return f"no full measurement completed ({said})"
 
 
