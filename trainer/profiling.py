@@ -173,7 +173,7 @@ def profile_steps(step, first: int, rank) -> dict | None:
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from trainer.train import device_sync
+    from trainer.sync import device_sync
 
     step.label = record_function  # the phases' labels, in these steps only: the measured ones carry none
 

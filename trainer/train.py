@@ -29,7 +29,9 @@ from trainer.options import TrainingOptions
 from trainer.parallelize import mark_batch_dynamic, parallelize
 from trainer.precision import PrecisionPlan, precision_plan
 from trainer.profiling import BACKWARD, FORWARD, OPTIMIZER, profile_steps
+from trainer.result import RankResult
 from trainer.stopping import PHASES, Schedule
+from trainer.sync import device_sync
 from trainer.tensor_parallel import init_layout_independent, local_value, loss_context, whole_model
 
 
@@ -82,13 +84,17 @@ class Measurement:
     profile: dict | None = None  # rank 0 of a profiled trial: `trainer.profiling.profile_steps`
     energy: EnergyReport | None = None  # this rank's GPU over the measured steps (`trainer.energy`); None on CPU
 
-    def report(self) -> dict:
-        """The fields the driver turns into a row (`sweep.record.rows.outcome_row`)."""
-        return {"step_times": self.step_times, "warmup_steps": self.warmup_steps, "compile_time_s": self.compile_time_s,
-                "init_time_s": self.init_time_s, "model_build_s": self.model_build_s, "loss_first": self.losses[0],
-                "loss_last": self.losses[-1], "losses": self.losses, "tokens_per_step": self.tokens_per_step,
-                "n_params": self.n_params, "params_local": self.params_local,
-                "profile": self.profile, "energy": self.energy, **self.memory}
+    def report(self) -> RankResult:
+        """What the driver turns into a row (`sweep.record.rows.outcome_row`): an ok rank's result, to which
+        the worker adds what it knows of the process (`trainer.worker.RankWorker.run`)."""
+        return RankResult(status="ok", step_times=self.step_times, warmup_steps=self.warmup_steps,
+                          compile_time_s=self.compile_time_s, init_time_s=self.init_time_s,
+                          model_build_s=self.model_build_s, loss_first=self.losses[0], loss_last=self.losses[-1],
+                          losses=self.losses, tokens_per_step=self.tokens_per_step, n_params=self.n_params,
+                          params_local=self.params_local, profile=self.profile, energy=self.energy,
+                          peak_mem_bytes=self.memory.get("peak_mem_bytes"),
+                          reserved_mem_bytes=self.memory.get("reserved_mem_bytes"),
+                          alloc_retries=self.memory.get("alloc_retries"))
 
 
 def learning_rate(d_embd: int) -> float:
@@ -384,8 +390,3 @@ def _step_until_done(step, schedule: Schedule, rank: Rank, meter: EnergyMeter) -
             schedule.follow(elapsed, PHASES[int(phase.item())])
         i += 1
     return [float(loss) for loss in losses]
-
-
-def device_sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
