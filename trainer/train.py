@@ -13,7 +13,9 @@ import gc
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -34,21 +36,25 @@ from trainer.stopping import PHASES, Schedule
 from trainer.sync import device_sync
 from trainer.tensor_parallel import init_layout_independent, local_value, loss_context, whole_model
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 
 @dataclass(frozen=True)
 class Rank:
     """Where this rank trains: its device, and the mesh of every rank of the trial (the process group's)."""
 
     device: torch.device
-    mesh: object  # torch.distributed.device_mesh.DeviceMesh
+    mesh: DeviceMesh  # every rank of the trial, 1-D
     rank: int = 0
-    layouts: dict = field(default_factory=dict, compare=False, repr=False)  # (dp_replicate, tp) -> its named mesh
+    # (dp_replicate, tp) -> its named mesh
+    layouts: dict[tuple[int, int], DeviceMesh] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def world_size(self) -> int:
         return self.mesh.size()
 
-    def layout_mesh(self, options: TrainingOptions):
+    def layout_mesh(self, options: TrainingOptions) -> DeviceMesh:
         """The mesh a trial of `options` trains over: the ranks' own 1-D mesh for FSDP over all of them (as every
         trial before layouts), else the named (dp_replicate, dp_shard, tp) mesh, made once per layout in this
         process group (a warm group's later trials of the layout reuse its process groups)."""
@@ -165,13 +171,17 @@ def _release_compiled(keep_for: TrialConfig | None) -> None:
     size runs that code, recompiling nothing (a fresh model of the same classes passes dynamo's guards:
     parameters are graph inputs, not constants). A trial without compile leaves the code for the next."""
     global _kept
-    compiles = keep_for is not None and keep_for.compile != "none"
-    key = _graph_key(keep_for) if compiles else None
-    if (keep_for is None or (compiles and not keep_for.options.dynamic_batch)
-            or (compiles and key not in _kept and len(_kept) >= KEPT_GRAPHS)):
+    if keep_for is None:
+        torch.compiler.reset()
+        _kept = []
+        return
+    if keep_for.compile == "none":
+        return
+    key = _graph_key(keep_for)
+    if not keep_for.options.dynamic_batch or (key not in _kept and len(_kept) >= KEPT_GRAPHS):
         torch.compiler.reset()  # `dynamic_batch: false` compiles afresh, as every trial did before it existed
         _kept = []
-    if compiles and keep_for.options.dynamic_batch and key not in _kept:
+    if keep_for.options.dynamic_batch and key not in _kept:
         _kept.append(key)
 
 
@@ -239,7 +249,7 @@ def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank:
              if rank.device.type == "cpu" and rank.world_size > 1 else None)
     model.to_empty(device=rank.device)
     with torch.no_grad():
-        model.init_weights()  # a fully compiled model forwards the call to the original
+        model.init_weights()  # type: ignore[operator]  # ours (trainer.models); a compiled model forwards it
     if whole is not None:
         init_layout_independent(model, whole)
     return model, n_params
@@ -263,7 +273,7 @@ class SyntheticData:
         # one stream of tokens per data-parallel rank: FSDP 2 x TP 2 trains the tokens of FSDP 2
         gen = torch.Generator(device=device).manual_seed(config.seed + 1 + rank.data_rank(config.options))
         n_batches = max(4, accum)
-        if "auto" not in (config.warmup_steps, config.measure_steps):  # else the step count is known only after
+        if isinstance(config.warmup_steps, int) and isinstance(config.measure_steps, int):  # else known only after
             n_batches = min(n_batches, (config.warmup_steps + config.measure_steps) * accum)
         self.batches = [torch.randint(spec.vocab_size, (config.batch_size, config.seq_len), generator=gen,
                                       device=device) for _ in range(n_batches)]
@@ -299,7 +309,7 @@ class TrainStep:
         # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
         # rest (weights only change at the optimizer step), TE's `is_first_microbatch`.
         self.weight_cache = plan.model_backend == "te" and options.grad_accum > 1
-        self.fsdp_root = getattr(model, "_orig_mod", model)  # `full` compile wraps the sharded model
+        self.fsdp_root: Any = getattr(model, "_orig_mod", model)  # `full` compile wraps the sharded model
         self.sync_once = (options.grad_sync == "step" and options.grad_accum > 1
                           and isinstance(self.fsdp_root, FSDPModule))
         # label(name) wraps each phase: nothing in measured steps; trainer.profiling makes it record_function
@@ -341,7 +351,8 @@ class TrainStep:
         self.fsdp_root.set_reshard_after_backward(last)
 
 
-def time_steps(step, schedule: Schedule, rank: Rank, meter: EnergyMeter = NullMeter()) -> list[float]:
+def time_steps(step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank,
+               meter: EnergyMeter = NullMeter()) -> list[float]:
     """Step until `schedule` is done, each step timed between device syncs into it; the loss of each step.
 
     Python's automatic garbage collection is off while stepping, and a young-generation collection runs after
@@ -365,7 +376,8 @@ def time_steps(step, schedule: Schedule, rank: Rank, meter: EnergyMeter = NullMe
             gc.enable()
 
 
-def _step_until_done(step, schedule: Schedule, rank: Rank, meter: EnergyMeter) -> list[float]:
+def _step_until_done(step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank,
+                     meter: EnergyMeter) -> list[float]:
     shared = schedule.adaptive and rank.world_size > 1
     phase = torch.zeros(1, dtype=torch.int64, device=rank.device)  # an index into PHASES
     losses, i, metering = [], 0, False
