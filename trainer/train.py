@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer import models
+from trainer.data import SyntheticData
 from trainer.energy import EnergyMeter, EnergyReport, NullMeter, meter_for
 from trainer.job import TrialConfig
 from trainer.memory import memory_cap, peak_stats, reset_peak
@@ -125,7 +126,8 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
         model, n_params = build_model(spec, plan, config, rank)
         optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate(spec.d_embd),
                                       fused=rank.device.type == "cuda")
-        step = TrainStep(model, optimizer, plan, SyntheticData(spec, config, rank), config.options,
+        data = SyntheticData(spec, config, rank.device, rank.data_rank(config.options))
+        step = TrainStep(model, optimizer, plan, data, config.options,
                          compiled=config.compile != "none")
         dist.barrier()
         ready_at = time.perf_counter()
@@ -188,9 +190,9 @@ def _release_compiled(keep_for: TrialConfig | None) -> None:
 def release(device: torch.device, *, keep_for: TrialConfig | None = None) -> None:
     """Leave nothing of an earlier trial in this process: its compiled graphs, unless `keep_for` (the trial
     about to run, or the one that just ran) can reuse them (`_release_compiled`); Transformer Engine's FP8
-    globals (recipe, amax buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached device memory
-    given back (they would count in this trial's peak reserved memory), the allocator's counters zeroed (its
-    retries are a row's). A process may run many trials (`trainer.worker`): after this, what it holds is
+    globals (recipe, amax buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached
+    device memory given back (they would count in this trial's peak reserved memory), the allocator's counters
+    zeroed (its retries are a row's). A process may run many trials (`trainer.worker`): after this, what it holds is
     what it held before the first (`held_bytes`)."""
     _release_compiled(keep_for)
     _reset_te()
@@ -257,31 +259,6 @@ def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank:
 
 def _local_numel(model: nn.Module) -> int:
     return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
-
-
-class SyntheticData:
-    """Synthetic tokens. Labels are a fixed random permutation of the inputs: a mapping the model can learn
-    (loss falls, showing the step really trains) with no shortcut at init (the first loss is ~ln V). The
-    batches are made up front so no data work is timed: 4, or one per micro-batch of a step so that a
-    step's micro-batches are distinct (a token batch is KBs). The permutation is the task, the same on
-    every rank; each rank draws its own tokens."""
-
-    def __init__(self, spec: ModelSpec, config: TrialConfig, rank: Rank):
-        device, accum = rank.device, config.options.grad_accum
-        self.perm = torch.randperm(spec.vocab_size, generator=torch.Generator(device=device).manual_seed(config.seed),
-                                   device=device)
-        # one stream of tokens per data-parallel rank: FSDP 2 x TP 2 trains the tokens of FSDP 2
-        gen = torch.Generator(device=device).manual_seed(config.seed + 1 + rank.data_rank(config.options))
-        n_batches = max(4, accum)
-        if isinstance(config.warmup_steps, int) and isinstance(config.measure_steps, int):  # else known only after
-            n_batches = min(n_batches, (config.warmup_steps + config.measure_steps) * accum)
-        self.batches = [torch.randint(spec.vocab_size, (config.batch_size, config.seq_len), generator=gen,
-                                      device=device) for _ in range(n_batches)]
-
-    def micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The `index`-th micro-batch of the run: (tokens, labels)."""
-        tokens = self.batches[index % len(self.batches)]
-        return tokens, self.perm[tokens]
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
