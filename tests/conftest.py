@@ -154,9 +154,10 @@ def run_ranks():
 def run_one_rank():
     """run_one_rank(spec, precision, **Trial or RankJob fields): the real RankWorker.run for one rank, in this process
     (no Ray), as a Ray actor would run it; the environment it sets (MASTER_ADDR, RANK, ...) is put back."""
+    from trainer.result import RankResult
     from trainer.worker import RankWorker
 
-    def run(spec, precision: str, **fields) -> dict:
+    def run(spec, precision: str, **fields) -> RankResult:
         (job,) = _rank_jobs(spec, precision, **fields)
         saved = dict(os.environ)
         try:

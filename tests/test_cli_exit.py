@@ -127,7 +127,7 @@ def test_rank_zero_holds_its_master_port_from_choice_to_rendezvous(rank_jobs):
     (job,) = rank_jobs(resolve("gpt-tiny"), "fp32", master_addr=info["ip"], master_port=info["port"],
                        measure_steps=2)
     result = worker.run(job)  # the store serves on the held socket
-    assert result["status"] == "ok", result.get("error")
+    assert result.status == "ok", result.error
 
 
 def test_a_worker_outside_ray_does_not_start_ray(sweep_env):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_grid
 
-from sweep.execution.scheduler import INFEASIBLE_LIMIT_S
+from sweep.execution.rank_group import INFEASIBLE_LIMIT_S
 from sweep.record import store
 
 pytestmark = pytest.mark.integration

@@ -144,7 +144,7 @@ def test_flops_use_the_batch_actually_trained(monkeypatch, run_one_rank):
 
     monkeypatch.setattr(trainer.models, "build_model", recording_build)
     result = run_one_rank(spec, "bf16", batch_size=batch, seq_len=seq, warmup_steps=1, measure_steps=3)
-    assert result["status"] == "ok", result.get("error")
+    assert result.status == "ok", result.error
     assert seen == [(batch, seq)] * 4  # every step, warm-up included, trained `batch` rows of `seq` tokens
 
     trial = Trial(cluster="local", model=spec, precision="bf16", compile="none", ac="none", batch_size=batch,
@@ -154,7 +154,7 @@ def test_flops_use_the_batch_actually_trained(monkeypatch, run_one_rank):
     profile = types.SimpleNamespace(name="local", accelerator="cpu", peak_tflops=lambda family: None,
                                     cost_per_gpu_hour=None, power_cost_per_kwh=None, pue=None, power_limit_w=None)
     row = outcome_row(outcome, run_id="r", profile=profile, grid_name=None)
-    step_time = statistics.median(result["step_times"])
+    step_time = statistics.median(result.step_times)
     tokens_per_s = seen[-1][0] * seen[-1][1] / step_time
     assert row["tokens_per_s_per_gpu"] == pytest.approx(tokens_per_s)
     assert row["tflops_per_gpu"] == pytest.approx(spec_flops_per_token(spec, seq) * tokens_per_s / 1e12)

@@ -40,8 +40,8 @@ def runs(rank_jobs, run_ranks):
               for reduce, sync in [("fp32", "micro_batch"), ("fp32", "step"), ("bf16", "step")]]
     out: dict = {}
     for options, rank, result, dtypes in run_ranks(_rank, [[t[r] for t in trials] for r in range(2)]):
-        assert result["status"] == "ok", result.get("traceback")
-        out.setdefault(options, {})[rank] = {"loss_last": result["loss_last"], "dtypes": dtypes}
+        assert result.status == "ok", result.traceback
+        out.setdefault(options, {})[rank] = {"loss_last": result.loss_last, "dtypes": dtypes}
     return out
 
 

@@ -370,10 +370,10 @@ def test_te_model_trains_through_the_worker_with_stub(stub_te, run_one_rank, rec
     trains unsharded under autocast; the real TE layers under FSDP2 are the H200 benchmarks')."""
     spec = REGISTRY[f"{arch}-tiny"]
     result = run_one_rank(spec, recipe)
-    assert result["status"] == "ok", result.get("traceback")
-    assert result["loss_last"] < result["loss_first"]
-    assert abs(result["loss_first"] - math.log(spec.vocab_size)) < 0.1 * math.log(spec.vocab_size)
-    assert result["params_local"] == spec.n_params()
+    assert result.status == "ok", result.traceback
+    assert result.loss_last < result.loss_first
+    assert abs(result.loss_first - math.log(spec.vocab_size)) < 0.1 * math.log(spec.vocab_size)
+    assert result.params_local == spec.n_params()
     # blocks ran in the FP8 region (bf16-te: none opened), the Llama head always outside it
     assert stub_te.block_calls and set(stub_te.block_calls) == {recipe != "bf16-te"}
     assert stub_te.head_calls == ([False] * 5 if arch == "llama" else [])  # 1 warm-up + 4 measured steps
@@ -386,8 +386,8 @@ def test_te_gradient_accumulation_caches_fp8_weights_and_fp8_head_with_stub(stub
     fp8_lm_head runs the head inside the FP8 region."""
     spec = REGISTRY["llama-tiny"]
     result = run_one_rank(spec, "fp8-te-delayed", grad_accum=3, fp8_lm_head=True)
-    assert result["status"] == "ok", result.get("traceback")
-    assert result["loss_last"] < result["loss_first"]
+    assert result.status == "ok", result.traceback
+    assert result.loss_last < result.loss_first
     assert stub_te.head_calls == [True] * 3 * 5  # 3 micro-batches x (1 warm-up + 4 measured steps)
     per_forward = [True, False, False] * 5
     assert stub_te.cache_args == [c for c in per_forward for _ in range(spec.n_layers)]

@@ -147,10 +147,10 @@ def test_torchao_fp8_trains_under_fsdp2_on_two_cpu_ranks(rank_jobs, run_ranks):
                                                                 timeout=240)}
     n = FP8_SPEC.n_params()
     for (name, rank), r in sorted(results.items()):
-        assert r["status"] == "ok", f"{name} rank {rank}: {r.get('error')}\n{r.get('traceback')}"
-        assert r["loss_last"] < r["loss_first"], (name, rank, r["loss_first"], r["loss_last"])
-        assert abs(r["params_local"] - n / 2) <= 0.01 * n, (name, rank, r["params_local"], n)
-        assert r["n_params"] == n
+        assert r.status == "ok", f"{name} rank {rank}: {r.error}\n{r.traceback}"
+        assert r.loss_last < r.loss_first, (name, rank, r.loss_first, r.loss_last)
+        assert abs(r.params_local - n / 2) <= 0.01 * n, (name, rank, r.params_local, n)
+        assert r.n_params == n
 
 
 # -- Transformer Engine plan (logic, with a stand-in for TE) ---------------------------------------
@@ -280,9 +280,9 @@ def test_te_recipes_train_on_a_gpu(run_one_rank, name, arch):
                      vocab_size=512) if arch == "llama" else \
         ModelSpec(arch="gpt", n_layers=2, d_embd=128, n_heads=4, vocab_size=512, max_seq_len=256)
     r = run_one_rank(spec, name, device_type="cuda", seq_len=128, warmup_steps=2, measure_steps=6)
-    assert r["status"] == "ok", f"{r.get('error')}\n{r.get('traceback')}"
-    assert r["loss_last"] < r["loss_first"]
-    assert r["params_local"] == spec.n_params() and r["te_version"]
+    assert r.status == "ok", f"{r.error}\n{r.traceback}"
+    assert r.loss_last < r.loss_first
+    assert r.params_local == spec.n_params() and r.te_version
 
 
 @pytest.mark.gpu
@@ -291,5 +291,5 @@ def test_torch_recipes_train_on_a_gpu(run_one_rank, name):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     r = run_one_rank(FP8_SPEC, name, device_type="cuda", seq_len=128, warmup_steps=2, measure_steps=6)
-    assert r["status"] == "ok", f"{r.get('error')}\n{r.get('traceback')}"
-    assert r["loss_last"] < r["loss_first"]
+    assert r.status == "ok", f"{r.error}\n{r.traceback}"
+    assert r.loss_last < r.loss_first

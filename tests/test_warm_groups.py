@@ -241,7 +241,7 @@ def _warm_rank(jobs: list, queue) -> None:
 
 
 def test_each_trial_gives_back_the_memory_its_process_held_before(rank_jobs, run_ranks):
-    from sweep.execution.scheduler import returned_to_baseline
+    from sweep.execution.groups import returned_to_baseline
     from trainer.models.specs import REGISTRY
 
     leaky = REGISTRY["gpt-tiny"].model_copy(update={"name": "leaky"})
@@ -252,14 +252,14 @@ def test_each_trial_gives_back_the_memory_its_process_held_before(rank_jobs, run
     reports = run_ranks(_warm_rank, [[jobs[rank] for jobs in trials] for rank in range(2)], timeout=240)
     by_rank = {rank: [r for k, r in reports if k == rank] for rank in range(2)}
     for results in by_rank.values():
-        assert [r["status"] for r in results] == ["ok"] * 4, [r.get("error") for r in results]
-        assert len({r["baseline_bytes"] for r in results}) == 1  # the group's, from before its first trial
+        assert [r.status for r in results] == ["ok"] * 4, [r.error for r in results]
+        assert len({r.baseline_bytes for r in results}) == 1  # the group's, from before its first trial
         compiled, plain, leaking, after_leak = results
         # a compiled trial and a plain one each hold nothing more once they end
-        assert compiled["held_bytes"] <= compiled["baseline_bytes"] and plain["held_bytes"] <= plain["baseline_bytes"]
+        assert compiled.held_bytes <= compiled.baseline_bytes and plain.held_bytes <= plain.baseline_bytes
         # the leak happened after the third trial reported: the fourth sees its 4 MiB and says so
-        assert leaking["held_bytes"] <= leaking["baseline_bytes"]
-        assert after_leak["held_bytes"] >= after_leak["baseline_bytes"] + 4 * 2**20
+        assert leaking.held_bytes <= leaking.baseline_bytes
+        assert after_leak.held_bytes >= after_leak.baseline_bytes + 4 * 2**20
     assert returned_to_baseline([by_rank[r][1] for r in range(2)])
     assert not returned_to_baseline([by_rank[r][3] for r in range(2)])
 
@@ -279,8 +279,8 @@ def test_on_a_gpu_each_trial_gives_back_its_allocated_memory(rank_jobs, run_rank
               rank_jobs(spec, "fp8-torchao-tensorwise", device_type="cuda", compile="regional", seq_len=128),
               rank_jobs(spec, "fp32", device_type="cuda", seq_len=128)]
     reports = [result for _, result in run_ranks(_warm_rank, [[jobs[0] for jobs in trials]], timeout=300)]
-    assert [r["status"] for r in reports] == ["ok"] * 3, [r.get("error") for r in reports]
-    assert [r["held_bytes"] - r["baseline_bytes"] for r in reports] == [0, 0, 0]
+    assert [r.status for r in reports] == ["ok"] * 3, [r.error for r in reports]
+    assert [r.held_bytes - r.baseline_bytes for r in reports] == [0, 0, 0]
 
 
 def test_release_frees_the_workspaces_transformer_engine_caches(monkeypatch):
@@ -322,9 +322,9 @@ def test_on_a_gpu_transformer_engine_trials_give_back_their_memory(rank_jobs, ru
     trials = [rank_jobs(spec, "fp8-te-delayed", device_type="cuda", compile="regional", seq_len=128),
               rank_jobs(spec, "bf16-te", device_type="cuda", seq_len=128)]
     reports = [result for _, result in run_ranks(_warm_rank, [[jobs[0] for jobs in trials]], timeout=300)]
-    assert [r["status"] for r in reports] == ["ok"] * 2, [r.get("error") for r in reports]
+    assert [r.status for r in reports] == ["ok"] * 2, [r.error for r in reports]
     # TE keeps a few scale bytes process-wide (3072 and 512 B on an H200, session 10): within what a group may keep
-    assert all(0 <= r["held_bytes"] - r["baseline_bytes"] <= KEPT_BYTES_ALLOWED for r in reports), reports
+    assert all(0 <= r.held_bytes - r.baseline_bytes <= KEPT_BYTES_ALLOWED for r in reports), reports
 
 
 # -- pure rules --------------------------------------------------------------------------------------------
@@ -340,31 +340,33 @@ def _trial(**changes):
 
 def test_a_group_stays_warm_over_a_library_cache_but_not_over_a_trials_leftovers():
     from sweep.execution.groups import KEPT_BYTES_ALLOWED, returned_to_baseline
+    from trainer.result import RankResult
+
+    def rank(held: int | None) -> RankResult:
+        return RankResult(status="ok", baseline_bytes=base, held_bytes=held)
 
     base = 5 << 30
-    assert returned_to_baseline([{"baseline_bytes": base, "held_bytes": base + 3072},
-                                 {"baseline_bytes": base, "held_bytes": base + KEPT_BYTES_ALLOWED}])
-    assert not returned_to_baseline([{"baseline_bytes": base, "held_bytes": base},
-                                     {"baseline_bytes": base, "held_bytes": base + 32 * 2**20 + 1024}])
-    assert not returned_to_baseline([{"baseline_bytes": base, "held_bytes": None}])  # a rank that could not say
+    assert returned_to_baseline([rank(base + 3072), rank(base + KEPT_BYTES_ALLOWED)])
+    assert not returned_to_baseline([rank(base), rank(base + 32 * 2**20 + 1024)])
+    assert not returned_to_baseline([rank(None)])  # a rank that could not say
 
 
 def test_one_group_runs_trials_of_one_shape_cap_and_process_family():
-    from sweep.execution.groups import group_key
+    from sweep.execution.groups import warm_group_key
     from trainer.models.specs import REGISTRY
 
     same = [_trial(), _trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"), _trial(precision="fp32"),
             _trial(precision="fp8-torchao-tensorwise")]
-    assert len({group_key(t) for t in same}) == 1
+    assert len({warm_group_key(t) for t in same}) == 1
     for other in (_trial(gpus=1), _trial(memory_cap_bytes=2**30), _trial(precision="fp8-te-delayed")):
-        assert group_key(other) != group_key(_trial())
-    assert group_key(_trial(precision="fp8-te-delayed")) == group_key(_trial(precision="bf16-te"))
+        assert warm_group_key(other) != warm_group_key(_trial())
+    assert warm_group_key(_trial(precision="fp8-te-delayed")) == warm_group_key(_trial(precision="bf16-te"))
 
 
 def test_a_group_picks_plain_torch_before_torchao_then_the_smallest_and_never_goes_back():
-    from sweep.execution.groups import group_key, pick
+    from sweep.execution.groups import warm_group_key, pick
 
-    key = group_key(_trial())
+    key = warm_group_key(_trial())
     small, large = _trial(batch_size=4), _trial(batch_size=8)
     fp8_tiny, fp8_large = (_trial(precision="fp8-torchao-tensorwise", batch_size=b) for b in (1, 16))
     te = _trial(precision="fp8-te-delayed", batch_size=1)
@@ -372,7 +374,7 @@ def test_a_group_picks_plain_torch_before_torchao_then_the_smallest_and_never_go
     assert pick(key, 0, queue) is small  # stage 0 first (the smaller torchao and TE trials wait), smallest first
     assert pick(key, 0, [fp8_large, fp8_tiny, te]) is fp8_tiny
     assert pick(key, 1, [small, large, te]) is None  # torchao ran in it: plain torch needs fresh processes
-    assert pick(group_key(te), 0, queue) is te
+    assert pick(warm_group_key(te), 0, queue) is te
     twin = _trial(batch_size=4, seq_len=32)  # the same footprint as `small`: the oldest of equals
     assert pick(key, 0, [twin, small]) is twin and pick(key, 0, [small, twin]) is small
 

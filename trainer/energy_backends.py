@@ -9,7 +9,7 @@ this module; each is imported when a rank opens its device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 
 class Unavailable(Exception):
@@ -50,7 +50,7 @@ def identity(index: Optional[int]) -> DeviceIdentity:
     return DeviceIdentity(uuid=uuid, pci=None if None in parts else tuple(parts))  # type: ignore[arg-type]
 
 
-def open_device(index: Optional[int]):
+def open_device(index: Optional[int]) -> NvmlDevice | AmdSmiDevice:
     """The rank's GPU through NVML (CUDA builds of torch) or amdsmi (ROCm builds); raises Unavailable."""
     import torch
 
@@ -68,7 +68,7 @@ class _Library:
     label = ""  # the library's name in Unavailable's message
 
     @classmethod
-    def library(cls):
+    def library(cls) -> Any:
         import importlib
 
         try:
@@ -90,14 +90,14 @@ class _Library:
     def _error(self) -> type[Exception]:
         raise NotImplementedError
 
-    def _find(self, who: DeviceIdentity):
+    def _find(self, who: DeviceIdentity) -> Any:
         raise NotImplementedError
 
 
 class NvmlDevice(_Library):
     """An NVIDIA GPU through NVML. The energy counter is mJ since the driver loaded (Volta and later)."""
 
-    counter_modulus_mj = None  # unsigned long long mJ: never wraps
+    counter_modulus_mj: float | None = None  # unsigned long long mJ: never wraps
     module, missing, label = "pynvml", "nvidia-ml-py (pynvml) is not installed", "NVML"
 
     def _start(self) -> None:
@@ -108,7 +108,7 @@ class NvmlDevice(_Library):
     def _error(self) -> type[Exception]:
         return self.lib.NVMLError
 
-    def _find(self, who: DeviceIdentity):
+    def _find(self, who: DeviceIdentity) -> Any:
         if who.uuid is not None:
             try:
                 return self.nvml.nvmlDeviceGetHandleByUUID(who.uuid)
@@ -146,7 +146,7 @@ class NvmlDevice(_Library):
         return self.nvml.nvmlDeviceGetTemperature(self.handle, self.nvml.NVML_TEMPERATURE_GPU)
 
 
-def _number(value) -> Optional[float]:
+def _number(value: Any) -> Optional[float]:
     """amdsmi answers 'N/A' for a field a part lacks."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -155,7 +155,7 @@ class AmdSmiDevice(_Library):
     """An AMD GPU through amdsmi (ROCm ships it). Energy: accumulator ticks × counter_resolution µJ; power in
     W; the power cap in µW; clocks in MHz (the GFX clock is the SM clock's counterpart)."""
 
-    counter_modulus_mj = None  # a 64-bit accumulator
+    counter_modulus_mj: float | None = None  # a 64-bit accumulator
     module, missing, label = "amdsmi", "amdsmi is not importable (ROCm's share/amd_smi on PYTHONPATH?)", "amdsmi"
 
     def _start(self) -> None:
@@ -165,7 +165,7 @@ class AmdSmiDevice(_Library):
     def _error(self) -> type[Exception]:
         return self.lib.AmdSmiException
 
-    def _find(self, who: DeviceIdentity):
+    def _find(self, who: DeviceIdentity) -> Any:
         if who.pci is None:
             raise Unavailable("torch gives the device no PCI address")
         for handle in self.smi.amdsmi_get_processor_handles():

@@ -24,26 +24,29 @@ Llama3-8B at T 8192: sweep 61.07, torchtitan 57.91, megatron 51.47 GFLOP per tok
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from trainer.models.specs import ModelSpec
 
 
 def flops_per_token(*, n_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:
     return 6.0 * n_params + 12.0 * n_layers * n_heads * head_dim * seq_len
 
 
-def spec_flops_per_token(spec, seq_len: int, n_params: int | None = None) -> float:
+def spec_flops_per_token(spec: ModelSpec, seq_len: int, n_params: int | None = None) -> float:
     """`flops_per_token` for a `trainer.models.specs.ModelSpec`; `n_params` (the count the built model
     reported) overrides the spec's own count."""
     return flops_per_token(n_params=spec.n_params() if n_params is None else n_params, n_layers=spec.n_layers,
                            n_heads=spec.n_heads, head_dim=spec.head_dim, seq_len=seq_len)
 
 
-def _attention(spec, seq_len: int) -> float:
+def _attention(spec: ModelSpec, seq_len: int) -> float:
     """12·L·H·D·T: Q·Kᵀ and A·V over the full T×T square, forward and backward."""
     return 12.0 * spec.n_layers * spec.n_heads * spec.head_dim * seq_len
 
 
-def torchtitan_flops_per_token(spec, seq_len: int) -> float:
+def torchtitan_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     """torchtitan: 6·(N − input-embedding lookups) + 12·L·H·D·T.
 
     Source: pytorch/torchtitan `torchtitan/models/utils.py`. `get_nparams_and_active_nparams` gives every
@@ -59,7 +62,7 @@ def torchtitan_flops_per_token(spec, seq_len: int) -> float:
     return 6.0 * (spec.n_params() - lookups) + _attention(spec, seq_len)
 
 
-def megatron_flops_per_token(spec, seq_len: int) -> float:
+def megatron_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     """Megatron-LM: 6 × the GEMM weights (no embedding lookup, norm or bias) + 6·L·H·D·T (causal half).
 
     Source: NVIDIA/Megatron-LM `megatron/training/training.py`, `num_floating_point_operations` →
@@ -76,13 +79,13 @@ def megatron_flops_per_token(spec, seq_len: int) -> float:
 
 
 # name -> (FLOPs per token of (spec, seq_len), the formula in a few words for table captions)
-CONVENTIONS: dict[str, tuple[Callable[[object, int], float], str]] = {
+CONVENTIONS: dict[str, tuple[Callable[[ModelSpec, int], float], str]] = {
     "sweep": (spec_flops_per_token, "6·N + 12·L·H·D·T, N = every parameter, full T×T attention (PaLM app. B)"),
     "megatron": (megatron_flops_per_token, "6·N_matmul + 6·L·H·D·T, no embedding lookup, causal half of T×T (Megatron-LM)"),
     "torchtitan": (torchtitan_flops_per_token, "6·(N − embedding lookups) + 12·L·H·D·T, full T×T attention (torchtitan)"),
 }
 
 
-def convention_flops_per_token(convention: str, spec, seq_len: int) -> float:
+def convention_flops_per_token(convention: str, spec: ModelSpec, seq_len: int) -> float:
     """FLOPs per token of `spec` at `seq_len` counted as `convention` counts them (a key of CONVENTIONS)."""
     return CONVENTIONS[convention][0](spec, seq_len)

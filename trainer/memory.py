@@ -21,6 +21,7 @@ import ctypes
 import ctypes.util
 import resource
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
@@ -52,7 +53,7 @@ def default_thread_stack_bytes() -> int | None:
     return size.value
 
 
-def _libc():
+def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -77,7 +78,7 @@ def _small_thread_stacks() -> None:
 
 
 @contextmanager
-def memory_cap(cap_bytes: int | None, device: torch.device):
+def memory_cap(cap_bytes: int | None, device: torch.device) -> Iterator[None]:
     if not cap_bytes:
         yield
         return

@@ -26,17 +26,30 @@ so a later trial at another batch size runs the same compiled code (`trainer.tra
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, cast
+
 import torch
 import torch.nn as nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from trainer.precision import PrecisionPlan
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    """The model's transformer blocks: every built model has them (`trainer.models`)."""
+    return cast(nn.ModuleList, model.blocks)
 
 
 def _checkpoint_blocks(model: nn.Module, mode: str) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    for i, block in enumerate(model.blocks):
+    blocks = _blocks(model)
+    for i, block in enumerate(blocks):
         # selective: every other block recomputes (torchtitan's "op-free" selective layer AC, ac_freq=2)
         if mode == "full" or (mode == "selective" and i % 2 == 0):
-            model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+            blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
 def mark_batch_dynamic(*tensors: torch.Tensor) -> None:
@@ -54,9 +67,9 @@ def _compile_block(block: nn.Module, dynamic_batch: bool) -> None:
     block.compile()
     if not dynamic_batch:
         return
-    compiled = block._compiled_call_impl  # what nn.Module.__call__ runs once compiled
+    compiled: Any = block._compiled_call_impl  # what nn.Module.__call__ runs once compiled
 
-    def call_marked(x, *args, **kwargs):
+    def call_marked(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         mark_batch_dynamic(x)
         return compiled(x, *args, **kwargs)
 
@@ -64,14 +77,15 @@ def _compile_block(block: nn.Module, dynamic_batch: bool) -> None:
 
 
 @torch._dynamo.disable  # run eagerly: dynamo reads marks only on a frame's inputs, and a traced mark is refused
-def _mark_after_fsdp(module: nn.Module, args: tuple) -> None:
+def _mark_after_fsdp(module: nn.Module, args: tuple[Any, ...]) -> None:
     """A sharded block's pre-forward hook, after FSDP2's own: FSDP2 hands the block new input tensors (outputs
     of the autograd function that registers its post-backward hook), which dynamo compiles `forward` on, so the
     mark made before the call is lost there (2 CPU ranks: the second batch size recompiled without this)."""
     mark_batch_dynamic(args[0])
 
 
-def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh, reduce_dtype: str = "fp32",
+def parallelize(model: nn.Module, *, plan: PrecisionPlan, compile_mode: str, ac: str, mesh: DeviceMesh,
+                reduce_dtype: str = "fp32",
                 dynamic_batch: bool = False) -> nn.Module:
     """Apply the transforms in order and return the model to train. `mesh`: the trial's ranks, 1-D (FSDP over all
     of them) or the named (dp_replicate, dp_shard, tp) mesh of `trainer.tensor_parallel.layout_mesh`."""
@@ -86,18 +100,19 @@ def parallelize(model: nn.Module, *, plan, compile_mode: str, ac: str, mesh, red
     if ac != "none":  # 3. activation checkpointing
         _checkpoint_blocks(model, ac)
     if compile_mode == "regional":  # 4. compile
-        for block in model.blocks:
+        for block in _blocks(model):
             _compile_block(block, dynamic_batch)
     if mesh.size() == 1:  # 5. nothing to shard
-        return torch.compile(model) if compile_mode == "full" else model
+        return cast(nn.Module, torch.compile(model)) if compile_mode == "full" else model
     mesh = dp_mesh(mesh) if named else mesh
     mp_policy = plan.mp_policy(reduce_dtype)
-    for i, block in enumerate(model.blocks):  # 5. FSDP2 (HSDP over a 2-D mesh)
+    blocks = _blocks(model)
+    for i, block in enumerate(blocks):  # 5. FSDP2 (HSDP over a 2-D mesh)
         # The last block is not resharded after forward: backward needs it first (saves one all-gather).
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(model.blocks) - 1)
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(blocks) - 1)
         if compile_mode != "none" and dynamic_batch:  # `full` too: dynamo compiles each sharded block's forward apart
             block.register_forward_pre_hook(_mark_after_fsdp)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     if compile_mode == "full":
-        model = torch.compile(model)
+        model = cast(nn.Module, torch.compile(model))
     return model

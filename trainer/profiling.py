@@ -21,7 +21,33 @@ and is tested without the profiler; the profiler glue is `profile_steps` at the 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainer.options import TrainingOptions
+
+class ProfiledStep(Protocol):
+    """What `profile_steps` drives (a trainer.train.TrainStep): one optimizer step per call."""
+
+    label: Any  # wraps each phase of a step: record_function while profiled
+    options: TrainingOptions
+
+    def __call__(self, i: int) -> Any: ...
+
+
+class ProfiledRank(Protocol):
+    """Where `profile_steps` runs (a trainer.train.Rank)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def rank(self) -> int: ...
+
 
 PROFILE_STEPS = 3  # micro-batches recorded, in whole steps (after one step that is run but not recorded)
 
@@ -83,7 +109,8 @@ class Span:
     issued: float | None = None  # a kernel: when the CPU launched it, which says the phase that issued it
 
 
-def classify(spans: list[Span], name_kind, optimizer: list[tuple[float, float]]) -> list[tuple[float, float, str]]:
+def classify(spans: list[Span], name_kind: Callable[[str], str],
+             optimizer: list[tuple[float, float]]) -> list[tuple[float, float, str]]:
     """(start, end, kind) of each span. `name_kind` names a span's kind; a span inside a classified one of its
     lane (aten::t under aten::linear, aten::empty under c10d::allgather_) takes its kind; a span issued
     within an `optimizer` interval is optimizer work unless it communicates."""
@@ -161,7 +188,7 @@ def _labelled(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
     return out
 
 
-def profile_steps(step, first: int, rank) -> dict | None:
+def profile_steps(step: ProfiledStep, first: int, rank: ProfiledRank) -> dict[str, Any] | None:
     """Run 1 + `recorded_steps` steps of `step` (a trainer.train.TrainStep) from step index `first` on every
     rank, the last `recorded_steps` under the profiler. Every rank records, so that each carries the profiler's
     overhead and none waits for rank 0 in the collectives more than it would unprofiled; rank 0 returns the
@@ -173,7 +200,7 @@ def profile_steps(step, first: int, rank) -> dict | None:
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from trainer.train import device_sync
+    from trainer.sync import device_sync
 
     step.label = record_function  # the phases' labels, in these steps only: the measured ones carry none
 

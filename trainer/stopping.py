@@ -161,8 +161,8 @@ class Schedule:
 
     def __init__(self, warmup: StepsSpec, measure: StepsSpec, auto_max: Optional[tuple[int, int]] = None) -> None:
         self.warmup, self.measure = rule(warmup, "warmup"), rule(measure, "measure")
-        for phase, spec, most in zip((self.warmup, self.measure), (warmup, measure), auto_max or (None, None)):
-            if spec == "auto" and most is not None:  # a fixed count is what it says
+        for phase, most in zip((self.warmup, self.measure), auto_max or (None, None)):
+            if isinstance(phase, (WarmUp, Measure)) and most is not None:  # `auto`: a fixed count is what it says
                 phase.n = max(min(phase.n, most), phase.min_steps)
         self.adaptive = "auto" in (warmup, measure)  # fixed counts need no decision shared between ranks
         self.phase = "warmup"

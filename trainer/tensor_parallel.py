@@ -21,15 +21,21 @@ compiled block whose inputs and outputs are DTensors trains as the eager one doe
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 import torch.nn as nn
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from trainer.models.specs import ModelSpec
+    from trainer.precision import PrecisionPlan
+
 DP_DIMS = ("dp_replicate", "dp_shard")
 
 
-def layout_mesh(device_type: str, world_size: int, *, dp_replicate: int, tp: int):
+def layout_mesh(device_type: str, world_size: int, *, dp_replicate: int, tp: int) -> DeviceMesh:
     """The named 3-D mesh (dp_replicate, dp_shard, tp) of the trial's ranks (every rank calls it together: its
     sub-meshes are new process groups)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -38,13 +44,13 @@ def layout_mesh(device_type: str, world_size: int, *, dp_replicate: int, tp: int
     return init_device_mesh(device_type, (dp_replicate, dp_shard, tp), mesh_dim_names=(*DP_DIMS, "tp"))
 
 
-def dp_mesh(mesh):
+def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The data-parallel sub-mesh FSDP2 shards over: ("dp_replicate", "dp_shard") when there are replicas
     (HSDP: shard within a replica, all-reduce gradients across), else "dp_shard" alone (FSDP)."""
     return mesh[DP_DIMS] if mesh["dp_replicate"].size() > 1 else mesh["dp_shard"]
 
 
-def apply_tp(model: nn.Module, tp_mesh) -> None:
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard a Llama (trainer.models.llama) over `tp_mesh` in place: Megatron column/row parallel with sequence
     parallel norms, the vocabulary split in the embedding and the head (its logits a vocab-sharded DTensor)."""
     from torch.distributed.tensor import Replicate, Shard
@@ -60,7 +66,7 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
         # columns of the vocabulary: logits stay sharded on it for the loss (use_local_output=False: a DTensor)
         "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
     })
-    for block in model.blocks:
+    for block in cast(nn.ModuleList, model.blocks):
         parallelize_module(block, tp_mesh, {
             "attn_norm": SequenceParallel(),
             # the sequence all-gathered before attention (it needs every token); the RoPE table is not an activation
@@ -75,7 +81,7 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
         })
 
 
-def loss_context(tp: int) -> Callable[[], contextlib.AbstractContextManager]:
+def loss_context(tp: int) -> Callable[[], contextlib.AbstractContextManager[Any]]:
     """What wraps the loss and its backward: `loss_parallel` when the logits are vocab-sharded (tp > 1)."""
     if tp == 1:
         return contextlib.nullcontext
@@ -103,11 +109,12 @@ def init_layout_independent(model: nn.Module, full: nn.Module) -> None:
         if param.shape != whole.shape:  # the same module order: a mismatch is a bug
             raise RuntimeError(f"parameter shapes differ: {tuple(param.shape)} and {tuple(whole.shape)}")
         if isinstance(param, DTensor):  # each rank's shard, cut locally (src_data_rank=None: no collective)
-            whole = distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
-        param.copy_(whole)
+            param.copy_(distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None))
+        else:
+            param.copy_(whole)
 
 
-def whole_model(spec, plan, *, fp8_lm_head: bool) -> nn.Module:
+def whole_model(spec: ModelSpec, plan: PrecisionPlan, *, fp8_lm_head: bool) -> nn.Module:
     """The unsharded model on the CPU, initialised from the trial's seed as one rank would be: what every CPU
     layout copies its shards from (`init_layout_independent`). Made before the sharded model's own init, from the
     same generator state (restored after), so that both draw the same numbers."""
@@ -119,6 +126,6 @@ def whole_model(spec, plan, *, fp8_lm_head: bool) -> nn.Module:
     whole.to_empty(device="cpu")
     state = torch.get_rng_state()
     with torch.no_grad():
-        whole.init_weights()
+        whole.init_weights()  # type: ignore[operator]  # ours (trainer.models)
     torch.set_rng_state(state)
     return whole

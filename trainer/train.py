@@ -13,7 +13,9 @@ import gc
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -21,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer import models
+from trainer.data import SyntheticData
 from trainer.energy import EnergyMeter, EnergyReport, NullMeter, meter_for
 from trainer.job import TrialConfig
 from trainer.memory import memory_cap, peak_stats, reset_peak
@@ -29,8 +32,13 @@ from trainer.options import TrainingOptions
 from trainer.parallelize import mark_batch_dynamic, parallelize
 from trainer.precision import PrecisionPlan, precision_plan
 from trainer.profiling import BACKWARD, FORWARD, OPTIMIZER, profile_steps
+from trainer.result import RankResult
 from trainer.stopping import PHASES, Schedule
+from trainer.sync import device_sync
 from trainer.tensor_parallel import init_layout_independent, local_value, loss_context, whole_model
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 @dataclass(frozen=True)
@@ -38,15 +46,16 @@ class Rank:
     """Where this rank trains: its device, and the mesh of every rank of the trial (the process group's)."""
 
     device: torch.device
-    mesh: object  # torch.distributed.device_mesh.DeviceMesh
+    mesh: DeviceMesh  # every rank of the trial, 1-D
     rank: int = 0
-    layouts: dict = field(default_factory=dict, compare=False, repr=False)  # (dp_replicate, tp) -> its named mesh
+    # (dp_replicate, tp) -> its named mesh
+    layouts: dict[tuple[int, int], DeviceMesh] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def world_size(self) -> int:
         return self.mesh.size()
 
-    def layout_mesh(self, options: TrainingOptions):
+    def layout_mesh(self, options: TrainingOptions) -> DeviceMesh:
         """The mesh a trial of `options` trains over: the ranks' own 1-D mesh for FSDP over all of them (as every
         trial before layouts), else the named (dp_replicate, dp_shard, tp) mesh, made once per layout in this
         process group (a warm group's later trials of the layout reuse its process groups)."""
@@ -82,13 +91,17 @@ class Measurement:
     profile: dict | None = None  # rank 0 of a profiled trial: `trainer.profiling.profile_steps`
     energy: EnergyReport | None = None  # this rank's GPU over the measured steps (`trainer.energy`); None on CPU
 
-    def report(self) -> dict:
-        """The fields the driver turns into a row (`sweep.record.rows.outcome_row`)."""
-        return {"step_times": self.step_times, "warmup_steps": self.warmup_steps, "compile_time_s": self.compile_time_s,
-                "init_time_s": self.init_time_s, "model_build_s": self.model_build_s, "loss_first": self.losses[0],
-                "loss_last": self.losses[-1], "losses": self.losses, "tokens_per_step": self.tokens_per_step,
-                "n_params": self.n_params, "params_local": self.params_local,
-                "profile": self.profile, "energy": self.energy, **self.memory}
+    def report(self) -> RankResult:
+        """What the driver turns into a row (`sweep.record.rows.outcome_row`): an ok rank's result, to which
+        the worker adds what it knows of the process (`trainer.worker.RankWorker.run`)."""
+        return RankResult(status="ok", step_times=self.step_times, warmup_steps=self.warmup_steps,
+                          compile_time_s=self.compile_time_s, init_time_s=self.init_time_s,
+                          model_build_s=self.model_build_s, loss_first=self.losses[0], loss_last=self.losses[-1],
+                          losses=self.losses, tokens_per_step=self.tokens_per_step, n_params=self.n_params,
+                          params_local=self.params_local, profile=self.profile, energy=self.energy,
+                          peak_mem_bytes=self.memory.get("peak_mem_bytes"),
+                          reserved_mem_bytes=self.memory.get("reserved_mem_bytes"),
+                          alloc_retries=self.memory.get("alloc_retries"))
 
 
 def learning_rate(d_embd: int) -> float:
@@ -113,7 +126,8 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
         model, n_params = build_model(spec, plan, config, rank)
         optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate(spec.d_embd),
                                       fused=rank.device.type == "cuda")
-        step = TrainStep(model, optimizer, plan, SyntheticData(spec, config, rank), config.options,
+        data = SyntheticData(spec, config, rank.device, rank.data_rank(config.options))
+        step = TrainStep(model, optimizer, plan, data, config.options,
                          compiled=config.compile != "none")
         dist.barrier()
         ready_at = time.perf_counter()
@@ -159,22 +173,26 @@ def _release_compiled(keep_for: TrialConfig | None) -> None:
     size runs that code, recompiling nothing (a fresh model of the same classes passes dynamo's guards:
     parameters are graph inputs, not constants). A trial without compile leaves the code for the next."""
     global _kept
-    compiles = keep_for is not None and keep_for.compile != "none"
-    key = _graph_key(keep_for) if compiles else None
-    if (keep_for is None or (compiles and not keep_for.options.dynamic_batch)
-            or (compiles and key not in _kept and len(_kept) >= KEPT_GRAPHS)):
+    if keep_for is None:
+        torch.compiler.reset()
+        _kept = []
+        return
+    if keep_for.compile == "none":
+        return
+    key = _graph_key(keep_for)
+    if not keep_for.options.dynamic_batch or (key not in _kept and len(_kept) >= KEPT_GRAPHS):
         torch.compiler.reset()  # `dynamic_batch: false` compiles afresh, as every trial did before it existed
         _kept = []
-    if compiles and keep_for.options.dynamic_batch and key not in _kept:
+    if keep_for.options.dynamic_batch and key not in _kept:
         _kept.append(key)
 
 
 def release(device: torch.device, *, keep_for: TrialConfig | None = None) -> None:
     """Leave nothing of an earlier trial in this process: its compiled graphs, unless `keep_for` (the trial
     about to run, or the one that just ran) can reuse them (`_release_compiled`); Transformer Engine's FP8
-    globals (recipe, amax buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached device memory
-    given back (they would count in this trial's peak reserved memory), the allocator's counters zeroed (its
-    retries are a row's). A process may run many trials (`trainer.worker`): after this, what it holds is
+    globals (recipe, amax buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached
+    device memory given back (they would count in this trial's peak reserved memory), the allocator's counters
+    zeroed (its retries are a row's). A process may run many trials (`trainer.worker`): after this, what it holds is
     what it held before the first (`held_bytes`)."""
     _release_compiled(keep_for)
     _reset_te()
@@ -233,7 +251,7 @@ def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank:
              if rank.device.type == "cpu" and rank.world_size > 1 else None)
     model.to_empty(device=rank.device)
     with torch.no_grad():
-        model.init_weights()  # a fully compiled model forwards the call to the original
+        model.init_weights()  # type: ignore[operator]  # ours (trainer.models); a compiled model forwards it
     if whole is not None:
         init_layout_independent(model, whole)
     return model, n_params
@@ -241,31 +259,6 @@ def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank:
 
 def _local_numel(model: nn.Module) -> int:
     return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
-
-
-class SyntheticData:
-    """Synthetic tokens. Labels are a fixed random permutation of the inputs: a mapping the model can learn
-    (loss falls, showing the step really trains) with no shortcut at init (the first loss is ~ln V). The
-    batches are made up front so no data work is timed: 4, or one per micro-batch of a step so that a
-    step's micro-batches are distinct (a token batch is KBs). The permutation is the task, the same on
-    every rank; each rank draws its own tokens."""
-
-    def __init__(self, spec: ModelSpec, config: TrialConfig, rank: Rank):
-        device, accum = rank.device, config.options.grad_accum
-        self.perm = torch.randperm(spec.vocab_size, generator=torch.Generator(device=device).manual_seed(config.seed),
-                                   device=device)
-        # one stream of tokens per data-parallel rank: FSDP 2 x TP 2 trains the tokens of FSDP 2
-        gen = torch.Generator(device=device).manual_seed(config.seed + 1 + rank.data_rank(config.options))
-        n_batches = max(4, accum)
-        if "auto" not in (config.warmup_steps, config.measure_steps):  # else the step count is known only after
-            n_batches = min(n_batches, (config.warmup_steps + config.measure_steps) * accum)
-        self.batches = [torch.randint(spec.vocab_size, (config.batch_size, config.seq_len), generator=gen,
-                                      device=device) for _ in range(n_batches)]
-
-    def micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The `index`-th micro-batch of the run: (tokens, labels)."""
-        tokens = self.batches[index % len(self.batches)]
-        return tokens, self.perm[tokens]
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -293,7 +286,7 @@ class TrainStep:
         # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
         # rest (weights only change at the optimizer step), TE's `is_first_microbatch`.
         self.weight_cache = plan.model_backend == "te" and options.grad_accum > 1
-        self.fsdp_root = getattr(model, "_orig_mod", model)  # `full` compile wraps the sharded model
+        self.fsdp_root: Any = getattr(model, "_orig_mod", model)  # `full` compile wraps the sharded model
         self.sync_once = (options.grad_sync == "step" and options.grad_accum > 1
                           and isinstance(self.fsdp_root, FSDPModule))
         # label(name) wraps each phase: nothing in measured steps; trainer.profiling makes it record_function
@@ -335,7 +328,8 @@ class TrainStep:
         self.fsdp_root.set_reshard_after_backward(last)
 
 
-def time_steps(step, schedule: Schedule, rank: Rank, meter: EnergyMeter = NullMeter()) -> list[float]:
+def time_steps(step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank,
+               meter: EnergyMeter = NullMeter()) -> list[float]:
     """Step until `schedule` is done, each step timed between device syncs into it; the loss of each step.
 
     Python's automatic garbage collection is off while stepping, and a young-generation collection runs after
@@ -359,7 +353,8 @@ def time_steps(step, schedule: Schedule, rank: Rank, meter: EnergyMeter = NullMe
             gc.enable()
 
 
-def _step_until_done(step, schedule: Schedule, rank: Rank, meter: EnergyMeter) -> list[float]:
+def _step_until_done(step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank,
+                     meter: EnergyMeter) -> list[float]:
     shared = schedule.adaptive and rank.world_size > 1
     phase = torch.zeros(1, dtype=torch.int64, device=rank.device)  # an index into PHASES
     losses, i, metering = [], 0, False
@@ -384,8 +379,3 @@ def _step_until_done(step, schedule: Schedule, rank: Rank, meter: EnergyMeter) -
             schedule.follow(elapsed, PHASES[int(phase.item())])
         i += 1
     return [float(loss) for loss in losses]
-
-
-def device_sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

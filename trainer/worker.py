@@ -2,9 +2,9 @@
 
 The Ray-facing shell around `trainer.train.run_trial`: it joins the trial's process group on its device,
 runs the trial, and reports; in a warm group it keeps device and process group for the group's next trial.
-`run(job)` never raises: it returns a dict with `status` ('ok', 'oom' or 'error') and what it measured, so
-the driver learns of a failed rank at once and can tear the whole group down (no rank waits for an NCCL
-timeout). torch is imported only inside: the driver imports this module to make the actor class.
+`run(job)` never raises: it returns a `trainer.result.RankResult` (its status: 'ok', 'oom' or 'error', and
+what it measured), so the driver learns of a failed rank at once and can tear the whole group down (no rank
+waits for an NCCL timeout). torch is imported only inside: the driver imports this module to make the actor class.
 """
 
 from __future__ import annotations
@@ -16,31 +16,42 @@ import socket
 import time
 import traceback
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from trainer.job import RankJob, TrialConfig, classify_failure
+from trainer.result import RankResult
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from trainer.train import Rank
 
 
 @functools.cache  # once per process: a warm rank reports them with every trial
-def _versions() -> dict:
+def _versions() -> tuple[str, str | None, str | None]:
+    """torch's version, and transformer-engine's and torchao's (None where not installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     import torch
 
-    out = {"torch_version": torch.__version__}
-    for key, distribution in (("te_version", "transformer-engine"), ("torchao_version", "torchao")):
+    installed: list[str | None] = []
+    for distribution in ("transformer-engine", "torchao"):
         try:
-            out[key] = version(distribution)
+            installed.append(version(distribution))
         except PackageNotFoundError:
-            out[key] = None
-    return out
+            installed.append(None)
+    return str(torch.__version__), installed[0], installed[1]
 
 
 @functools.cache  # nvidia-smi is a subprocess; the answer does not change while the process lives
-def _device_info(device) -> dict:
+def _device_info(device: torch.device) -> tuple[str | None, str | None, str | None]:
+    """The GPU's name, its driver's version and the runtime torch was built for ('cuda 12.8'); None each on a CPU."""
     import torch
 
     if device.type != "cuda":
-        return {"gpu_name": None, "driver_version": None, "cuda_version": None}
+        return None, None, None
     driver = None
     try:
         import subprocess
@@ -50,10 +61,10 @@ def _device_info(device) -> dict:
     except Exception:
         pass
     runtime = torch.version.hip and f"hip {torch.version.hip}" or f"cuda {torch.version.cuda}"
-    return {"gpu_name": torch.cuda.get_device_name(device), "driver_version": driver, "cuda_version": runtime}
+    return torch.cuda.get_device_name(device), driver, runtime
 
 
-def _rendezvous_store(job: RankJob, timeout: timedelta, listener: socket.socket | None = None):
+def _rendezvous_store(job: RankJob, timeout: timedelta, listener: socket.socket | None = None) -> dist.TCPStore:
     """The process group's TCPStore, served by rank 0 on MASTER_ADDR only.
 
     torch's default store listens on every interface; bound to rank 0's node address it is reachable by
@@ -91,11 +102,11 @@ class RankWorker:
         self.created_at = time.perf_counter()
         self.listener: socket.socket | None = None  # rank 0's store socket, from node_info to the rendezvous
         self.keep_group = keep_group
-        self.rank = None  # trainer.train.Rank: the device and process group, once joined (kept with keep_group)
+        self.rank: Rank | None = None  # the device and process group, once joined (kept with keep_group)
         self.trials = 0  # trials this process started
         self.baseline_bytes: int | None = None  # tensor memory held before the first trial
 
-    def node_info(self) -> dict:
+    def node_info(self) -> dict[str, Any]:
         """Where this rank runs, and a port it holds listening on its address (rank 0's becomes MASTER_PORT)."""
         import ray
 
@@ -110,20 +121,20 @@ class RankWorker:
         port = self.listener.getsockname()[1]
         return {"ip": ip, "port": port, "hostname": socket.gethostname(), "node_id": node_id, "pid": os.getpid()}
 
-    def run(self, job: RankJob) -> dict:
+    def run(self, job: RankJob) -> RankResult:
         # A warm process's trial starts here: its init_time_s is the model build alone, not the process start.
         started_at = self.created_at if self.trials == 0 else time.perf_counter()
         self.trials += 1
         try:
-            result = {"status": "ok", **self._train(job, started_at)}
+            result = self._train(job, started_at)
         except BaseException as e:  # noqa: BLE001 - every failure becomes a row, with its class
             message = f"{type(e).__name__}: {e}".strip()
             # Report at once, without destroying a shared process group: peers may be inside a collective,
             # and tearing down a communicator they still use can block. The driver kills every rank now.
             if job.world_size == 1:
                 self._leave()
-            return {"status": classify_failure(type(e).__name__, message), "error": message[:2000],
-                    "traceback": traceback.format_exc()[-4000:]}
+            return RankResult(status=classify_failure(type(e).__name__, message), error=message[:2000],
+                              traceback=traceback.format_exc()[-4000:])
         if not self.keep_group:
             self._leave()
         return result
@@ -146,7 +157,7 @@ class RankWorker:
         except Exception:  # the result is already measured; a failing teardown must not lose it
             pass
 
-    def _joined(self, job: RankJob):
+    def _joined(self, job: RankJob) -> Rank:
         """This rank's device and process group: joined for the first trial, the same one after."""
         from trainer.train import Rank
 
@@ -159,7 +170,7 @@ class RankWorker:
                                f"was sent rank {job.rank} of {job.world_size} ({job.device_type})")
         return self.rank
 
-    def _train(self, job: RankJob, started_at: float) -> dict:
+    def _train(self, job: RankJob, started_at: float) -> RankResult:
         # The process's start-up, in phases (rows: import_s, process_setup_s): only a trial that joins pays them.
         # The driver's module imports nothing of torch (see the docstring above): a rank's first trial imports it.
         began = time.perf_counter()
@@ -176,16 +187,20 @@ class RankWorker:
             release(rank.device)
             self.baseline_bytes = held_bytes(rank.device)
         joined = time.perf_counter()
-        phases = {"import_s": imported - began if joins else None,
-                  "process_setup_s": joined - imported if joins else None}
         measured = run_trial(_this_ranks_share(job), rank, started_at=started_at)
         if job.rank == 0 and os.environ.get("SWEEP_COMPILE_REPORT"):
             _compile_report()
-        result = {**measured.report(), **phases, **_versions(), **_device_info(rank.device)}
+        torch_version, te_version, torchao_version = _versions()
+        gpu_name, driver_version, cuda_version = _device_info(rank.device)
+        result = dataclasses.replace(
+            measured.report(), import_s=imported - began if joins else None,
+            process_setup_s=joined - imported if joins else None, torch_version=torch_version, te_version=te_version,
+            torchao_version=torchao_version, gpu_name=gpu_name, driver_version=driver_version,
+            cuda_version=cuda_version)
         if self.keep_group:  # what the trial left behind, once its model, optimizer and graphs are gone
             del measured
             release(rank.device, keep_for=job.trial)  # its compiled code stays for a next trial that can run it
-            result.update(baseline_bytes=self.baseline_bytes, held_bytes=held_bytes(rank.device))
+            result.baseline_bytes, result.held_bytes = self.baseline_bytes, held_bytes(rank.device)
         return result
 
 
@@ -201,7 +216,7 @@ def _compile_report() -> None:
     counters.clear()
 
 
-def _device(device_type: str):
+def _device(device_type: str) -> torch.device:
     """This rank's device, made current."""
     import torch
 
@@ -214,7 +229,7 @@ def _device(device_type: str):
     return device
 
 
-def _join(job: RankJob, device, listener: socket.socket | None):
+def _join(job: RankJob, device: torch.device, listener: socket.socket | None) -> DeviceMesh:
     """Join the trial's process group (gloo on CPU, NCCL on GPUs); the mesh of its ranks."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -222,8 +237,9 @@ def _join(job: RankJob, device, listener: socket.socket | None):
     os.environ.update(MASTER_ADDR=job.master_addr, MASTER_PORT=str(job.master_port), RANK=str(job.rank),
                       WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(job.local_rank))
     timeout = timedelta(seconds=job.pg_timeout_s)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=_rendezvous_store(job, timeout, listener),
-                            rank=job.rank, world_size=job.world_size, timeout=timeout,
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            store=_rendezvous_store(job, timeout, listener), rank=job.rank,
+                            world_size=job.world_size, timeout=timeout,
                             device_id=device if device.type == "cuda" else None)
     return init_device_mesh(device.type, (job.world_size,))
 

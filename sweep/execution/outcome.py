@@ -1,15 +1,18 @@
 """What became of one trial attempt (`Outcome`), and the words for a failure. Pure: no Ray, no torch.
 
-`sweep.execution.scheduler` makes Outcomes; `sweep.record.rows` turns them into rows. An attempt lost to a dead or unstartable
-rank process has an error starting with INFRA_PREFIX: a resumed run knows from the row alone to retry it.
+`sweep.execution.scheduler` makes Outcomes; `sweep.record.rows` turns them into rows. An attempt lost to a dead
+or unstartable rank process has an error starting with INFRA_PREFIX: a resumed run knows from the row alone to
+retry it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sweep.spec.grid import Trial
+from trainer.result import RankResult
 
 INFRA_PREFIX = "infrastructure: "  # starts the error of every attempt lost to a dead or unstartable process
 
@@ -19,8 +22,8 @@ class Outcome:
     trial: Trial
     status: str
     error: str | None = None
-    ranks: list[dict] = field(default_factory=list)  # each rank's result dict ('ok' ranks only if all ok)
-    nodes: list[dict] = field(default_factory=list)  # node_info per rank
+    ranks: list[RankResult] = field(default_factory=list)  # each rank's result ('ok' ranks only if all ok)
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # node_info per rank
     started_at: datetime | None = None
     finished_at: datetime | None = None
     wall_s: float | None = None
@@ -37,10 +40,10 @@ class Outcome:
 
 def is_infrastructure_error(error: str | None) -> bool:
     """True for the error text of an attempt lost to a dead or unstartable rank process."""
-    return bool(error) and error.startswith(INFRA_PREFIX)
+    return error is not None and error.startswith(INFRA_PREFIX)
 
 
-def deaths(dead: dict, nodes: list[dict], world_size: int) -> str:
+def deaths(dead: dict[int, BaseException], nodes: list[dict[str, Any]], world_size: int) -> str:
     """'rank 1 of 2 died (pid 4242 on host-a): ActorDiedError: ...': which ranks, where to find their logs."""
     where = ", ".join(f"pid {nodes[r].get('pid')} on {nodes[r].get('hostname')}" if r < len(nodes) else "?"
                       for r in dead)

@@ -8,7 +8,9 @@ is sent for a trial once they run (`sweep.execution.scheduler` uses them).
 from __future__ import annotations
 
 import socket
+from typing import Any
 
+from clusters.schema import ClusterProfile
 from sweep.spec.grid import Trial
 from trainer.job import PG_TIMEOUT_S, RankJob, TrialConfig
 
@@ -16,13 +18,13 @@ from trainer.job import PG_TIMEOUT_S, RankJob, TrialConfig
 _LOOPBACK = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
 
 
-def bundle(profile) -> dict:
+def bundle(profile: ClusterProfile) -> dict[str, int]:
     """One rank's resources."""
     cpus = profile.cpus_per_rank
     return {"CPU": cpus, "GPU": 1} if profile.is_gpu else {"CPU": cpus}
 
 
-def placement(profile, ranks: int) -> tuple[list[dict], str]:
+def placement(profile: ClusterProfile, ranks: int) -> tuple[list[dict[str, int]], str]:
     """The placement group's bundles and strategy for `ranks` ranks.
 
     One node if it fits (STRICT_PACK keeps NVLink/xGMI traffic on the node). Else each node's share of the
@@ -39,12 +41,12 @@ def placement(profile, ranks: int) -> tuple[list[dict], str]:
     return [{key: amount * n for key, amount in bundle(profile).items()} for n in shares], "STRICT_SPREAD"
 
 
-def bundle_index(profile, rank: int, ranks: int) -> int:
+def bundle_index(profile: ClusterProfile, rank: int, ranks: int) -> int:
     """The bundle a rank's actor goes into (see `placement`): its node's share, in rank order."""
     return rank // profile.ranks_per_node if ranks > profile.ranks_per_node else rank
 
 
-def rank_env(profile) -> dict[str, str]:
+def rank_env(profile: ClusterProfile) -> dict[str, str]:
     """The rank processes' environment: the profile's `env`, and defaults for what it leaves unset."""
     env = {str(k): str(v) for k, v in (profile.env or {}).items()}
     if not profile.is_gpu:  # CPU ranks: one intra-op thread pool per rank, sized to its CPUs
@@ -64,7 +66,7 @@ def rank_env(profile) -> dict[str, str]:
     return env
 
 
-def rank_jobs(trial: Trial, nodes: list[dict], *, device_type: str,
+def rank_jobs(trial: Trial, nodes: list[dict[str, Any]], *, device_type: str,
               pg_timeout_s: float = PG_TIMEOUT_S) -> list[RankJob]:
     """What each rank of `trial` is sent, given where its ranks run (`nodes`: node_info per rank, rank 0's
     address and held port becoming the rendezvous). Pure: no Ray."""

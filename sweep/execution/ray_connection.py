@@ -15,7 +15,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clusters.schema import ClusterProfile
+    from sweep.errors import UserError
 
 # On Linux, Ray turns `_node_ip_address="127.0.0.1"` into the machine's routable address and binds its
 # gRPC servers (GCS, raylet, every worker) and agents to all interfaces. It keeps 127.0.0.1 only where it
@@ -23,7 +29,7 @@ from contextlib import contextmanager
 _LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
-def connect(profile) -> bool:
+def connect(profile: ClusterProfile) -> bool:
     """Connect for `profile`; returns True if this call started Ray (and so should shut it down).
 
     A Ctrl-C or SIGTERM while Ray starts is held until the start is complete, then Ray is shut down and
@@ -36,7 +42,8 @@ def connect(profile) -> bool:
     if ray.is_initialized():  # a library user or a test session already connected
         return False
     quiet = not debug_enabled()
-    common = dict(logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet, configure_logging=True)
+    common: dict[str, Any] = dict(logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet,
+                                  configure_logging=True)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     with signals_held() as interrupted:  # ray.init sets a SIGTERM handler of its own: the block's end puts ours back
         if profile.is_embedded:
@@ -53,7 +60,7 @@ def connect(profile) -> bool:
     return True
 
 
-def join(profile, quiet: bool, common: dict) -> None:
+def join(profile: ClusterProfile, quiet: bool, common: dict[str, Any]) -> None:
     """Connect to the running cluster at `profile.ray_address` within `profile.connect_timeout_s`, or raise a
     UserError that says why not (nothing listening, no answer, another auth mode) and what to do.
 
@@ -79,7 +86,7 @@ def join(profile, quiet: bool, common: dict) -> None:
             raise _unreachable(profile, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}", kept[0]()) from None
 
 
-def _probe(profile, deadline: float) -> None:
+def _probe(profile: ClusterProfile, deadline: float) -> None:
     """A TCP connection to the address's port (GCS, or a ray:// client server): nothing listening is said now."""
     from clusters.schema import ray_address_parts
 
@@ -95,7 +102,7 @@ def _probe(profile, deadline: float) -> None:
         raise _unreachable(profile, f"nothing answers on port {port} ({why})", "") from None
 
 
-def _unreachable(profile, why: str, ray_output: str, auth: bool = False):
+def _unreachable(profile: ClusterProfile, why: str, ray_output: str, auth: bool = False) -> UserError:
     """The UserError for a cluster not reached: the address, why, and what to do; an auth mismatch named."""
     from sweep.errors import UserError
 
@@ -117,7 +124,7 @@ def _unreachable(profile, why: str, ray_output: str, auth: bool = False):
 
 
 @contextmanager
-def _stderr_kept(enabled: bool):
+def _stderr_kept(enabled: bool) -> Iterator[Callable[[], str]]:
     """Keep what is written to fd 2 (Ray's C++ warnings too) for the block; yields a function returning it."""
     if not enabled:
         yield lambda: ""
@@ -140,7 +147,7 @@ def _stderr_kept(enabled: bool):
 
 
 @contextmanager
-def _exit_at(deadline: float, error):
+def _exit_at(deadline: float, error: Callable[[], UserError]) -> Iterator[None]:
     """Past `deadline`, print `error()` (a UserError) as the CLI prints one and exit 2, whatever the main thread
     is blocked in; nothing is left to clean up then: no rows are written before Ray is reached, and a driver
     that joins a cluster has started no processes of its own."""
@@ -171,7 +178,7 @@ def disconnect(started: bool) -> None:
 
 
 @contextmanager
-def loopback_only():
+def loopback_only() -> Iterator[None]:
     """Flip the switch while Ray starts its processes, then put it back (a later remote connection from
     this process must advertise a routable address)."""
     from ray._private import ray_constants
@@ -194,7 +201,7 @@ class Interrupted(KeyboardInterrupt):
     """A stop signal (Ctrl-C's SIGINT, or SIGTERM from `timeout`, `docker stop`, a batch scheduler) acted on
     where stopping is safe; `signum` says which (the exit status is 128 + it, as a shell reports a signal)."""
 
-    def __init__(self, signum: int = signal.SIGINT):
+    def __init__(self, signum: int = signal.SIGINT) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
@@ -204,7 +211,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextmanager
-def signals_held():
+def signals_held() -> Iterator[list[int]]:
     """Defer SIGINT and SIGTERM for the block; yields a list of the signals that arrived (empty if none).
 
     A Ctrl-C is recorded, never raised where it lands: a KeyboardInterrupt raised inside one of Ray's

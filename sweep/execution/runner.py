@@ -15,6 +15,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clusters.schema import ClusterProfile
 
 from sweep.record import store
 from sweep.spec.grid import Trial
@@ -22,18 +25,29 @@ from sweep.record.energy import power_limit_mismatch
 from sweep.record.rows import outcome_row, unsupported_row
 from trainer.recipes import RECIPES, unsupported_reason
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sweep.execution.scheduler import Scheduler
+    from sweep.memory.model import Calibration
+    from sweep.memory.predictor import Predictor
+    from sweep.search.plan import Plan
+
+    # what makes the scheduler: called as (profile, max_concurrent=, reuse=); Scheduler itself, or a test's simulation
+    SchedulerFactory = Callable[..., Scheduler]
+
 
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def unsupported(trial: Trial, profile, calibration=None) -> str | None:
+def unsupported(trial: Trial, profile: ClusterProfile, calibration: Calibration | None = None) -> str | None:
     """Why `trial` cannot run on `profile`, or None: the recipe on this hardware and install first, then
     whether the training state alone fits each rank's memory, then (GPU ranks, unless the trial says not to)
     whether its predicted peak does (sweep.memory.model; `calibration` from the cluster's rows)."""
     from sweep.memory.capacity import per_rank_memory, state_reason
     from sweep.spec.layout import layout_unsupported
-    from sweep.memory.predictor import predicted_reason
+    from sweep.memory.predictor import NO_ROWS, predicted_reason
 
     info = profile.accelerator_info
     memory = per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=profile.memory_per_device_bytes,
@@ -45,7 +59,8 @@ def unsupported(trial: Trial, profile, calibration=None) -> str | None:
             or state_reason(n_params=trial.model.n_params(), ranks=trial.dp_shard * trial.tp, memory=memory)
             # GPU ranks only: a CPU rank's peak is its resident set's high-water mark (trainer/memory.py), which
             # counts what glibc's arenas and touched pages hold, not tensor bytes, and is not predicted here
-            or (predicted_reason(trial, memory, calibration) if profile.is_gpu and trial.predict_memory else None))
+            or (predicted_reason(trial, memory, calibration or NO_ROWS)
+                if profile.is_gpu and trial.predict_memory else None))
 
 
 @dataclass
@@ -68,8 +83,8 @@ class RunReport:
 class _Progress:
     """A Rich progress bar whose total grows as retries and probes are added."""
 
-    def __init__(self, enabled: bool):
-        self.bar = None
+    def __init__(self, enabled: bool) -> None:
+        self.bar: Any = None
         if enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -77,12 +92,12 @@ class _Progress:
                                 TextColumn("{task.description}"), transient=False)
             self.task = self.bar.add_task("", total=0)
 
-    def __enter__(self):
+    def __enter__(self) -> _Progress:
         if self.bar:
             self.bar.__enter__()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self.bar:
             self.bar.__exit__(*exc)
 
@@ -90,7 +105,7 @@ class _Progress:
         if self.bar:
             self.bar.update(self.task, total=(self.bar.tasks[0].total or 0) + n)
 
-    def done(self, row: dict) -> None:
+    def done(self, row: dict[str, Any]) -> None:
         if self.bar:
             tf = f" {row['tflops_per_gpu']:.3g} TFLOP/s/GPU" if row.get("tflops_per_gpu") else ""
             self.bar.console.print(f"  {row['status']:<11} {row['model']} {row['precision']} bs={row['batch_size']} "
@@ -108,9 +123,10 @@ class _Progress:
             self.bar.update(self.task, description=", ".join(t.describe() for t in trials[:3]))
 
 
-def execute(plan, *, profile, output: Path, run_id: str | None = None, grid_name: str | None = None,
-            resume: bool = False, max_concurrent: int | None = None, progress: bool = True,
-            reuse_actors: bool = True, predictor=None, scheduler=None) -> RunReport:
+def execute(plan: Plan, *, profile: ClusterProfile, output: Path, run_id: str | None = None,
+            grid_name: str | None = None, resume: bool = False, max_concurrent: int | None = None,
+            progress: bool = True, reuse_actors: bool = True, predictor: Predictor | None = None,
+            scheduler: SchedulerFactory | None = None) -> RunReport:
     """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
     `reuse_actors` (the default) rank processes run one trial after another (`sweep.execution.scheduler`); without
     it (`--fresh-actors`) every trial starts processes of its own. `predictor` (sweep.memory.predictor): the memory
@@ -142,9 +158,10 @@ class _Execution:
     """One `execute`: the plan's queue of trials, the rows already recorded (resume), and the scheduler once
     Ray is reached. Every attempt is written as it finishes and fed back to the plan for its follow-ups."""
 
-    def __init__(self, plan, *, profile, output: Path, report: RunReport, recorded: dict, bar: _Progress,
-                 grid_name: str | None, max_concurrent: int | None, reuse_actors: bool, predictor=None,
-                 make_scheduler=None):
+    def __init__(self, plan: Plan, *, profile: ClusterProfile, output: Path, report: RunReport,
+                 recorded: dict[str, dict[str, Any]], bar: _Progress, grid_name: str | None,
+                 max_concurrent: int | None, reuse_actors: bool, predictor: Predictor | None = None,
+                 make_scheduler: SchedulerFactory | None = None) -> None:
         self.plan, self.profile, self.output, self.report, self.recorded, self.bar = (
             plan, profile, output, report, recorded, bar)
         self.predictor, self.make_scheduler = predictor, make_scheduler
@@ -152,12 +169,12 @@ class _Execution:
         self.max_concurrent, self.reuse_actors = max_concurrent, reuse_actors
         self.queue: deque[Trial] = deque(plan.initial())
         self.seen: set[str] = set()
-        self.scheduler = None
+        self.scheduler: Scheduler | None = None
         self.started_ray = False
         self.warnings: set[str] = set()  # said once a run, however many rows repeat them
         bar.add(len(self.queue))
 
-    def loop(self, ctrl_c: list) -> None:
+    def loop(self, ctrl_c: list[int]) -> None:
         from sweep.execution.ray_connection import Interrupted
 
         # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
@@ -171,15 +188,17 @@ class _Execution:
             if self.scheduler and self.scheduler.busy:
                 self.collect()
 
-    def start(self) -> None:
+    def start(self) -> Scheduler:
         from sweep.execution.ray_connection import connect
         from sweep.execution.scheduler import Scheduler
 
+        make: SchedulerFactory
         if self.make_scheduler is None:
             self.started_ray, make = connect(self.profile), Scheduler
         else:  # no Ray to reach: the caller's scheduler
             make = self.make_scheduler
         self.scheduler = make(self.profile, max_concurrent=self.max_concurrent, reuse=self.reuse_actors)
+        return self.scheduler
 
     def submit_queued(self) -> None:
         """Each queued trial once: reused from an earlier run (resume), recorded `unsupported`, or scheduled."""
@@ -198,18 +217,19 @@ class _Execution:
             if reason:  # no actors, no GPU time
                 self.record(trial, unsupported_row(trial, reason, **self.base))
                 continue
-            if self.scheduler is None:  # a follow-up of resumed rows is the first trial to run
-                self.start()
-            self.scheduler.submit(trial)
+            scheduler = self.scheduler or self.start()  # a follow-up of resumed rows may be the first trial to run
+            scheduler.submit(trial)
 
     def unsupported(self, trial: Trial) -> str | None:
         return unsupported(trial, self.profile, self.predictor.calibration if self.predictor else None)
 
     def collect(self) -> None:
         """Wait up to half a second for attempts to finish; record each."""
-        for outcome in self.scheduler.poll(timeout=0.5):
+        scheduler = self.scheduler
+        assert scheduler is not None, "collect runs once the scheduler is busy"
+        for outcome in scheduler.poll(timeout=0.5):
             row = outcome_row(outcome, **self.base)
-            trace = (outcome.ranks[0].get("profile") or {}).get("trace_gz") if outcome.status == "ok" else None
+            trace = (outcome.ranks[0].profile or {}).get("trace_gz") if outcome.status == "ok" else None
             if trace:  # written before the row, so that a row never names a missing trace
                 row["trace_file"] = store.write_trace(self.output, row, trace)
             self.record(outcome.trial, row, outcome.infrastructure)
@@ -219,16 +239,16 @@ class _Execution:
             if limit and limit not in self.warnings:
                 self.warnings.add(limit)
                 self.bar.warn(limit)
-        self.bar.running(self.scheduler.running())
+        self.bar.running(scheduler.running())
 
-    def record(self, trial: Trial, row: dict, infrastructure: bool = False) -> None:
+    def record(self, trial: Trial, row: dict[str, Any], infrastructure: bool = False) -> None:
         store.write_row(self.output, row)
         self.report.rows.append(row)
         if self.predictor is not None:  # the trials still to come are predicted with this row too
             self.predictor.learn(row)
         self.follow_up(trial, row, infrastructure)
 
-    def follow_up(self, trial: Trial, row: dict, infrastructure: bool) -> None:
+    def follow_up(self, trial: Trial, row: dict[str, Any], infrastructure: bool) -> None:
         """Show the attempt and queue what the plan asks for next (retries, search probes)."""
         self.bar.done(row)
         follow = self.plan.on_result(trial, row["status"], infrastructure, row)
@@ -243,7 +263,7 @@ class _Execution:
         disconnect(self.started_ray)
 
 
-def _was_infrastructure(row: dict) -> bool:
+def _was_infrastructure(row: dict[str, Any]) -> bool:
     """Whether a recorded attempt was lost to the machinery (so the plan retries it), from its row alone."""
     from sweep.execution.outcome import is_infrastructure_error
 

@@ -13,13 +13,18 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
+from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import lru_cache
+from typing import Any
 
+from clusters.schema import ClusterProfile
+from sweep.execution.outcome import Outcome
 from sweep.record.energy import energy_columns
 from sweep.spec.grid import Trial
 from trainer.flops import spec_flops_per_token
 from trainer.recipes import RECIPES
+from trainer.result import RankResult
 from trainer.stopping import ci_half_width_pct, ci_target_met
 
 GiB = 1024**3
@@ -64,7 +69,7 @@ def _quantile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def base_row(trial: Trial, *, run_id: str, profile, grid_name: str | None) -> dict:
+def base_row(trial: Trial, *, run_id: str, profile: ClusterProfile, grid_name: str | None) -> dict:
     """Columns known before anything runs."""
     recipe = RECIPES[trial.precision]
     return {
@@ -87,15 +92,15 @@ def base_row(trial: Trial, *, run_id: str, profile, grid_name: str | None) -> di
 
 
 def _count(steps: int | str) -> int | None:
-    return None if steps == "auto" else steps
+    return steps if isinstance(steps, int) else None  # "auto": counted once run
 
 
-def unsupported_row(trial: Trial, reason: str, **base) -> dict:
+def unsupported_row(trial: Trial, reason: str, **base: Any) -> dict:
     now = datetime.now(timezone.utc)
     return {**base_row(trial, **base), "status": "unsupported", "error": reason, "started_at": now, "finished_at": now}
 
 
-def outcome_row(outcome, **base) -> dict:
+def outcome_row(outcome: Outcome, **base: Any) -> dict:
     trial = outcome.trial
     row = base_row(trial, **base)
     row.update(status=outcome.status, error=outcome.error, traceback=outcome.traceback, started_at=outcome.started_at,
@@ -110,52 +115,53 @@ def outcome_row(outcome, **base) -> dict:
     ranks = outcome.ranks
     rank0 = ranks[0]
     # The slowest rank sets the pace of a synchronous step: take the per-step max over ranks.
-    step_times = [max(times) for times in zip(*(r["step_times"] for r in ranks))]
+    step_times = [max(times) for times in zip(*(r.step_times for r in ranks))]
     median = statistics.median(step_times)
     # a TP (and CP) group of tp x cp ranks trains one batch_size micro-batch together: its tokens are shared
     tokens_per_s = trial.grad_accum * trial.batch_size * trial.seq_len / trial.layout_ranks / median
-    fpt = spec_flops_per_token(trial.model, trial.seq_len, n_params=rank0["n_params"])
+    fpt = spec_flops_per_token(trial.model, trial.seq_len, n_params=rank0.n_params)
     tflops = fpt * tokens_per_s / 1e12
     peak = row["peak_tflops"]
-    max_of = lambda key: max((r[key] for r in ranks if r.get(key) is not None), default=None)  # noqa: E731
-    peak_mem, reserved = max_of("peak_mem_bytes"), max_of("reserved_mem_bytes")
+    def max_of(value: Callable[[RankResult], float | None]) -> float | None:
+        return max((v for v in map(value, ranks) if v is not None), default=None)
+
+    peak_mem, reserved = max_of(lambda r: r.peak_mem_bytes), max_of(lambda r: r.reserved_mem_bytes)
     ci_pct = ci_half_width_pct(step_times)
     row.update(
         step_time_s=median, step_time_p10_s=_quantile(step_times, 0.1), step_time_p90_s=_quantile(step_times, 0.9),
         step_time_ci_pct=ci_pct, ci_target_met=ci_target_met(trial.measure_steps, ci_pct),
-        warmup_steps=rank0["warmup_steps"],
+        warmup_steps=rank0.warmup_steps,
         measure_steps=len(step_times),
         tokens_per_s_per_gpu=tokens_per_s, tflops_per_gpu=tflops, mfu=tflops / peak if peak else None,
-        flops_per_token=fpt, n_params=rank0["n_params"], params_local=[r["params_local"] for r in ranks],
+        flops_per_token=fpt, n_params=rank0.n_params, params_local=[r.params_local for r in ranks],
         peak_mem_gib=peak_mem / GiB if peak_mem is not None else None,
-        reserved_mem_gib=reserved / GiB if reserved is not None else None, alloc_retries=max_of("alloc_retries"),
-        loss_first=rank0["loss_first"], loss_last=rank0["loss_last"], init_time_s=max_of("init_time_s"),
-        compile_time_s=max_of("compile_time_s"), steps_time_s=sum(step_times),
+        reserved_mem_gib=reserved / GiB if reserved is not None else None,
+        alloc_retries=max_of(lambda r: r.alloc_retries), loss_first=rank0.loss_first, loss_last=rank0.loss_last,
+        init_time_s=max_of(lambda r: r.init_time_s), compile_time_s=max_of(lambda r: r.compile_time_s),
+        steps_time_s=sum(step_times),
         # start-up phases as rank 0 saw them (sweep.record.schema)
-        import_s=rank0.get("import_s"), process_setup_s=rank0.get("process_setup_s"),
-        model_build_s=rank0.get("model_build_s"),
-        torch_version=rank0.get("torch_version"), te_version=rank0.get("te_version"),
-        torchao_version=rank0.get("torchao_version"), gpu_name=rank0.get("gpu_name"),
-        driver_version=rank0.get("driver_version"), cuda_version=rank0.get("cuda_version"),
+        import_s=rank0.import_s, process_setup_s=rank0.process_setup_s, model_build_s=rank0.model_build_s,
+        torch_version=rank0.torch_version, te_version=rank0.te_version, torchao_version=rank0.torchao_version,
+        gpu_name=rank0.gpu_name, driver_version=rank0.driver_version, cuda_version=rank0.cuda_version,
     )
-    row.update(profile_columns(rank0.get("profile")))
+    row.update(profile_columns(rank0.profile))
     row.update(loss_curve_columns(ranks))
     tokens = trial.gpus // trial.layout_ranks * trial.grad_accum * trial.batch_size * trial.seq_len * len(step_times)
-    row.update(energy_columns([r.get("energy") for r in ranks], tokens=tokens, flops_per_token=fpt))
+    row.update(energy_columns([r.energy for r in ranks], tokens=tokens, flops_per_token=fpt))
     return row
 
 
-def loss_curve_columns(ranks: list[dict]) -> dict:
-    """loss_curve and loss_curve_tokens (`sweep.record.schema`) from every rank's step losses: a step's loss is the mean of
-    its ranks' (each over its own micro-batches, all of one size), so the loss of the step's global batch; the
-    model had trained on the earlier steps' tokens when it was computed (a step's forward precedes its update)."""
-    curves = [r["losses"] for r in ranks]
-    per_step = ranks[0]["tokens_per_step"]
+def loss_curve_columns(ranks: list[RankResult]) -> dict:
+    """loss_curve and loss_curve_tokens (`sweep.record.schema`) from every rank's step losses: a step's loss is the
+    mean of its ranks' (each over its own micro-batches, all of one size), so the loss of the step's global batch;
+    the model had trained on the earlier steps' tokens when it was computed (a step's forward precedes its update)."""
+    curves = [r.losses for r in ranks]
+    per_step = ranks[0].tokens_per_step or 0
     return {"loss_curve": [statistics.fmean(losses) for losses in zip(*curves)],
             "loss_curve_tokens": [step * per_step for step in range(len(curves[0]))]}
 
 
-def profile_columns(profile: dict | None) -> dict:
+def profile_columns(profile: dict[str, Any] | None) -> dict:
     """The row's profile_* shares from rank 0's profile (`trainer.profiling.profile_steps`); the trace's bytes
     are the driver's to write (`sweep.record.store.write_trace`)."""
     if not profile:

@@ -7,12 +7,17 @@ device can be sharded first and materialised after: an 8B model never exists who
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainer.models.specs import REGISTRY, ModelSpec, resolve
+
+if TYPE_CHECKING:
+    import torch.nn as nn
 
 __all__ = ["REGISTRY", "ModelSpec", "resolve", "build_model"]
 
 
-def build_model(spec: ModelSpec, *, backend: str = "torch", fp8_lm_head: bool = False):
+def build_model(spec: ModelSpec, *, backend: str = "torch", fp8_lm_head: bool = False) -> nn.Module:
     """Build the nn.Module for `spec` on the current default device (use `torch.device('meta')`).
 
     backend "te" builds Transformer Engine layers (trainer.models.te), whose head leaves TE's FP8 region

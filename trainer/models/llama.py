@@ -23,7 +23,7 @@ def head_init_std(d_embd: int) -> float:
     return 0.5 * d_embd**-0.5
 
 
-def rope_cos_sin(head_dim: int, seq_len: int, theta: float, device=None) -> torch.Tensor:
+def rope_cos_sin(head_dim: int, seq_len: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
     """cos/sin tables of rotary embeddings (Su et al. 2021), stacked as (2, T, D/2) in fp32."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
@@ -40,11 +40,11 @@ def apply_rope(x_BHTD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.kv_heads, spec.head_dim
         E, D = spec.d_embd, spec.head_dim
         self.wq = nn.Linear(E, spec.n_heads * D, bias=False)
-        self.wk = nn.Linear(E, spec.n_kv_heads * D, bias=False)
-        self.wv = nn.Linear(E, spec.n_kv_heads * D, bias=False)
+        self.wk = nn.Linear(E, spec.kv_heads * D, bias=False)
+        self.wv = nn.Linear(E, spec.kv_heads * D, bias=False)
         self.wo = nn.Linear(spec.n_heads * D, E, bias=False)
 
     def forward(self, x_BTE: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -58,9 +58,9 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.w1 = nn.Linear(spec.d_embd, spec.ffn_hidden, bias=False)  # gate
-        self.w3 = nn.Linear(spec.d_embd, spec.ffn_hidden, bias=False)  # up
-        self.w2 = nn.Linear(spec.ffn_hidden, spec.d_embd, bias=False)  # down
+        self.w1 = nn.Linear(spec.d_embd, spec.ffn_width, bias=False)  # gate
+        self.w3 = nn.Linear(spec.d_embd, spec.ffn_width, bias=False)  # up
+        self.w2 = nn.Linear(spec.ffn_width, spec.d_embd, bias=False)  # down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -80,6 +80,8 @@ class LlamaBlock(nn.Module):
 
 
 class Llama(nn.Module):
+    rope: torch.Tensor  # the RoPE table, a buffer (register_buffer)
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -70,6 +70,16 @@ class ModelSpec(BaseModel):
     def head_dim(self) -> int:
         return self.d_embd // self.n_heads
 
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: a llama's n_kv_heads (every llama spec has one: `_check`), else n_heads (MHA)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def ffn_width(self) -> int:
+        """The MLP's hidden width: a llama's ffn_hidden (every llama spec has one: `_check`), else 4 x d_embd."""
+        return 4 * self.d_embd if self.ffn_hidden is None else self.ffn_hidden
+
     def to_json(self) -> str:
         return json.dumps(self.model_dump(exclude_none=True), sort_keys=True)
 
@@ -80,7 +90,7 @@ class ModelSpec(BaseModel):
             # per block: 2 LayerNorms (w+b), qkv (3E*E + 3E), out (E*E + E), MLP (4E*E + 4E, 4E*E + E)
             block = 2 * 2 * E + (3 * E * E + 3 * E) + (E * E + E) + (4 * E * E + 4 * E) + (4 * E * E + E)
             return V * E + self.max_seq_len * E + L * block + 2 * E  # tied head; final LayerNorm
-        D, J, K = self.head_dim, self.n_kv_heads, self.ffn_hidden
+        D, J, K = self.head_dim, self.kv_heads, self.ffn_width
         block = 2 * E + E * (E + 2 * J * D) + E * E + 3 * E * K  # 2 RMSNorms, qkv, out, SwiGLU
         return 2 * V * E + L * block + E  # untied embedding and head; final RMSNorm
 
@@ -93,11 +103,11 @@ class ModelSpec(BaseModel):
         E, L, V = self.d_embd, self.n_layers, self.vocab_size
         if self.arch == "gpt":
             return L * 12 * E * E + V * E
-        D, J, K = self.head_dim, self.n_kv_heads, self.ffn_hidden
+        D, J, K = self.head_dim, self.kv_heads, self.ffn_width
         return L * (E * (E + 2 * J * D) + E * E + 3 * E * K) + V * E
 
 
-def _spec(**kw) -> ModelSpec:
+def _spec(**kw: Any) -> ModelSpec:
     return ModelSpec(**kw)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -70,13 +71,13 @@ def _init_params(model: nn.Module, n_layers: int, d_embd: int = 0) -> None:
             nn.init.constant_(param, value)
 
 
-def _te():
+def _te() -> Any:
     from trainer.precision.te import import_te
 
     return import_te("TE models (build_te_model)")
 
 
-def _fp8_off():
+def _fp8_off() -> contextlib.AbstractContextManager[Any]:
     te = _te()
     return te.autocast(enabled=False) if hasattr(te, "autocast") else te.fp8_autocast(enabled=False)
 
@@ -86,7 +87,7 @@ def _device() -> str:
     return "meta" if torch.get_default_device().type == "meta" else "cuda"
 
 
-def _layer(te, spec: ModelSpec, device: str, **arch) -> nn.Module:
+def _layer(te: Any, spec: ModelSpec, device: str, **arch: Any) -> nn.Module:
     """One block, built exactly as every other, so that `compile: regional` need not recompile per block:
     dynamo guards on what a forward reads, and TE's attention reads the module's name (`Layer_<count>` unless
     given one: TE 2.20, MultiheadAttention.forward) — on 2xH200 every Llama3-8B TE trial hit the recompile limit
@@ -101,6 +102,8 @@ def _layer(te, spec: ModelSpec, device: str, **arch) -> nn.Module:
 
 
 class TELlama(nn.Module):
+    rope_freqs: torch.Tensor  # RoPE angles, a buffer (register_buffer)
+
     def __init__(self, spec: ModelSpec, *, fp8_lm_head: bool = False):
         super().__init__()
         te, device = _te(), _device()

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 import torch.nn as nn
 
 from trainer.recipes import Recipe
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the grid's `reduce_dtype` values
 
@@ -43,7 +46,7 @@ class PrecisionPlan:
         """The layers the model is built from: "torch" or "te" (the recipe's `layers`)."""
         return self.recipe.layers
 
-    def mp_policy(self, reduce_dtype: str = "fp32"):
+    def mp_policy(self, reduce_dtype: str = "fp32") -> MixedPrecisionPolicy:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         if self.param_dtype is None:

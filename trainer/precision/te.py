@@ -65,7 +65,9 @@ def te_plan(recipe: Recipe, *, device_type: str = "cuda", sharded: bool = True, 
     if te_pytorch is None:
         te_pytorch = import_te(recipe.name)
     if recipe_module is None:
-        from transformer_engine.common import recipe as recipe_module
+        from transformer_engine.common import recipe as installed
+
+        recipe_module = installed
     return PrecisionPlan(recipe=recipe, device_type=device_type, sharded=sharded,
                          forward_context=autocast_factory(te_pytorch, te_recipe(recipe, recipe_module)))
 
