@@ -50,8 +50,14 @@ def ray_session():
     # 4 logical CPUs on a 2-core machine: two 2-rank trials may overlap; timings are not asserted.
     # Not loopback-only (unlike the embedded profile): tests/test_multinode.py starts a Ray cluster from
     # this process for a driver subprocess, and both must agree on this machine's node address.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
-             logging_level="ERROR", log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        logging_level="ERROR",
+        log_to_driver=False,
+    )
     yield ray
     ray.shutdown()
 
@@ -106,16 +112,34 @@ def free_ports():
     return _free_ports
 
 
-def _rank_jobs(spec, precision: str, *, world_size: int = 1, master_addr: str = "127.0.0.1",
-               master_port: int | None = None, device_type: str = "cpu", **fields) -> list:
+def _rank_jobs(
+    spec,
+    precision: str,
+    *,
+    world_size: int = 1,
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
+    device_type: str = "cpu",
+    **fields,
+) -> list:
     """The RankJobs of a trial on this machine (CPU, gloo), one per rank, all on one fresh rendezvous port,
     built as the scheduler builds them (`sweep.execution.scheduler.rank_jobs`): tiny steps, no compile, unless
     `fields` (any Trial field: batch_size, grad_accum, ...) say otherwise."""
     from sweep.execution.scheduler import rank_jobs
     from sweep.spec.grid import Trial
 
-    base = dict(cluster="local", model=spec, precision=precision, compile="none", ac="none", batch_size=2,
-                seq_len=32, warmup_steps=1, measure_steps=4, gpus=world_size)
+    base = dict(
+        cluster="local",
+        model=spec,
+        precision=precision,
+        compile="none",
+        ac="none",
+        batch_size=2,
+        seq_len=32,
+        warmup_steps=1,
+        measure_steps=4,
+        gpus=world_size,
+    )
     trial = Trial(**{**base, **fields})
     node = {"ip": master_addr, "port": master_port or _free_ports(1)[0], "node_id": None}
     return rank_jobs(trial, [node] * world_size, device_type=device_type)
@@ -185,12 +209,33 @@ T0 = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.timezone.utc)
 # A finished ok attempt of gpt-tiny on one CPU rank: the columns a row of `sweep run` always has, at values of
 # such a trial; every other column of the schema is null (measured nothing, not profiled, no GPU).
 _ROW_DEFAULTS: dict[str, Any] = {
-    "run_id": "r1", "trial_id": "t1", "attempt": 1, "grid_name": "g", "cluster": "local", "accelerator": "cpu",
-    "world_size": 1, "nodes": 1, "node_ids": ["n0"], "hosts": ["host0"], "hostname": "host0",
-    "model": "gpt-tiny", "precision": "bf16", "compile": "none", "ac": "none", "batch_size": 2, "seq_len": 64,
-    "warmup_steps": 1, "measure_steps": 4, "dp_shard": 1, "status": "ok",
-    "step_time_s": 0.5, "step_time_p10_s": 0.45, "step_time_p90_s": 0.55, "tokens_per_s_per_gpu": 256.0,
-    "started_at": T0, "finished_at": T0 + dt.timedelta(seconds=30),
+    "run_id": "r1",
+    "trial_id": "t1",
+    "attempt": 1,
+    "grid_name": "g",
+    "cluster": "local",
+    "accelerator": "cpu",
+    "world_size": 1,
+    "nodes": 1,
+    "node_ids": ["n0"],
+    "hosts": ["host0"],
+    "hostname": "host0",
+    "model": "gpt-tiny",
+    "precision": "bf16",
+    "compile": "none",
+    "ac": "none",
+    "batch_size": 2,
+    "seq_len": 64,
+    "warmup_steps": 1,
+    "measure_steps": 4,
+    "dp_shard": 1,
+    "status": "ok",
+    "step_time_s": 0.5,
+    "step_time_p10_s": 0.45,
+    "step_time_p90_s": 0.55,
+    "tokens_per_s_per_gpu": 256.0,
+    "started_at": T0,
+    "finished_at": T0 + dt.timedelta(seconds=30),
 }
 
 
@@ -208,8 +253,13 @@ def result_row(**changes) -> dict:
 
 
 # The smallest grid that trains: gpt-tiny, one batch, short sequences, a warm-up step and two measured ones.
-_TINY_GRID: dict[str, Any] = {"models": ["gpt-tiny"], "compile": "none", "seq_len": 32, "batch_sizes": [2],
-                              "steps": {"warmup": 1, "measure": 2}}
+_TINY_GRID: dict[str, Any] = {
+    "models": ["gpt-tiny"],
+    "compile": "none",
+    "seq_len": 32,
+    "batch_sizes": [2],
+    "steps": {"warmup": 1, "measure": 2},
+}
 
 
 def tiny_grid(**keys) -> str:
@@ -250,8 +300,9 @@ def mark_errors(items: list[pytest.Item]) -> list[str]:
         marks = {mark.name for mark in item.iter_markers()}
         starts = sorted(INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())))
         if starts and "integration" not in marks:
-            errors.append(f"{item.nodeid}: uses {', '.join(starts)} (starts Ray or ranks) without "
-                          f"@pytest.mark.integration")
+            errors.append(
+                f"{item.nodeid}: uses {', '.join(starts)} (starts Ray or ranks) without @pytest.mark.integration"
+            )
         if "gpu" not in marks and _needs_gpu(item):
             errors.append(f"{item.nodeid}: needs a GPU without @pytest.mark.gpu")
     return errors
@@ -274,8 +325,10 @@ def _no_ray_outside_integration(request, monkeypatch):
     import ray
 
     def refuse(*args, **kwargs):
-        raise RuntimeError(f"{request.node.nodeid} is not marked integration, and calls ray.init: mark it "
-                           f"@pytest.mark.integration, or keep it from reaching Ray")
+        raise RuntimeError(
+            f"{request.node.nodeid} is not marked integration, and calls ray.init: mark it "
+            f"@pytest.mark.integration, or keep it from reaching Ray"
+        )
 
     monkeypatch.setattr(ray, "init", refuse)
 

@@ -83,10 +83,14 @@ def test_resume_of_a_sweep_with_nothing_measured_still_exits_3(cli, write_grid, 
 def test_an_unusable_output_is_one_line_exit_2_before_anything_runs(cli, write_grid, tmp_path, command, where):
     target = tmp_path / "taken.txt"
     target.write_text("not a folder")
-    output = {"file": target, "under-a-file": target / "results",
-              "read-only": "/proc/sweep-results"}[where]  # /proc refuses new files even to root
-    args = (["run", write_grid(TINY + "precisions: [fp32]\n")] if command == "run"
-            else ["max-batch", "--model", "gpt-tiny", "--precision", "fp32", "--seq-len", 32, "--gpus", 2])
+    output = {"file": target, "under-a-file": target / "results", "read-only": "/proc/sweep-results"}[
+        where
+    ]  # /proc refuses new files even to root
+    args = (
+        ["run", write_grid(TINY + "precisions: [fp32]\n")]
+        if command == "run"
+        else ["max-batch", "--model", "gpt-tiny", "--precision", "fp32", "--seq-len", 32, "--gpus", 2]
+    )
     result = cli(*args, "--cluster", "local", "--output", output, "--no-progress")
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.splitlines()
@@ -97,8 +101,10 @@ def test_an_unusable_output_is_one_line_exit_2_before_anything_runs(cli, write_g
 
 
 # -- SWEEP_DEBUG ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value, traceback", [("0", False), ("", False), ("false", False), ("no", False),
-                                              ("1", True), ("true", True), ("YES", True)])
+@pytest.mark.parametrize(
+    "value, traceback",
+    [("0", False), ("", False), ("false", False), ("no", False), ("1", True), ("true", True), ("YES", True)],
+)
 def test_sweep_debug_turns_tracebacks_on_only_when_it_says_so(cli, write_grid, tmp_path, monkeypatch, value, traceback):
     monkeypatch.setenv("SWEEP_DEBUG", value)
     grid = write_grid(TINY + "precisions: [no-such-precision]\n")
@@ -124,8 +130,7 @@ def test_rank_zero_holds_its_master_port_from_choice_to_rendezvous(rank_jobs):
     info = worker.node_info()
     with socket.socket() as other, pytest.raises(OSError):  # a trial starting beside it cannot take the port
         other.bind((info["ip"], info["port"]))
-    (job,) = rank_jobs(resolve("gpt-tiny"), "fp32", master_addr=info["ip"], master_port=info["port"],
-                       measure_steps=2)
+    (job,) = rank_jobs(resolve("gpt-tiny"), "fp32", master_addr=info["ip"], master_port=info["port"], measure_steps=2)
     result = worker.run(job)  # the store serves on the held socket
     assert result.status == "ok", result.error
 
@@ -137,8 +142,10 @@ def test_a_worker_outside_ray_does_not_start_ray(sweep_env):
     import subprocess
     import sys
 
-    code = ("import ray\nfrom trainer.worker import RankWorker\ninfo = RankWorker().node_info()\n"
-            "print(info['node_id'], ray.is_initialized())")
+    code = (
+        "import ray\nfrom trainer.worker import RankWorker\ninfo = RankWorker().node_info()\n"
+        "print(info['node_id'], ray.is_initialized())"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=sweep_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-2:] == ["None", "False"]

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _stat(pid: int) -> list[str]:
     with open(f"/proc/{pid}/stat") as f:
         text = f.read()
-    return text[text.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+    return text[text.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
 
 
 def _cmdline(pid: int) -> str:
@@ -100,7 +100,7 @@ def _sockets(pids) -> list[tuple[int, str, int, str, int, str]]:
 def _address(hex_address: str, family: int) -> tuple[str, int]:
     ip, port = hex_address.split(":")
     raw = bytes.fromhex(ip)  # /proc prints each 32-bit word in host (little-endian) order
-    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return socket.inet_ntop(family, raw), int(port, 16)
 
 
@@ -148,9 +148,15 @@ def sweep(sweep_env):
     (none of the variables the session's Ray wrote into this process)."""
 
     def start(*args) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "sweep", "run", *map(str, args), "--no-progress"], cwd=ROOT,
-                                env=sweep_env(), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "sweep", "run", *map(str, args), "--no-progress"],
+            cwd=ROOT,
+            env=sweep_env(),
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     return start
 
@@ -208,12 +214,14 @@ timeout_s: {TIMEOUT_S}
 @pytest.mark.timeout(60)
 def test_a_trial_no_node_can_hold_times_out_instead_of_waiting_forever(ray_session, cli, write_grid, tmp_path):
     # The profile promises 8 ranks on a node; the session's Ray has 4 CPUs (as a cluster that lost a node).
-    profile = write_grid("name: too-small\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 8\n"
-                         "cpus_per_rank: 1\ntimeout_s: 3\n", "too-small.yaml")
+    profile = write_grid(
+        "name: too-small\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 8\n"
+        "cpus_per_rank: 1\ntimeout_s: 3\n",
+        "too-small.yaml",
+    )
     out = tmp_path / "out"
     started = time.monotonic()
-    result = cli("run", write_grid(fp32_grid(gpus=8)), "--cluster", profile, "--output", out,
-                 "--no-progress")
+    result = cli("run", write_grid(fp32_grid(gpus=8)), "--cluster", profile, "--output", out, "--no-progress")
     assert result.exit_code == 3, result.output  # nothing was measured
     assert "no trial measured anything: 1 timeout" in result.stderr
     assert time.monotonic() - started < INFEASIBLE_LIMIT_S  # given up at the trial's 3 s, not the 120 s default
@@ -229,8 +237,10 @@ def test_a_rank_killed_mid_trial_is_an_error_naming_it_and_is_retried_once(ray_s
     grid = write_grid(fp32_grid(gpus=2, steps={"warmup": 1, "measure": 150}))
     out = tmp_path / "out"
     results = []
-    sweep = threading.Thread(target=lambda: results.append(
-        cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")), daemon=True)
+    sweep = threading.Thread(
+        target=lambda: results.append(cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")),
+        daemon=True,
+    )
     sweep.start()
 
     workers = _wait_for(lambda: _training_ranks(os.getpid(), 2), 90, "both ranks to join the process group")
@@ -257,12 +267,14 @@ def test_a_rank_killed_mid_trial_is_an_error_naming_it_and_is_retried_once(ray_s
     assert result.exit_code == 0, result.output
     rows = store.read_table(out).to_pylist()
     assert sorted((r["trial_id"], r["status"]) for r in rows) == sorted(
-        [(failed["trial_id"], "error"), (retry["trial_id"], "ok")])
+        [(failed["trial_id"], "error"), (retry["trial_id"], "ok")]
+    )
 
 
 # -- the driver killed, then --resume -----------------------------------------------------------------------
 def _wait_for_first_row(driver: subprocess.Popen, out: Path, seen: set[int], timeout: float) -> list[Path]:
     """The result files once there is one, noting the driver's processes meanwhile (to check they end)."""
+
     def first_row():
         seen.update(_descendants(driver.pid))
         assert driver.poll() is None, driver.communicate()
@@ -381,7 +393,7 @@ def test_sigterm_mid_trial_stops_as_ctrl_c_does_and_resume_finishes_the_grid(swe
         os.kill(driver.pid, signal.SIGTERM)  # the driver only, as `timeout` sends it
         stdout, stderr = driver.communicate(timeout=30)
         assert driver.returncode == 143, stdout + stderr
-        (line,) = [l for l in stderr.splitlines() if l.startswith("interrupted")]
+        (line,) = [text for text in stderr.splitlines() if text.startswith("interrupted")]
         assert line == f"interrupted by SIGTERM: 1 attempt written to {out}; rerun with --resume to finish", stderr
         assert "Traceback" not in stderr and "SystemExit" not in stderr, stderr
         assert store.result_files(out) == [first], "the interrupted trial must not be recorded"

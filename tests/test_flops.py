@@ -41,14 +41,22 @@ def _scaled_down(spec: ModelSpec) -> ModelSpec:
     """Same as tests/test_models.py's scaled_down (2 layers, head dim 16), with a small vocabulary."""
     if spec.arch == "gpt":
         heads = 5 if spec.n_heads % 5 == 0 else 4
-        return spec.model_copy(update=dict(n_layers=2, n_heads=heads, d_embd=16 * heads, vocab_size=512,
-                                           max_seq_len=128))
+        return spec.model_copy(
+            update=dict(n_layers=2, n_heads=heads, d_embd=16 * heads, vocab_size=512, max_seq_len=128)
+        )
     ratio = spec.n_heads // spec.n_kv_heads
     heads = max(8, ratio)
     d = 16 * heads
-    return spec.model_copy(update=dict(n_layers=2, n_heads=heads, n_kv_heads=heads // ratio, d_embd=d,
-                                       ffn_hidden=16 * round(spec.ffn_hidden / spec.d_embd * d / 16),
-                                       vocab_size=512))
+    return spec.model_copy(
+        update=dict(
+            n_layers=2,
+            n_heads=heads,
+            n_kv_heads=heads // ratio,
+            d_embd=d,
+            ffn_hidden=16 * round(spec.ffn_hidden / spec.d_embd * d / 16),
+            vocab_size=512,
+        )
+    )
 
 
 SPECS = {name: spec if name.endswith("tiny") else _scaled_down(spec) for name, spec in REGISTRY.items()}
@@ -107,7 +115,15 @@ def test_seed_000_formula_for_llama3_8b():
 def test_other_tools_conventions_for_llama3_8b_at_8192():
     """The issue's figures: NVIDIA/Megatron tables give 57.9 or 51.5 GFLOP per token against our 61.1."""
     spec, T = REGISTRY["llama3-8b"], 8192
-    E, L, H, J, D, F, V = spec.d_embd, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.ffn_hidden, spec.vocab_size
+    E, L, H, J, D, F, V = (
+        spec.d_embd,
+        spec.n_layers,
+        spec.n_heads,
+        spec.n_kv_heads,
+        spec.head_dim,
+        spec.ffn_hidden,
+        spec.vocab_size,
+    )
     gflop = {c: convention_flops_per_token(c, spec, T) / 1e9 for c in ("sweep", "megatron", "torchtitan")}
     assert {c: round(g, 1) for c, g in gflop.items()} == {"sweep": 61.1, "megatron": 51.5, "torchtitan": 57.9}
     # Megatron-LM's transformer_flops (megatron/training/training.py), written out: 3 passes x 2 FLOPs x
@@ -128,10 +144,10 @@ def test_flops_use_the_batch_actually_trained(monkeypatch, run_one_rank):
     run for real (one CPU rank), the model records the shape of every batch it is given, and the result
     row's TFLOP/s must equal flops_per_token × (rows seen × seq_len) / step time.
     """
-    from sweep.spec.grid import Trial
-    from sweep.record.rows import outcome_row
-    from sweep.execution.outcome import Outcome
     import trainer.models
+    from sweep.execution.outcome import Outcome
+    from sweep.record.rows import outcome_row
+    from sweep.spec.grid import Trial
 
     spec, batch, seq = REGISTRY["gpt-tiny"], 3, 32
     seen: list[tuple[int, int]] = []
@@ -147,12 +163,29 @@ def test_flops_use_the_batch_actually_trained(monkeypatch, run_one_rank):
     assert result.status == "ok", result.error
     assert seen == [(batch, seq)] * 4  # every step, warm-up included, trained `batch` rows of `seq` tokens
 
-    trial = Trial(cluster="local", model=spec, precision="bf16", compile="none", ac="none", batch_size=batch,
-                  seq_len=seq, gpus=1, warmup_steps=1, measure_steps=3)
+    trial = Trial(
+        cluster="local",
+        model=spec,
+        precision="bf16",
+        compile="none",
+        ac="none",
+        batch_size=batch,
+        seq_len=seq,
+        gpus=1,
+        warmup_steps=1,
+        measure_steps=3,
+    )
     now = datetime.now(timezone.utc)
     outcome = Outcome(trial=trial, status="ok", ranks=[result], started_at=now, finished_at=now, wall_s=1.0)
-    profile = types.SimpleNamespace(name="local", accelerator="cpu", peak_tflops=lambda family: None,
-                                    cost_per_gpu_hour=None, power_cost_per_kwh=None, pue=None, power_limit_w=None)
+    profile = types.SimpleNamespace(
+        name="local",
+        accelerator="cpu",
+        peak_tflops=lambda family: None,
+        cost_per_gpu_hour=None,
+        power_cost_per_kwh=None,
+        pue=None,
+        power_limit_w=None,
+    )
     row = outcome_row(outcome, run_id="r", profile=profile, grid_name=None)
     step_time = statistics.median(result.step_times)
     tokens_per_s = seen[-1][0] * seen[-1][1] / step_time
@@ -167,6 +200,7 @@ def test_git_sha_names_the_shipped_commit_when_given(monkeypatch):
     from pathlib import Path
 
     from sweep.record import rows
+
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(Path(rows.__file__).parent), *args], capture_output=True, text=True)
 

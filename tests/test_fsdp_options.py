@@ -35,9 +35,20 @@ def _rank(jobs: list, queue) -> None:
 @pytest.fixture(scope="module")
 def runs(rank_jobs, run_ranks):
     """(reduce_dtype, grad_sync) -> rank -> {'loss_last', 'dtypes'}: three 2-rank trials, one after another."""
-    trials = [rank_jobs(REGISTRY["llama-tiny"], "bf16", world_size=2, warmup_steps=WARMUP, measure_steps=MEASURE,
-                        grad_accum=ACCUM, grad_clip=0.0, reduce_dtype=reduce, grad_sync=sync)
-              for reduce, sync in [("fp32", "micro_batch"), ("fp32", "step"), ("bf16", "step")]]
+    trials = [
+        rank_jobs(
+            REGISTRY["llama-tiny"],
+            "bf16",
+            world_size=2,
+            warmup_steps=WARMUP,
+            measure_steps=MEASURE,
+            grad_accum=ACCUM,
+            grad_clip=0.0,
+            reduce_dtype=reduce,
+            grad_sync=sync,
+        )
+        for reduce, sync in [("fp32", "micro_batch"), ("fp32", "step"), ("bf16", "step")]
+    ]
     out: dict = {}
     for options, rank, result, dtypes in run_ranks(_rank, [[t[r] for t in trials] for r in range(2)]):
         assert result.status == "ok", result.traceback

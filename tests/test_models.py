@@ -34,15 +34,30 @@ def scaled_down(spec: ModelSpec, *, n_layers: int = 2, head_dim: int = 16) -> Mo
     """
     if spec.arch == "gpt":
         heads = 5 if spec.n_heads % 5 == 0 else 4
-        return spec.model_copy(update=dict(name=f"{spec.label}-small", n_layers=n_layers, n_heads=heads,
-                                           d_embd=heads * head_dim, max_seq_len=min(spec.max_seq_len, 256)))
+        return spec.model_copy(
+            update=dict(
+                name=f"{spec.label}-small",
+                n_layers=n_layers,
+                n_heads=heads,
+                d_embd=heads * head_dim,
+                max_seq_len=min(spec.max_seq_len, 256),
+            )
+        )
     ratio = spec.n_heads // spec.n_kv_heads
     heads = max(8, ratio)
     d = heads * head_dim
     ffn = 16 * round(spec.ffn_hidden / spec.d_embd * d / 16)
-    return spec.model_copy(update=dict(name=f"{spec.label}-small", n_layers=n_layers, n_heads=heads,
-                                       n_kv_heads=heads // ratio, d_embd=d, ffn_hidden=ffn,
-                                       max_seq_len=min(spec.max_seq_len, 256)))
+    return spec.model_copy(
+        update=dict(
+            name=f"{spec.label}-small",
+            n_layers=n_layers,
+            n_heads=heads,
+            n_kv_heads=heads // ratio,
+            d_embd=d,
+            ffn_hidden=ffn,
+            max_seq_len=min(spec.max_seq_len, 256),
+        )
+    )
 
 
 TINY = ["gpt-tiny", "llama-tiny"]
@@ -59,6 +74,7 @@ def _meta_numel(spec: ModelSpec, backend: str = "torch") -> int:
 
 # -- parameter counts ----------------------------------------------------------------------------
 
+
 def test_seed_model_sizes():
     # Llama3-8B is "8.03B" in Meta's release; GPT-2 XL dims (48 x 1600, vocab 50304, tied) give 1.5577 B
     assert REGISTRY["llama3-8b"].n_params() == 8_030_261_248
@@ -67,7 +83,9 @@ def test_seed_model_sizes():
     assert _meta_numel(REGISTRY["gpt2-1.5b"]) == 1_557_686_400
     # Llama3-70B (Meta's model card: 70.6B); its proxy keeps the dims with 4 of the 80 layers
     assert REGISTRY["llama3-70b"].n_params() == _meta_numel(REGISTRY["llama3-70b"]) == 70_553_706_496
-    assert REGISTRY["llama3-70b"] == REGISTRY["llama3-70b-proxy"].model_copy(update=dict(name="llama3-70b", n_layers=80))
+    assert REGISTRY["llama3-70b"] == REGISTRY["llama3-70b-proxy"].model_copy(
+        update=dict(name="llama3-70b", n_layers=80)
+    )
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
@@ -88,8 +106,10 @@ def test_scaled_down_specs_keep_the_architecture(name):
 
 # -- first loss ----------------------------------------------------------------------------------
 
-def _first_loss(spec: ModelSpec, *, batch: int = 2, seq: int = 64, device: str = "cpu",
-                backend: str = "torch") -> float:
+
+def _first_loss(
+    spec: ModelSpec, *, batch: int = 2, seq: int = 64, device: str = "cpu", backend: str = "torch"
+) -> float:
     torch.manual_seed(3985)
     with torch.device(device):
         model = build_model(spec, backend=backend)
@@ -115,8 +135,10 @@ BAD_SPECS = [
     (dict(arch="gpt", n_layers=2, d_embd=100, n_heads=3, vocab_size=512), "divisible by n_heads"),
     (dict(arch="mamba", n_layers=2, d_embd=64, n_heads=4, vocab_size=512), "arch"),
     (dict(arch="llama", n_layers=2, d_embd=64, n_heads=4, vocab_size=512), "n_kv_heads and ffn_hidden"),
-    (dict(arch="llama", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=3, ffn_hidden=128, vocab_size=512),
-     "divisible by n_kv_heads"),
+    (
+        dict(arch="llama", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=3, ffn_hidden=128, vocab_size=512),
+        "divisible by n_kv_heads",
+    ),
     (dict(arch="gpt", n_layers=2, d_embd=64, n_heads=4, ffn_hidden=256, vocab_size=512), "llama models only"),
     (dict(arch="gpt", n_layers=0, d_embd=64, n_heads=4, vocab_size=512), "greater than 0"),
     (dict(arch="gpt", n_layers=2, d_embd=64, n_heads=4, vocab_size=512, dropout=0.1), "Extra inputs"),
@@ -201,6 +223,7 @@ def test_te_first_loss_is_near_ln_vocab(spec):
 # (meta-device build, parameter count, init by name, RoPE table, LM head outside FP8, training through
 # the worker) runs on the CPU. The real layers are checked by the `gpu` tests below.
 
+
 class _StubTE:
     def __init__(self):
         self.fp8_enabled = [False]  # autocast stack
@@ -230,10 +253,26 @@ class _StubTE:
                         setattr(self, name, None)
 
         class TransformerLayer(torch.nn.Module):
-            def __init__(self, *, hidden_size, ffn_hidden_size, num_attention_heads, num_gqa_groups=None,
-                         layernorm_epsilon, hidden_dropout, attention_dropout, self_attn_mask_type, name,
-                         fuse_qkv_params, attn_input_format, params_dtype, device, normalization="LayerNorm",
-                         activation="gelu", bias=True):  # (no layer_number: passing one fails here)
+            def __init__(
+                self,
+                *,
+                hidden_size,
+                ffn_hidden_size,
+                num_attention_heads,
+                num_gqa_groups=None,
+                layernorm_epsilon,
+                hidden_dropout,
+                attention_dropout,
+                self_attn_mask_type,
+                name,
+                fuse_qkv_params,
+                attn_input_format,
+                params_dtype,
+                device,
+                normalization="LayerNorm",
+                activation="gelu",
+                bias=True,
+            ):  # (no layer_number: passing one fails here)
                 super().__init__()
                 stub.block_kwargs.append({k: v for k, v in locals().items() if k not in ("self", "__class__")})
                 assert (fuse_qkv_params, attn_input_format, self_attn_mask_type) == (True, "bshd", "causal")
@@ -244,13 +283,23 @@ class _StubTE:
                 ln_b = (E,) if normalization == "LayerNorm" else None
                 self.act, self.eps, self.E = activation, layernorm_epsilon, E
                 self.self_attention = torch.nn.Module()
-                self.self_attention.layernorm_qkv = _Params(dev, layer_norm_weight=(E,), layer_norm_bias=ln_b,
-                                                            weight=((H + 2 * G) * D, E),
-                                                            bias=((H + 2 * G) * D,) if bias else None)
+                self.self_attention.layernorm_qkv = _Params(
+                    dev,
+                    layer_norm_weight=(E,),
+                    layer_norm_bias=ln_b,
+                    weight=((H + 2 * G) * D, E),
+                    bias=((H + 2 * G) * D,) if bias else None,
+                )
                 self.self_attention.proj = _Params(dev, weight=(E, H * D), bias=(E,) if bias else None)
-                self.layernorm_mlp = _Params(dev, layer_norm_weight=(E,), layer_norm_bias=ln_b, fc1_weight=(K, E),
-                                             fc1_bias=(K,) if bias else None, fc2_weight=(E, ffn_hidden_size),
-                                             fc2_bias=(E,) if bias else None)
+                self.layernorm_mlp = _Params(
+                    dev,
+                    layer_norm_weight=(E,),
+                    layer_norm_bias=ln_b,
+                    fc1_weight=(K, E),
+                    fc1_bias=(K,) if bias else None,
+                    fc2_weight=(E, ffn_hidden_size),
+                    fc2_bias=(E,) if bias else None,
+                )
 
             def forward(self, x, rotary_pos_emb=None, is_first_microbatch=None):
                 stub.block_calls.append(stub.fp8_enabled[-1])
@@ -258,7 +307,9 @@ class _StubTE:
                 if rotary_pos_emb is not None:
                     stub.rope_args.append((tuple(rotary_pos_emb.shape), rotary_pos_emb.dtype))
                 a, m = self.self_attention.layernorm_qkv, self.layernorm_mlp
-                q = F.linear(_norm(x, a.layer_norm_weight, a.layer_norm_bias, self.eps), a.weight, a.bias)[..., :self.E]
+                q = F.linear(_norm(x, a.layer_norm_weight, a.layer_norm_bias, self.eps), a.weight, a.bias)[
+                    ..., : self.E
+                ]
                 x = x + F.linear(q, self.self_attention.proj.weight, self.self_attention.proj.bias)
                 h = F.linear(_norm(x, m.layer_norm_weight, m.layer_norm_bias, self.eps), m.fc1_weight, m.fc1_bias)
                 if self.act == "swiglu":
@@ -302,21 +353,35 @@ class _StubTE:
             def __init__(self, **kw):
                 self.kw = kw
 
-        self.pytorch = types.SimpleNamespace(TransformerLayer=TransformerLayer, LayerNormLinear=LayerNormLinear,
-                                             RotaryPositionEmbedding=RotaryPositionEmbedding, autocast=autocast)
-        self.recipe = types.SimpleNamespace(Format=types.SimpleNamespace(HYBRID="HYBRID"), DelayedScaling=_Recipe,
-                                            Float8CurrentScaling=_Recipe, Float8BlockScaling=_Recipe,
-                                            MXFP8BlockScaling=_Recipe)
+        self.pytorch = types.SimpleNamespace(
+            TransformerLayer=TransformerLayer,
+            LayerNormLinear=LayerNormLinear,
+            RotaryPositionEmbedding=RotaryPositionEmbedding,
+            autocast=autocast,
+        )
+        self.recipe = types.SimpleNamespace(
+            Format=types.SimpleNamespace(HYBRID="HYBRID"),
+            DelayedScaling=_Recipe,
+            Float8CurrentScaling=_Recipe,
+            Float8BlockScaling=_Recipe,
+            MXFP8BlockScaling=_Recipe,
+        )
 
     def install(self, monkeypatch):
         root = types.ModuleType("transformer_engine")
-        pytorch, common, recipe = (types.ModuleType(n) for n in (
-            "transformer_engine.pytorch", "transformer_engine.common", "transformer_engine.common.recipe"))
+        pytorch, common, recipe = (
+            types.ModuleType(n)
+            for n in ("transformer_engine.pytorch", "transformer_engine.common", "transformer_engine.common.recipe")
+        )
         pytorch.__dict__.update(vars(self.pytorch))
         recipe.__dict__.update(vars(self.recipe))
         root.pytorch, root.common, common.recipe = pytorch, common, recipe
-        for name, module in [("transformer_engine", root), ("transformer_engine.pytorch", pytorch),
-                             ("transformer_engine.common", common), ("transformer_engine.common.recipe", recipe)]:
+        for name, module in [
+            ("transformer_engine", root),
+            ("transformer_engine.pytorch", pytorch),
+            ("transformer_engine.common", common),
+            ("transformer_engine.common.recipe", recipe),
+        ]:
             monkeypatch.setitem(sys.modules, name, module)
         return self
 
@@ -348,7 +413,9 @@ def test_te_blocks_are_built_alike_one_name_and_no_layer_number(stub_te, name):
     # block (RESULTS.md, session 11; with delayed scaling dynamo still recompiles on TE's amax buffer: session 12)
     build_model(REGISTRY[name], backend="te")
     assert len(stub_te.block_kwargs) == REGISTRY[name].n_layers > 1
-    assert all(kw == stub_te.block_kwargs[0] for kw in stub_te.block_kwargs) and stub_te.block_kwargs[0]["name"] == "block"
+    assert (
+        all(kw == stub_te.block_kwargs[0] for kw in stub_te.block_kwargs) and stub_te.block_kwargs[0]["name"] == "block"
+    )
 
 
 def test_te_llama_head_runs_outside_fp8_and_rope_is_bounded(stub_te):

@@ -15,8 +15,11 @@ from trainer.job import PG_TIMEOUT_S
 from trainer.models.specs import REGISTRY
 from trainer.options import TrainingOptions
 
-INDUCTOR = {"TORCHINDUCTOR_CACHE_DIR": "${HOME}/.cache/sweep/inductor", "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-            "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+INDUCTOR = {
+    "TORCHINDUCTOR_CACHE_DIR": "${HOME}/.cache/sweep/inductor",
+    "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+    "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+}
 
 
 def _profile(**keys: Any) -> ClusterProfile:
@@ -32,12 +35,23 @@ def _h200(nodes: int = 1, **keys: Any) -> ClusterProfile:
 
 
 def _trial(**changes: Any) -> Trial:
-    base: dict[str, Any] = dict(cluster="c", model=REGISTRY["gpt-tiny"], precision="bf16", compile="none",
-                                ac="none", batch_size=2, seq_len=32, gpus=2, warmup_steps=1, measure_steps=2)
+    base: dict[str, Any] = dict(
+        cluster="c",
+        model=REGISTRY["gpt-tiny"],
+        precision="bf16",
+        compile="none",
+        ac="none",
+        batch_size=2,
+        seq_len=32,
+        gpus=2,
+        warmup_steps=1,
+        measure_steps=2,
+    )
     return Trial(**{**base, **changes})
 
 
 # -- bundles and strategy ----------------------------------------------------------------------------------
+
 
 def test_the_ranks_of_one_gpu_node_are_one_gpu_bundle_each_strictly_packed():
     h200 = _h200()
@@ -81,6 +95,7 @@ def test_a_bundle_per_rank_or_per_node_asks_for_every_ranks_resources():
 
 # -- the rank processes' environment -----------------------------------------------------------------------
 
+
 def test_gpu_ranks_get_the_profiles_env_and_one_inductor_cache_per_node():
     h200 = _h200()
     env = rank_env(h200)
@@ -103,9 +118,15 @@ def test_an_embedded_clusters_rank_sockets_stay_on_loopback():
 
 
 def test_what_the_profile_sets_wins_over_every_default():
-    mine = {"OMP_NUM_THREADS": "7", "MALLOC_MMAP_THRESHOLD_": "65536", "GLOO_SOCKET_IFNAME": "eth0",
-            "NCCL_SOCKET_IFNAME": "eth0", "TORCHINDUCTOR_CACHE_DIR": "/scratch/inductor",
-            "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+    mine = {
+        "OMP_NUM_THREADS": "7",
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "TORCHINDUCTOR_CACHE_DIR": "/scratch/inductor",
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+    }
     assert rank_env(_profile(env=mine)) == mine
 
 
@@ -116,23 +137,35 @@ def test_the_compile_cache_setting_names_the_ranks_inductor_cache():
 
 # -- what each rank is sent --------------------------------------------------------------------------------
 
+
 def test_rank_zero_is_the_rendezvous_and_local_ranks_count_per_node():
     """Rank 0's address and held port are every rank's MASTER_ADDR/PORT; a rank's local rank is its index among
     the ranks of its node (by node id, or by address where Ray gave none)."""
-    nodes = [{"ip": "10.0.0.7", "port": 5000, "node_id": None}, {"ip": "10.0.0.8", "port": 1, "node_id": None},
-             {"ip": "10.0.0.7", "port": 2, "node_id": None}, {"ip": "10.0.0.8", "port": 3, "node_id": None}]
+    nodes = [
+        {"ip": "10.0.0.7", "port": 5000, "node_id": None},
+        {"ip": "10.0.0.8", "port": 1, "node_id": None},
+        {"ip": "10.0.0.7", "port": 2, "node_id": None},
+        {"ip": "10.0.0.8", "port": 3, "node_id": None},
+    ]
     jobs = rank_jobs(_trial(gpus=4), nodes, device_type="cpu")
     assert [(j.rank, j.local_rank, j.world_size) for j in jobs] == [(0, 0, 4), (1, 0, 4), (2, 1, 4), (3, 1, 4)]
     assert {(j.master_addr, j.master_port, j.device_type, j.pg_timeout_s) for j in jobs} == {
-        ("10.0.0.7", 5000, "cpu", PG_TIMEOUT_S)}
+        ("10.0.0.7", 5000, "cpu", PG_TIMEOUT_S)
+    }
 
 
 def test_every_rank_is_sent_the_same_trial_with_what_only_a_trial_says():
-    trial = _trial(gpus=1, profile=True, auto_max=(3, 5), warmup_steps="auto", measure_steps="auto",
-                   memory_cap_bytes=2**30)
+    trial = _trial(
+        gpus=1, profile=True, auto_max=(3, 5), warmup_steps="auto", measure_steps="auto", memory_cap_bytes=2**30
+    )
     (job,) = rank_jobs(trial, [{"ip": "127.0.0.1", "port": 9, "node_id": "n"}], device_type="cuda", pg_timeout_s=5.0)
     config = job.trial
     assert (config.profile, config.auto_max, config.warmup_steps, config.measure_steps, config.memory_cap_bytes) == (
-        True, (3, 5), "auto", "auto", 2**30)
+        True,
+        (3, 5),
+        "auto",
+        "auto",
+        2**30,
+    )
     assert config.options == TrainingOptions() and job.pg_timeout_s == 5.0 and job.device_type == "cuda"
     assert REGISTRY["gpt-tiny"].model_validate_json(config.model_spec_json) == REGISTRY["gpt-tiny"]

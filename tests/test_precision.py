@@ -27,21 +27,30 @@ TORCHAO_FP8 = ["fp8-torchao-tensorwise", "fp8-torchao-rowwise", "fp8-torchao-row
 TE = ["bf16-te", "fp8-te-delayed", "fp8-te-current", "fp8-te-block", "fp8-te-mxfp8"]
 # What the capability check is told of each part: the catalog's entries, plus an A100 (sm_80, no FP8) as a
 # profile for a part the catalog lacks would describe it.
-HARDWARE = {name: {"vendor": a.vendor, "compute_capability": a.compute_capability,
-                   "has_fp8": a.peak_tflops["fp8"] is not None} for name, a in load_catalog().items()}
+HARDWARE = {
+    name: {"vendor": a.vendor, "compute_capability": a.compute_capability, "has_fp8": a.peak_tflops["fp8"] is not None}
+    for name, a in load_catalog().items()
+}
 HARDWARE["a100"] = {"vendor": "nvidia", "compute_capability": 8.0, "has_fp8": False}
 
 # Every dim a multiple of 16 (FP8 GEMMs need it; trainer.precision.torchao_fp8.fp8_module_filter checks it).
-FP8_SPEC = ModelSpec(arch="llama", name="llama-fp8-tiny", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=2,
-                     ffn_hidden=192, vocab_size=512)
+FP8_SPEC = ModelSpec(
+    arch="llama", name="llama-fp8-tiny", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=2, ffn_hidden=192, vocab_size=512
+)
 
 
 # -- capability check ----------------------------------------------------------------------------
 
+
 def _runs(accelerator: str, *, have_te: bool = True, have_torchao: bool = True) -> set[str]:
-    return {name for name, recipe in RECIPES.items()
-            if unsupported_reason(recipe, accelerator=accelerator, **HARDWARE[accelerator],
-                                  have_te=have_te, have_torchao=have_torchao) is None}
+    return {
+        name
+        for name, recipe in RECIPES.items()
+        if unsupported_reason(
+            recipe, accelerator=accelerator, **HARDWARE[accelerator], have_te=have_te, have_torchao=have_torchao
+        )
+        is None
+    }
 
 
 def test_capability_matrix():
@@ -62,13 +71,15 @@ def test_missing_packages_are_named_with_the_fix():
     assert _runs("h200", have_torchao=False) == {"bf16", "fp32"} | set(TE) - {"fp8-te-mxfp8"}
     reason = unsupported_reason(RECIPES["fp8-te-delayed"], accelerator="h200", **HARDWARE["h200"], have_te=False)
     assert "Transformer Engine" in reason and "pip install" in reason
-    reason = unsupported_reason(RECIPES["fp8-torchao-rowwise"], accelerator="h200", **HARDWARE["h200"],
-                                have_torchao=False)
+    reason = unsupported_reason(
+        RECIPES["fp8-torchao-rowwise"], accelerator="h200", **HARDWARE["h200"], have_torchao=False
+    )
     assert "pip install torchao" in reason
     # TE present but a CPU rank: the reason is the hardware, not the package
     assert "needs a GPU" in unsupported_reason(RECIPES["bf16-te"], accelerator="cpu", vendor="cpu", have_te=True)
-    assert "compute capability >= 8.9" in unsupported_reason(RECIPES["fp8-torchao-tensorwise"],
-                                                              accelerator="a100", **HARDWARE["a100"])
+    assert "compute capability >= 8.9" in unsupported_reason(
+        RECIPES["fp8-torchao-tensorwise"], accelerator="a100", **HARDWARE["a100"]
+    )
     assert "Blackwell" in RECIPES["fp8-te-mxfp8"].summary
 
 
@@ -78,6 +89,7 @@ def test_unknown_accelerators_are_not_refused_by_capability():
 
 
 # -- the recipe table drives the stacks -------------------------------------------------------------
+
 
 def test_each_recipe_states_its_stack_layers_and_scaling():
     """What differs between the recipes of a stack is data in the table: FP8 recipes name their scaling, the
@@ -109,6 +121,7 @@ def test_torchao_all_gathers_fp8_weights_only_where_the_recipe_says_and_ranks_sh
 
 
 # -- torchao plans --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", TORCHAO_FP8)
 def test_torchao_convert_swaps_every_eligible_linear_but_the_head(name):
@@ -143,8 +156,10 @@ def _rank_main(jobs: list, queue) -> None:
 def test_torchao_fp8_trains_under_fsdp2_on_two_cpu_ranks(rank_jobs, run_ranks):
     """Each torchao FP8 recipe, emulated, FSDP2 over gloo: 2 processes run the three recipes in turn."""
     trials = [rank_jobs(FP8_SPEC, name, world_size=2) for name in TORCHAO_FP8]
-    results = {(name, rank): r for name, rank, r in run_ranks(_rank_main, [[t[r] for t in trials] for r in range(2)],
-                                                                timeout=240)}
+    results = {
+        (name, rank): r
+        for name, rank, r in run_ranks(_rank_main, [[t[r] for t in trials] for r in range(2)], timeout=240)
+    }
     n = FP8_SPEC.n_params()
     for (name, rank), r in sorted(results.items()):
         assert r.status == "ok", f"{name} rank {rank}: {r.error}\n{r.traceback}"
@@ -155,6 +170,7 @@ def test_torchao_fp8_trains_under_fsdp2_on_two_cpu_ranks(rank_jobs, run_ranks):
 
 # -- Transformer Engine plan (logic, with a stand-in for TE) ---------------------------------------
 
+
 class _Recipe:
     def __init__(self, **kw):
         self.kw = kw
@@ -164,8 +180,11 @@ def _fake_te(with_autocast: bool = True):
     """Stand-ins for `transformer_engine.pytorch` and `transformer_engine.common.recipe` that record calls."""
     recipe_mod = types.SimpleNamespace(
         Format=types.SimpleNamespace(HYBRID="HYBRID", E4M3="E4M3"),
-        **{cls: type(cls, (_Recipe,), {}) for cls in
-           ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling")})
+        **{
+            cls: type(cls, (_Recipe,), {})
+            for cls in ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling")
+        },
+    )
     calls = []
 
     @contextlib.contextmanager
@@ -265,8 +284,9 @@ def test_te_recipes_train_on_a_gpu(run_one_rank, name, arch):
     if entry is not None:
         assert entry.compute_capability == capability[0] + capability[1] / 10, f"catalog {entry.name} vs {device}"
     known = entry.compute_capability if entry is not None else capability[0] + capability[1] / 10
-    reason = unsupported_reason(RECIPES[name], accelerator=device, vendor="nvidia", compute_capability=known,
-                                have_te=True)
+    reason = unsupported_reason(
+        RECIPES[name], accelerator=device, vendor="nvidia", compute_capability=known, have_te=True
+    )
     if capability < TE_MIN_CAPABILITY[name]:  # a part that cannot run it: the check must say so
         assert reason is not None and "compute capability" in reason, reason
         return
@@ -276,9 +296,11 @@ def test_te_recipes_train_on_a_gpu(run_one_rank, name, arch):
     except ImportError as e:
         pytest.fail(f"the GPU tests train the TE recipes: pip install -e '.[te]' ({e})")
     # every GEMM dim a multiple of 128 (Float8BlockScaling's block), head dim 32
-    spec = ModelSpec(arch="llama", n_layers=2, d_embd=128, n_heads=4, n_kv_heads=2, ffn_hidden=384,
-                     vocab_size=512) if arch == "llama" else \
-        ModelSpec(arch="gpt", n_layers=2, d_embd=128, n_heads=4, vocab_size=512, max_seq_len=256)
+    spec = (
+        ModelSpec(arch="llama", n_layers=2, d_embd=128, n_heads=4, n_kv_heads=2, ffn_hidden=384, vocab_size=512)
+        if arch == "llama"
+        else ModelSpec(arch="gpt", n_layers=2, d_embd=128, n_heads=4, vocab_size=512, max_seq_len=256)
+    )
     r = run_one_rank(spec, name, device_type="cuda", seq_len=128, warmup_steps=2, measure_steps=6)
     assert r.status == "ok", f"{r.error}\n{r.traceback}"
     assert r.loss_last < r.loss_first

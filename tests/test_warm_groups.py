@@ -17,9 +17,10 @@ import types
 
 import pytest
 
-from sweep.record import store
 # /proc helpers of the fault tests: a rank found among this process's descendants by its Ray title
 from test_faults import _alive, _not_master, _rank_workers, _training_ranks, _wait_for  # noqa: E402
+
+from sweep.record import store
 
 pytestmark = pytest.mark.integration
 
@@ -83,8 +84,10 @@ def test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes(ray_se
 
 
 def test_grid_reuse_actors_false_gives_every_trial_fresh_processes(ray_session, cli, write_grid, tmp_path):
-    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 3]\ncompile: none\nseq_len: 32\n"
-                      "gpus: 1\nsteps: {warmup: 1, measure: 2}\nreuse_actors: false\n")
+    grid = write_grid(
+        "models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 3]\ncompile: none\nseq_len: 32\n"
+        "gpus: 1\nsteps: {warmup: 1, measure: 2}\nreuse_actors: false\n"
+    )
     out = tmp_path / "out"
     result = cli("run", grid, "--cluster", "local", "--output", out, "--max-concurrent", 1, "--no-progress")
     assert result.exit_code == 0, result.output
@@ -93,58 +96,89 @@ def test_grid_reuse_actors_false_gives_every_trial_fresh_processes(ray_session, 
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("gpus, limit", [(1, ("--max-concurrent", 1)), (4, ())], ids=["one-at-a-time", "placement-waits"])
+@pytest.mark.parametrize(
+    "gpus, limit", [(1, ("--max-concurrent", 1)), (4, ())], ids=["one-at-a-time", "placement-waits"]
+)
 def test_a_warm_group_takes_the_smallest_trial_of_its_kind_first(ray_session, cli, write_grid, tmp_path, gpus, limit):
     """The first trial starts the group (the oldest: placement stays in submission order); the group then runs
     the rest smallest first, so the one likeliest to run out of memory (and retire the group) comes last
     (sweep.execution.groups.footprint). Also when the next trial's placement was already requested and waits for the
     group's CPUs (4-rank trials on 4 CPUs, no --max-concurrent): the group, once idle, still picks the
     smallest, not the waiting one."""
-    profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
-                         "cpus_per_rank: 1\n", "four-ranks.yaml")
-    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 4, 1, 3]\ncompile: none\nseq_len: 32\n"
-                      f"gpus: {gpus}\nsteps: {{warmup: 1, measure: 1}}\n")
+    profile = write_grid(
+        "name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\ncpus_per_rank: 1\n",
+        "four-ranks.yaml",
+    )
+    grid = write_grid(
+        "models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 4, 1, 3]\ncompile: none\nseq_len: 32\n"
+        f"gpus: {gpus}\nsteps: {{warmup: 1, measure: 1}}\n"
+    )
     out = tmp_path / "out"
     result = cli("run", grid, "--cluster", profile, "--output", out, "--no-progress", *limit)
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (2, "ok", 0), (1, "ok", 1), (3, "ok", 2), (4, "ok", 3)], [r["error"] for r in rows]
+        (2, "ok", 0),
+        (1, "ok", 1),
+        (3, "ok", 2),
+        (4, "ok", 3),
+    ], [r["error"] for r in rows]
 
 
 def test_an_oom_retires_the_group_and_the_next_trial_runs_on_a_fresh_one(ray_session, cli, write_grid, tmp_path):
     """A group runs plain torch first, smallest first: batch 2, then 64, which runs out of memory in the group's
     second trial and retires it; torchao batch 2 then runs on fresh processes (and its 64 runs out there)."""
-    grid = write_grid(f"models: [{WIDE_VOCAB}]\nprecisions: [bf16, fp8-torchao-tensorwise]\nbatch_sizes: [2, 64]\n"
-                      "compile: none\nseq_len: 128\ngpus: 2\nsteps: {warmup: 1, measure: 1}\non_oom: {policy: none}\n")
+    grid = write_grid(
+        f"models: [{WIDE_VOCAB}]\nprecisions: [bf16, fp8-torchao-tensorwise]\nbatch_sizes: [2, 64]\n"
+        "compile: none\nseq_len: 128\ngpus: 2\nsteps: {warmup: 1, measure: 1}\non_oom: {policy: none}\n"
+    )
     out = tmp_path / "out"
-    result = cli("run", grid, "--cluster", "local", "--memory-cap", "128MiB", "--output", out, "--max-concurrent", 1,
-                 "--no-progress")
+    result = cli(
+        "run",
+        grid,
+        "--cluster",
+        "local",
+        "--memory-cap",
+        "128MiB",
+        "--output",
+        out,
+        "--max-concurrent",
+        1,
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["precision"], r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        ("bf16", 2, "ok", 0), ("bf16", 64, "oom", 1), ("fp8-torchao-tensorwise", 2, "ok", 0),
-        ("fp8-torchao-tensorwise", 64, "oom", 1)], [r["error"] for r in rows]
+        ("bf16", 2, "ok", 0),
+        ("bf16", 64, "oom", 1),
+        ("fp8-torchao-tensorwise", 2, "ok", 0),
+        ("fp8-torchao-tensorwise", 64, "oom", 1),
+    ], [r["error"] for r in rows]
     assert [r["actor_reused"] for r in rows] == [False, True, False, True]
     assert all("allocat" in r["error"] for r in rows if r["status"] == "oom")
 
 
 @pytest.mark.timeout(180)
-def test_plain_torch_then_torchao_share_a_group_with_the_losses_of_fresh_processes(ray_session, cli, write_grid,
-                                                                                  tmp_path):
-    """torchao's float8 conversion patches inductor for its whole process (sweep.execution.groups.STACKS), so a group runs
-    plain torch first, also the group placed for a torchao trial listed first (sweep.execution.groups.opener), then
+def test_plain_torch_then_torchao_share_a_group_with_the_losses_of_fresh_processes(
+    ray_session, cli, write_grid, tmp_path
+):
+    """torchao's float8 conversion patches inductor for its whole process (sweep.execution.groups.STACKS), so a group
+    runs plain torch first, also the group placed for a torchao trial listed first (sweep.execution.groups.opener), then
     torchao on the same processes: one group start, not two, and each trial trains as in processes where
     nothing ran before it."""
-    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp8-torchao-tensorwise, bf16]\nbatch_sizes: [2]\n"
-                      "compile: none\nseq_len: 32\ngpus: 2\nsteps: {warmup: 1, measure: 2}\n")
+    grid = write_grid(
+        "models: [gpt-tiny]\nprecisions: [fp8-torchao-tensorwise, bf16]\nbatch_sizes: [2]\n"
+        "compile: none\nseq_len: 32\ngpus: 2\nsteps: {warmup: 1, measure: 2}\n"
+    )
     warm_out, fresh_out = tmp_path / "warm", tmp_path / "fresh"
     for out, options in ((warm_out, ("--max-concurrent", 1)), (fresh_out, ("--fresh-actors",))):
         result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress", *options)
         assert result.exit_code == 0, result.output
     warm, fresh = _rows(warm_out), _rows(fresh_out)
     assert [(r["precision"], r["status"], r["group_trial_index"]) for r in warm] == [
-        ("bf16", "ok", 0), ("fp8-torchao-tensorwise", "ok", 1)], [r["error"] for r in warm]
+        ("bf16", "ok", 0),
+        ("fp8-torchao-tensorwise", "ok", 1),
+    ], [r["error"] for r in warm]
     assert [(r["status"], r["group_trial_index"]) for r in fresh] == [("ok", 0)] * 2
     by_precision = lambda rows: {r["precision"]: (r["loss_first"], r["loss_last"]) for r in rows}  # noqa: E731
     assert by_precision(warm) == by_precision(fresh)
@@ -158,9 +192,31 @@ def test_max_batch_finds_the_same_limit_on_warm_and_on_fresh_processes(ray_sessi
     verdicts, rows = {}, {}
     for name, options in (("warm", ()), ("fresh", ("--fresh-actors",))):
         out = tmp_path / name
-        result = cli("max-batch", "--model", "gpt-tiny", "--precision", "bf16", "--gpus", "1", "--seq-len", "1024",
-                     "--compile", "none", "--warmup", "0", "--measure", "1", "--memory-cap", "96MiB", "--cluster",
-                     "local", "--output", out, "--no-progress", *options)
+        result = cli(
+            "max-batch",
+            "--model",
+            "gpt-tiny",
+            "--precision",
+            "bf16",
+            "--gpus",
+            "1",
+            "--seq-len",
+            "1024",
+            "--compile",
+            "none",
+            "--warmup",
+            "0",
+            "--measure",
+            "1",
+            "--memory-cap",
+            "96MiB",
+            "--cluster",
+            "local",
+            "--output",
+            out,
+            "--no-progress",
+            *options,
+        )
         assert result.exit_code == 0, result.output
         (verdict,) = json.loads(next((out / "_search").glob("*.json")).read_text())
         verdicts[name] = verdict["max_batch"]
@@ -176,32 +232,47 @@ def test_max_batch_finds_the_same_limit_on_warm_and_on_fresh_processes(ray_sessi
 
 @pytest.mark.timeout(150)
 def test_an_idle_group_runs_its_kind_first_then_gives_way_to_a_trial_that_needs_its_cpus(
-        ray_session, cli, write_grid, tmp_path):
+    ray_session, cli, write_grid, tmp_path
+):
     """The session's Ray has 4 CPUs; the trials are queued 1 rank, 4 ranks, 1 rank, 4 ranks. After the first, its
     idle group takes the other 1-rank trial although a 4-rank one is ahead of it (taking the queue strictly in
     order would start a group for every trial); then, nothing of its kind left, it gives way to the 4-rank
     trial it blocks (else the sweep waits for ever), and every trial runs, two groups in all."""
-    profile = write_grid("name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\n"
-                         "cpus_per_rank: 1\n", "four-ranks.yaml")
-    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2]\ncompile: none\nseq_len: [32, 64]\n"
-                      "gpus: [1, 4]\nsteps: {warmup: 1, measure: 2}\n")
+    profile = write_grid(
+        "name: four-ranks\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 4\ncpus_per_rank: 1\n",
+        "four-ranks.yaml",
+    )
+    grid = write_grid(
+        "models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2]\ncompile: none\nseq_len: [32, 64]\n"
+        "gpus: [1, 4]\nsteps: {warmup: 1, measure: 2}\n"
+    )
     out = tmp_path / "out"
     result = cli("run", grid, "--cluster", profile, "--output", out, "--max-concurrent", 1, "--no-progress")
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["seq_len"], r["world_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (32, 1, "ok", 0), (64, 1, "ok", 1), (32, 4, "ok", 0), (64, 4, "ok", 1)], [r["error"] for r in rows]
+        (32, 1, "ok", 0),
+        (64, 1, "ok", 1),
+        (32, 4, "ok", 0),
+        (64, 4, "ok", 1),
+    ], [r["error"] for r in rows]
 
 
 @pytest.mark.timeout(180)
 def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid, tmp_path):
     # ~100 steps of a few tens of ms: the kill lands in the second trial's steps, on the warm group
-    grid = write_grid("models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 3]\ncompile: none\nseq_len: 32\n"
-                      "gpus: 2\nsteps: {warmup: 1, measure: 100}\n")
+    grid = write_grid(
+        "models: [gpt-tiny]\nprecisions: [fp32]\nbatch_sizes: [2, 3]\ncompile: none\nseq_len: 32\n"
+        "gpus: 2\nsteps: {warmup: 1, measure: 100}\n"
+    )
     out = tmp_path / "out"
     results = []
-    sweep = threading.Thread(target=lambda: results.append(
-        cli("run", grid, "--cluster", "local", "--output", out, "--max-concurrent", 1, "--no-progress")), daemon=True)
+    sweep = threading.Thread(
+        target=lambda: results.append(
+            cli("run", grid, "--cluster", "local", "--output", out, "--max-concurrent", 1, "--no-progress")
+        ),
+        daemon=True,
+    )
     sweep.start()
 
     _wait_for(lambda: store.result_files(out), 120, "the first trial's row")
@@ -215,7 +286,10 @@ def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid,
     assert results[0].exit_code == 0, results[0].output
     rows = _rows(out)
     assert [(r["batch_size"], r["status"], r["group_trial_index"]) for r in rows] == [
-        (2, "ok", 0), (3, "error", 1), (3, "ok", 0)], [r["error"] for r in rows]
+        (2, "ok", 0),
+        (3, "error", 1),
+        (3, "ok", 0),
+    ], [r["error"] for r in rows]
     failed, retry = rows[1:]
     assert failed["actor_reused"] and f"of 2 died (pid {victim} on " in failed["error"], failed["error"]
     assert retry["parent_trial_id"] == failed["trial_id"] and not retry["actor_reused"]
@@ -224,6 +298,7 @@ def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid,
 
 
 # -- what the worker reports: tensor memory back to the baseline after each trial --------------------------
+
 
 def _warm_rank(jobs: list, queue) -> None:
     """One rank's process running `jobs` one after the other on one warm RankWorker. A job whose model is named
@@ -245,10 +320,12 @@ def test_each_trial_gives_back_the_memory_its_process_held_before(rank_jobs, run
     from trainer.models.specs import REGISTRY
 
     leaky = REGISTRY["gpt-tiny"].model_copy(update={"name": "leaky"})
-    trials = [rank_jobs(REGISTRY["llama-tiny"], "bf16", world_size=2, compile="regional", grad_accum=2),
-              rank_jobs(REGISTRY["gpt-tiny"], "fp32", world_size=2, batch_size=3),
-              rank_jobs(leaky, "fp32", world_size=2),
-              rank_jobs(REGISTRY["gpt-tiny"], "fp32", world_size=2)]
+    trials = [
+        rank_jobs(REGISTRY["llama-tiny"], "bf16", world_size=2, compile="regional", grad_accum=2),
+        rank_jobs(REGISTRY["gpt-tiny"], "fp32", world_size=2, batch_size=3),
+        rank_jobs(leaky, "fp32", world_size=2),
+        rank_jobs(REGISTRY["gpt-tiny"], "fp32", world_size=2),
+    ]
     reports = run_ranks(_warm_rank, [[jobs[rank] for jobs in trials] for rank in range(2)], timeout=240)
     by_rank = {rank: [r for k, r in reports if k == rank] for rank in range(2)}
     for results in by_rank.values():
@@ -275,9 +352,11 @@ def test_on_a_gpu_each_trial_gives_back_its_allocated_memory(rank_jobs, run_rank
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA/ROCm GPU")
     spec = REGISTRY["llama-tiny"]
-    trials = [rank_jobs(spec, "bf16", device_type="cuda", compile="regional", seq_len=128),
-              rank_jobs(spec, "fp8-torchao-tensorwise", device_type="cuda", compile="regional", seq_len=128),
-              rank_jobs(spec, "fp32", device_type="cuda", seq_len=128)]
+    trials = [
+        rank_jobs(spec, "bf16", device_type="cuda", compile="regional", seq_len=128),
+        rank_jobs(spec, "fp8-torchao-tensorwise", device_type="cuda", compile="regional", seq_len=128),
+        rank_jobs(spec, "fp32", device_type="cuda", seq_len=128),
+    ]
     reports = [result for _, result in run_ranks(_warm_rank, [[jobs[0] for jobs in trials]], timeout=300)]
     assert [r.status for r in reports] == ["ok"] * 3, [r.error for r in reports]
     assert [r.held_bytes - r.baseline_bytes for r in reports] == [0, 0, 0]
@@ -319,8 +398,10 @@ def test_on_a_gpu_transformer_engine_trials_give_back_their_memory(rank_jobs, ru
     if not torch.cuda.is_available() or torch.version.hip:
         pytest.skip("needs an NVIDIA GPU")
     spec = REGISTRY["llama-tiny"]
-    trials = [rank_jobs(spec, "fp8-te-delayed", device_type="cuda", compile="regional", seq_len=128),
-              rank_jobs(spec, "bf16-te", device_type="cuda", seq_len=128)]
+    trials = [
+        rank_jobs(spec, "fp8-te-delayed", device_type="cuda", compile="regional", seq_len=128),
+        rank_jobs(spec, "bf16-te", device_type="cuda", seq_len=128),
+    ]
     reports = [result for _, result in run_ranks(_warm_rank, [[jobs[0] for jobs in trials]], timeout=300)]
     assert [r.status for r in reports] == ["ok"] * 2, [r.error for r in reports]
     # TE keeps a few scale bytes process-wide (3072 and 512 B on an H200, session 10): within what a group may keep
@@ -329,12 +410,23 @@ def test_on_a_gpu_transformer_engine_trials_give_back_their_memory(rank_jobs, ru
 
 # -- pure rules --------------------------------------------------------------------------------------------
 
+
 def _trial(**changes):
     from sweep.spec.grid import Trial
     from trainer.models.specs import REGISTRY
 
-    base = dict(cluster="local", model=REGISTRY["gpt-tiny"], precision="bf16", compile="none", ac="none",
-                batch_size=2, seq_len=32, gpus=2, warmup_steps=1, measure_steps=2)
+    base = dict(
+        cluster="local",
+        model=REGISTRY["gpt-tiny"],
+        precision="bf16",
+        compile="none",
+        ac="none",
+        batch_size=2,
+        seq_len=32,
+        gpus=2,
+        warmup_steps=1,
+        measure_steps=2,
+    )
     return Trial(**{**base, **changes})
 
 
@@ -355,8 +447,12 @@ def test_one_group_runs_trials_of_one_shape_cap_and_process_family():
     from sweep.execution.groups import warm_group_key
     from trainer.models.specs import REGISTRY
 
-    same = [_trial(), _trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"), _trial(precision="fp32"),
-            _trial(precision="fp8-torchao-tensorwise")]
+    same = [
+        _trial(),
+        _trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"),
+        _trial(precision="fp32"),
+        _trial(precision="fp8-torchao-tensorwise"),
+    ]
     assert len({warm_group_key(t) for t in same}) == 1
     for other in (_trial(gpus=1), _trial(memory_cap_bytes=2**30), _trial(precision="fp8-te-delayed")):
         assert warm_group_key(other) != warm_group_key(_trial())
@@ -364,7 +460,7 @@ def test_one_group_runs_trials_of_one_shape_cap_and_process_family():
 
 
 def test_a_group_picks_plain_torch_before_torchao_then_the_smallest_and_never_goes_back():
-    from sweep.execution.groups import warm_group_key, pick
+    from sweep.execution.groups import pick, warm_group_key
 
     key = warm_group_key(_trial())
     small, large = _trial(batch_size=4), _trial(batch_size=8)
@@ -392,10 +488,13 @@ def test_a_new_group_runs_what_it_was_placed_for_unless_an_earlier_stage_waits()
 @pytest.mark.timeout(240)
 def test_a_profiled_trial_retires_its_group(ray_session, cli, write_grid, tmp_path):
     # the profiler's hooks stay in a process after a trace and slow the next trial's kernel launches
-    grid = write_grid("models: [gpt-tiny]\nbatch_sizes: [2, 4]\ncompile: none\nseq_len: 32\ngpus: 2\n"
-                      "steps: {warmup: 1, measure: 2}\n")
+    grid = write_grid(
+        "models: [gpt-tiny]\nbatch_sizes: [2, 4]\ncompile: none\nseq_len: 32\ngpus: 2\nsteps: {warmup: 1, measure: 2}\n"
+    )
     out = tmp_path / "out"
-    result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress", "--max-concurrent", 1, "--profile")
+    result = cli(
+        "run", grid, "--cluster", "local", "--output", out, "--no-progress", "--max-concurrent", 1, "--profile"
+    )
     assert result.exit_code == 0, result.output
     rows = _rows(out)
     assert [(r["status"], r["group_trial_index"]) for r in rows] == [("ok", 0), ("ok", 0)], [r["error"] for r in rows]
@@ -406,10 +505,16 @@ def test_rows_before_schema_1_6_read_the_new_columns_as_null(tmp_path):
 
     from sweep.record.schema import VERSION_KEY, to_table
 
-    row = {"run_id": "r", "trial_id": "t", "cluster": "c", "model": "m", "status": "ok", "actor_reused": True,
-           "group_trial_index": 3}
+    row = {
+        "run_id": "r",
+        "trial_id": "t",
+        "cluster": "c",
+        "model": "m",
+        "status": "ok",
+        "actor_reused": True,
+        "group_trial_index": 3,
+    }
     old = to_table([row]).drop_columns(["actor_reused", "group_trial_index"])
     pq.write_table(old.replace_schema_metadata({VERSION_KEY: b"1.5"}), tmp_path / "old.parquet")
     (back,) = store.read_table(tmp_path).to_pylist()
     assert back["actor_reused"] is None and back["group_trial_index"] is None and back["status"] == "ok"
-

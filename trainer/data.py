@@ -17,15 +17,18 @@ class SyntheticData:
 
     def __init__(self, spec: ModelSpec, config: TrialConfig, device: torch.device, data_rank: int) -> None:
         accum = config.options.grad_accum
-        self.perm = torch.randperm(spec.vocab_size, generator=torch.Generator(device=device).manual_seed(config.seed),
-                                   device=device)
+        self.perm = torch.randperm(
+            spec.vocab_size, generator=torch.Generator(device=device).manual_seed(config.seed), device=device
+        )
         # one stream of tokens per data-parallel rank: FSDP 2 x TP 2 trains the tokens of FSDP 2
         gen = torch.Generator(device=device).manual_seed(config.seed + 1 + data_rank)
         n_batches = max(4, accum)
         if isinstance(config.warmup_steps, int) and isinstance(config.measure_steps, int):  # else known only after
             n_batches = min(n_batches, (config.warmup_steps + config.measure_steps) * accum)
-        self.batches = [torch.randint(spec.vocab_size, (config.batch_size, config.seq_len), generator=gen,
-                                      device=device) for _ in range(n_batches)]
+        self.batches = [
+            torch.randint(spec.vocab_size, (config.batch_size, config.seq_len), generator=gen, device=device)
+            for _ in range(n_batches)
+        ]
 
     def micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The `index`-th micro-batch of the run: (tokens, labels)."""

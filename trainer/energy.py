@@ -21,8 +21,9 @@ import functools
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Protocol
 
 SAMPLE_HZ = 20.0  # NVML refreshes its power reading every ~20-100 ms (part-dependent): faster adds nothing
 
@@ -32,42 +33,42 @@ class EnergyReport:
     """What one GPU drew over one trial's measured steps."""
 
     seconds: float  # the window: start read to stop read
-    energy_j: Optional[float]  # the counter's, else the sampled figure (`source` says which); None: neither
-    source: Optional[str]  # "counter" | "sampled" | None
-    sampled_j: Optional[float]  # power samples integrated over the window (None under two samples)
+    energy_j: float | None  # the counter's, else the sampled figure (`source` says which); None: neither
+    source: str | None  # "counter" | "sampled" | None
+    sampled_j: float | None  # power samples integrated over the window (None under two samples)
     samples: int
-    power_limit_w: Optional[float]  # the enforced limit at the start of the window
-    sm_clock_mhz: Optional[float]  # mean of the samples
-    sm_clock_max_mhz: Optional[float]  # the part's maximum SM clock
-    temperature_c: Optional[float]  # the hottest sample
+    power_limit_w: float | None  # the enforced limit at the start of the window
+    sm_clock_mhz: float | None  # mean of the samples
+    sm_clock_max_mhz: float | None  # the part's maximum SM clock
+    temperature_c: float | None  # the hottest sample
 
     @property
-    def avg_power_w(self) -> Optional[float]:
+    def avg_power_w(self) -> float | None:
         return self.energy_j / self.seconds if self.energy_j is not None and self.seconds > 0 else None
 
 
 class GpuDevice(Protocol):
     """One GPU through its management library. Every reading is None where the part does not give it."""
 
-    counter_modulus_mj: Optional[float]  # where the counter wraps (None: a 64-bit counter that never does)
+    counter_modulus_mj: float | None  # where the counter wraps (None: a 64-bit counter that never does)
 
-    def energy_mj(self) -> Optional[float]: ...
+    def energy_mj(self) -> float | None: ...
 
-    def power_w(self) -> Optional[float]: ...
+    def power_w(self) -> float | None: ...
 
-    def power_limit_w(self) -> Optional[float]: ...
+    def power_limit_w(self) -> float | None: ...
 
-    def sm_clock_mhz(self) -> Optional[float]: ...
+    def sm_clock_mhz(self) -> float | None: ...
 
-    def sm_clock_max_mhz(self) -> Optional[float]: ...
+    def sm_clock_max_mhz(self) -> float | None: ...
 
-    def temperature_c(self) -> Optional[float]: ...
+    def temperature_c(self) -> float | None: ...
 
 
 class EnergyMeter(Protocol):
     def start(self) -> None: ...
 
-    def stop(self) -> Optional[EnergyReport]: ...
+    def stop(self) -> EnergyReport | None: ...
 
 
 class NullMeter:
@@ -76,12 +77,11 @@ class NullMeter:
     def start(self) -> None:
         pass
 
-    def stop(self) -> Optional[EnergyReport]:
+    def stop(self) -> EnergyReport | None:
         return None
 
 
-def window_energy_j(start_mj: Optional[float], end_mj: Optional[float],
-                    modulus_mj: Optional[float] = None) -> Optional[float]:
+def window_energy_j(start_mj: float | None, end_mj: float | None, modulus_mj: float | None = None) -> float | None:
     """Joules between two counter reads; None when either read failed, or when the counter went backwards and
     does not declare where it wraps (a driver reload resets it: no figure beats a wrong one)."""
     if start_mj is None or end_mj is None:
@@ -94,7 +94,7 @@ def window_energy_j(start_mj: Optional[float], end_mj: Optional[float],
     return delta / 1000.0
 
 
-def integrate_j(samples: list[tuple[float, float]], start: float, end: float) -> Optional[float]:
+def integrate_j(samples: list[tuple[float, float]], start: float, end: float) -> float | None:
     """Trapezoid integral of (time s, power W) samples over [start, end], in joules. Samples outside the window
     are left out; the window's ends take the nearest sample's power. None under two samples in the window."""
     inside = sorted((t, p) for t, p in samples if start <= t <= end)
@@ -104,7 +104,7 @@ def integrate_j(samples: list[tuple[float, float]], start: float, end: float) ->
     return joules + (inside[0][0] - start) * inside[0][1] + (end - inside[-1][0]) * inside[-1][1]
 
 
-def _safe(read: Callable[[], Optional[float]]) -> Optional[float]:
+def _safe(read: Callable[[], float | None]) -> float | None:
     """A reading, or None when the library refuses it (not supported, a transient error): a sample lost is no
     reason to lose the trial."""
     try:
@@ -142,13 +142,18 @@ class _Sampler(threading.Thread):
 class DeviceMeter:
     """The meter of one GPU (`GpuDevice`): counter reads at start and stop, power samples between them."""
 
-    def __init__(self, device: GpuDevice, hz: float = SAMPLE_HZ, clock: Callable[[], float] = time.perf_counter,
-                 threaded: bool = True) -> None:
+    def __init__(
+        self,
+        device: GpuDevice,
+        hz: float = SAMPLE_HZ,
+        clock: Callable[[], float] = time.perf_counter,
+        threaded: bool = True,
+    ) -> None:
         self.device, self.hz, self.clock, self.threaded = device, hz, clock, threaded
-        self.sampler: Optional[_Sampler] = None
+        self.sampler: _Sampler | None = None
         self.started_at = 0.0
-        self.start_mj: Optional[float] = None
-        self.limit_w: Optional[float] = None
+        self.start_mj: float | None = None
+        self.limit_w: float | None = None
 
     def start(self) -> None:
         """Open the window (again after a stop: a process runs many trials). A window left open by a trial that
@@ -163,7 +168,7 @@ class DeviceMeter:
         if self.threaded:
             self.sampler.start()
 
-    def stop(self) -> Optional[EnergyReport]:
+    def stop(self) -> EnergyReport | None:
         sampler, self.sampler = self.sampler, None
         if sampler is None:
             return None
@@ -177,12 +182,16 @@ class DeviceMeter:
         sampled = integrate_j(sampler.power, self.started_at, ended_at)
         clocks, temps = sampler.clocks, sampler.temperatures
         return EnergyReport(
-            seconds=ended_at - self.started_at, energy_j=counter if counter is not None else sampled,
+            seconds=ended_at - self.started_at,
+            energy_j=counter if counter is not None else sampled,
             source="counter" if counter is not None else "sampled" if sampled is not None else None,
-            sampled_j=sampled, samples=len(sampler.power), power_limit_w=self.limit_w,
+            sampled_j=sampled,
+            samples=len(sampler.power),
+            power_limit_w=self.limit_w,
             sm_clock_mhz=sum(clocks) / len(clocks) if clocks else None,
             sm_clock_max_mhz=_safe(self.device.sm_clock_max_mhz),
-            temperature_c=max(temps) if temps else None)
+            temperature_c=max(temps) if temps else None,
+        )
 
 
 def _log(text: str) -> None:
@@ -190,7 +199,7 @@ def _log(text: str) -> None:
 
 
 @functools.cache  # one meter per device and process: the library is initialised once, and a warm rank keeps it
-def meter_for(device_type: str, index: Optional[int] = None) -> EnergyMeter:
+def meter_for(device_type: str, index: int | None = None) -> EnergyMeter:
     """The meter of this rank's device: NVML on NVIDIA, amdsmi on ROCm, NullMeter on CPU or when the library
     is missing or cannot find the device (one log line says why; the energy columns stay null)."""
     if device_type != "cuda":

@@ -9,7 +9,7 @@ this module; each is imported when a rank opens its device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 
 class Unavailable(Exception):
@@ -20,16 +20,16 @@ class Unavailable(Exception):
 class DeviceIdentity:
     """How torch names a device, in the forms the management libraries look GPUs up by."""
 
-    uuid: Optional[str]  # "GPU-8e1c...", NVML's form
-    pci: Optional[tuple[int, int, int]]  # (domain, bus, device)
+    uuid: str | None  # "GPU-8e1c...", NVML's form
+    pci: tuple[int, int, int] | None  # (domain, bus, device)
 
     @property
-    def pci_bus_id(self) -> Optional[str]:
+    def pci_bus_id(self) -> str | None:
         """'0000:19:00.0': the form NVML's nvmlDeviceGetHandleByPciBusId and amdsmi's BDF take."""
         return None if self.pci is None else "{:04x}:{:02x}:{:02x}.0".format(*self.pci)
 
 
-def parse_bdf(text: str) -> Optional[tuple[int, int, int]]:
+def parse_bdf(text: str) -> tuple[int, int, int] | None:
     """(domain, bus, device) of '0000:19:00.0' or '00000000:19:00.0'; None when it is not one."""
     try:
         domain, bus, rest = text.strip().split(":")
@@ -38,7 +38,7 @@ def parse_bdf(text: str) -> Optional[tuple[int, int, int]]:
         return None
 
 
-def identity(index: Optional[int]) -> DeviceIdentity:
+def identity(index: int | None) -> DeviceIdentity:
     import torch
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
@@ -50,7 +50,7 @@ def identity(index: Optional[int]) -> DeviceIdentity:
     return DeviceIdentity(uuid=uuid, pci=None if None in parts else tuple(parts))  # type: ignore[arg-type]
 
 
-def open_device(index: Optional[int]) -> NvmlDevice | AmdSmiDevice:
+def open_device(index: int | None) -> NvmlDevice | AmdSmiDevice:
     """The rank's GPU through NVML (CUDA builds of torch) or amdsmi (ROCm builds); raises Unavailable."""
     import torch
 
@@ -118,10 +118,10 @@ class NvmlDevice(_Library):
             raise Unavailable("torch gives the device neither a UUID nor a PCI address")
         return self.nvml.nvmlDeviceGetHandleByPciBusId(who.pci_bus_id)
 
-    def energy_mj(self) -> Optional[float]:
+    def energy_mj(self) -> float | None:
         return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
 
-    def power_w(self) -> Optional[float]:
+    def power_w(self) -> float | None:
         """The instantaneous reading where the driver has it (field NVML_FI_DEV_POWER_INSTANT, driver 535+):
         nvmlDeviceGetPowerUsage is a one-second average on Hopper, whose lag put an 8 s window's integral 6 %
         under the counter on an H200, where the instant field came within 0.3 %."""
@@ -133,20 +133,20 @@ class NvmlDevice(_Library):
             self.instant = False  # not on this driver: the average from now on
         return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0  # mW
 
-    def power_limit_w(self) -> Optional[float]:
+    def power_limit_w(self) -> float | None:
         return self.nvml.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1000.0  # mW
 
-    def sm_clock_mhz(self) -> Optional[float]:
+    def sm_clock_mhz(self) -> float | None:
         return self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)
 
-    def sm_clock_max_mhz(self) -> Optional[float]:
+    def sm_clock_max_mhz(self) -> float | None:
         return self.nvml.nvmlDeviceGetMaxClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)
 
-    def temperature_c(self) -> Optional[float]:
+    def temperature_c(self) -> float | None:
         return self.nvml.nvmlDeviceGetTemperature(self.handle, self.nvml.NVML_TEMPERATURE_GPU)
 
 
-def _number(value: Any) -> Optional[float]:
+def _number(value: Any) -> float | None:
     """amdsmi answers 'N/A' for a field a part lacks."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -173,33 +173,36 @@ class AmdSmiDevice(_Library):
                 return handle
         raise Unavailable(f"no GPU at {who.pci_bus_id} among amdsmi's processors")
 
-    def energy_mj(self) -> Optional[float]:
+    def energy_mj(self) -> float | None:
         count = self.smi.amdsmi_get_energy_count(self.handle)
         ticks = count.get("energy_accumulator", count.get("power"))  # renamed in ROCm 6.x
         resolution = _number(count.get("counter_resolution"))
         return None if _number(ticks) is None or resolution is None else ticks * resolution / 1000.0  # µJ
 
-    def power_w(self) -> Optional[float]:
+    def power_w(self) -> float | None:
         info = self.smi.amdsmi_get_power_info(self.handle)
         for key in ("socket_power", "current_socket_power", "average_socket_power"):  # ROCm 7, MI300, older
             if _number(info.get(key)) is not None:
                 return _number(info[key])
         return None
 
-    def power_limit_w(self) -> Optional[float]:
+    def power_limit_w(self) -> float | None:
         cap = _number(self.smi.amdsmi_get_power_cap_info(self.handle).get("power_cap"))
         return None if cap is None else cap / 1e6
 
     def _gfx_clock(self) -> dict:
         return self.smi.amdsmi_get_clock_info(self.handle, self.smi.AmdSmiClkType.GFX)
 
-    def sm_clock_mhz(self) -> Optional[float]:
+    def sm_clock_mhz(self) -> float | None:
         info = self._gfx_clock()
         return _number(info.get("clk", info.get("cur_clk")))
 
-    def sm_clock_max_mhz(self) -> Optional[float]:
+    def sm_clock_max_mhz(self) -> float | None:
         return _number(self._gfx_clock().get("max_clk"))
 
-    def temperature_c(self) -> Optional[float]:
-        return _number(self.smi.amdsmi_get_temp_metric(self.handle, self.smi.AmdSmiTemperatureType.HOTSPOT,
-                                                       self.smi.AmdSmiTemperatureMetric.CURRENT))
+    def temperature_c(self) -> float | None:
+        return _number(
+            self.smi.amdsmi_get_temp_metric(
+                self.handle, self.smi.AmdSmiTemperatureType.HOTSPOT, self.smi.AmdSmiTemperatureMetric.CURRENT
+            )
+        )

@@ -24,7 +24,8 @@ Llama3-8B at T 8192: sweep 61.07, torchtitan 57.91, megatron 51.47 GFLOP per tok
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainer.models.specs import ModelSpec
@@ -37,8 +38,13 @@ def flops_per_token(*, n_params: int, n_layers: int, n_heads: int, head_dim: int
 def spec_flops_per_token(spec: ModelSpec, seq_len: int, n_params: int | None = None) -> float:
     """`flops_per_token` for a `trainer.models.specs.ModelSpec`; `n_params` (the count the built model
     reported) overrides the spec's own count."""
-    return flops_per_token(n_params=spec.n_params() if n_params is None else n_params, n_layers=spec.n_layers,
-                           n_heads=spec.n_heads, head_dim=spec.head_dim, seq_len=seq_len)
+    return flops_per_token(
+        n_params=spec.n_params() if n_params is None else n_params,
+        n_layers=spec.n_layers,
+        n_heads=spec.n_heads,
+        head_dim=spec.head_dim,
+        seq_len=seq_len,
+    )
 
 
 def _attention(spec: ModelSpec, seq_len: int) -> float:
@@ -81,8 +87,14 @@ def megatron_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
 # name -> (FLOPs per token of (spec, seq_len), the formula in a few words for table captions)
 CONVENTIONS: dict[str, tuple[Callable[[ModelSpec, int], float], str]] = {
     "sweep": (spec_flops_per_token, "6·N + 12·L·H·D·T, N = every parameter, full T×T attention (PaLM app. B)"),
-    "megatron": (megatron_flops_per_token, "6·N_matmul + 6·L·H·D·T, no embedding lookup, causal half of T×T (Megatron-LM)"),
-    "torchtitan": (torchtitan_flops_per_token, "6·(N − embedding lookups) + 12·L·H·D·T, full T×T attention (torchtitan)"),
+    "megatron": (
+        megatron_flops_per_token,
+        "6·N_matmul + 6·L·H·D·T, no embedding lookup, causal half of T×T (Megatron-LM)",
+    ),
+    "torchtitan": (
+        torchtitan_flops_per_token,
+        "6·(N − embedding lookups) + 12·L·H·D·T, full T×T attention (torchtitan)",
+    ),
 }
 
 

@@ -58,10 +58,10 @@ def _libc() -> ctypes.CDLL | None:
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.pthread_setattr_default_np, libc.pthread_getattr_default_np  # glibc >= 2.18
-    except (OSError, AttributeError):
+    except OSError:
         return None
-    return libc
+    wanted = ("pthread_setattr_default_np", "pthread_getattr_default_np")  # glibc >= 2.18
+    return libc if all(hasattr(libc, name) for name in wanted) else None
 
 
 def _small_thread_stacks() -> None:
@@ -124,8 +124,10 @@ def peak_stats(device: torch.device) -> dict:
     trial's), the same quantity a CPU memory cap limits."""
     if device.type == "cuda":
         stats = torch.cuda.memory_stats(device)
-        return {"peak_mem_bytes": stats.get("allocated_bytes.all.peak", 0),
-                "reserved_mem_bytes": stats.get("reserved_bytes.all.peak", 0),
-                "alloc_retries": stats.get("num_alloc_retries", 0)}
+        return {
+            "peak_mem_bytes": stats.get("allocated_bytes.all.peak", 0),
+            "reserved_mem_bytes": stats.get("reserved_bytes.all.peak", 0),
+            "alloc_retries": stats.get("num_alloc_retries", 0),
+        }
     peak = max(0, _proc_status_kib("VmHWM") * 1024 - _rss_at_reset)
     return {"peak_mem_bytes": peak, "reserved_mem_bytes": None, "alloc_retries": None}

@@ -40,20 +40,26 @@ class TrainingOptions:
     reduce_dtype: Literal["fp32", "bf16"] = _option("fp32", "FSDP2 gradient reduce-scatter dtype: fp32 | bf16")
     """The dtype FSDP2 reduce-scatters gradients in: fp32 (accuracy of the sum over ranks) or bf16 (half the bytes)."""
     grad_sync: Literal["micro_batch", "step"] = _option(
-        "micro_batch", "gradients reduced after every micro_batch or once per step")
+        "micro_batch", "gradients reduced after every micro_batch or once per step"
+    )
     """With grad_accum > 1: reduce gradients after every micro-batch's backward, or only after the step's last."""
-    dynamic_batch: bool = _option(True, "compiled trials: a symbolic batch dimension, so a new batch size reuses the graphs")
+    dynamic_batch: bool = _option(
+        True, "compiled trials: a symbolic batch dimension, so a new batch size reuses the graphs"
+    )
     """Compiled trials trace the batch dimension as a symbol (`torch._dynamo.maybe_mark_dynamic`) and a process keeps
     its compiled code for its next trial when that differs only in batch size: a warm group compiles each graph once.
     false: every batch size is a static shape, compiled afresh in every trial (before schema 1.11 every row ran so)."""
     # The parallel layout (schema 1.12): the trial's ranks as a (dp_replicate, dp_shard, tp) mesh, dp_shard being
     # what remains (ranks / (dp_replicate x tp x cp)); trainer.parallelize applies it.
-    dp_replicate: Annotated[int, Field(gt=0)] = _option(1, "HSDP: data-parallel replicas, each sharding the model "
-                                                           "over its own ranks (1: FSDP over all ranks)")
+    dp_replicate: Annotated[int, Field(gt=0)] = _option(
+        1, "HSDP: data-parallel replicas, each sharding the model over its own ranks (1: FSDP over all ranks)"
+    )
     """Replicas of the sharded model (HSDP): gradients all-reduce across replicas, parameters shard within one."""
     tp: Annotated[int, Field(gt=0)] = _option(1, "tensor-parallel ranks (with sequence parallel), within one node")
     """Each block's matmuls split over tp ranks (Megatron column/row parallel), norms sequence parallel."""
-    cp: Annotated[int, Field(gt=0)] = _option(1, "context-parallel ranks (not built: no CPU path to test it in torch 2.13; only 1 runs)")
+    cp: Annotated[int, Field(gt=0)] = _option(
+        1, "context-parallel ranks (not built: no CPU path to test it in torch 2.13; only 1 runs)"
+    )
     """Context parallel: the sequence split over cp ranks. Not built yet: a grid with cp > 1 is refused."""
 
     def __post_init__(self) -> None:
@@ -77,7 +83,7 @@ class TrainingOptions:
         """Ranks one data-parallel shard spans: tp x cp (they see the same batch)."""
         return self.tp * self.cp
 
-    def options(self) -> "TrainingOptions":
+    def options(self) -> TrainingOptions:
         """The options alone, as a TrainingOptions (from a subclass such as sweep's Trial)."""
         return TrainingOptions(**self.as_dict())
 
@@ -100,4 +106,3 @@ def _adapter(name: str) -> TypeAdapter:
 def _first_error(e: ValidationError) -> str:
     err = e.errors()[0]
     return str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
-

@@ -84,9 +84,16 @@ def _mark_after_fsdp(module: nn.Module, args: tuple[Any, ...]) -> None:
     mark_batch_dynamic(args[0])
 
 
-def parallelize(model: nn.Module, *, plan: PrecisionPlan, compile_mode: str, ac: str, mesh: DeviceMesh,
-                reduce_dtype: str = "fp32",
-                dynamic_batch: bool = False) -> nn.Module:
+def parallelize(
+    model: nn.Module,
+    *,
+    plan: PrecisionPlan,
+    compile_mode: str,
+    ac: str,
+    mesh: DeviceMesh,
+    reduce_dtype: str = "fp32",
+    dynamic_batch: bool = False,
+) -> nn.Module:
     """Apply the transforms in order and return the model to train. `mesh`: the trial's ranks, 1-D (FSDP over all
     of them) or the named (dp_replicate, dp_shard, tp) mesh of `trainer.tensor_parallel.layout_mesh`."""
     from torch.distributed.fsdp import fully_shard

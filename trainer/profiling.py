@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from trainer.options import TrainingOptions
 
+
 class ProfiledStep(Protocol):
     """What `profile_steps` drives (a trainer.train.TrainStep): one optimizer step per call."""
 
@@ -59,8 +60,13 @@ def recorded_steps(grad_accum: int) -> int:
 
 
 # The five kinds of work and the summary's key for each
-SHARE_KEYS = {"gemm": "gemm_pct", "attention": "attention_pct", "comm": "comm_exposed_pct",
-              "optimizer": "optimizer_pct", "other": "other_pct"}
+SHARE_KEYS = {
+    "gemm": "gemm_pct",
+    "attention": "attention_pct",
+    "comm": "comm_exposed_pct",
+    "optimizer": "optimizer_pct",
+    "other": "other_pct",
+}
 # What an instant counts as when several kinds run at once (kernels on several streams; CPU threads):
 # computation first, then the optimizer, then anything else; communication only when nothing else runs.
 PRIORITY = ("gemm", "attention", "optimizer", "other", "comm")
@@ -75,8 +81,7 @@ _GEMM_KERNEL = ("gemm", "cutlass", "nvjet", "xmma", "scaled_mm", "cijk")  # cijk
 # a bare "all_gather" would also take FSDP's copies in and out of the all-gather buffer (fsdp::all_gather_copy_in)
 _COMM_OP = ("c10d", "gloo", "nccl", "record_param_comms")
 _ATTENTION_OP = ("scaled_dot_product", "flash_attention")
-_GEMM_OP = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
-            "aten::_scaled_mm"}
+_GEMM_OP = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul", "aten::_scaled_mm"}
 
 
 def kernel_kind(name: str) -> str:
@@ -109,8 +114,9 @@ class Span:
     issued: float | None = None  # a kernel: when the CPU launched it, which says the phase that issued it
 
 
-def classify(spans: list[Span], name_kind: Callable[[str], str],
-             optimizer: list[tuple[float, float]]) -> list[tuple[float, float, str]]:
+def classify(
+    spans: list[Span], name_kind: Callable[[str], str], optimizer: list[tuple[float, float]]
+) -> list[tuple[float, float, str]]:
     """(start, end, kind) of each span. `name_kind` names a span's kind; a span inside a classified one of its
     lane (aten::t under aten::linear, aten::empty under c10d::allgather_) takes its kind; a span issued
     within an `optimizer` interval is optimizer work unless it communicates."""
@@ -166,16 +172,30 @@ def summarize(trace: dict) -> dict[str, float]:
     recorded = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     launches = {}  # a kernel's correlation id -> when its launch was called
     if any(e["cat"] == "kernel" for e in recorded):
-        launches = {e["args"]["correlation"]: e["ts"] for e in events
-                    if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+        launches = {
+            e["args"]["correlation"]: e["ts"]
+            for e in events
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+        }
         name_kind = kernel_kind
     else:
         # gloo runs each collective on a thread of its own, recorded as a "gloo:..." range, not an operator
-        recorded = [e for e in events
-                    if e.get("cat") == "cpu_op" or (e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"))]
+        recorded = [
+            e
+            for e in events
+            if e.get("cat") == "cpu_op" or (e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"))
+        ]
         name_kind = op_kind
-    spans = [Span(e["name"], e["ts"], e["ts"] + e["dur"], lane=e.get("tid"),
-                  issued=launches.get(e.get("args", {}).get("correlation"))) for e in recorded]
+    spans = [
+        Span(
+            e["name"],
+            e["ts"],
+            e["ts"] + e["dur"],
+            lane=e.get("tid"),
+            issued=launches.get(e.get("args", {}).get("correlation")),
+        )
+        for e in recorded
+    ]
     return shares(classify(spans, name_kind, labels.get(OPTIMIZER, [])), window)
 
 

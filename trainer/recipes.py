@@ -23,14 +23,15 @@ Backend = Literal["torch", "torchao", "te"]
 # MXFP8 needs Blackwell (sm_100+).
 TE_INSTALL_HINT = "pip install 'sweep[te]' (transformer-engine[pytorch]>=2.10)"
 # `sweep[te]` is NVIDIA's build, which cannot drive AMD GPUs: there TE is ROCm's fork (README, Precisions).
-TE_ROCM_HINT = ("use ROCm's Transformer Engine (github.com/ROCm/TransformerEngine: the one in AMD's ROCm containers, "
-                "its transformer_engine_rocm wheels, or a source build), not pip install 'sweep[te]'")
+TE_ROCM_HINT = (
+    "use ROCm's Transformer Engine (github.com/ROCm/TransformerEngine: the one in AMD's ROCm containers, "
+    "its transformer_engine_rocm wheels, or a source build), not pip install 'sweep[te]'"
+)
 
 # Which vendor's TE is installed, told by the distribution its core library came in: NVIDIA's wheels
 # (`pip install 'sweep[te]'`) are transformer-engine-cu12 / -cu13, ROCm's are transformer-engine-rocm. A
 # source build is plain transformer-engine for either vendor and says nothing, so it is let through.
-TE_BUILDS = {"transformer-engine-cu12": "nvidia", "transformer-engine-cu13": "nvidia",
-             "transformer-engine-rocm": "amd"}
+TE_BUILDS = {"transformer-engine-cu12": "nvidia", "transformer-engine-cu13": "nvidia", "transformer-engine-rocm": "amd"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,35 +54,97 @@ class Recipe:
     cpu: bool = True  # runs on CPU ranks (torchao FP8 only through emulation)
 
 
-RECIPES: dict[str, Recipe] = {r.name: r for r in [
-    Recipe(name="bf16", family="bf16", backend="torch",
-           summary="bf16 compute: FSDP2 MixedPrecisionPolicy with bf16 params, fp32 gradient reduction"),
-    Recipe(name="fp32", family="fp32", backend="torch",
-           summary="fp32 params and compute (TF32 matmuls on NVIDIA)"),
-    Recipe(name="fp8-torchao-tensorwise", family="fp8", backend="torchao", min_cuda_capability=8.9,
-           scaling="tensorwise", fp8_all_gather=True,
-           summary="torchao float8, dynamic tensorwise scaling, float8 FSDP all-gather + scale precompute"),
-    Recipe(name="fp8-torchao-rowwise", family="fp8", backend="torchao", min_cuda_capability=9.0, scaling="rowwise",
-           summary="torchao float8, dynamic rowwise scaling (more accurate, slower casts)"),
-    Recipe(name="fp8-torchao-rowwise-gw-hp", family="fp8", backend="torchao", min_cuda_capability=9.0,
-           scaling="rowwise_with_gw_hp", summary="torchao float8 rowwise, weight gradient in high precision"),
-    Recipe(name="bf16-te", family="bf16", backend="te", layers="te", min_cuda_capability=8.0, cpu=False,
-           summary="Transformer Engine layers in bf16, no FP8: the fair baseline for TE FP8"),
-    # E4M3 forward / E5M2 backward (TE's HYBRID format), scale from the max of the last 16 amaxes
-    Recipe(name="fp8-te-delayed", family="fp8", backend="te", layers="te", min_cuda_capability=8.9, cpu=False,
-           scaling="DelayedScaling", scaling_args={"fp8_format": "HYBRID", "amax_history_len": 16,
-                                                   "amax_compute_algo": "max"},
-           summary="TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 16, max"),
-    Recipe(name="fp8-te-current", family="fp8", backend="te", layers="te", min_cuda_capability=8.9, cpu=False,
-           scaling="Float8CurrentScaling", scaling_args={"fp8_format": "HYBRID"},
-           summary="TE Float8CurrentScaling (per-tensor scale from the current amax)"),
-    Recipe(name="fp8-te-block", family="fp8", backend="te", layers="te", min_cuda_capability=9.0, cpu=False,
-           amd=False, scaling="Float8BlockScaling",  # 1x128 activations/grads, 128x128 weights, E4M3
-           summary="TE Float8BlockScaling (DeepSeek-V3 style 1x128 / 128x128 blocks), Hopper and newer"),
-    Recipe(name="fp8-te-mxfp8", family="fp8", backend="te", layers="te", min_cuda_capability=10.0, cpu=False,
-           amd=False, scaling="MXFP8BlockScaling",  # 32-element blocks, E8M0 scales
-           summary="TE MXFP8BlockScaling (32-element blocks, E8M0 scales), Blackwell only"),
-]}
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in [
+        Recipe(
+            name="bf16",
+            family="bf16",
+            backend="torch",
+            summary="bf16 compute: FSDP2 MixedPrecisionPolicy with bf16 params, fp32 gradient reduction",
+        ),
+        Recipe(name="fp32", family="fp32", backend="torch", summary="fp32 params and compute (TF32 matmuls on NVIDIA)"),
+        Recipe(
+            name="fp8-torchao-tensorwise",
+            family="fp8",
+            backend="torchao",
+            min_cuda_capability=8.9,
+            scaling="tensorwise",
+            fp8_all_gather=True,
+            summary="torchao float8, dynamic tensorwise scaling, float8 FSDP all-gather + scale precompute",
+        ),
+        Recipe(
+            name="fp8-torchao-rowwise",
+            family="fp8",
+            backend="torchao",
+            min_cuda_capability=9.0,
+            scaling="rowwise",
+            summary="torchao float8, dynamic rowwise scaling (more accurate, slower casts)",
+        ),
+        Recipe(
+            name="fp8-torchao-rowwise-gw-hp",
+            family="fp8",
+            backend="torchao",
+            min_cuda_capability=9.0,
+            scaling="rowwise_with_gw_hp",
+            summary="torchao float8 rowwise, weight gradient in high precision",
+        ),
+        Recipe(
+            name="bf16-te",
+            family="bf16",
+            backend="te",
+            layers="te",
+            min_cuda_capability=8.0,
+            cpu=False,
+            summary="Transformer Engine layers in bf16, no FP8: the fair baseline for TE FP8",
+        ),
+        # E4M3 forward / E5M2 backward (TE's HYBRID format), scale from the max of the last 16 amaxes
+        Recipe(
+            name="fp8-te-delayed",
+            family="fp8",
+            backend="te",
+            layers="te",
+            min_cuda_capability=8.9,
+            cpu=False,
+            scaling="DelayedScaling",
+            scaling_args={"fp8_format": "HYBRID", "amax_history_len": 16, "amax_compute_algo": "max"},
+            summary="TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 16, max",
+        ),
+        Recipe(
+            name="fp8-te-current",
+            family="fp8",
+            backend="te",
+            layers="te",
+            min_cuda_capability=8.9,
+            cpu=False,
+            scaling="Float8CurrentScaling",
+            scaling_args={"fp8_format": "HYBRID"},
+            summary="TE Float8CurrentScaling (per-tensor scale from the current amax)",
+        ),
+        Recipe(
+            name="fp8-te-block",
+            family="fp8",
+            backend="te",
+            layers="te",
+            min_cuda_capability=9.0,
+            cpu=False,
+            amd=False,
+            scaling="Float8BlockScaling",  # 1x128 activations/grads, 128x128 weights, E4M3
+            summary="TE Float8BlockScaling (DeepSeek-V3 style 1x128 / 128x128 blocks), Hopper and newer",
+        ),
+        Recipe(
+            name="fp8-te-mxfp8",
+            family="fp8",
+            backend="te",
+            layers="te",
+            min_cuda_capability=10.0,
+            cpu=False,
+            amd=False,
+            scaling="MXFP8BlockScaling",  # 32-element blocks, E8M0 scales
+            summary="TE MXFP8BlockScaling (32-element blocks, E8M0 scales), Blackwell only",
+        ),
+    ]
+}
 
 
 @functools.cache  # what is installed does not change while sweep runs; asked once per trial otherwise
@@ -113,15 +176,29 @@ def te_build_reason(recipe: Recipe, *, accelerator: str, vendor: str, distributi
     wrong = sorted(d for d in distributions if TE_BUILDS.get(d, vendor) != vendor)
     if recipe.backend != "te" or vendor not in ("nvidia", "amd") or not wrong:
         return None
-    needs, found, then = ("ROCm's", "NVIDIA's", TE_ROCM_HINT) if vendor == "amd" else ("NVIDIA's", "ROCm's", TE_INSTALL_HINT)
-    uninstall = " ".join(["transformer-engine", "transformer-engine-torch", *wrong])  # the metapackage, the torch extension
-    return (f"{recipe.name} on {accelerator} needs {needs} Transformer Engine, but {found} is installed "
-            f"({', '.join(wrong)}): pip uninstall -y {uninstall}, then {then}")
+    needs, found, then = (
+        ("ROCm's", "NVIDIA's", TE_ROCM_HINT) if vendor == "amd" else ("NVIDIA's", "ROCm's", TE_INSTALL_HINT)
+    )
+    uninstall = " ".join(
+        ["transformer-engine", "transformer-engine-torch", *wrong]
+    )  # the metapackage, the torch extension
+    return (
+        f"{recipe.name} on {accelerator} needs {needs} Transformer Engine, but {found} is installed "
+        f"({', '.join(wrong)}): pip uninstall -y {uninstall}, then {then}"
+    )
 
 
-def unsupported_reason(recipe: Recipe, *, accelerator: str, vendor: str, compute_capability: float | None = None,
-                       has_fp8: bool = True, have_te: bool | None = None, have_torchao: bool | None = None,
-                       te_builds: frozenset[str] | None = None) -> str | None:
+def unsupported_reason(
+    recipe: Recipe,
+    *,
+    accelerator: str,
+    vendor: str,
+    compute_capability: float | None = None,
+    has_fp8: bool = True,
+    have_te: bool | None = None,
+    have_torchao: bool | None = None,
+    te_builds: frozenset[str] | None = None,
+) -> str | None:
     """Why `recipe` cannot run on this accelerator with what is installed, or None if it can.
 
     `compute_capability` (NVIDIA) and `has_fp8` (AMD: an MI300-class part) come from the accelerator
@@ -130,8 +207,9 @@ def unsupported_reason(recipe: Recipe, *, accelerator: str, vendor: str, compute
     distributions installed here (the driver and the rank processes share one environment on a Ray
     cluster built from one container image).
     """
-    hardware = _hardware_reason(recipe, accelerator=accelerator, vendor=vendor,
-                                compute_capability=compute_capability, has_fp8=has_fp8)
+    hardware = _hardware_reason(
+        recipe, accelerator=accelerator, vendor=vendor, compute_capability=compute_capability, has_fp8=has_fp8
+    )
     if hardware:  # the hardware answer first: installing a package would not help
         return hardware
     if recipe.backend == "te":  # before "is it there": find_spec finds the wrong build too; it fails in a rank
@@ -148,8 +226,9 @@ def unsupported_reason(recipe: Recipe, *, accelerator: str, vendor: str, compute
     return None
 
 
-def _hardware_reason(recipe: Recipe, *, accelerator: str, vendor: str, compute_capability: float | None,
-                     has_fp8: bool) -> str | None:
+def _hardware_reason(
+    recipe: Recipe, *, accelerator: str, vendor: str, compute_capability: float | None, has_fp8: bool
+) -> str | None:
     if vendor == "cpu":
         return None if recipe.cpu else f"{recipe.name} needs a GPU (Transformer Engine has no CPU kernels)"
     if vendor == "amd":
@@ -157,8 +236,10 @@ def _hardware_reason(recipe: Recipe, *, accelerator: str, vendor: str, compute_c
             return f"{recipe.name} needs an MI300-class GPU for FP8, not {accelerator}"
         return None if recipe.amd else f"{recipe.name} is not available on AMD GPUs"
     if compute_capability is not None and compute_capability < recipe.min_cuda_capability:
-        return (f"{recipe.name} needs CUDA compute capability >= {recipe.min_cuda_capability}; "
-                f"{accelerator} has {compute_capability}")
+        return (
+            f"{recipe.name} needs CUDA compute capability >= {recipe.min_cuda_capability}; "
+            f"{accelerator} has {compute_capability}"
+        )
     if recipe.family == "fp8" and not has_fp8:  # a declared part may say so without a capability to go by
         return f"{recipe.name} needs FP8 tensor cores; {accelerator} has none (its peak_tflops.fp8 is null)"
     return None

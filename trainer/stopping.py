@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Literal, Optional, Union
+from typing import Literal
 
-StepsSpec = Union[int, Literal["auto"]]
+StepsSpec = int | Literal["auto"]
 PHASES = ("warmup", "measure", "done")  # a phase's index is what rank 0 broadcasts
 
 MEASURE_TIME_CAP_S = 300.0  # auto measurement stops after this many seconds of measured steps (min_steps first)
 MEASURE_TARGET_PCT = 1.0  # auto measurement stops once the median's 95 % interval is within ± this % of it
 
 
-def median_ci(times: list[float], confidence: float = 0.95) -> Optional[tuple[float, float]]:
+def median_ci(times: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
     """The distribution-free confidence interval of the median: a pair of order statistics.
 
     With n sorted samples x(1) <= ... <= x(n), the count of samples below the true median is
@@ -57,7 +57,7 @@ def median_ci(times: list[float], confidence: float = 0.95) -> Optional[tuple[fl
     return ordered[k - 1], ordered[n - k]
 
 
-def ci_half_width_pct(times: list[float], confidence: float = 0.95) -> Optional[float]:
+def ci_half_width_pct(times: list[float], confidence: float = 0.95) -> float | None:
     """The interval's half-width in % of the median: its farther end's distance from the median (the
     interval of order statistics is not symmetric). None when `median_ci` has no interval."""
     ci = median_ci(times, confidence)
@@ -67,7 +67,7 @@ def ci_half_width_pct(times: list[float], confidence: float = 0.95) -> Optional[
     return 100 * max(median - ci[0], ci[1] - median) / median
 
 
-def ci_target_met(measure: StepsSpec, ci_pct: Optional[float]) -> Optional[bool]:
+def ci_target_met(measure: StepsSpec, ci_pct: float | None) -> bool | None:
     """Whether a trial's interval (its row's step_time_ci_pct) is within `auto` measurement's target: None for a
     fixed count (it sets no target), False for an `auto` one that stopped at its maximum steps or time cap
     short of it (no interval at all included)."""
@@ -104,11 +104,11 @@ class WarmUp(Fixed):
         self.tolerance, self.window, self.min_steps = tolerance, window, min_steps
 
     @property
-    def spread(self) -> Optional[float]:
+    def spread(self) -> float | None:
         """slowest / fastest - 1 over the last `window` steps; None before `window` steps."""
         if len(self.times) < self.window:
             return None
-        last = self.times[-self.window:]
+        last = self.times[-self.window :]
         return max(last) / min(last) - 1
 
     @property
@@ -124,13 +124,25 @@ class Measure(Fixed):
     and `max_steps` steps, or until the steps recorded have taken `time_cap_s` seconds (after `min_steps`:
     fewer steps would not make a number)."""
 
-    def __init__(self, *, target_pct: float = MEASURE_TARGET_PCT, confidence: float = 0.95, min_steps: int = 5,
-                 max_steps: int = 100, time_cap_s: Optional[float] = MEASURE_TIME_CAP_S) -> None:
+    def __init__(
+        self,
+        *,
+        target_pct: float = MEASURE_TARGET_PCT,
+        confidence: float = 0.95,
+        min_steps: int = 5,
+        max_steps: int = 100,
+        time_cap_s: float | None = MEASURE_TIME_CAP_S,
+    ) -> None:
         super().__init__(max_steps)
-        self.target_pct, self.confidence, self.min_steps, self.time_cap_s = target_pct, confidence, min_steps, time_cap_s
+        self.target_pct, self.confidence, self.min_steps, self.time_cap_s = (
+            target_pct,
+            confidence,
+            min_steps,
+            time_cap_s,
+        )
 
     @property
-    def ci_pct(self) -> Optional[float]:
+    def ci_pct(self) -> float | None:
         """Half-width of the median's confidence interval, % of the median (None: too few steps yet)."""
         return ci_half_width_pct(self.times, self.confidence)
 
@@ -159,7 +171,7 @@ class Schedule:
     `follow` records a step and takes the phase decided elsewhere (the other ranks). `auto_max`: the most
     warm-up and measured steps an `auto` phase may run (None: the rules' own maxima)."""
 
-    def __init__(self, warmup: StepsSpec, measure: StepsSpec, auto_max: Optional[tuple[int, int]] = None) -> None:
+    def __init__(self, warmup: StepsSpec, measure: StepsSpec, auto_max: tuple[int, int] | None = None) -> None:
         self.warmup, self.measure = rule(warmup, "warmup"), rule(measure, "measure")
         for phase, most in zip((self.warmup, self.measure), auto_max or (None, None)):
             if isinstance(phase, (WarmUp, Measure)) and most is not None:  # `auto`: a fixed count is what it says

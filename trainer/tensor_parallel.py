@@ -21,7 +21,8 @@ compiled block whose inputs and outputs are DTensors trains as the eager one doe
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn as nn
@@ -54,31 +55,47 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard a Llama (trainer.models.llama) over `tp_mesh` in place: Megatron column/row parallel with sequence
     parallel norms, the vocabulary split in the embedding and the head (its logits a vocab-sharded DTensor)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     if not hasattr(model, "output"):  # sweep.spec.layout refuses it at plan time: a caller that did not is a bug
         raise ValueError(f"tensor parallel is built for llama models, not {type(model).__name__}")
-    parallelize_module(model, tp_mesh, {
-        # rows of the vocabulary: each rank looks up its slice, the partial sums reduce-scatter onto the sequence
-        "tok_embd": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
-        "norm": SequenceParallel(),
-        # columns of the vocabulary: logits stay sharded on it for the loss (use_local_output=False: a DTensor)
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-    })
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            # rows of the vocabulary: each rank looks up its slice, the partial sums reduce-scatter onto the sequence
+            "tok_embd": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+            "norm": SequenceParallel(),
+            # columns of the vocabulary: logits stay sharded on it for the loss (use_local_output=False: a DTensor)
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+        },
+    )
     for block in cast(nn.ModuleList, model.blocks):
-        parallelize_module(block, tp_mesh, {
-            "attn_norm": SequenceParallel(),
-            # the sequence all-gathered before attention (it needs every token); the RoPE table is not an activation
-            "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-            "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),  # by heads
-            # reduce-scattered back onto the sequence, kept a DTensor (module docstring)
-            "attn.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-            "ffn_norm": SequenceParallel(),
-            "ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "ffn.w1": ColwiseParallel(), "ffn.w3": ColwiseParallel(),  # by hidden units
-            "ffn.w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-        })
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attn_norm": SequenceParallel(),
+                # the sequence all-gathered before attention (it needs every token); the RoPE table is not an activation
+                "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+                "attn.wq": ColwiseParallel(),
+                "attn.wk": ColwiseParallel(),
+                "attn.wv": ColwiseParallel(),  # by heads
+                # reduce-scattered back onto the sequence, kept a DTensor (module docstring)
+                "attn.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+                "ffn_norm": SequenceParallel(),
+                "ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "ffn.w1": ColwiseParallel(),
+                "ffn.w3": ColwiseParallel(),  # by hidden units
+                "ffn.w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+            },
+        )
 
 
 def loss_context(tp: int) -> Callable[[], contextlib.AbstractContextManager[Any]]:

@@ -65,8 +65,9 @@ class Rank:
         if key == (1, 1):
             return self.mesh
         if key not in self.layouts:
-            self.layouts[key] = layout_mesh(self.device.type, self.world_size, dp_replicate=options.dp_replicate,
-                                            tp=options.tp)
+            self.layouts[key] = layout_mesh(
+                self.device.type, self.world_size, dp_replicate=options.dp_replicate, tp=options.tp
+            )
         return self.layouts[key]
 
     def data_rank(self, options: TrainingOptions) -> int:
@@ -94,14 +95,25 @@ class Measurement:
     def report(self) -> RankResult:
         """What the driver turns into a row (`sweep.record.rows.outcome_row`): an ok rank's result, to which
         the worker adds what it knows of the process (`trainer.worker.RankWorker.run`)."""
-        return RankResult(status="ok", step_times=self.step_times, warmup_steps=self.warmup_steps,
-                          compile_time_s=self.compile_time_s, init_time_s=self.init_time_s,
-                          model_build_s=self.model_build_s, loss_first=self.losses[0], loss_last=self.losses[-1],
-                          losses=self.losses, tokens_per_step=self.tokens_per_step, n_params=self.n_params,
-                          params_local=self.params_local, profile=self.profile, energy=self.energy,
-                          peak_mem_bytes=self.memory.get("peak_mem_bytes"),
-                          reserved_mem_bytes=self.memory.get("reserved_mem_bytes"),
-                          alloc_retries=self.memory.get("alloc_retries"))
+        return RankResult(
+            status="ok",
+            step_times=self.step_times,
+            warmup_steps=self.warmup_steps,
+            compile_time_s=self.compile_time_s,
+            init_time_s=self.init_time_s,
+            model_build_s=self.model_build_s,
+            loss_first=self.losses[0],
+            loss_last=self.losses[-1],
+            losses=self.losses,
+            tokens_per_step=self.tokens_per_step,
+            n_params=self.n_params,
+            params_local=self.params_local,
+            profile=self.profile,
+            energy=self.energy,
+            peak_mem_bytes=self.memory.get("peak_mem_bytes"),
+            reserved_mem_bytes=self.memory.get("reserved_mem_bytes"),
+            alloc_retries=self.memory.get("alloc_retries"),
+        )
 
 
 def learning_rate(d_embd: int) -> float:
@@ -118,17 +130,21 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
     started_at = called_at if started_at is None else started_at
     release(rank.device, keep_for=config)
     spec = ModelSpec.model_validate_json(config.model_spec_json)
-    plan = precision_plan(config.precision, device_type=rank.device.type, sharded=rank.world_size > 1,
-                          fp8_lm_head=config.options.fp8_lm_head)
+    plan = precision_plan(
+        config.precision,
+        device_type=rank.device.type,
+        sharded=rank.world_size > 1,
+        fp8_lm_head=config.options.fp8_lm_head,
+    )
     with memory_cap(config.memory_cap_bytes, rank.device):
         reset_peak(rank.device)
         torch.manual_seed(config.seed)
         model, n_params = build_model(spec, plan, config, rank)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate(spec.d_embd),
-                                      fused=rank.device.type == "cuda")
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=learning_rate(spec.d_embd), fused=rank.device.type == "cuda"
+        )
         data = SyntheticData(spec, config, rank.device, rank.data_rank(config.options))
-        step = TrainStep(model, optimizer, plan, data, config.options,
-                         compiled=config.compile != "none")
+        step = TrainStep(model, optimizer, plan, data, config.options, compiled=config.compile != "none")
         dist.barrier()
         ready_at = time.perf_counter()
         schedule = Schedule(config.warmup_steps, config.measure_steps, config.auto_max)
@@ -144,12 +160,20 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
     measured = schedule.measure.times
     data_ranks = rank.world_size // config.options.layout_ranks  # a TP group trains one batch together
     tokens_per_step = config.options.grad_accum * config.batch_size * config.seq_len * data_ranks
-    return Measurement(step_times=measured, warmup_steps=len(schedule.warmup.times), losses=losses,
-                       tokens_per_step=tokens_per_step,
-                       init_time_s=ready_at - started_at, model_build_s=ready_at - called_at, n_params=n_params,
-                       profile=profile,
-                       compile_time_s=max(0.0, schedule.times[0] - statistics.median(measured)),
-                       params_local=_local_numel(model), memory=memory, energy=energy)
+    return Measurement(
+        step_times=measured,
+        warmup_steps=len(schedule.warmup.times),
+        losses=losses,
+        tokens_per_step=tokens_per_step,
+        init_time_s=ready_at - started_at,
+        model_build_s=ready_at - called_at,
+        n_params=n_params,
+        profile=profile,
+        compile_time_s=max(0.0, schedule.times[0] - statistics.median(measured)),
+        params_local=_local_numel(model),
+        memory=memory,
+        energy=energy,
+    )
 
 
 # How many trials' compiled code a process keeps, by `_graph_key`, oldest first. A warm group runs trials smallest
@@ -231,8 +255,7 @@ def held_bytes(device: torch.device) -> int:
         return torch.cuda.memory_allocated(device)
     storages = {}
     for obj in gc.get_objects():
-        if (type(obj) in (torch.Tensor, nn.Parameter) and obj.layout == torch.strided
-                and obj.device.type == device.type):
+        if type(obj) in (torch.Tensor, nn.Parameter) and obj.layout == torch.strided and obj.device.type == device.type:
             storage = obj.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
     storages.pop(0, None)  # empty storages
@@ -244,11 +267,20 @@ def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank:
     with torch.device("meta"):  # build on meta, shard, then materialise only this rank's shard
         model = models.build_model(spec, backend=plan.model_backend, fp8_lm_head=config.options.fp8_lm_head)
     n_params = sum(p.numel() for p in model.parameters())  # N of the FLOP formula: every parameter
-    model = parallelize(model, plan=plan, compile_mode=config.compile, ac=config.ac,
-                        mesh=rank.layout_mesh(config.options), reduce_dtype=config.options.reduce_dtype,
-                        dynamic_batch=config.options.dynamic_batch)
-    whole = (whole_model(spec, plan, fp8_lm_head=config.options.fp8_lm_head)
-             if rank.device.type == "cpu" and rank.world_size > 1 else None)
+    model = parallelize(
+        model,
+        plan=plan,
+        compile_mode=config.compile,
+        ac=config.ac,
+        mesh=rank.layout_mesh(config.options),
+        reduce_dtype=config.options.reduce_dtype,
+        dynamic_batch=config.options.dynamic_batch,
+    )
+    whole = (
+        whole_model(spec, plan, fp8_lm_head=config.options.fp8_lm_head)
+        if rank.device.type == "cpu" and rank.world_size > 1
+        else None
+    )
     model.to_empty(device=rank.device)
     with torch.no_grad():
         model.init_weights()  # type: ignore[operator]  # ours (trainer.models); a compiled model forwards it
@@ -271,8 +303,16 @@ class TrainStep:
     By default FSDP2 reduce-scatters the gradients of each micro-batch as its backward runs (as a plain FSDP1
     loop without no_sync does); with grad_sync "step" only the last micro-batch's backward does."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, plan: PrecisionPlan, data: SyntheticData,
-                 options: TrainingOptions, *, compiled: bool):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        plan: PrecisionPlan,
+        data: SyntheticData,
+        options: TrainingOptions,
+        *,
+        compiled: bool,
+    ):
         from torch.distributed.fsdp import FSDPModule
 
         self.model, self.optimizer, self.plan, self.data, self.options = model, optimizer, plan, data, options
@@ -287,8 +327,9 @@ class TrainStep:
         # rest (weights only change at the optimizer step), TE's `is_first_microbatch`.
         self.weight_cache = plan.model_backend == "te" and options.grad_accum > 1
         self.fsdp_root: Any = getattr(model, "_orig_mod", model)  # `full` compile wraps the sharded model
-        self.sync_once = (options.grad_sync == "step" and options.grad_accum > 1
-                          and isinstance(self.fsdp_root, FSDPModule))
+        self.sync_once = (
+            options.grad_sync == "step" and options.grad_accum > 1 and isinstance(self.fsdp_root, FSDPModule)
+        )
         # label(name) wraps each phase: nothing in measured steps; trainer.profiling makes it record_function
         self.label = contextlib.nullcontext
 
@@ -328,8 +369,9 @@ class TrainStep:
         self.fsdp_root.set_reshard_after_backward(last)
 
 
-def time_steps(step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank,
-               meter: EnergyMeter = NullMeter()) -> list[float]:
+def time_steps(
+    step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank, meter: EnergyMeter = NullMeter()
+) -> list[float]:
     """Step until `schedule` is done, each step timed between device syncs into it; the loss of each step.
 
     Python's automatic garbage collection is off while stepping, and a young-generation collection runs after
@@ -353,8 +395,9 @@ def time_steps(step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Ra
             gc.enable()
 
 
-def _step_until_done(step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank,
-                     meter: EnergyMeter) -> list[float]:
+def _step_until_done(
+    step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank, meter: EnergyMeter
+) -> list[float]:
     shared = schedule.adaptive and rank.world_size > 1
     phase = torch.zeros(1, dtype=torch.int64, device=rank.device)  # an index into PHASES
     losses, i, metering = [], 0, False

@@ -56,8 +56,17 @@ def _device_info(device: torch.device) -> tuple[str | None, str | None, str | No
     try:
         import subprocess
 
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=10).stdout.split("\n")[0].strip() or None
+        driver = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            .stdout.split("\n")[0]
+            .strip()
+            or None
+        )
     except Exception:
         pass
     runtime = torch.version.hip and f"hip {torch.version.hip}" or f"cuda {torch.version.cuda}"
@@ -78,8 +87,9 @@ def _rendezvous_store(job: RankJob, timeout: timedelta, listener: socket.socket 
         return dist.TCPStore(job.master_addr, job.master_port, job.world_size, False, timeout=timeout)
     if listener is None or listener.getsockname()[1] != job.master_port:  # a job not placed by node_info
         listener = _listen(job.master_addr, job.master_port)
-    return dist.TCPStore(job.master_addr, job.master_port, job.world_size, True, timeout=timeout,
-                         master_listen_fd=listener.detach())
+    return dist.TCPStore(
+        job.master_addr, job.master_port, job.world_size, True, timeout=timeout, master_listen_fd=listener.detach()
+    )
 
 
 def _listen(address: str, port: int) -> socket.socket:
@@ -133,8 +143,11 @@ class RankWorker:
             # and tearing down a communicator they still use can block. The driver kills every rank now.
             if job.world_size == 1:
                 self._leave()
-            return RankResult(status=classify_failure(type(e).__name__, message), error=message[:2000],
-                              traceback=traceback.format_exc()[-4000:])
+            return RankResult(
+                status=classify_failure(type(e).__name__, message),
+                error=message[:2000],
+                traceback=traceback.format_exc()[-4000:],
+            )
         if not self.keep_group:
             self._leave()
         return result
@@ -164,10 +177,15 @@ class RankWorker:
         if self.rank is None:
             device = _device(job.device_type)
             self.rank = Rank(device=device, mesh=_join(job, device, self._take_listener(job)), rank=job.rank)
-        elif (job.rank, job.world_size, job.device_type) != (self.rank.rank, self.rank.world_size,
-                                                              self.rank.device.type):
-            raise RuntimeError(f"a warm rank {self.rank.rank} of {self.rank.world_size} ({self.rank.device.type}) "
-                               f"was sent rank {job.rank} of {job.world_size} ({job.device_type})")
+        elif (job.rank, job.world_size, job.device_type) != (
+            self.rank.rank,
+            self.rank.world_size,
+            self.rank.device.type,
+        ):
+            raise RuntimeError(
+                f"a warm rank {self.rank.rank} of {self.rank.world_size} ({self.rank.device.type}) "
+                f"was sent rank {job.rank} of {job.world_size} ({job.device_type})"
+            )
         return self.rank
 
     def _train(self, job: RankJob, started_at: float) -> RankResult:
@@ -193,10 +211,16 @@ class RankWorker:
         torch_version, te_version, torchao_version = _versions()
         gpu_name, driver_version, cuda_version = _device_info(rank.device)
         result = dataclasses.replace(
-            measured.report(), import_s=imported - began if joins else None,
-            process_setup_s=joined - imported if joins else None, torch_version=torch_version, te_version=te_version,
-            torchao_version=torchao_version, gpu_name=gpu_name, driver_version=driver_version,
-            cuda_version=cuda_version)
+            measured.report(),
+            import_s=imported - began if joins else None,
+            process_setup_s=joined - imported if joins else None,
+            torch_version=torch_version,
+            te_version=te_version,
+            torchao_version=torchao_version,
+            gpu_name=gpu_name,
+            driver_version=driver_version,
+            cuda_version=cuda_version,
+        )
         if self.keep_group:  # what the trial left behind, once its model, optimizer and graphs are gone
             del measured
             release(rank.device, keep_for=job.trial)  # its compiled code stays for a next trial that can run it
@@ -234,13 +258,22 @@ def _join(job: RankJob, device: torch.device, listener: socket.socket | None) ->
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    os.environ.update(MASTER_ADDR=job.master_addr, MASTER_PORT=str(job.master_port), RANK=str(job.rank),
-                      WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(job.local_rank))
+    os.environ.update(
+        MASTER_ADDR=job.master_addr,
+        MASTER_PORT=str(job.master_port),
+        RANK=str(job.rank),
+        WORLD_SIZE=str(job.world_size),
+        LOCAL_RANK=str(job.local_rank),
+    )
     timeout = timedelta(seconds=job.pg_timeout_s)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            store=_rendezvous_store(job, timeout, listener), rank=job.rank,
-                            world_size=job.world_size, timeout=timeout,
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        store=_rendezvous_store(job, timeout, listener),
+        rank=job.rank,
+        world_size=job.world_size,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
     return init_device_mesh(device.type, (job.world_size,))
 
 

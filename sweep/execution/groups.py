@@ -85,12 +85,18 @@ KEPT_BYTES_ALLOWED = 1 << 20
 def returned_to_baseline(ranks: list[RankResult]) -> bool:
     """Whether every rank, after its trial, holds at most `KEPT_BYTES_ALLOWED` more tensor memory than before its
     group's first trial (`trainer.worker.RankWorker`: CUDA allocated bytes, or the CPU's live tensor storages)."""
-    return all(r.held_bytes is not None and r.baseline_bytes is not None
-               and r.held_bytes <= r.baseline_bytes + KEPT_BYTES_ALLOWED for r in ranks)
+    return all(
+        r.held_bytes is not None
+        and r.baseline_bytes is not None
+        and r.held_bytes <= r.baseline_bytes + KEPT_BYTES_ALLOWED
+        for r in ranks
+    )
 
 
 def kept_note(trial: Trial, ranks: list[RankResult]) -> str:
     """What a group retired for its memory kept: the note the run prints."""
     kept = max((r.held_bytes or 0) - (r.baseline_bytes or 0) for r in ranks)
-    return (f"{trial.describe()}: a rank kept {kept / 2**20:.1f} MiB of tensor memory beyond what it held before "
-            "its group's first trial; the group is retired and the next trial starts fresh processes")
+    return (
+        f"{trial.describe()}: a rank kept {kept / 2**20:.1f} MiB of tensor memory beyond what it held before "
+        "its group's first trial; the group is retired and the next trial starts fresh processes"
+    )

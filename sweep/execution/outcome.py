@@ -45,8 +45,9 @@ def is_infrastructure_error(error: str | None) -> bool:
 
 def deaths(dead: dict[int, BaseException], nodes: list[dict[str, Any]], world_size: int) -> str:
     """'rank 1 of 2 died (pid 4242 on host-a): ActorDiedError: ...': which ranks, where to find their logs."""
-    where = ", ".join(f"pid {nodes[r].get('pid')} on {nodes[r].get('hostname')}" if r < len(nodes) else "?"
-                      for r in dead)
+    where = ", ".join(
+        f"pid {nodes[r].get('pid')} on {nodes[r].get('hostname')}" if r < len(nodes) else "?" for r in dead
+    )
     ranks = ", ".join(str(r) for r in dead)
     cause = short(next(iter(dead.values())))
     return f"rank{'s' if len(dead) > 1 else ''} {ranks} of {world_size} died ({where}): {cause}"

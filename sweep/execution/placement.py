@@ -66,21 +66,40 @@ def rank_env(profile: ClusterProfile) -> dict[str, str]:
     return env
 
 
-def rank_jobs(trial: Trial, nodes: list[dict[str, Any]], *, device_type: str,
-              pg_timeout_s: float = PG_TIMEOUT_S) -> list[RankJob]:
+def rank_jobs(
+    trial: Trial, nodes: list[dict[str, Any]], *, device_type: str, pg_timeout_s: float = PG_TIMEOUT_S
+) -> list[RankJob]:
     """What each rank of `trial` is sent, given where its ranks run (`nodes`: node_info per rank, rank 0's
     address and held port becoming the rendezvous). Pure: no Ray."""
-    config = TrialConfig(model_spec_json=trial.model.to_json(), precision=trial.precision, compile=trial.compile,
-                         ac=trial.ac, batch_size=trial.batch_size, seq_len=trial.seq_len,
-                         warmup_steps=trial.warmup_steps, measure_steps=trial.measure_steps,
-                         options=trial.options(), memory_cap_bytes=trial.memory_cap_bytes,
-                         profile=trial.profile, auto_max=trial.auto_max)
+    config = TrialConfig(
+        model_spec_json=trial.model.to_json(),
+        precision=trial.precision,
+        compile=trial.compile,
+        ac=trial.ac,
+        batch_size=trial.batch_size,
+        seq_len=trial.seq_len,
+        warmup_steps=trial.warmup_steps,
+        measure_steps=trial.measure_steps,
+        options=trial.options(),
+        memory_cap_bytes=trial.memory_cap_bytes,
+        profile=trial.profile,
+        auto_max=trial.auto_max,
+    )
     seen: dict[str, int] = {}
     jobs = []
     for rank, info in enumerate(nodes):  # local rank = index among the ranks on the same node
         key = info["node_id"] or info["ip"]
-        jobs.append(RankJob(trial=config, rank=rank, world_size=trial.gpus, local_rank=seen.get(key, 0),
-                            master_addr=nodes[0]["ip"], master_port=nodes[0]["port"], device_type=device_type,
-                            pg_timeout_s=pg_timeout_s))
+        jobs.append(
+            RankJob(
+                trial=config,
+                rank=rank,
+                world_size=trial.gpus,
+                local_rank=seen.get(key, 0),
+                master_addr=nodes[0]["ip"],
+                master_port=nodes[0]["port"],
+                device_type=device_type,
+                pg_timeout_s=pg_timeout_s,
+            )
+        )
         seen[key] = seen.get(key, 0) + 1
     return jobs

@@ -134,8 +134,9 @@ class Placer:
                 return False
             return self._unplaceable(g, now) or False
         if now > g.deadline:
-            return StartFailure("timeout", f"rank processes did not start within {seconds(START_TIMEOUT_S)}; "
-                                           "all ranks killed")
+            return StartFailure(
+                "timeout", f"rank processes did not start within {seconds(START_TIMEOUT_S)}; all ranks killed"
+            )
         if not all(r in g.ready for r in g.info_refs):
             return False
         g.up_at = now
@@ -143,8 +144,9 @@ class Placer:
             try:
                 g.nodes.append(self.ray.get(ref))
             except Exception as e:  # the process died, or its runtime env could not be set up
-                return StartFailure("error", f"rank {rank} of {g.ranks} failed to start: {short(e)}",
-                                    infrastructure=True)
+                return StartFailure(
+                    "error", f"rank {rank} of {g.ranks} failed to start: {short(e)}", infrastructure=True
+                )
         return True
 
     def _unplaceable(self, g: RankGroup, now: float) -> StartFailure | None:
@@ -160,8 +162,11 @@ class Placer:
         if now - g.infeasible_since < limit:
             return None
         _, strategy = placement(self.profile, g.ranks)
-        return StartFailure("timeout", f"could not be placed for {seconds(limit)}: the cluster's live nodes "
-                                       f"cannot hold {g.ranks} x {bundle(self.profile)} ({strategy})")
+        return StartFailure(
+            "timeout",
+            f"could not be placed for {seconds(limit)}: the cluster's live nodes "
+            f"cannot hold {g.ranks} x {bundle(self.profile)} ({strategy})",
+        )
 
     def _start_actors(self, g: RankGroup) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -172,11 +177,15 @@ class Placer:
             self._remote_worker = self.ray.remote(RankWorker)
         ranks, env = g.ranks, rank_env(self.profile)
         for i in range(ranks):
-            where = PlacementGroupSchedulingStrategy(placement_group=g.pg,
-                                                     placement_group_bundle_index=bundle_index(self.profile, i, ranks))
+            where = PlacementGroupSchedulingStrategy(
+                placement_group=g.pg, placement_group_bundle_index=bundle_index(self.profile, i, ranks)
+            )
             actor = self._remote_worker.options(
-                num_cpus=self.profile.cpus_per_rank, num_gpus=1 if self.profile.is_gpu else 0, max_restarts=0,
-                scheduling_strategy=where, runtime_env={"env_vars": env},
+                num_cpus=self.profile.cpus_per_rank,
+                num_gpus=1 if self.profile.is_gpu else 0,
+                max_restarts=0,
+                scheduling_strategy=where,
+                runtime_env={"env_vars": env},
             ).remote(keep_group=self.reuse)
             g.actors.append(actor)
         g.info_refs = [actor.node_info.remote() for actor in g.actors]

@@ -42,16 +42,18 @@ def connect(profile: ClusterProfile) -> bool:
     if ray.is_initialized():  # a library user or a test session already connected
         return False
     quiet = not debug_enabled()
-    common: dict[str, Any] = dict(logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet,
-                                  configure_logging=True)
+    common: dict[str, Any] = dict(
+        logging_level="ERROR" if quiet else "INFO", log_to_driver=not quiet, configure_logging=True
+    )
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     with signals_held() as interrupted:  # ray.init sets a SIGTERM handler of its own: the block's end puts ours back
         if profile.is_embedded:
             num_cpus = None if profile.is_gpu else profile.ranks_per_node * profile.cpus_per_rank
             with loopback_only():
                 # address="local": always a new instance, never a cluster found in /tmp/ray or $RAY_ADDRESS
-                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                         **common)
+                ray.init(
+                    address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **common
+                )
         else:
             join(profile, quiet, common)
     if interrupted:
@@ -80,8 +82,9 @@ def join(profile: ClusterProfile, quiet: bool, common: dict[str, Any]) -> None:
         try:
             ray.init(address=profile.ray_address, **common)
         except AuthenticationError:
-            raise _unreachable(profile, "token authentication is on here but this machine has no token", kept[0](),
-                               auth=True) from None
+            raise _unreachable(
+                profile, "token authentication is on here but this machine has no token", kept[0](), auth=True
+            ) from None
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise _unreachable(profile, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}", kept[0]()) from None
 
@@ -112,13 +115,22 @@ def _unreachable(profile: ClusterProfile, why: str, ray_output: str, auth: bool 
         why, auth = "the cluster refused this driver's token (it was started with token authentication)", True
     if auth:
         token = "the cluster's token (RAY_AUTH_TOKEN, or a copy of the head node's ~/.ray/auth_token)"
-        todo = (f"RAY_AUTH_MODE={mode} is set here (ray.init writes it into a driver's environment, and child processes "
-                f"inherit it): unset it to reach a cluster started without token authentication, or give this machine "
-                f"{token}" if mode else f"give this machine {token} and set RAY_AUTH_MODE=token")
+        todo = (
+            f"RAY_AUTH_MODE={mode} is set here (ray.init writes it into a driver's environment, and child processes "
+            f"inherit it): unset it to reach a cluster started without token authentication, or give this machine "
+            f"{token}"
+            if mode
+            else f"give this machine {token} and set RAY_AUTH_MODE=token"
+        )
     else:
         port = address.rsplit(":", 1)[-1]
-        start = (f"ray start --head --ray-client-server-port {port}" if address.startswith("ray://")
-                 else f"ray start --head --port {port}" if address != "auto" else "ray start --head")
+        start = (
+            f"ray start --head --ray-client-server-port {port}"
+            if address.startswith("ray://")
+            else f"ray start --head --port {port}"
+            if address != "auto"
+            else "ray start --head"
+        )
         todo = f"start Ray there ({start}), fix ray_address in the profile, or run here with --cluster local"
     return UserError(f"cluster '{profile.name}': cannot reach Ray at {address}: {why}; {todo}")
 

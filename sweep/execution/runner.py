@@ -15,14 +15,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from clusters.schema import ClusterProfile
-
 from sweep.record import store
-from sweep.spec.grid import Trial
 from sweep.record.energy import power_limit_mismatch
 from sweep.record.rows import outcome_row, unsupported_row
+from sweep.record.schema import Row
+from sweep.spec.grid import Trial
 from trainer.recipes import RECIPES, unsupported_reason
 
 if TYPE_CHECKING:
@@ -46,28 +46,40 @@ def unsupported(trial: Trial, profile: ClusterProfile, calibration: Calibration 
     whether the training state alone fits each rank's memory, then (GPU ranks, unless the trial says not to)
     whether its predicted peak does (sweep.memory.model; `calibration` from the cluster's rows)."""
     from sweep.memory.capacity import per_rank_memory, state_reason
-    from sweep.spec.layout import layout_unsupported
     from sweep.memory.predictor import NO_ROWS, predicted_reason
+    from sweep.spec.layout import layout_unsupported
 
     info = profile.accelerator_info
-    memory = per_rank_memory(memory_cap=trial.memory_cap_bytes, memory_per_device=profile.memory_per_device_bytes,
-                             accelerator=profile.accelerator, memory_gib=info.memory_gib)
-    return (unsupported_reason(RECIPES[trial.precision], accelerator=profile.accelerator, vendor=info.vendor,
-                               compute_capability=info.compute_capability, has_fp8=info.peak_tflops["fp8"] is not None)
-            or layout_unsupported(trial)
-            # HSDP replicas each hold the whole state: it is sharded over one replica's ranks, dp_shard x tp
-            or state_reason(n_params=trial.model.n_params(), ranks=trial.dp_shard * trial.tp, memory=memory)
-            # GPU ranks only: a CPU rank's peak is its resident set's high-water mark (trainer/memory.py), which
-            # counts what glibc's arenas and touched pages hold, not tensor bytes, and is not predicted here
-            or (predicted_reason(trial, memory, calibration or NO_ROWS)
-                if profile.is_gpu and trial.predict_memory else None))
+    memory = per_rank_memory(
+        memory_cap=trial.memory_cap_bytes,
+        memory_per_device=profile.memory_per_device_bytes,
+        accelerator=profile.accelerator,
+        memory_gib=info.memory_gib,
+    )
+    return (
+        unsupported_reason(
+            RECIPES[trial.precision],
+            accelerator=profile.accelerator,
+            vendor=info.vendor,
+            compute_capability=info.compute_capability,
+            has_fp8=info.peak_tflops["fp8"] is not None,
+        )
+        or layout_unsupported(trial)
+        # HSDP replicas each hold the whole state: it is sharded over one replica's ranks, dp_shard x tp
+        or state_reason(n_params=trial.model.n_params(), ranks=trial.dp_shard * trial.tp, memory=memory)
+        # GPU ranks only: a CPU rank's peak is its resident set's high-water mark (trainer/memory.py), which
+        # counts what glibc's arenas and touched pages hold, not tensor bytes, and is not predicted here
+        or (
+            predicted_reason(trial, memory, calibration or NO_ROWS) if profile.is_gpu and trial.predict_memory else None
+        )
+    )
 
 
 @dataclass
 class RunReport:
     run_id: str
-    rows: list[dict] = field(default_factory=list)  # rows written by this run
-    reused_rows: list[dict] = field(default_factory=list)  # attempts found already recorded (resume)
+    rows: list[Row] = field(default_factory=list)  # rows written by this run
+    reused_rows: list[Row] = field(default_factory=list)  # attempts found already recorded (resume)
     interrupted_by: int | None = None  # the stop signal (SIGINT, SIGTERM) that ended the run early, else None
     teardown_s: float | None = None  # stopping the rank processes and Ray, after the last attempt
 
@@ -88,8 +100,14 @@ class _Progress:
         if enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("{task.description}"), transient=False)
+            self.bar = Progress(
+                TextColumn("[bold]sweep"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                transient=False,
+            )
             self.task = self.bar.add_task("", total=0)
 
     def __enter__(self) -> _Progress:
@@ -105,11 +123,13 @@ class _Progress:
         if self.bar:
             self.bar.update(self.task, total=(self.bar.tasks[0].total or 0) + n)
 
-    def done(self, row: dict[str, Any]) -> None:
+    def done(self, row: Row) -> None:
         if self.bar:
             tf = f" {row['tflops_per_gpu']:.3g} TFLOP/s/GPU" if row.get("tflops_per_gpu") else ""
-            self.bar.console.print(f"  {row['status']:<11} {row['model']} {row['precision']} bs={row['batch_size']} "
-                                   f"gpus={row['world_size']}{tf}" + (f"  ({row['error'][:100]})" if row.get("error") else ""))
+            self.bar.console.print(
+                f"  {row['status']:<11} {row['model']} {row['precision']} bs={row['batch_size']} "
+                f"gpus={row['world_size']}{tf}" + (f"  ({error[:100]})" if (error := row.get("error")) else "")
+            )
             self.bar.advance(self.task)
 
     def warn(self, text: str) -> None:
@@ -123,10 +143,20 @@ class _Progress:
             self.bar.update(self.task, description=", ".join(t.describe() for t in trials[:3]))
 
 
-def execute(plan: Plan, *, profile: ClusterProfile, output: Path, run_id: str | None = None,
-            grid_name: str | None = None, resume: bool = False, max_concurrent: int | None = None,
-            progress: bool = True, reuse_actors: bool = True, predictor: Predictor | None = None,
-            scheduler: SchedulerFactory | None = None) -> RunReport:
+def execute(
+    plan: Plan,
+    *,
+    profile: ClusterProfile,
+    output: Path,
+    run_id: str | None = None,
+    grid_name: str | None = None,
+    resume: bool = False,
+    max_concurrent: int | None = None,
+    progress: bool = True,
+    reuse_actors: bool = True,
+    predictor: Predictor | None = None,
+    scheduler: SchedulerFactory | None = None,
+) -> RunReport:
     """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
     `reuse_actors` (the default) rank processes run one trial after another (`sweep.execution.scheduler`); without
     it (`--fresh-actors`) every trial starts processes of its own. `predictor` (sweep.memory.predictor): the memory
@@ -140,9 +170,19 @@ def execute(plan: Plan, *, profile: ClusterProfile, output: Path, run_id: str | 
     # Ctrl-C (or SIGTERM) is recorded and acted on at the top of each round (within one poll, ~0.5 s), not
     # raised wherever it lands (see signals_held); the teardown below runs with it still held.
     with _Progress(progress) as bar, signals_held() as ctrl_c:
-        run = _Execution(plan, profile=profile, output=output, report=report, recorded=recorded, bar=bar,
-                         grid_name=grid_name, max_concurrent=max_concurrent, reuse_actors=reuse_actors,
-                         predictor=predictor, make_scheduler=scheduler)
+        run = _Execution(
+            plan,
+            profile=profile,
+            output=output,
+            report=report,
+            recorded=recorded,
+            bar=bar,
+            grid_name=grid_name,
+            max_concurrent=max_concurrent,
+            reuse_actors=reuse_actors,
+            predictor=predictor,
+            make_scheduler=scheduler,
+        )
         try:
             run.loop(ctrl_c)
         except KeyboardInterrupt as e:  # sweep.execution.ray_connection.Interrupted names its signal
@@ -158,12 +198,29 @@ class _Execution:
     """One `execute`: the plan's queue of trials, the rows already recorded (resume), and the scheduler once
     Ray is reached. Every attempt is written as it finishes and fed back to the plan for its follow-ups."""
 
-    def __init__(self, plan: Plan, *, profile: ClusterProfile, output: Path, report: RunReport,
-                 recorded: dict[str, dict[str, Any]], bar: _Progress, grid_name: str | None,
-                 max_concurrent: int | None, reuse_actors: bool, predictor: Predictor | None = None,
-                 make_scheduler: SchedulerFactory | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        profile: ClusterProfile,
+        output: Path,
+        report: RunReport,
+        recorded: dict[str, Row],
+        bar: _Progress,
+        grid_name: str | None,
+        max_concurrent: int | None,
+        reuse_actors: bool,
+        predictor: Predictor | None = None,
+        make_scheduler: SchedulerFactory | None = None,
+    ) -> None:
         self.plan, self.profile, self.output, self.report, self.recorded, self.bar = (
-            plan, profile, output, report, recorded, bar)
+            plan,
+            profile,
+            output,
+            report,
+            recorded,
+            bar,
+        )
         self.predictor, self.make_scheduler = predictor, make_scheduler
         self.base = {"run_id": report.run_id, "profile": profile, "grid_name": grid_name}
         self.max_concurrent, self.reuse_actors = max_concurrent, reuse_actors
@@ -241,17 +298,20 @@ class _Execution:
                 self.bar.warn(limit)
         self.bar.running(scheduler.running())
 
-    def record(self, trial: Trial, row: dict[str, Any], infrastructure: bool = False) -> None:
+    def record(self, trial: Trial, row: Row, infrastructure: bool = False) -> None:
         store.write_row(self.output, row)
         self.report.rows.append(row)
         if self.predictor is not None:  # the trials still to come are predicted with this row too
             self.predictor.learn(row)
         self.follow_up(trial, row, infrastructure)
 
-    def follow_up(self, trial: Trial, row: dict[str, Any], infrastructure: bool) -> None:
+    def follow_up(self, trial: Trial, row: Row, infrastructure: bool) -> None:
         """Show the attempt and queue what the plan asks for next (retries, search probes)."""
         self.bar.done(row)
-        follow = self.plan.on_result(trial, row["status"], infrastructure, row)
+        status = row["status"]
+        assert status is not None, "every recorded attempt has a status"
+        # plans read a row as a plain mapping of columns (sweep.search.plan.Plan.on_result)
+        follow = self.plan.on_result(trial, status, infrastructure, cast(dict[str, Any], row))
         self.bar.add(len(follow))
         self.queue.extend(follow)
 
@@ -263,7 +323,7 @@ class _Execution:
         disconnect(self.started_ray)
 
 
-def _was_infrastructure(row: dict[str, Any]) -> bool:
+def _was_infrastructure(row: Row) -> bool:
     """Whether a recorded attempt was lost to the machinery (so the plan retries it), from its row alone."""
     from sweep.execution.outcome import is_infrastructure_error
 

@@ -52,8 +52,14 @@ from trainer.job import PG_TIMEOUT_S
 class Scheduler:
     """Runs submitted trials on warm groups of rank actors; `poll` returns the attempts that finished."""
 
-    def __init__(self, profile: ClusterProfile, *, max_concurrent: int | None = None,
-                 pg_timeout_s: float = PG_TIMEOUT_S, reuse: bool = True) -> None:
+    def __init__(
+        self,
+        profile: ClusterProfile,
+        *,
+        max_concurrent: int | None = None,
+        pg_timeout_s: float = PG_TIMEOUT_S,
+        reuse: bool = True,
+    ) -> None:
         import ray
         from ray.exceptions import ObjectLostError, RayActorError
 
@@ -177,22 +183,31 @@ class Scheduler:
         """A running trial: its ranks' results, a dead rank, a failure or the timeout."""
         dead = a.collect(self.ray, ready, self._lost_errors)
         if dead:  # the cause, whatever its peers reported meanwhile
-            return self._finish(a, AttemptEnd("error", deaths(dead, a.group.nodes, a.trial.gpus),
-                                              infrastructure=True))
+            return self._finish(a, AttemptEnd("error", deaths(dead, a.group.nodes, a.trial.gpus), infrastructure=True))
         end = a.decide(time.monotonic())
         return self._finish(a, end) if end else None
 
     def _launch(self, g: RankGroup, trial: Trial) -> None:
         """`trial` on every rank of `g`, now."""
-        jobs = rank_jobs(trial, g.nodes, device_type="cuda" if self.profile.is_gpu else "cpu",
-                         pg_timeout_s=self.pg_timeout_s)
+        jobs = rank_jobs(
+            trial, g.nodes, device_type="cuda" if self.profile.is_gpu else "cpu", pg_timeout_s=self.pg_timeout_s
+        )
         now = time.monotonic()
         fresh = g.trials == 0  # the first trial's time counts from placement: it waited for the processes
         refs = [actor.run.remote(job) for actor, job in zip(g.actors, jobs)]
         since = g.placed_at if fresh and g.placed_at is not None else now
         started = g.started_at if fresh and g.started_at is not None else datetime.now(timezone.utc)
-        self.attempts.append(Attempt(trial=trial, group=g, index=g.trials, run_refs=refs, since=since,
-                                     started_at=started, deadline=now + trial.timeout_s))
+        self.attempts.append(
+            Attempt(
+                trial=trial,
+                group=g,
+                index=g.trials,
+                run_refs=refs,
+                since=since,
+                started_at=started,
+                deadline=now + trial.timeout_s,
+            )
+        )
         g.trials += 1
         g.stage = max(g.stage, stack_stage(trial))
         g.first = None
@@ -213,11 +228,21 @@ class Scheduler:
         g = a.group
         # a fresh group's first trial waited for its processes: placement to every rank up
         process_start = g.up_at - g.placed_at if a.index == 0 and g.up_at and g.placed_at else None
-        return Outcome(trial=a.trial, status=end.status, error=error, ranks=ranks, nodes=g.nodes,
-                       started_at=a.started_at, finished_at=datetime.now(timezone.utc),
-                       wall_s=time.monotonic() - a.since, infrastructure=end.infrastructure,
-                       traceback=end.traceback, group_trial_index=a.index, process_start_s=process_start,
-                       note=kept_note(a.trial, ranks) if warm and g.state is GroupState.RETIRED else None)
+        return Outcome(
+            trial=a.trial,
+            status=end.status,
+            error=error,
+            ranks=ranks,
+            nodes=g.nodes,
+            started_at=a.started_at,
+            finished_at=datetime.now(timezone.utc),
+            wall_s=time.monotonic() - a.since,
+            infrastructure=end.infrastructure,
+            traceback=end.traceback,
+            group_trial_index=a.index,
+            process_start_s=process_start,
+            note=kept_note(a.trial, ranks) if warm and g.state is GroupState.RETIRED else None,
+        )
 
     def _fail_start(self, g: RankGroup, failure: StartFailure) -> Outcome:
         """The group never came up: its first trial's outcome, and the group retired."""
@@ -226,8 +251,16 @@ class Scheduler:
         self._retire(g)
         wall = time.monotonic() - g.placed_at if g.placed_at else None
         error = INFRA_PREFIX + failure.error if failure.infrastructure else failure.error
-        return Outcome(trial=trial, status=failure.status, error=error, nodes=g.nodes, started_at=g.started_at,
-                       finished_at=datetime.now(timezone.utc), wall_s=wall, infrastructure=failure.infrastructure)
+        return Outcome(
+            trial=trial,
+            status=failure.status,
+            error=error,
+            nodes=g.nodes,
+            started_at=g.started_at,
+            finished_at=datetime.now(timezone.utc),
+            wall_s=wall,
+            infrastructure=failure.infrastructure,
+        )
 
     def _retire(self, g: RankGroup) -> None:
         self.placer.retire(g)

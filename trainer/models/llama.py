@@ -104,8 +104,9 @@ class Llama(nn.Module):
             elif isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
         with torch.no_grad():
-            self.rope.copy_(rope_cos_sin(self.spec.head_dim, self.spec.max_seq_len, self.spec.rope_theta,
-                                         device=self.rope.device))
+            self.rope.copy_(
+                rope_cos_sin(self.spec.head_dim, self.spec.max_seq_len, self.spec.rope_theta, device=self.rope.device)
+            )
 
     def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
         x_BTE = self.tok_embd(idx_BT)

@@ -27,7 +27,9 @@ class ModelSpec(BaseModel):
     vocab_size: int = Field(gt=1, description="vocabulary (V)")
     n_kv_heads: int | None = Field(default=None, gt=0, description="llama: key/value heads (GQA)")
     ffn_hidden: int | None = Field(default=None, gt=0, description="llama: SwiGLU hidden width")
-    max_seq_len: int = Field(default=8192, gt=0, description="longest seq_len: gpt's learned positions, llama's RoPE table")
+    max_seq_len: int = Field(
+        default=8192, gt=0, description="longest seq_len: gpt's learned positions, llama's RoPE table"
+    )
     rope_theta: float = Field(default=500000.0, gt=0, description="llama: RoPE base (Llama3: 500000)")
     norm_eps: float = Field(default=1e-5, gt=0)
 
@@ -42,7 +44,7 @@ class ModelSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check(self) -> "ModelSpec":
+    def _check(self) -> ModelSpec:
         if self.d_embd % self.n_heads:
             raise ValueError(f"d_embd ({self.d_embd}) must be divisible by n_heads ({self.n_heads})")
         if self.arch == "llama":
@@ -51,8 +53,10 @@ class ModelSpec(BaseModel):
             if self.n_heads % self.n_kv_heads:
                 raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
             if self.head_dim % 2:  # RoPE rotates the head's dims in pairs
-                raise ValueError(f"head dim d_embd / n_heads = {self.d_embd} / {self.n_heads} = {self.head_dim} "
-                                 f"is odd; llama's RoPE needs an even head dim")
+                raise ValueError(
+                    f"head dim d_embd / n_heads = {self.d_embd} / {self.n_heads} = {self.head_dim} "
+                    f"is odd; llama's RoPE needs an even head dim"
+                )
         elif self.n_kv_heads is not None or self.ffn_hidden is not None:
             raise ValueError("n_kv_heads and ffn_hidden apply to llama models only (gpt uses MHA and a 4x GELU MLP)")
         return self
@@ -114,23 +118,58 @@ def _spec(**kw: Any) -> ModelSpec:
 # Named models. Big ones carry their published dims; tiny ones keep the CPU demo and CI fast.
 REGISTRY: dict[str, ModelSpec] = {
     "gpt-tiny": _spec(arch="gpt", name="gpt-tiny", n_layers=2, d_embd=64, n_heads=4, vocab_size=512, max_seq_len=1024),
-    "llama-tiny": _spec(arch="llama", name="llama-tiny", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=2,
-                        ffn_hidden=192, vocab_size=512),
+    "llama-tiny": _spec(
+        arch="llama", name="llama-tiny", n_layers=2, d_embd=64, n_heads=4, n_kv_heads=2, ffn_hidden=192, vocab_size=512
+    ),
     # GPT-2 XL: 48 layers, 25 heads, d 1600, vocab 50304 (GPT-2 vocab padded to a multiple of 64), seq 1024
-    "gpt2-1.5b": _spec(arch="gpt", name="gpt2-1.5b", n_layers=48, d_embd=1600, n_heads=25, vocab_size=50304,
-                       max_seq_len=1024),
+    "gpt2-1.5b": _spec(
+        arch="gpt", name="gpt2-1.5b", n_layers=48, d_embd=1600, n_heads=25, vocab_size=50304, max_seq_len=1024
+    ),
     # Meta's Llama3-8B (32 layers, 32 heads, 8 kv heads, d 4096, ffn 14336, vocab 128256, RoPE 500000)
-    "llama3-8b": _spec(arch="llama", name="llama3-8b", n_layers=32, d_embd=4096, n_heads=32, n_kv_heads=8,
-                       ffn_hidden=14336, vocab_size=128256),
+    "llama3-8b": _spec(
+        arch="llama",
+        name="llama3-8b",
+        n_layers=32,
+        d_embd=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_hidden=14336,
+        vocab_size=128256,
+    ),
     # Llama3-70B (80 layers, d 8192, 64 heads, 8 kv heads, ffn 28672, vocab 128256, RoPE 500000): 70.55 B
     # params, whose training state alone (16 B per param) needs ~8 H200s or MI300Xs (sweep/memory/capacity.py)
-    "llama3-70b": _spec(arch="llama", name="llama3-70b", n_layers=80, d_embd=8192, n_heads=64, n_kv_heads=8,
-                        ffn_hidden=28672, vocab_size=128256),
+    "llama3-70b": _spec(
+        arch="llama",
+        name="llama3-70b",
+        n_layers=80,
+        d_embd=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_hidden=28672,
+        vocab_size=128256,
+    ),
     # Llama3-70B dims with only 4 layers, so one or two GPUs can run its GEMM shapes
-    "llama3-70b-proxy": _spec(arch="llama", name="llama3-70b-proxy", n_layers=4, d_embd=8192, n_heads=64,
-                              n_kv_heads=8, ffn_hidden=28672, vocab_size=128256),
-    "mistral-7b": _spec(arch="llama", name="mistral-7b", n_layers=32, d_embd=4096, n_heads=32, n_kv_heads=8,
-                        ffn_hidden=14336, vocab_size=32000, rope_theta=1000000.0),
+    "llama3-70b-proxy": _spec(
+        arch="llama",
+        name="llama3-70b-proxy",
+        n_layers=4,
+        d_embd=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_hidden=28672,
+        vocab_size=128256,
+    ),
+    "mistral-7b": _spec(
+        arch="llama",
+        name="mistral-7b",
+        n_layers=32,
+        d_embd=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_hidden=14336,
+        vocab_size=32000,
+        rope_theta=1000000.0,
+    ),
 }
 
 
@@ -143,4 +182,3 @@ def resolve(model: str | dict | ModelSpec) -> ModelSpec:
             raise KeyError(model)
         return REGISTRY[model]
     return ModelSpec(**model)
-

@@ -96,9 +96,19 @@ def _layer(te: Any, spec: ModelSpec, device: str, **arch: Any) -> nn.Module:
     TE's global amax buffer, one entry longer per layer, and still compiles per block (session 12); for TE,
     `compile: none` measured faster (README, Tune)."""
     return te.TransformerLayer(
-        hidden_size=spec.d_embd, num_attention_heads=spec.n_heads, layernorm_epsilon=spec.norm_eps,
-        hidden_dropout=0.0, attention_dropout=0.0, self_attn_mask_type="causal", name="block",
-        fuse_qkv_params=True, attn_input_format="bshd", params_dtype=torch.float32, device=device, **arch)
+        hidden_size=spec.d_embd,
+        num_attention_heads=spec.n_heads,
+        layernorm_epsilon=spec.norm_eps,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        self_attn_mask_type="causal",
+        name="block",
+        fuse_qkv_params=True,
+        attn_input_format="bshd",
+        params_dtype=torch.float32,
+        device=device,
+        **arch,
+    )
 
 
 class TELlama(nn.Module):
@@ -110,11 +120,27 @@ class TELlama(nn.Module):
         self.spec, self.fp8_lm_head = spec, fp8_lm_head
         self.tok_embd = nn.Embedding(spec.vocab_size, spec.d_embd)
         self.blocks = nn.ModuleList(
-            _layer(te, spec, device, ffn_hidden_size=spec.ffn_hidden, num_gqa_groups=spec.n_kv_heads,
-                   normalization="RMSNorm", activation="swiglu", bias=False)
-            for _ in range(spec.n_layers))
-        self.output = te.LayerNormLinear(spec.d_embd, spec.vocab_size, eps=spec.norm_eps, bias=False,
-                                         normalization="RMSNorm", params_dtype=torch.float32, device=device)
+            _layer(
+                te,
+                spec,
+                device,
+                ffn_hidden_size=spec.ffn_hidden,
+                num_gqa_groups=spec.n_kv_heads,
+                normalization="RMSNorm",
+                activation="swiglu",
+                bias=False,
+            )
+            for _ in range(spec.n_layers)
+        )
+        self.output = te.LayerNormLinear(
+            spec.d_embd,
+            spec.vocab_size,
+            eps=spec.norm_eps,
+            bias=False,
+            normalization="RMSNorm",
+            params_dtype=torch.float32,
+            device=device,
+        )
         # RoPE angles (T, 1, 1, D), fp32. Not persistent: filled by init_weights on the real device.
         self.register_buffer("rope_freqs", torch.empty(spec.max_seq_len, 1, 1, spec.head_dim), persistent=False)
 
@@ -146,9 +172,17 @@ class TEGPT(nn.Module):
         self.tok_embd = nn.Embedding(spec.vocab_size, spec.d_embd)
         self.pos_embd = nn.Embedding(spec.max_seq_len, spec.d_embd)
         self.blocks = nn.ModuleList(
-            _layer(te, spec, device, ffn_hidden_size=4 * spec.d_embd, normalization="LayerNorm",
-                   activation="gelu", bias=True)
-            for _ in range(spec.n_layers))
+            _layer(
+                te,
+                spec,
+                device,
+                ffn_hidden_size=4 * spec.d_embd,
+                normalization="LayerNorm",
+                activation="gelu",
+                bias=True,
+            )
+            for _ in range(spec.n_layers)
+        )
         self.out_norm = nn.LayerNorm(spec.d_embd, eps=spec.norm_eps)
 
     def init_weights(self) -> None:

@@ -18,8 +18,11 @@ from trainer.recipes import RECIPES
 
 __all__ = ["PrecisionPlan", "STACKS", "precision_plan"]
 
-STACKS = {"torch": "trainer.precision.native", "torchao": "trainer.precision.torchao_fp8",
-          "te": "trainer.precision.te"}  # a recipe's `backend` -> its stack's module
+STACKS = {
+    "torch": "trainer.precision.native",
+    "torchao": "trainer.precision.torchao_fp8",
+    "te": "trainer.precision.te",
+}  # a recipe's `backend` -> its stack's module
 
 
 def precision_plan(name: str, *, device_type: str, sharded: bool = True, fp8_lm_head: bool = False) -> PrecisionPlan:

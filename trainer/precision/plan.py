@@ -12,8 +12,9 @@ A `PrecisionPlan` says how a recipe touches training:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn as nn
@@ -55,8 +56,9 @@ class PrecisionPlan:
         # ranks), or in bf16 (the grid's `reduce_dtype`: half the bytes, as FSDP1 setups commonly use).
         # Inputs are not cast: block inputs are bf16 already (the embedding is gathered in bf16), and the
         # fp32 RoPE tables passed to each block must stay fp32.
-        return MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=REDUCE_DTYPES[reduce_dtype],
-                                    cast_forward_inputs=False)
+        return MixedPrecisionPolicy(
+            param_dtype=self.param_dtype, reduce_dtype=REDUCE_DTYPES[reduce_dtype], cast_forward_inputs=False
+        )
 
     def training_context(self) -> contextlib.AbstractContextManager:
         """What wraps each forward: the recipe's own context, and bf16 autocast when FSDP2 does not shard

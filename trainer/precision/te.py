@@ -18,8 +18,8 @@ Transformer Engine is imported lazily: this module imports on a CPU machine with
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from types import ModuleType
-from typing import Callable
 
 from trainer.precision.plan import PrecisionPlan
 from trainer.recipes import TE_INSTALL_HINT, Recipe
@@ -30,8 +30,9 @@ def import_te(what: str = "this") -> ModuleType:
     try:
         import transformer_engine.pytorch as te_pytorch
     except ImportError as e:
-        raise ImportError(f"{what} needs Transformer Engine, which is not importable here ({e}): "
-                          f"{TE_INSTALL_HINT}") from e
+        raise ImportError(
+            f"{what} needs Transformer Engine, which is not importable here ({e}): {TE_INSTALL_HINT}"
+        ) from e
     return te_pytorch
 
 
@@ -41,13 +42,16 @@ def te_recipe(recipe: Recipe, recipe_module: ModuleType) -> object | None:
     fp8_format named by its member of TE's Format)."""
     if recipe.scaling is None:
         return None
-    args = {key: getattr(recipe_module.Format, value) if key == "fp8_format" else value
-            for key, value in recipe.scaling_args.items()}
+    args = {
+        key: getattr(recipe_module.Format, value) if key == "fp8_format" else value
+        for key, value in recipe.scaling_args.items()
+    }
     return getattr(recipe_module, recipe.scaling)(**args)
 
 
-def autocast_factory(te_pytorch: ModuleType,
-                     fp8_recipe: object | None) -> Callable[[], contextlib.AbstractContextManager]:
+def autocast_factory(
+    te_pytorch: ModuleType, fp8_recipe: object | None
+) -> Callable[[], contextlib.AbstractContextManager]:
     """A no-argument callable that opens TE's FP8 region for `fp8_recipe` (nullcontext when None)."""
     if fp8_recipe is None:
         return contextlib.nullcontext
@@ -57,8 +61,14 @@ def autocast_factory(te_pytorch: ModuleType,
     return lambda: te_pytorch.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)
 
 
-def te_plan(recipe: Recipe, *, device_type: str = "cuda", sharded: bool = True, te_pytorch: ModuleType | None = None,
-            recipe_module: ModuleType | None = None) -> PrecisionPlan:
+def te_plan(
+    recipe: Recipe,
+    *,
+    device_type: str = "cuda",
+    sharded: bool = True,
+    te_pytorch: ModuleType | None = None,
+    recipe_module: ModuleType | None = None,
+) -> PrecisionPlan:
     """The plan for a TE recipe. `te_pytorch` / `recipe_module` default to the installed TE (for tests)."""
     if recipe.backend != "te":
         raise ValueError(f"te_plan got '{recipe.name}', whose backend is {recipe.backend}, not te")
@@ -68,8 +78,12 @@ def te_plan(recipe: Recipe, *, device_type: str = "cuda", sharded: bool = True, 
         from transformer_engine.common import recipe as installed
 
         recipe_module = installed
-    return PrecisionPlan(recipe=recipe, device_type=device_type, sharded=sharded,
-                         forward_context=autocast_factory(te_pytorch, te_recipe(recipe, recipe_module)))
+    return PrecisionPlan(
+        recipe=recipe,
+        device_type=device_type,
+        sharded=sharded,
+        forward_context=autocast_factory(te_pytorch, te_recipe(recipe, recipe_module)),
+    )
 
 
 def plan(recipe: Recipe, *, device_type: str, sharded: bool, fp8_lm_head: bool = False) -> PrecisionPlan:

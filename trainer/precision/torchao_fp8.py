@@ -31,13 +31,16 @@ def fp8_module_filter(module: nn.Module, fqn: str, *, include_head: bool = False
 def plan(recipe: Recipe, *, device_type: str, sharded: bool, fp8_lm_head: bool = False) -> PrecisionPlan:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe.scaling),
-                                 enable_fsdp_float8_all_gather=recipe.fp8_all_gather and sharded,
-                                 emulate=device_type == "cpu")
+    config = dataclasses.replace(
+        Float8LinearConfig.from_recipe_name(recipe.scaling),
+        enable_fsdp_float8_all_gather=recipe.fp8_all_gather and sharded,
+        emulate=device_type == "cpu",
+    )
 
     def convert(model: nn.Module) -> None:
-        convert_to_float8_training(model, config=config, module_filter_fn=functools.partial(
-            fp8_module_filter, include_head=fp8_lm_head))
+        convert_to_float8_training(
+            model, config=config, module_filter_fn=functools.partial(fp8_module_filter, include_head=fp8_lm_head)
+        )
 
     def after_optimizer_step(model: nn.Module) -> None:
         if config.enable_fsdp_float8_all_gather:
@@ -46,5 +49,10 @@ def plan(recipe: Recipe, *, device_type: str, sharded: bool, fp8_lm_head: bool =
             # one all-reduce for every layer's amax instead of one per layer at the next all-gather
             precompute_float8_dynamic_scale_for_fsdp(model)
 
-    return PrecisionPlan(recipe=recipe, device_type=device_type, sharded=sharded,
-                         convert=convert, after_optimizer_step=after_optimizer_step)
+    return PrecisionPlan(
+        recipe=recipe,
+        device_type=device_type,
+        sharded=sharded,
+        convert=convert,
+        after_optimizer_step=after_optimizer_step,
+    )
