@@ -31,6 +31,7 @@ from sweep.search.fastest.space import Config, Space, at_least_as_heavy
 from sweep.search.fastest.verdict import PROFILE_KEYS
 from sweep.spec.grid import DEFAULT_TIMEOUT_S, NUMERICS_CHANGING, TUNABLE, expand, parse_grid
 from trainer.flops import spec_flops_per_token
+from trainer.result import RankResult
 
 GIB = 1024**3
 ACTIVATIONS = {"none": 1.0, "selective": 0.5, "full": 0.2}  # GiB per sample kept for the backward pass
@@ -241,7 +242,7 @@ def outcome(t, row: dict, infrastructure: bool) -> Outcome:
     }
     if t.profile:  # what the trainer's profiler hands the driver: the traced steps' shares, the trace's bytes
         rank["profile"] = {**{k: row.get(f"profile_{k}") for k in PROFILE_KEYS}, "trace_gz": b"trace"}
-    o.ranks = [{**rank, "params_local": n} for n in row.get("params_local") or [0] * t.gpus]
+    o.ranks = [RankResult(status="ok", **rank, params_local=n) for n in row.get("params_local") or [0] * t.gpus]
     return o
 
 
