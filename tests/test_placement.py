@@ -156,11 +156,11 @@ def test_rank_zero_is_the_rendezvous_and_local_ranks_count_per_node():
 
 def test_every_rank_is_sent_the_same_trial_with_what_only_a_trial_says():
     trial = _trial(
-        gpus=1, profile=True, auto_max=(3, 5), warmup_steps="auto", measure_steps="auto", memory_cap_bytes=2**30
+        gpus=1, profiled=True, auto_max=(3, 5), warmup_steps="auto", measure_steps="auto", memory_cap_bytes=2**30
     )
     (job,) = rank_jobs(trial, [{"ip": "127.0.0.1", "port": 9, "node_id": "n"}], device_type="cuda", pg_timeout_s=5.0)
     config = job.trial
-    assert (config.profile, config.auto_max, config.warmup_steps, config.measure_steps, config.memory_cap_bytes) == (
+    assert (config.profiled, config.auto_max, config.warmup_steps, config.measure_steps, config.memory_cap_bytes) == (
         True,
         (3, 5),
         "auto",

@@ -136,7 +136,7 @@ class Machine:
             return {**row, "status": "oom"}, False
         speed = self.tflops(t)
         thrashes = self.thrash_gib is not None and self.peak(t) > self.thrash_gib
-        speed *= (self.thrash_speed if thrashes else 1.0) * (0.98 if t.profile else 1.0)  # a profile's short reading
+        speed *= (self.thrash_speed if thrashes else 1.0) * (0.98 if t.profiled else 1.0)  # a profile's short reading
         row.update(
             status="ok",
             tflops_per_gpu=speed,
@@ -153,7 +153,7 @@ class Machine:
                 group_trial_index=0,
                 trial_wall_s=2.0 + 5.0 + (t.warmup_steps + t.measure_steps) * step,
             )
-        if t.profile:  # the trainer's summary of the traced steps
+        if t.profiled:  # the trainer's summary of the traced steps
             row.update(
                 profile_gemm_pct=60.0,
                 profile_attention_pct=20.0,
@@ -240,7 +240,7 @@ def outcome(t, row: dict, infrastructure: bool) -> Outcome:
         "compile_time_s": row.get("compile_time_s"),
         "init_time_s": row.get("init_time_s"),
     }
-    if t.profile:  # what the trainer's profiler hands the driver: the traced steps' shares, the trace's bytes
+    if t.profiled:  # what the trainer's profiler hands the driver: the traced steps' shares, the trace's bytes
         rank["profile"] = {**{k: row.get(f"profile_{k}") for k in PROFILE_KEYS}, "trace_gz": b"trace"}
     o.ranks = [RankResult(status="ok", **rank, params_local=n) for n in row.get("params_local") or [0] * t.gpus]
     return o
@@ -341,7 +341,7 @@ def plan(capacity_gib: float | None = 40.0, **extra) -> TunePlan:
 
 def is_short(t) -> bool:
     """A short probe: the best's profile trial has its steps but is no probe (it is profiled)."""
-    return (t.warmup_steps, t.measure_steps) == probe_steps(SHORT, t.grad_accum) and not t.profile
+    return (t.warmup_steps, t.measure_steps) == probe_steps(SHORT, t.grad_accum) and not t.profiled
 
 
 def is_longer(t) -> bool:
@@ -459,7 +459,7 @@ def test_attempts_never_exceed_the_budget(budget):
         assert len(attempts) == v["probes"] <= budget
         assert v["best"] is not None if budget >= 8 else (v["best"] is not None or v["aborted"])
         # the finals leave the best's profile its attempt
-        assert [t.profile for t in attempts].count(True) == (v["best"] is not None)
+        assert [t.profiled for t in attempts].count(True) == (v["best"] is not None)
 
 
 def test_a_budget_without_room_for_the_baseline_a_finalist_and_the_profile_is_a_user_error():
@@ -480,18 +480,18 @@ def test_short_probes_then_longer_then_the_grids_own_steps(steps):
     kinds = {
         ("short" if is_short(t) else "longer" if is_longer(t) else (t.warmup_steps, t.measure_steps))
         for t in r.asked
-        if not t.profile
+        if not t.profiled
     }
     assert kinds == {"short", "longer", full}
     (v,) = verdicts_json(p)
     last = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == full]
-    assert {t.profile for t in last} == {False} and len(last) <= 3  # two finalists and the baseline, unprofiled
+    assert {t.profiled for t in last} == {False} and len(last) <= 3  # two finalists and the baseline, unprofiled
     # `auto` finals run at most final_auto_max steps, as the cost cap reserves; counts are what they say
     assert all(t.auto_max == (final_auto_max(t.grad_accum) if "auto" in full else None) for t in last)
     assert all(t.auto_max is None for t in r.asked if t not in last)
     # then one profiled trial, the search's last, asked once every final had answered: the best, at a short
-    # probe's steps (profile=True is in its trial id: it is not the short probe of the same config)
-    (profiled,) = [t for t in r.asked if t.profile]
+    # probe's steps (profiled=True is in its trial id: it is not the short probe of the same config)
+    (profiled,) = [t for t in r.asked if t.profiled]
     assert profiled is r.asked[-1] and r.known[profiled.trial_id] > max(r.asked.index(t) for t in last)
     best = max(last, key=lambda t: r.of(t)["tflops_per_gpu"])
     assert config(profiled) == config(best) and v["best_trial_id"] == best.trial_id
@@ -508,14 +508,14 @@ def test_a_probe_runs_its_steps_in_micro_batches_and_a_rung_probe_stays_longer_t
     p = plan(tune={"vary": ["batch_size", "grad_accum"], "budget": 20})
     r = run(p, Machine())
     full = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == (3, 10)]
-    probes = [t for t in r.asked if t not in full and not t.profile]
+    probes = [t for t in r.asked if t not in full and not t.profiled]
     assert {t.grad_accum for t in probes} == {1, 8} and any(is_longer(t) for t in probes)
     for t in probes:  # as many micro-batches as a probe of one, in whole steps
         rung = SHORT if is_short(t) else LONGER
         assert is_short(t) or is_longer(t)
         assert t.warmup_steps * t.grad_accum >= rung[0] and t.measure_steps * t.grad_accum >= rung[1]
         assert (t.warmup_steps - 1) * t.grad_accum < rung[0] or t.warmup_steps == 1
-    assert full and {t.profile for t in full} == {False}  # the grid's own steps, whatever the accumulation
+    assert full and {t.profiled for t in full} == {False}  # the grid's own steps, whatever the accumulation
 
 
 def test_the_search_id_is_the_groups_and_a_resumed_search_asks_for_the_same_trials():
@@ -526,7 +526,7 @@ def test_the_search_id_is_the_groups_and_a_resumed_search_asks_for_the_same_tria
     again = run(again_plan, recorded=first.rows)  # no machine: every trial must be one already recorded
     assert [t.trial_id for t in again.asked] == [t.trial_id for t in first.asked]
     assert verdicts_json(again_plan) == verdicts_json(first_plan)
-    assert len([t for t in again.asked if t.profile]) == 1 and verdicts_json(again_plan)[0]["profile"] is not None
+    assert len([t for t in again.asked if t.profiled]) == 1 and verdicts_json(again_plan)[0]["profile"] is not None
     other = plan(precisions=["bf16"], tune={"vary": ALL_OPTIONS}).initial()[0]
     assert other.search_id != first.asked[0].search_id
 
@@ -883,7 +883,7 @@ def test_the_best_is_the_fastest_full_measurement_and_the_baseline_is_measured_i
     full = finals(r)
     best = max(full, key=lambda t: r.of(t)["tflops_per_gpu"])
     assert v["best_trial_id"] == best.trial_id and v["best"] == config(best)._asdict()
-    (profiled,) = [t for t in r.asked if t.profile]
+    (profiled,) = [t for t in r.asked if t.profiled]
     # the final's full measurement, never the profile trial's short reading (the Machine reads it 2 % lower)
     assert v["tflops_at_best"] == r.of(best)["tflops_per_gpu"] != r.of(profiled)["tflops_per_gpu"]
     base = next(t for t in full if t.trial_id == v["baseline_trial_id"])
@@ -952,7 +952,7 @@ def test_no_profile_trial_when_no_final_ran_ok():
     p = plan(tune={"vary": ALL_OPTIONS})
     r = run(p, Machine(failing_steps=(3, 10)))
     (v,) = verdicts_json(p)
-    assert finals(r) and not any(t.profile for t in r.asked)
+    assert finals(r) and not any(t.profiled for t in r.asked)
     assert v["best"] is None and v["profile"] is None and v["aborted"].startswith("no full measurement completed")
 
 
@@ -963,10 +963,10 @@ def test_a_profile_trial_lost_to_the_infrastructure_is_retried_only_within_the_b
     first = run(p := plan(tune={"budget": budget}), Machine(**close))
     (v,) = verdicts_json(p)
     n = len(first.asked)  # the profile trial is the last attempt
-    assert first.asked[-1].profile and (n < budget) == room  # 13: the search spends all of it
+    assert first.asked[-1].profiled and (n < budget) == room  # 13: the search spends all of it
     again = run(q := plan(tune={"budget": budget}), Machine(lost={n}, **close))
     (w,) = verdicts_json(q)
-    profiled = [t for t in again.asked if t.profile]
+    profiled = [t for t in again.asked if t.profiled]
     assert w["probes"] == len(again.asked) <= budget and w["tflops_at_best"] == v["tflops_at_best"]
     if room:  # retried, as any stage's attempt under its cap; the verdict cites the retry's trace
         assert [t.retry for t in profiled] == [0, 1]
@@ -1073,7 +1073,7 @@ def test_a_probe_that_thrashed_is_never_fully_measured_even_where_its_short_read
         (t for t in r.asked if is_short(t) and r.of(t)["status"] == "ok"), key=lambda t: r.of(t)["tflops_per_gpu"]
     )
     assert config(fastest) in thrashed  # the case: the fastest short reading is a thrashing one
-    again = [t for t in r.asked if not is_short(t) and not t.profile and config(t) in thrashed]
+    again = [t for t in r.asked if not is_short(t) and not t.profiled and config(t) in thrashed]
     assert again == [], [t.describe() for t in again]
     (v,) = verdicts_json(p)
     assert v["best"] is not None and Config(**v["best"]) not in thrashed

@@ -74,7 +74,7 @@ def _rows(name: str) -> dict[tuple, dict]:
 
 def _key(t) -> tuple:
     """What a trial is in `_rows`: its kind and options."""
-    return (_kind(t.profile, t.warmup_steps, t.measure_steps), t.precision, *(getattr(t, k) for k in TUNABLE))
+    return (_kind(t.profiled, t.warmup_steps, t.measure_steps), t.precision, *(getattr(t, k) for k in TUNABLE))
 
 
 def _replay(name: str, grid: dict) -> tuple[list, list, TunePlan]:
@@ -134,7 +134,7 @@ def test_the_llama_searches_now_ask_for_grad_sync_step_a_batch_lower(name, preci
     assert wave, "the search ended on the recorded rows"
     first_new = wave[0]
     assert (first_new.batch_size, first_new.grad_accum, first_new.reduce_dtype, first_new.grad_sync) == missed
-    assert not first_new.profile and len(asked) <= 16
+    assert not first_new.profiled and len(asked) <= 16
     # recorded: grad_sync: step with an fp32 reduce ran out of memory at the top batch x 8, after the bf16
     # reduce had run there with retries (an fp32 reduce needs no less: tune_space.REDUCE_MEMORY); not asked now
     assert [status for _, status in asked if status == "oom"] == []

@@ -23,7 +23,7 @@ class TrialConfig:
     options: TrainingOptions = TrainingOptions()
     memory_cap_bytes: int | None = None
     seed: int = 3985  # torch.manual_seed of every rank: synthetic data and init are reproducible
-    profile: bool = False  # after the measured steps, a few more under torch.profiler (trainer.profiling)
+    profiled: bool = False  # after the measured steps, a few more under torch.profiler (trainer.profiling)
     auto_max: tuple[int, int] | None = None  # the most warm-up and measured steps `auto` may run (trainer.stopping)
 
 

@@ -154,7 +154,7 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
         dist.barrier()
         memory = peak_stats(rank.device)
         profile = None
-        if config.profile:  # after the measurement and its peak memory: neither sees the profiler
+        if config.profiled:  # after the measurement and its peak memory: neither sees the profiler
             profile = profile_steps(step, len(losses), rank)
             dist.barrier()
     measured = schedule.measure.times

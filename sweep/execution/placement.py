@@ -82,7 +82,7 @@ def rank_jobs(
         measure_steps=trial.measure_steps,
         options=trial.options(),
         memory_cap_bytes=trial.memory_cap_bytes,
-        profile=trial.profile,
+        profiled=trial.profiled,
         auto_max=trial.auto_max,
     )
     seen: dict[str, int] = {}

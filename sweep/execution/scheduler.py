@@ -220,7 +220,7 @@ class Scheduler:
         ranks = a.ranks(end.status)
         # A profiled trial leaves the profiler's CUDA hooks in its processes (kernel launches measured 25-80 %
         # slower after a trace on an H200): the next trial gets fresh ones.
-        warm = self.reuse and end.status == "ok" and not a.trial.profile
+        warm = self.reuse and end.status == "ok" and not a.trial.profiled
         if warm and returned_to_baseline(ranks):
             a.group.state = GroupState.IDLE
         else:

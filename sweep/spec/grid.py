@@ -439,7 +439,7 @@ def expand(
                 memory_cap_bytes=cap,
                 timeout_s=limit,
                 predict_memory=grid.predict_memory,
-                profile=grid.profile,
+                profiled=grid.profile,
                 **fold_options(options, model=model, precision=precision, gpus=gpus, compile=comp),
             )
         )

@@ -39,7 +39,7 @@ class Trial(TrainingOptions):
     parent_trial_id: str | None = None
     retry: int = 0  # infrastructure retries of the same config
     search_id: str | None = None
-    profile: bool = False  # a trace of a few steps after the measured ones (does not change the measurement)
+    profiled: bool = False  # a trace of a few steps after the measured ones (does not change the measurement)
     predict_memory: bool = True  # a trial predicted not to fit is not run (does not change the measurement)
     auto_max: tuple[int, int] | None = None  # the most warm-up and measured steps `auto` may run: a tune's finals
 
@@ -64,7 +64,7 @@ class Trial(TrainingOptions):
         if self.auto_max is not None:  # fewer steps at most: another measurement
             key["auto_max"] = list(self.auto_max)
         # a profiled attempt is its own row (it has a trace): --resume does not stand one for the other
-        if self.profile:
+        if self.profiled:
             key["profile"] = True
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 

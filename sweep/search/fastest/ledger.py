@@ -21,7 +21,7 @@ class Rung(Enum):
     SHORT = 0  # a short probe: the fit and explore stages
     LONGER = 1  # successive halving's rung: longer steps
     FINAL = 2  # the grid's own steps: a full measurement
-    PROFILE = 3  # the best's profile trial: a short probe's steps, profile=True
+    PROFILE = 3  # the best's profile trial: a short probe's steps, profiled=True
 
 
 class Ledger:
@@ -133,7 +133,7 @@ class Prober:
         # a hang costs this, not 30 min
         limit = time_limit_s(c, steps, *self.spent(), final_steps=self.steps[Rung.FINAL])
         trial = self.space.trial(
-            c, steps, profile=rung == Rung.PROFILE, search_id=self.sid, auto_max=most, time_limit_s=limit
+            c, steps, profiled=rung == Rung.PROFILE, search_id=self.sid, auto_max=most, time_limit_s=limit
         )
         if trial.trial_id in self.ledger.owner:
             self.ledger.asked[(c, rung)] = trial.trial_id

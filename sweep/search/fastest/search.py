@@ -35,7 +35,7 @@ in which answers arrive (concurrent trials, or rows reused by --resume) does not
            options at the fastest batch their fit found; under G the split with the largest micro-batch that
            fits) unless its short probe failed, with the grid's own steps (`auto`: at most final_auto_max, as the
            cost cap reserves). The best is the fastest of these.
-  profile  the best (if a final ran ok) with a short probe's steps and profile=True: the verdict's trace. A profiled
+  profile  the best (if a final ran ok) with a short probe's steps and profiled=True: the verdict's trace. A profiled
            trial retires its warm group (the profiler's hooks stay in it): only the best, last, costs no group start.
 
 Budget bound: a stage issues a trial only while the trials issued so far (OOMs, errors, infrastructure

@@ -182,7 +182,7 @@ def _why_none(ledger: Ledger) -> str:
 
 def _profile(row: Row | None) -> dict[str, Any] | None:
     """Where the best's step time goes, from its profile trial's row (Rung.PROFILE: a short probe's steps,
-    profile=True; its TFLOP/s are never the best's figure, the final's are), if the trainer recorded it."""
+    profiled=True; its TFLOP/s are never the best's figure, the final's are), if the trainer recorded it."""
     if not row or all(row.get(f"profile_{k}") is None for k in PROFILE_KEYS):
         return None
     return {**{k: row.get(f"profile_{k}") for k in PROFILE_KEYS}, "trace_file": row.get("trace_file")}
