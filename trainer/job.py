@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from trainer.options import TrainingOptions
 from trainer.stopping import StepsSpec
+
+# The compile modes and activation-checkpointing modes the trainer implements (trainer.parallelize), declared once:
+# the grid's axes, the tune's values and the CLI's choices are these.
+CompileMode = Literal["none", "regional", "full"]
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
+AcMode = Literal["none", "selective", "full"]
+AC_MODES: tuple[str, ...] = get_args(AcMode)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -14,8 +22,8 @@ class TrialConfig:
 
     model_spec_json: str
     precision: str
-    compile: str
-    ac: str
+    compile: CompileMode
+    ac: AcMode
     batch_size: int
     seq_len: int
     warmup_steps: StepsSpec  # a count, or "auto" (`trainer.stopping`: until the step times are stable)

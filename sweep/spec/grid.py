@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -57,14 +57,12 @@ from sweep.errors import UserError
 from sweep.spec.layout import LAYOUT_VARY, divides, grid_layout_problem, layout_problem
 from sweep.spec.trial import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S  # explicit re-exports: the grid's importers
 from sweep.spec.trial import Trial as Trial  # find a trial here too (sweep.spec.trial declares it)
+from trainer.job import AcMode, CompileMode
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, option_types
 from trainer.recipes import RECIPES
 from trainer.stopping import StepsSpec
 
-CompileMode = Literal["none", "regional", "full"]
-COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)  # the modes as values, declared once (the type above)
-AcMode = Literal["none", "selective", "full"]
 # Activations kept for the backward pass, in order: none keeps them all, selective some, full only each
 # block's input. A config that runs out of memory does so with less checkpointing too.
 AC_MEMORY = {"none": 2, "selective": 1, "full": 0}

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from sweep.errors import UserError
 from sweep.search.policy import MaxBatchSearch
 from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec, fold_options
+from trainer.job import AC_MODES, COMPILE_MODES
 
 __all__ = ["AC_MEMORY"]  # re-exported: the ac levels' memory order, for the search's stages
 
@@ -45,8 +46,8 @@ assert Config._fields == TUNABLE  # one list of tunables: the grid's
 
 # Every value of an option in vary whose grid axis lists one value (the batch: 1 up to what fits, probed).
 ALL_VALUES = {
-    "ac": ("none", "selective", "full"),
-    "compile": ("none", "regional", "full"),
+    "ac": AC_MODES,
+    "compile": COMPILE_MODES,
     "grad_accum": (1, 2, 4, 8),
     "reduce_dtype": ("fp32", "bf16"),
     "grad_sync": ("micro_batch", "step"),
