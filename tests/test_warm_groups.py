@@ -370,7 +370,7 @@ def test_release_frees_the_workspaces_transformer_engine_caches(monkeypatch):
 
     import torch
 
-    from trainer.train import held_bytes, release
+    from trainer.release import held_bytes, release
 
     gemm = types.ModuleType("transformer_engine.pytorch.cpp_extensions.gemm")
     workspace = functools.lru_cache(maxsize=None)(lambda device: torch.empty(1 << 22, dtype=torch.uint8))

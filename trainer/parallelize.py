@@ -21,7 +21,7 @@ The order is fixed and matters (torchtitan's `parallelize_llama` does the same):
 GPT-1.5B with torchao rowwise did not finish compiling in 230 s on an H200).
 
 With `dynamic_batch` every compiled graph's first input has a symbolic batch dimension (`mark_batch_dynamic`),
-so a later trial at another batch size runs the same compiled code (`trainer.train.release` keeps it).
+so a later trial at another batch size runs the same compiled code (`trainer.release.release` keeps it).
 """
 
 from __future__ import annotations

@@ -75,6 +75,6 @@ class RankResult:
     cuda_version: str | None = None
     """The runtime torch was built for ('cuda 12.8', 'hip 6.4'); None on a CPU."""
     baseline_bytes: int | None = None
-    """A warm rank: the tensor bytes its process held before its group's first trial (`trainer.train.held_bytes`)."""
+    """A warm rank: the tensor bytes its process held before its group's first trial (`trainer.release.held_bytes`)."""
     held_bytes: int | None = None
     """A warm rank: the tensor bytes its process holds after this trial gave back what it held."""

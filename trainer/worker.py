@@ -104,7 +104,7 @@ def _listen(address: str, port: int) -> socket.socket:
 class RankWorker:
     """One rank's process. With `keep_group` (the scheduler's warm groups) it runs trial after trial: the
     device, the process group and the imports stay, and after each ok trial it gives back what the trial held
-    and reports the bytes it holds against those it held before its first trial (`trainer.train.held_bytes`),
+    and reports the bytes it holds against those it held before its first trial (`trainer.release.held_bytes`),
     so the driver can retire a process that did not return to its baseline. Without it, each run joins and
     leaves its own process group (a test may run several RankWorkers one after the other in one process)."""
 
@@ -195,7 +195,8 @@ class RankWorker:
         import torch._dynamo  # noqa: F401 - every trial's release() resets it: the process's import, not a build's
         import torch.distributed as dist
 
-        from trainer.train import held_bytes, release, run_trial
+        from trainer.release import held_bytes, release
+        from trainer.train import run_trial
 
         imported = time.perf_counter()
         joins = self.rank is None

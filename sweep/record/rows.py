@@ -126,7 +126,15 @@ def unsupported_row(trial: Trial, reason: str, **base: Any) -> Row:
 def outcome_row(outcome: Outcome, **base: Any) -> Row:
     trial = outcome.trial
     row = base_row(trial, **base)
-    row.update(
+    row.update(_attempt_columns(outcome))
+    if outcome.status == "ok":
+        row.update(measured_columns(trial, outcome.ranks, peak_tflops=row["peak_tflops"]))
+    return cast(Row, row)  # the schema's columns (tests/test_schema.py writes and reads rows like it)
+
+
+def _attempt_columns(outcome: Outcome) -> dict[str, Any]:
+    """What became of the attempt and where it ran, whatever its status."""
+    columns: dict[str, Any] = dict(
         status=outcome.status,
         error=outcome.error,
         traceback=outcome.traceback,
@@ -138,15 +146,17 @@ def outcome_row(outcome: Outcome, **base: Any) -> Row:
         process_start_s=outcome.process_start_s,
     )
     if outcome.nodes:
-        row.update(
+        columns.update(
             node_ids=[n.get("node_id") for n in outcome.nodes],
             hosts=[n.get("hostname") for n in outcome.nodes],
             hostname=outcome.nodes[0].get("hostname"),
             nodes=len({n.get("node_id") or n.get("ip") for n in outcome.nodes}),
         )
-    if outcome.status != "ok":
-        return cast(Row, row)
-    ranks = outcome.ranks
+    return columns
+
+
+def measured_columns(trial: Trial, ranks: list[RankResult], *, peak_tflops: float | None) -> dict[str, Any]:
+    """The measurement of an attempt that ran: its ranks' reports turned into the row's figures."""
     rank0 = ranks[0]
     # The slowest rank sets the pace of a synchronous step: take the per-step max over ranks.
     step_times = [max(times) for times in zip(*(r.step_times for r in ranks))]
@@ -155,14 +165,13 @@ def outcome_row(outcome: Outcome, **base: Any) -> Row:
     tokens_per_s = trial.grad_accum * trial.batch_size * trial.seq_len / trial.layout_ranks / median
     fpt = spec_flops_per_token(trial.model, trial.seq_len, n_params=rank0.n_params)
     tflops = fpt * tokens_per_s / 1e12
-    peak = row["peak_tflops"]
 
     def max_of(value: Callable[[RankResult], float | None]) -> float | None:
         return max((v for v in map(value, ranks) if v is not None), default=None)
 
     peak_mem, reserved = max_of(lambda r: r.peak_mem_bytes), max_of(lambda r: r.reserved_mem_bytes)
     ci_pct = ci_half_width_pct(step_times)
-    row.update(
+    columns: dict[str, Any] = dict(
         step_time_s=median,
         step_time_p10_s=_quantile(step_times, 0.1),
         step_time_p90_s=_quantile(step_times, 0.9),
@@ -172,7 +181,7 @@ def outcome_row(outcome: Outcome, **base: Any) -> Row:
         measure_steps=len(step_times),
         tokens_per_s_per_gpu=tokens_per_s,
         tflops_per_gpu=tflops,
-        mfu=tflops / peak if peak else None,
+        mfu=tflops / peak_tflops if peak_tflops else None,
         flops_per_token=fpt,
         n_params=rank0.n_params,
         params_local=[r.params_local for r in ranks],
@@ -195,11 +204,11 @@ def outcome_row(outcome: Outcome, **base: Any) -> Row:
         driver_version=rank0.driver_version,
         cuda_version=rank0.cuda_version,
     )
-    row.update(profile_columns(rank0.profile))
-    row.update(loss_curve_columns(ranks))
+    columns.update(profile_columns(rank0.profile))
+    columns.update(loss_curve_columns(ranks))
     tokens = trial.gpus // trial.layout_ranks * trial.grad_accum * trial.batch_size * trial.seq_len * len(step_times)
-    row.update(energy_columns([r.energy for r in ranks], tokens=tokens, flops_per_token=fpt))
-    return cast(Row, row)
+    columns.update(energy_columns([r.energy for r in ranks], tokens=tokens, flops_per_token=fpt))
+    return columns
 
 
 def loss_curve_columns(ranks: list[RankResult]) -> dict:

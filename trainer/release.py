@@ -1,0 +1,98 @@
+"""Between trials in one process: what an earlier trial leaves behind, given back (`release`), and what the
+process holds (`held_bytes`). A warm group's rank process runs many trials (`trainer.worker`); each starts from
+the state the first started from, except for compiled code a later trial can run unchanged."""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import torch
+import torch.nn as nn
+
+from trainer.job import TrialConfig
+
+# How many trials' compiled code a process keeps, by `_graph_key`, oldest first. A warm group runs trials smallest
+# first (sweep.execution.groups.footprint), so a grid's precisions alternate at each batch size: keeping only the last
+# trial's code would recompile every one. Each graph kept is one more entry in dynamo's cache of the same block
+# code, under its recompile_limit (8; past it dynamo runs the block uncompiled): 4 graphs and their batch-1
+# variants stay within it.
+KEPT_GRAPHS = 4
+_kept: list[tuple] = []
+
+
+def _graph_key(config: TrialConfig) -> tuple:
+    """What a trial's compiled graphs depend on beyond the batch size (symbolic with `dynamic_batch`)."""
+    return (config.model_spec_json, config.precision, config.compile, config.ac, config.seq_len, config.options)
+
+
+def _release_compiled(keep_for: TrialConfig | None) -> None:
+    """Drop the compiled code of earlier trials (it would count towards dynamo's recompile limit for the same
+    block classes), unless `keep_for` can run it: a `dynamic_batch` trial keeps the code of up to KEPT_GRAPHS
+    graph keys (then everything is dropped), and one that differs from a kept key only in the (symbolic) batch
+    size runs that code, recompiling nothing (a fresh model of the same classes passes dynamo's guards:
+    parameters are graph inputs, not constants). A trial without compile leaves the code for the next."""
+    global _kept
+    if keep_for is None:
+        torch.compiler.reset()
+        _kept = []
+        return
+    if keep_for.compile == "none":
+        return
+    key = _graph_key(keep_for)
+    if not keep_for.options.dynamic_batch or (key not in _kept and len(_kept) >= KEPT_GRAPHS):
+        torch.compiler.reset()  # `dynamic_batch: false` compiles afresh, as every trial did before it existed
+        _kept = []
+    if keep_for.options.dynamic_batch and key not in _kept:
+        _kept.append(key)
+
+
+def release(device: torch.device, *, keep_for: TrialConfig | None = None) -> None:
+    """Leave nothing of an earlier trial in this process: its compiled graphs, unless `keep_for` (the trial
+    about to run, or the one that just ran) can reuse them (`_release_compiled`); Transformer Engine's FP8
+    globals (recipe, amax buffers), and its memory: unreachable tensors collected, cuBLAS workspaces and cached
+    device memory given back (they would count in this trial's peak reserved memory), the allocator's counters
+    zeroed (its retries are a row's). A process may run many trials (`trainer.worker`): after this, what it holds is
+    what it held before the first (`held_bytes`)."""
+    _release_compiled(keep_for)
+    _reset_te()
+    gc.collect()
+    if device.type == "cuda":
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # allocated on a handle's first GEMM
+        if clear is not None:
+            clear()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_accumulated_memory_stats(device)  # num_alloc_retries counts from process start
+
+
+def _reset_te() -> None:
+    """Transformer Engine's process-wide state, if an earlier trial imported it: its FP8 globals (their module
+    moved in 2.x), and the cuBLAS workspaces its GEMMs keep in `functools.lru_cache`s (32 MiB + 1 KiB per
+    device on Hopper, TE 2.20 `cpp_extensions/gemm.py`), which held a warm group above its baseline after
+    every TE trial on 2xH200, so each TE trial started fresh processes (RESULTS.md, session 10)."""
+    if "transformer_engine.pytorch" not in sys.modules:
+        return
+    for module in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8"):
+        manager = getattr(sys.modules.get(module), "FP8GlobalStateManager", None)
+        if manager is not None:
+            manager.reset()
+            break
+    gemm = sys.modules.get("transformer_engine.pytorch.cpp_extensions.gemm")
+    for cached in list(vars(gemm).values()) if gemm is not None else ():
+        if callable(getattr(cached, "cache_clear", None)):  # sizes are recomputed, workspaces reallocated
+            cached.cache_clear()
+
+
+def held_bytes(device: torch.device) -> int:
+    """Bytes of tensor memory this process holds now. CUDA: the caching allocator's allocated bytes. CPU (torch
+    keeps no count there): the storages of every live tensor the garbage collector tracks, each once (fake and
+    meta tensors hold none; a tensor subclass's data is a plain tensor of its own)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    storages = {}
+    for obj in gc.get_objects():
+        if type(obj) in (torch.Tensor, nn.Parameter) and obj.layout == torch.strided and obj.device.type == device.type:
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    storages.pop(0, None)  # empty storages
+    return sum(storages.values())
