@@ -117,7 +117,6 @@ def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path, metric: str =
 def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
     """The matplotlib Figure of ``configs`` (from ``aggregate.configs``) and their ``max_batch_table``."""
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
 
     rows, groups = configs.to_pylist(), max_batch.to_pylist()
     varying, per_model, constant = _split_keys(rows)
@@ -147,6 +146,18 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
     for ax in [*axes[:nrows].flat[len(models) :], *axes[nrows:].flat[len(models) :]]:
         ax.set_visible(False)
 
+    _legend(fig, series, style)
+    title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
+    if title:
+        fig.suptitle(_wrap(title, int(fig.get_figwidth() * fig.dpi // 8)), fontsize="medium")
+    _batch_ticks(fig, perf_axes)
+    return fig
+
+
+def _legend(fig: Any, series: list[str], style: dict[str, dict[str, Any]]) -> None:
+    """One legend under the panels: a line per series, then the failure markers."""
+    from matplotlib.lines import Line2D
+
     handles = [
         Line2D([], [], color=style[s]["color"], linestyle=style[s]["linestyle"], marker=style[s]["marker"], label=s)
         for s in series
@@ -172,11 +183,6 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
         ncols=max(1, min(len(handles), int(width_px // longest))),
         frameon=False,
     )
-    title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
-    if title:
-        fig.suptitle(_wrap(title, int(width_px // 8)), fontsize="medium")
-    _batch_ticks(fig, perf_axes)
-    return fig
 
 
 def _batch_ticks(fig, panels: list[tuple[Any, list[int]]]) -> None:

@@ -141,6 +141,22 @@ def verdict_table(verdicts: list[dict]) -> None:
     stdout_console().print(table)
 
 
+TUNE_COLUMNS = [
+    "model",
+    "precision",
+    "seq",
+    "gpus",
+    "best (vs baseline)",
+    "TFLOP/s/GPU @best",
+    "baseline",
+    "baseline TFLOP/s/GPU",
+    "speedup",
+    "probes / budget",
+    "cost (x one trial)",
+    "numerics allowed",
+]  # tune_table's columns, between the cluster (several clusters only) and the global batch (when one was held)
+
+
 def tune_table(verdicts: list[dict]) -> None:
     """The fastest-configuration verdicts (``kind: "fastest"``) a search prints when it ends, one row per model,
     precision, seq_len and GPUs: the best configuration (what it changed from the baseline, and its batch)
@@ -153,24 +169,7 @@ def tune_table(verdicts: list[dict]) -> None:
     clusters = len({v.get("cluster") for v in verdicts}) > 1
     global_batch = any(v.get("global_batch_tokens") for v in verdicts)
     table = Table(title="fastest configuration per model × precision", title_justify="left")
-    for col in (
-        (["cluster"] if clusters else [])
-        + [
-            "model",
-            "precision",
-            "seq",
-            "gpus",
-            "best (vs baseline)",
-            "TFLOP/s/GPU @best",
-            "baseline",
-            "baseline TFLOP/s/GPU",
-            "speedup",
-            "probes / budget",
-            "cost (x one trial)",
-            "numerics allowed",
-        ]
-        + (["global batch (tokens)"] if global_batch else [])
-    ):
+    for col in (["cluster"] if clusters else []) + TUNE_COLUMNS + (["global batch (tokens)"] if global_batch else []):
         table.add_column(col, justify="right" if "TFLOP" in col or col in ("seq", "gpus", "speedup") else "left")
     for v in verdicts:
         baseline = v.get("baseline") or {}
