@@ -86,7 +86,8 @@ def make_plan(
     """What runs: the grid's trials (with OOM retries), or the search its `search:` asks for. `step`: a
     max-batch search's granularity (`sweep max-batch --step`; a grid's search goes to the batch). `predictor`
     (sweep.memory.predictor): where OOM retries and a max-batch search's first probes go."""
-    from sweep.search.policy import GridPlan, MaxBatchPlan
+    from sweep.search.max_batch import MaxBatchPlan
+    from sweep.search.policy import GridPlan
 
     # where a probe or a retry goes: the model's estimate itself, not the batch it would refuse past its margin (on
     # one H200, uncalibrated, a bf16 retry from 24 went to 12, inside the margin, and ran out of memory; 10 fits)

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from sweep.search import probe_budget
-from sweep.search.policy import MAX_BATCH, MaxBatchSearch
+from sweep.search.max_batch import MAX_BATCH, MaxBatchSearch
 
 GiB = 1024**3
 CAPACITY = 80 * GiB

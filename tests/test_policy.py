@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from sweep.search.policy import GridPlan, MaxBatchPlan, MaxBatchSearch, infra_retry, next_batch_after_oom
+from sweep.search.max_batch import MaxBatchPlan, MaxBatchSearch
+from sweep.search.policy import GridPlan, infra_retry, next_batch_after_oom
 from sweep.spec.grid import OomPolicy, expand, parse_grid
 
 

@@ -173,7 +173,7 @@ def test_run_retries_a_predicted_oom_at_the_predicted_batch_without_ray(tmp_path
 
 
 def test_a_max_batch_search_starts_at_the_predicted_limit():
-    from sweep.search.policy import MaxBatchPlan
+    from sweep.search.max_batch import MaxBatchPlan
 
     seed = _trial(1)
     plan = MaxBatchPlan([seed], capacity_bytes=141 * GiB, predicted_max=lambda t: 5)
@@ -188,7 +188,7 @@ def test_a_max_batch_search_starts_at_the_predicted_limit():
 def test_a_probe_predicted_not_to_fit_is_an_oom_to_the_search():
     """Calibrated, the neighbour of the predicted limit is predicted not to fit: recorded without GPU time, and
     the verdict stands on it rather than the search stopping as after an unsupported recipe."""
-    from sweep.search.policy import MaxBatchPlan
+    from sweep.search.max_batch import MaxBatchPlan
 
     plan = MaxBatchPlan([_trial(1)], capacity_bytes=141 * GiB, predicted_max=lambda t: 5)
     (first,) = plan.initial()

@@ -1,4 +1,4 @@
-"""The verdict of one max-batch search (sweep.search.policy.MaxBatchSearch): the largest batch that fits, the
+"""The verdict of one max-batch search (sweep.search.max_batch.MaxBatchSearch): the largest batch that fits, the
 fastest, what the search probed; completed from the search's rows with what they measured. Pure."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class MaxBatchVerdict:
     kind: Literal["max_batch"] = "max_batch"
     """The kind of search (the saved object's first key)."""
     search_id: str | None
-    """The id every probe row of the search carries (sweep.search.policy.max_batch_search_id)."""
+    """The id every probe row of the search carries (sweep.search.max_batch.max_batch_search_id)."""
     model: str
     """The model's label."""
     precision: str

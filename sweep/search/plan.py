@@ -1,7 +1,7 @@
 """What a plan is, declared once (as Ray Tune's `Searcher` declares suggest / on result): the runner asks a plan
 for its first trials, tells it each attempt's result, and asks it for its verdicts at the end. Pure.
 
-Plans: `sweep.search.policy.GridPlan` (the grid's trials, OOM retries), `sweep.search.policy.MaxBatchPlan`
+Plans: `sweep.search.policy.GridPlan` (the grid's trials, OOM retries), `sweep.search.max_batch.MaxBatchPlan`
 (`search: max_batch`), `sweep.search.fastest.plan.TunePlan` (`search: fastest`)."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from sweep.errors import UserError
-from sweep.search.policy import MaxBatchSearch
+from sweep.search.max_batch import MaxBatchSearch
 from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec, fold_options
 from trainer.job import AC_MODES, COMPILE_MODES
 
@@ -53,7 +53,7 @@ ALL_VALUES = {
     "grad_sync": ("micro_batch", "step"),
     "fp8_lm_head": (False, True),
 }
-FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.search.policy.MaxBatchSearch)
+FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.search.max_batch.MaxBatchSearch)
 _FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")  # the training options among TUNABLE
 SHORT = (2, 3)  # a search's short probe: warm-up 2 (a compile), measure 3: enough to rank candidates
 LONGER = (3, 9)  # its rung: three times the measured steps to separate the close ones
