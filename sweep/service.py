@@ -39,7 +39,8 @@ def prepare(grid: Path | None, cluster: str, memory_cap: str | None, options: di
     from clusters._load import display_path
     from clusters.schema import parse_memory_size
     from sweep.errors import UserError
-    from sweep.spec.grid import expand, parse_grid, read_grid
+    from sweep.spec.expand import expand
+    from sweep.spec.grid import parse_grid, read_grid
 
     profile = load_profile(cluster)
     data, source = (read_grid(grid), display_path(grid)) if grid is not None else ({}, "<options>")

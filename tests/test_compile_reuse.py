@@ -16,7 +16,8 @@ from trainer.models.specs import REGISTRY
 
 def test_dynamic_batch_folds_away_without_compile():
     """`dynamic_batch: [true, false]` is two trials where a trial compiles, one where nothing is traced."""
-    from sweep.spec.grid import expand, parse_grid
+    from sweep.spec.expand import expand
+    from sweep.spec.grid import parse_grid
 
     grid = parse_grid(
         {"models": ["gpt-tiny"], "batch_sizes": [2], "compile": ["none", "regional"], "dynamic_batch": [True, False]}
@@ -30,7 +31,8 @@ def test_dynamic_batch_folds_away_without_compile():
 
 def test_torchao_fp8_keeps_static_shapes():
     """A torchao FP8 trial compiles for each batch (measured slower with a symbolic batch); bf16 keeps the option."""
-    from sweep.spec.grid import expand, parse_grid
+    from sweep.spec.expand import expand
+    from sweep.spec.grid import parse_grid
 
     grid = parse_grid(
         {

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from sweep.errors import UserError
-from sweep.spec.grid import expand, load_grid, parse_grid
+from sweep.spec.expand import expand
+from sweep.spec.grid import load_grid, parse_grid
 
 GOOD = """
 models: [gpt-tiny, {arch: llama, name: inline, n_layers: 1, d_embd: 32, n_heads: 4, n_kv_heads: 2,

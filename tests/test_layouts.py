@@ -12,7 +12,8 @@ import json
 import pytest
 from test_grid_cli import error_line  # exit 2, one `error: ...` line, no traceback
 
-from sweep.spec.grid import expand, parse_grid
+from sweep.spec.expand import expand
+from sweep.spec.grid import parse_grid
 
 LLAMA = "{arch: llama, name: l4, n_layers: 1, d_embd: 64, n_heads: 4, n_kv_heads: 2, ffn_hidden: 96, vocab_size: 128}"
 

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from sweep.cli import app
 from sweep.record import store
 from sweep.search.policy import GridPlan
-from sweep.spec.grid import OomPolicy, expand, parse_grid
+from sweep.spec.expand import expand
+from sweep.spec.grid import OomPolicy, parse_grid
 
 # Llama3-8B on 2 H200s at T 4096: measured 128.6 GiB at batch 4, out of memory at 5 (benchmarks/history)
 LLAMA = ("--cluster", "h200", "--model", "llama3-8b", "--gpus", "2", "--seq-len", "4096")

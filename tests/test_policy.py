@@ -9,7 +9,8 @@ import pytest
 
 from sweep.search.max_batch import MaxBatchPlan, MaxBatchSearch
 from sweep.search.policy import GridPlan, infra_retry, next_batch_after_oom
-from sweep.spec.grid import OomPolicy, expand, parse_grid
+from sweep.spec.expand import expand
+from sweep.spec.grid import OomPolicy, parse_grid
 
 
 @pytest.mark.parametrize(

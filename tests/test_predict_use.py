@@ -18,7 +18,8 @@ from sweep.memory.predictor import NO_ROWS
 from sweep.record import store
 from sweep.record.rows import base_row
 from sweep.search.policy import GridPlan, next_batch_after_oom
-from sweep.spec.grid import OomPolicy, expand, parse_grid
+from sweep.spec.expand import expand
+from sweep.spec.grid import OomPolicy, parse_grid
 
 GiB = 2**30
 LLAMA = {"models": ["llama3-8b"], "gpus": [2], "seq_len": [4096]}

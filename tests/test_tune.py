@@ -29,7 +29,8 @@ from sweep.search.fastest.plan import TunePlan
 from sweep.search.fastest.search import LONGER, SHORT, probe_steps
 from sweep.search.fastest.space import Config, Space, at_least_as_heavy
 from sweep.search.fastest.verdict import PROFILE_KEYS
-from sweep.spec.grid import DEFAULT_TIMEOUT_S, NUMERICS_CHANGING, TUNABLE, expand, parse_grid
+from sweep.spec.expand import expand
+from sweep.spec.grid import DEFAULT_TIMEOUT_S, NUMERICS_CHANGING, TUNABLE, parse_grid
 from trainer.flops import spec_flops_per_token
 from trainer.result import RankResult
 

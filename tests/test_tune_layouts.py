@@ -12,7 +12,8 @@ from conftest import verdicts_json
 
 from sweep.errors import UserError
 from sweep.search.fastest.plan import TunePlan, fastest_search_id, search_group
-from sweep.spec.grid import expand, parse_grid
+from sweep.spec.expand import expand
+from sweep.spec.grid import parse_grid
 
 GIB = 1024**3
 

@@ -21,7 +21,8 @@ from sweep.execution import runner
 from sweep.search.fastest.cost import compile_times, final_s, one_trial_s, probe_s, spent_s
 from sweep.search.fastest.plan import TunePlan
 from sweep.search.fastest.space import SHORT
-from sweep.spec.grid import DEFAULT_TIMEOUT_S, TUNABLE, expand, parse_grid
+from sweep.spec.expand import expand
+from sweep.spec.grid import DEFAULT_TIMEOUT_S, TUNABLE, parse_grid
 
 HISTORY = Path(__file__).resolve().parent.parent / "benchmarks" / "history"
 GIB = 1024**3

@@ -1,5 +1,5 @@
 """A trial: one configuration of a grid to run once, and the `trial_id` that names its measurement. Pure: no
-torch, no Ray. `sweep.spec.grid.expand` makes them from a grid."""
+torch, no Ray. `sweep.spec.expand.expand` makes them from a grid."""
 
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ from typing import Any, NamedTuple
 
 from sweep.errors import UserError
 from sweep.search.max_batch import MaxBatchSearch
-from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec, fold_options
+from sweep.spec.expand import fold_options
+from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec
 from trainer.job import AC_MODES, COMPILE_MODES
 
 __all__ = ["AC_MEMORY"]  # re-exported: the ac levels' memory order, for the search's stages

@@ -1,0 +1,110 @@
+"""A grid's trials: the cartesian product of its axes (`expand`), each trial's options folded to what it can
+use (`fold_options`). Pure: no torch, no Ray."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from sweep.errors import UserError
+from sweep.spec.grid import GridSpec
+from sweep.spec.layout import divides, grid_layout_problem, layout_problem
+from sweep.spec.trial import DEFAULT_TIMEOUT_S, Trial
+from trainer.models.specs import ModelSpec
+from trainer.options import OPTION_DEFAULTS
+from trainer.recipes import RECIPES
+
+
+def fold_options(
+    options: Mapping[str, Any], *, model: ModelSpec, precision: str, gpus: int, compile: str | None = None
+) -> dict[str, Any]:
+    """The options a trial really runs with: one that can do nothing in this trial is back at its default."""
+    family = RECIPES[precision].family
+    # An FP8 head needs an FP8 recipe and an untied head (GPT's head is the embedding): elsewhere the
+    # option does nothing, so `fp8_lm_head: [false, true]` crossed with bf16 gives one bf16 trial.
+    fp8_head = options["fp8_lm_head"] and family == "fp8" and model.arch == "llama"
+    # Gradients are only reduced across ranks, and only in a dtype other than the parameters' when
+    # those are bf16 (fp32 trains and reduces in fp32); they can only wait for the step's last
+    # micro-batch when there is more than one. Elsewhere these options do nothing and fold away.
+    reduce = options["reduce_dtype"] if gpus > 1 and family != "fp32" else OPTION_DEFAULTS["reduce_dtype"]
+    sync = options["grad_sync"] if gpus > 1 and options["grad_accum"] > 1 else OPTION_DEFAULTS["grad_sync"]
+    # Nothing is traced without compile (a caller that does not say which compile keeps the option as it is).
+    # torchao's FP8 graphs keep static shapes: on one H200 a symbolic batch ran them 1.9-2.3 % slower (bf16 within
+    # 0.7 %; benchmarks/RESULTS.md "Compile once per graph"), more than a benchmark may trade for compile time.
+    dynamic = (
+        options["dynamic_batch"] and RECIPES[precision].backend != "torchao"
+        if compile != "none"
+        else OPTION_DEFAULTS["dynamic_batch"]
+    )
+    return {**options, "fp8_lm_head": fp8_head, "reduce_dtype": reduce, "grad_sync": sync, "dynamic_batch": dynamic}
+
+
+def expand(
+    grid: GridSpec,
+    *,
+    cluster: str,
+    source: str = "",
+    max_ranks: int | None = None,
+    timeout_s: float | None = None,
+    memory_cap_bytes: int | None = None,
+    default_memory_cap: int | None = None,
+    ranks_per_node: int | None = None,
+) -> list[Trial]:
+    """The cartesian product of the grid's axes, in a stable order. `timeout_s` is the profile's: a trial's
+    limit is the grid's timeout_s, else that, else DEFAULT_TIMEOUT_S (decided here, once). A layout (dp_replicate x
+    tp x cp) that does not divide a trial's ranks is left out of that gpus value's trials (gpus: [2, 4] with tp: [1, 4]
+    runs tp 4 at 4 ranks only); one that divides none of them, or cannot split a model, is refused
+    (sweep.spec.layout)."""
+    _check_ranks(grid, cluster=cluster, source=source, max_ranks=max_ranks)
+    cap = next((c for c in (memory_cap_bytes, grid.memory_cap, default_memory_cap) if c is not None), None)
+    limit = grid.timeout_s or timeout_s or DEFAULT_TIMEOUT_S
+    option_sets = [
+        dict(zip(OPTION_DEFAULTS, values))
+        for values in itertools.product(*(getattr(grid, name) for name in OPTION_DEFAULTS))
+    ]
+    trials = []
+    for model, precision, comp, ac, seq_len, gpus, options, batch in itertools.product(
+        grid.models, grid.precisions, grid.compile, grid.ac, grid.seq_len, grid.gpus, option_sets, grid.batch_sizes
+    ):
+        if seq_len > model.max_seq_len:  # gpt: learned positions; llama: the RoPE table
+            raise UserError(
+                f"Invalid grid {source}: seq_len: {seq_len} exceeds {model.label}'s max_seq_len ({model.max_seq_len})"
+            )
+        if not divides(gpus, options):
+            continue
+        if problem := layout_problem(model, seq_len=seq_len, options=options, ranks_per_node=ranks_per_node):
+            raise UserError(f"Invalid grid {source}: {problem}")
+        trials.append(
+            Trial(
+                cluster=cluster,
+                model=model,
+                precision=precision,
+                compile=comp,
+                ac=ac,
+                batch_size=batch,
+                seq_len=seq_len,
+                gpus=gpus,
+                warmup_steps=grid.steps.warmup,
+                measure_steps=grid.steps.measure,
+                memory_cap_bytes=cap,
+                timeout_s=limit,
+                predict_memory=grid.predict_memory,
+                profiled=grid.profile,
+                **fold_options(options, model=model, precision=precision, gpus=gpus, compile=comp),
+            )
+        )
+    unique = {t.trial_id: t for t in trials}
+    return list(unique.values())
+
+
+def _check_ranks(grid: GridSpec, *, cluster: str, source: str, max_ranks: int | None) -> None:
+    """The grid's ranks per trial against the cluster's, and its layouts against its ranks (before any trial)."""
+    if max_ranks is not None:
+        too_many = [g for g in grid.gpus if g > max_ranks]
+        if too_many:
+            raise UserError(
+                f"Invalid grid {source}: gpus: {too_many[0]} ranks per trial, but cluster '{cluster}' has {max_ranks}"
+            )
+    if problem := grid_layout_problem(grid):
+        raise UserError(f"Invalid grid {source}: {problem}")
