@@ -142,7 +142,8 @@ def main() -> None:
     print(
         f"\n{len(raw_err)} rows. raw error {min(raw_err):+.1f} % to {max(raw_err):+.1f} % "
         f"(median |error| {statistics.median(map(abs, raw_err)):.1f} %); calibrated leave-one-out "
-        f"{min(cal_err):+.1f} % to {max(cal_err):+.1f} % (median |error| {statistics.median(map(abs, cal_err)):.1f} %), "
+        f"{min(cal_err):+.1f} % to {max(cal_err):+.1f} % "
+        f"(median |error| {statistics.median(map(abs, cal_err)):.1f} %), "
         f"{within} of {len(cal_err)} within ±10 %; {len(raw_err) - len(cal_err)} rows alone of their kind"
     )
 

@@ -130,7 +130,7 @@ def make_rows() -> list[dict]:
     rng = random.Random(31)
     rows: list[dict] = []
     t0 = dt.datetime(2026, 3, 2, 9, 0, tzinfo=dt.timezone.utc)
-    for cluster, (peak, _, _, cost) in CLUSTERS.items():
+    for cluster, (_peak, _, _, cost) in CLUSTERS.items():
         for run in (1, 2, 3):
             variants = [(1, c) for c in ("none", "regional")] + ([(4, "none")] if cluster == "h200" else [])
             for model in MODELS:

@@ -26,6 +26,11 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# the test that runs the README's --start, --warmup and --measure of `sweep tune`
+_BEST_IS_FASTEST = (
+    "test_tune_cli.py::test_the_best_is_the_fastest_full_measurement_against_a_baseline_of_the_same_search"
+)
+
 # What the README shows → the test that runs it through the CLI ("module.py::test" when another module has it).
 COVERAGE = {
     # the "## Grids" yaml block
@@ -78,9 +83,9 @@ COVERAGE = {
     # options of `sweep tune` the README shows (the `tuned` fixture runs them)
     "--vary": "test_tune_cli.py::test_numerics_changing_options_stay_fixed_unless_named",
     "--budget": "test_tune_cli.py::test_tune_gives_one_fastest_verdict_per_precision_within_its_budget",
-    "--start": "test_tune_cli.py::test_the_best_is_the_fastest_full_measurement_against_a_baseline_of_the_same_search",
-    "--warmup": "test_tune_cli.py::test_the_best_is_the_fastest_full_measurement_against_a_baseline_of_the_same_search",
-    "--measure": "test_tune_cli.py::test_the_best_is_the_fastest_full_measurement_against_a_baseline_of_the_same_search",
+    "--start": _BEST_IS_FASTEST,
+    "--warmup": _BEST_IS_FASTEST,
+    "--measure": _BEST_IS_FASTEST,
     # the rest of what the README promises about these commands
     "sweep plan": "test_readme_grid_block_plans_on_h200",
     "sweep max-batch": "test_max_batch_command_and_search_with_two_precisions",

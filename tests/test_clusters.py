@@ -329,7 +329,8 @@ def test_cli_show_unknown_is_one_line_exit_2(cli_app, monkeypatch):
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
-        "error: unknown cluster 'nope'; valid: b200, h100, h200, local, mi300x, mi325x, mi355x (or a path to a profile .yaml)"
+        "error: unknown cluster 'nope'; valid: b200, h100, h200, local, mi300x, mi325x, mi355x "
+        "(or a path to a profile .yaml)"
     ]
     assert "Traceback" not in result.output
 

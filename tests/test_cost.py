@@ -1,4 +1,5 @@
-"""Where a sweep's GPU time went: the arithmetic (sweep.record.cost, pure) and what `sweep run` and `results show` print."""
+"""Where a sweep's GPU time went: the arithmetic (sweep.record.cost, pure) and what `sweep run` and `results show`
+print."""
 
 from __future__ import annotations
 

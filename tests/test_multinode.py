@@ -1,8 +1,8 @@
 """Multi-node scheduling on a real Ray cluster of two nodes, both on this machine.
 
 `ray.cluster_utils.Cluster` starts a head and a second node of two CPUs each; a profile written here
-(`gpus_per_node: 1`, one CPU per rank) points at it, and `sweep run` joins it as a driver of its own, in a subprocess (this
-test process may already be connected to the session's Ray, and a process joins one Ray only). A 2-rank
+(`gpus_per_node: 1`, one CPU per rank) points at it, and `sweep run` joins it as a driver of its own, in a subprocess
+(this test process may already be connected to the session's Ray, and a process joins one Ray only). A 2-rank
 trial is then spread over both nodes although either could hold both ranks (on CPU nodes `gpus_per_node`
 bounds a trial's ranks per node, as a GPU count does), with FSDP2 over gloo between them; 1-rank trials run
 at the same time.

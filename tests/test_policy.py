@@ -188,8 +188,13 @@ def _exact(search: MaxBatchSearch, limit: int, step: int) -> bool:
 def test_on_a_linear_memory_curve_the_search_is_exact_in_five_probes_with_two_ooms_at_most():
     """The two OOMs: `start` when it is already too large, and the batch just past the limit."""
     for a, b, capacity, limit, start, step in _linear_curves():
+        # a, b and capacity bound now, though _search calls the curve within this iteration
         search, ooms = _search(
-            lambda n: a + b * n, lambda n: a + b * n <= capacity, capacity=capacity, start=start, step=step
+            lambda n, a=a, b=b: a + b * n,
+            lambda n, a=a, b=b, capacity=capacity: a + b * n <= capacity,
+            capacity=capacity,
+            start=start,
+            step=step,
         )
         curve = f"a={a / GiB:.3f} GiB b={b / GiB:.4f} GiB limit={limit} start={start} step={step}: {search.probes}"
         assert _exact(search, limit, step), curve
@@ -199,7 +204,7 @@ def test_on_a_linear_memory_curve_the_search_is_exact_in_five_probes_with_two_oo
 def test_the_search_runs_out_of_memory_no_more_often_than_the_old_one_on_any_linear_curve():
     totals = {"new_ooms": 0, "old_ooms": 0, "new_probes": 0, "old_probes": 0}
     for a, b, capacity, limit, start, step in _linear_curves():
-        curve = (lambda n: a + b * n, lambda n: a + b * n <= capacity)
+        curve = (lambda n, a=a, b=b: a + b * n, lambda n, a=a, b=b, capacity=capacity: a + b * n <= capacity)
         new, new_ooms = _search(*curve, capacity=capacity, start=start, step=step)
         old, old_ooms = _search(*curve, capacity=capacity, start=start, step=step, kind=_OldSearch)
         assert _exact(old, limit, step), "the comparison is between two right answers"

@@ -659,7 +659,10 @@ def test_small_numbers_keep_their_significant_figures(tmp_path):
 def test_results_command_imports_nothing_heavy():
     import subprocess
 
-    code = "import sys, sweep.commands.results; print(sorted(m for m in ('duckdb', 'matplotlib', 'pyarrow') if m in sys.modules))"
+    code = (
+        "import sys, sweep.commands.results; "
+        "print(sorted(m for m in ('duckdb', 'matplotlib', 'pyarrow') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 

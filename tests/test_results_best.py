@@ -2,8 +2,8 @@
 whatever its batch and options, against the baseline precision's fastest; `sweep results verdicts` prints what
 the searches saved, a fastest search's verdict with its speedup, an aborted one with its reason.
 
-The rows are written with ``sweep.record.store.write_row`` and the verdicts with ``store.write_verdicts``, as `sweep run`
-writes them. Numbers from the issue's 2×H200 Llama3-8B measurements, T 4096.
+The rows are written with ``sweep.record.store.write_row`` and the verdicts with ``store.write_verdicts``, as
+`sweep run` writes them. Numbers from the issue's 2×H200 Llama3-8B measurements, T 4096.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """`sweep results plot` on a mixed results folder, as a max-batch campaign on one H200 leaves it.
 
 Three models, two precisions, grad_accum 1 and 8, reduce_dtype fp32 and bf16; compile regional, no
-gradient clipping, grad_sync step and a 120 GiB cap everywhere; each series a max-batch search whose probes end close together (113, 117, 118, 119, 121),
-and one series per model that never ran out of memory (its largest batch is only a lower bound).
+gradient clipping, grad_sync step and a 120 GiB cap everywhere; each series a max-batch search whose probes end
+close together (113, 117, 118, 119, 121), and one series per model that never ran out of memory (its largest
+batch is only a lower bound).
 Rows are written with ``sweep.record.store.write_row`` as ``sweep run`` writes them.
 """
 

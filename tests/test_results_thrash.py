@@ -71,13 +71,16 @@ def test_results_max_batch_shows_retries_and_says_it_thrashes(tmp_path):
         r["precision"]: r
         for r in (dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:])
     }
-    cells = lambda p: (
-        got[p]["max ok batch"],
-        got[p]["fastest batch"],
-        got[p]["alloc retries @max"],  # noqa: E731
-        got[p]["alloc retries @fastest"],
-        got[p]["allocator"],
-    )
+
+    def cells(p):
+        return (
+            got[p]["max ok batch"],
+            got[p]["fastest batch"],
+            got[p]["alloc retries @max"],
+            got[p]["alloc retries @fastest"],
+            got[p]["allocator"],
+        )
+
     assert cells("fp8-torchao") == ("2", "2", "40", "40", "batch 2 fits, but the allocator thrashes (40 retries)")
     assert cells("bf16") == (
         "2",

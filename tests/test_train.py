@@ -150,8 +150,8 @@ def test_two_trials_run_one_after_the_other_in_one_process(rank_jobs, run_ranks)
 
 
 def test_a_trials_auto_max_reaches_the_ranks_schedule(rank_jobs):
-    """A tune's final runs `auto` steps at most `auto_max` (sweep.search.fastest.cost.final_auto_max), from its Trial through
-    its rank's job to the trainer's schedule: at the rules' own minima (3 warm-up, 5 measured) it runs exactly
+    """A tune's final runs `auto` steps at most `auto_max` (sweep.search.fastest.cost.final_auto_max), from its Trial
+    through its rank's job to the trainer's schedule: at the rules' own minima (3 warm-up, 5 measured) it runs exactly
     those, where `auto` alone measures at least 6 (a median's interval needs 6 steps)."""
     from trainer.train import run_trial
 

@@ -73,9 +73,12 @@ def knobs(names: list[str]):
 
                 original = Float8LinearConfig.from_recipe_name
                 Float8LinearConfig.from_recipe_name = staticmethod(  # type: ignore[method-assign]
-                    lambda name: dataclasses.replace(original(name), round_scales_to_power_of_2=True)
+                    # `original` bound now: each patch wraps (and its undo restores) the method as it was then
+                    lambda name, original=original: dataclasses.replace(original(name), round_scales_to_power_of_2=True)
                 )
-                undo.append(lambda: setattr(Float8LinearConfig, "from_recipe_name", staticmethod(original)))
+                undo.append(
+                    lambda original=original: setattr(Float8LinearConfig, "from_recipe_name", staticmethod(original))
+                )
             elif knob:
                 raise SystemExit(f"unknown knob {knob!r}")
         yield

@@ -4,8 +4,8 @@
         --cluster h200 --budget 40 --vary batch_size --vary grad_accum --vary reduce_dtype
 
 is the grid `{models: [llama3-8b], precisions: [...], gpus: 2, seq_len: 4096, batch_sizes: [1], search: fastest,
-tune: {vary: [...], budget: 40}, steps: {warmup: auto, measure: auto}}` run by `sweep run` (sweep.search.fastest.search says how
-the search goes); the command's options and a grid's keys are one thing.
+tune: {vary: [...], budget: 40}, steps: {warmup: auto, measure: auto}}` run by `sweep run`
+(sweep.search.fastest.search says how the search goes); the command's options and a grid's keys are one thing.
 """
 
 from __future__ import annotations

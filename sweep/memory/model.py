@@ -238,7 +238,8 @@ class Calibration:
         return Prediction(raw=raw, ratio=ratio, rows=self.rows.get((precision, compile), 0))
 
     def predict_trial(self, trial: Trial) -> Prediction:
-        """A `sweep.spec.grid.Trial`'s prediction: raw, and calibrated where rows of its precision and compile mode are."""
+        """A `sweep.spec.grid.Trial`'s prediction: raw, and calibrated where rows of its precision and compile
+        mode are."""
         return self.predict(Shape.of(trial), trial.precision, trial.compile)
 
 

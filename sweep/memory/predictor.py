@@ -1,8 +1,8 @@
 """The memory model as `sweep plan` and `sweep run` use it: calibrated on the clean rows the cluster has already
 measured in --output, against the memory of the profile's GPU ranks. No torch, no Ray.
 
-A CPU profile predicts nothing (a CPU rank's peak is its resident set, not tensor bytes: sweep.execution.runner.unsupported)
-and reads no rows.
+A CPU profile predicts nothing (a CPU rank's peak is its resident set, not tensor bytes:
+sweep.execution.runner.unsupported) and reads no rows.
 """
 
 from __future__ import annotations
@@ -126,10 +126,10 @@ class Predictor:
         return self.calibration.predict_trial(trial)
 
     def max_batch(self, trial: Trial, *, point: bool = False) -> int | None:
-        """The largest batch of `trial`'s config predicted to fit its ranks (0: none), as `sweep.execution.runner.unsupported`
-        decides (uncalibrated, only past the memory by the margin); `point`: the estimate itself, without that
-        margin (where a search places a probe). None where nothing is predicted: CPU ranks, no memory known,
-        or a trial that runs whatever is predicted (--no-predict)."""
+        """The largest batch of `trial`'s config predicted to fit its ranks (0: none), as
+        `sweep.execution.runner.unsupported` decides (uncalibrated, only past the memory by the margin); `point`:
+        the estimate itself, without that margin (where a search places a probe). None where nothing is
+        predicted: CPU ranks, no memory known, or a trial that runs whatever is predicted (--no-predict)."""
         memory = self.memory(trial)
         if memory is None or not trial.predict_memory:
             return None
@@ -185,7 +185,10 @@ class Predictor:
             return f"memory prediction uncalibrated: no clean rows of {self.profile.name} in {where}"
         kinds = ", ".join(f"{p} {c}: {n}" for (p, c), n in sorted(rows.items()))
         total = sum(rows.values())
-        return f"memory prediction calibrated on {total} row{'s' * (total != 1)} of {self.profile.name} in {where} ({kinds})"
+        return (
+            f"memory prediction calibrated on {total} row{'s' * (total != 1)} of {self.profile.name} "
+            f"in {where} ({kinds})"
+        )
 
 
 def predicted_reason(trial: Trial, memory: tuple[float, str] | None, calibration: Calibration = NO_ROWS) -> str | None:

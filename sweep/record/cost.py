@@ -10,8 +10,8 @@ An ok attempt's wall splits into
     start-up        the rest: placement, process start and imports, model build and sharding, teardown (and
                     a profiled trial's extra steps after the measured ones)
 
-An attempt that ran out of memory is all `OOM attempts`; an error or a timeout is all `failed attempts`. Unsupported attempts
-never ran and cost nothing.
+An attempt that ran out of memory is all `OOM attempts`; an error or a timeout is all `failed attempts`.
+Unsupported attempts never ran and cost nothing.
 """
 
 from __future__ import annotations

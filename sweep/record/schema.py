@@ -220,7 +220,8 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
         "rank 0: the trial's own set-up in the trainer, fresh or warm: model built, "
         "converted, wrapped for compile, sharded, optimizer made, ranks ready to step",
     ),
-    # where the time goes (`profile: true`): shares of the profiled steps' wall time, adding up to 100 (trainer.profiling)
+    # where the time goes (`profile: true`): shares of the profiled steps' wall time, adding up to 100
+    # (trainer.profiling)
     *[
         (f"profile_{kind}_pct", pa.float64(), f"% of the profiled step time {what}; null unless profiled (schema 1.7)")
         for kind, what in (

@@ -102,7 +102,8 @@ def _config_aggregates(reached: bool) -> dict[str, str]:
         "tflops_max": f"max(tflops_per_gpu) {ok}",
         "spread_pct": f"""100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
           / nullif(median(tflops_per_gpu) {ok}, 0)""",
-        "error": "first(error ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE status <> 'ok' AND error IS NOT NULL)",
+        "error": "first(error ORDER BY finished_at DESC NULLS LAST) "
+        "FILTER (WHERE status <> 'ok' AND error IS NOT NULL)",
         **({"loss_reached": REACHED} if reached else {}),
     }
 
@@ -268,7 +269,8 @@ def compare_table(
     """Each config against the config that differs only in ``by``, where ``by`` is ``baseline``.
 
     ``ratio`` is tflops_per_gpu / the baseline's (null when either side has no ok attempt; the
-    statuses say why); ``loss_last`` and ``base_loss_last`` show whether both sides trained alike. With ``costs`` (cluster -> $ per GPU-hour, None when unknown) the table adds
+    statuses say why); ``loss_last`` and ``base_loss_last`` show whether both sides trained alike. With
+    ``costs`` (cluster -> $ per GPU-hour, None when unknown) the table adds
     ``tok_s_per_usd_h`` = tokens/s/GPU per $/GPU-hour, the baseline's, and their ratio, and $ per million tokens
     (``energy.cost_sql``: with the power bill where ``prices``, from ``energy.cluster_prices``, has a price).
     Perf per watt (``tflops_per_watt``, the baseline's, ``watt_ratio``) stands beside the speed.

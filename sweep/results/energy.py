@@ -74,9 +74,12 @@ def cost_sql() -> tuple[str, str]:
 
 
 # each cluster's power price and PUE, the latest its rows were written with, as a select list over GROUP BY cluster
-PRICES_SQL = """first(power_cost_per_kwh ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE power_cost_per_kwh IS NOT NULL)
+PRICES_SQL = (
+    "first(power_cost_per_kwh ORDER BY finished_at DESC NULLS LAST) "
+    """FILTER (WHERE power_cost_per_kwh IS NOT NULL)
           AS power_cost_per_kwh,
         first(pue ORDER BY finished_at DESC NULLS LAST) FILTER (WHERE pue IS NOT NULL) AS pue"""
+)
 
 
 def cluster_prices(rows: pa.Table) -> pa.Table:

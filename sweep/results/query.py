@@ -83,7 +83,8 @@ def parse_where(text: str) -> Where:
     m = _WHERE.match(text)
     if not m or not m.group(3):
         raise UserError(
-            f"--where {text!r}: expected COLUMN OP VALUE with OP one of = != > >= < <= (e.g. precision=bf16, batch_size>=4)"
+            f"--where {text!r}: expected COLUMN OP VALUE with OP one of = != > >= < <= "
+            "(e.g. precision=bf16, batch_size>=4)"
         )
     column, op, raw = m.groups()
     if column not in RESULT_SCHEMA.names:

@@ -157,14 +157,15 @@ STEP_CI = Col("step_time_ci_pct", "step ±CI", _ci, optional=True)
 
 
 def _measured(row: dict) -> str:
-    """The attempt's wall time in measured steps (`sweep.record.cost`): 0 % for a failed attempt, — for one never run."""
+    """The attempt's wall time in measured steps (`sweep.record.cost`): 0 % for a failed attempt, — for one
+    never run."""
     share = measured_share(cast(Row, row))  # a result row: `results show` prints them
     return DASH if share is None else f"{sig(share * 100, RATIO_SIGNIFICANT)} %"
 
 
 MEASURED = Col("steps_time_s", "time measured", _measured)  # reads aggregate.TIMES and step_time_s too
-# The start-up in the order it happens (`sweep.record.schema`): a fresh group's first trial pays all four, a warm one only
-# its build (the rest "—")
+# The start-up in the order it happens (`sweep.record.schema`): a fresh group's first trial pays all four, a warm
+# one only its build (the rest "—")
 STARTUP = [
     Col(key, header, num(key), optional=True)
     for key, header in (
@@ -272,7 +273,8 @@ def base_tflops(row: dict) -> str:
 
 
 def loss_at_cols(baseline: str, tokens_column: bool) -> list[Col]:
-    """`compare`'s and `compare --best`'s loss at the same tokens trained; `tokens_column`: each pair at its own count."""
+    """`compare`'s and `compare --best`'s loss at the same tokens trained; `tokens_column`: each pair at its own
+    count."""
     return [
         *([Col("loss_at_tokens", "at tokens", _count("loss_at_tokens"), optional=True)] if tokens_column else []),
         LOSS_AT,

@@ -58,7 +58,8 @@ class MaxBatchSearch:
     On a linear curve (a, b >= 0) under the stated capacity a search takes at most 5 probes, of which at
     most 2 OOM: `start` if it is too large, and L + step. A failed batch is an upper bound: a line (or
     bound) that says it fits is wrong there and guesses nothing more until a new fit refits it (where
-    the line overshot: the parabola through the three largest fits); the bracket is bisected meanwhile, never probed next to the failed guess. The model is set aside after
+    the line overshot: the parabola through the three largest fits); the bracket is bisected meanwhile,
+    never probed next to the failed guess. The model is set aside after
     GUIDED_MISSES wrong calls; from then on (and with no capacity, e.g. an uncapped CPU) the batch grows
     by twice its last gain (doubling from one fit) until the first OOM, and the bracket is bisected.
     The bound is tight: after 1 and 2 fit, a wrong guess of L leaves no probe to spare, and the search

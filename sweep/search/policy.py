@@ -60,7 +60,8 @@ def infra_retry(trial: Trial, status: str, infrastructure: bool) -> Trial | None
 
 class GridPlan:
     """Run every trial of the grid; after an OOM, retry the same config at a lower batch. `predicted_max`: the
-    largest batch of a trial's config predicted to fit (sweep.memory.predictor.Predictor.max_batch; None: no prediction)."""
+    largest batch of a trial's config predicted to fit (sweep.memory.predictor.Predictor.max_batch; None: no
+    prediction)."""
 
     def __init__(self, trials: list[Trial], oom: OomPolicy, predicted_max: Callable[[Trial], int | None] | None = None):
         self.trials = trials

@@ -127,8 +127,8 @@ DEFAULT_VARY, VARIABLE = (
 
 
 class TuneSpec(BaseModel):
-    """How `search: fastest` searches (sweep.search.fastest.search): which options may vary, in how many probes, under which
-    global batch. An option varies over its grid axis when that lists several values, else over all of
+    """How `search: fastest` searches (sweep.search.fastest.search): which options may vary, in how many probes,
+    under which global batch. An option varies over its grid axis when that lists several values, else over all of
     its values (grad_accum: 1, 2, 4, 8)."""
 
     model_config = _STRICT

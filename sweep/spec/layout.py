@@ -21,8 +21,9 @@ from trainer.models.specs import ModelSpec
 from trainer.recipes import RECIPES
 
 LAYOUT_AXES = ("dp_replicate", "tp", "cp")
-# What tune.vary may name besides sweep.spec.grid.TUNABLE: a layout is searched as its own group, one search per value
-# (sweep.search.fastest.plan), as the layout sets each rank's share of the memory (so its batch fit) and its communication.
+# What tune.vary may name besides sweep.spec.grid.TUNABLE: a layout is searched as its own group, one search per
+# value (sweep.search.fastest.plan), as the layout sets each rank's share of the memory (so its batch fit) and its
+# communication.
 LAYOUT_VARY = ("tp", "dp_replicate")
 CP_NOT_BUILT = (
     "context parallel is not built: torch 2.13's context_parallel has no sharding rule for CPU attention "
