@@ -56,7 +56,9 @@ def dataclass_options(skip: Collection[str] = ()) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn, eval_str=True)
         name, group = next(
-            (p.name, p.annotation) for p in signature.parameters.values() if dataclasses.is_dataclass(p.annotation)
+            (p.name, p.annotation)
+            for p in signature.parameters.values()
+            if isinstance(p.annotation, type) and dataclasses.is_dataclass(p.annotation)
         )
         hints = typing.get_type_hints(group, include_extras=True)
         fields = [

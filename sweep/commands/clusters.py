@@ -87,7 +87,7 @@ def show_cluster(
     if profile.memory_per_device_bytes is not None:
         memory.append(f" = {profile.memory_per_device_bytes:,} bytes")
     declared = ", declared in this profile" if profile.declares_accelerator else ""
-    rows = {
+    rows: dict[str, str | Text] = {
         "description": profile.description or _NONE,
         "accelerator": f"{accelerator.name} ({accelerator.vendor}{declared})",
         "ray address": profile.ray_address + (" (embedded Ray, started in-process)" if profile.is_embedded else ""),

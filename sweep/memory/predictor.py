@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from clusters.schema import ClusterProfile
 from sweep.memory.model import Calibration, GiB, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
@@ -153,9 +153,9 @@ class Predictor:
                     predicted=predicted_bytes(_shape(row)) * (ratio or 1.0),
                     measured_gib=row.get("peak_mem_gib") if status == "ok" else None,
                     status=status,
-                    predicted_oom=is_predicted_oom(cast(dict[str, Any], row)),
+                    predicted_oom=is_predicted_oom(row),
                 )
-            )  # policy takes a dict
+            )
         return out
 
     def max_batch_lines(self, trials: Iterable[Trial]) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -286,7 +286,7 @@ class MaxBatchPlan:
         return [t for key in self.searches for t in self._probe(key)]
 
     def on_result(
-        self, trial: Trial, status: str, infrastructure: bool = False, row: dict[str, Any] | None = None
+        self, trial: Trial, status: str, infrastructure: bool = False, row: Mapping[str, Any] | None = None
     ) -> list[Trial]:
         retry = infra_retry(trial, status, infrastructure)
         if retry is not None:

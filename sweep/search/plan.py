@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from sweep.record.schema import Row
     from sweep.spec.grid import Trial
 
 
@@ -39,9 +40,7 @@ class Plan(Protocol):
         """The trials to run first."""
         ...
 
-    def on_result(
-        self, trial: Trial, status: str, infrastructure: bool = False, row: dict[str, Any] | None = None
-    ) -> list[Trial]:
+    def on_result(self, trial: Trial, status: str, infrastructure: bool = False, row: Row | None = None) -> list[Trial]:
         """The follow-up trials after `trial` ended with `status` (its row, when one was written)."""
         ...
 

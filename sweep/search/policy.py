@@ -7,7 +7,7 @@ imports torch or Ray, so every decision is unit-tested on its own (tests/test_po
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sweep.search.plan import Verdict
@@ -46,7 +46,7 @@ def next_batch_after_oom(
     return candidate
 
 
-def is_predicted_oom(row: dict[str, Any] | None) -> bool:
+def is_predicted_oom(row: Mapping[str, Any] | None) -> bool:
     """Whether an `unsupported` row is one the memory model ruled out (`sweep.memory.predictor.predicted_reason`)."""
     return bool(row) and str((row or {}).get("error") or "").startswith("predicted OOM:")
 
@@ -77,7 +77,7 @@ class GridPlan:
         return list(self.trials)
 
     def on_result(
-        self, trial: Trial, status: str, infrastructure: bool = False, row: dict[str, Any] | None = None
+        self, trial: Trial, status: str, infrastructure: bool = False, row: Mapping[str, Any] | None = None
     ) -> list[Trial]:
         key = trial.config_key
         if status == "unsupported" and is_predicted_oom(row):  # its on_oom applies as to a real OOM

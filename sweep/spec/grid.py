@@ -178,10 +178,8 @@ _TrainingAxes = create_model(
     __config__=_STRICT,
     **{  # type: ignore[call-overload]
         name: (
-            list[typ],
-            Field(  # type: ignore[valid-type]
-                default=[OPTION_DEFAULTS[name]], min_length=1, description=OPTION_DOCS[name]
-            ),
+            list[typ],  # type: ignore[valid-type]
+            Field(default=[OPTION_DEFAULTS[name]], min_length=1, description=OPTION_DOCS[name]),
         )
         for name, typ in option_types().items()
     },

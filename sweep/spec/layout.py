@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, cast
 
 from sweep.spec.trial import Trial
 from trainer.models.specs import ModelSpec
@@ -25,6 +25,15 @@ LAYOUT_AXES = ("dp_replicate", "tp", "cp")
 # value (sweep.search.fastest.plan), as the layout sets each rank's share of the memory (so its batch fit) and its
 # communication.
 LAYOUT_VARY = ("tp", "dp_replicate")
+
+
+class Layout(TypedDict):
+    """One layout a `search: fastest` group searches (`searched_layouts`): the Trial fields of LAYOUT_VARY."""
+
+    tp: int  # ranks per tensor-parallel group
+    dp_replicate: int  # HSDP replicas
+
+
 CP_NOT_BUILT = (
     "context parallel is not built: torch 2.13's context_parallel has no sharding rule for CPU attention "
     "(aten._scaled_dot_product_flash_attention_for_cpu), so it cannot be tested on CPU ranks; use cp: 1"
@@ -141,7 +150,7 @@ def _divisors(n: int) -> list[int]:
 
 def searched_layouts(
     template: Trial, spec: LayoutLists, vary: Sequence[str], *, ranks_per_node: int | None
-) -> list[dict[str, int]]:
+) -> list[Layout]:
     """The layouts (dp_replicate, tp) a `search: fastest` group searches, one search each: an axis tune.vary names
     ranges over the grid's list when it lists several values, else over the divisors of the trial's ranks; one not
     named stays at the template's. Kept: the template's own (the grid's trial: a recipe that does not build it is
@@ -153,7 +162,7 @@ def searched_layouts(
         values[axis] = (
             (listed if len(listed) > 1 else _divisors(template.gpus)) if axis in vary else [getattr(template, axis)]
         )
-    kept: list[dict[str, int]] = []
+    kept: list[Layout] = []
     own = {a: getattr(template, a) for a in LAYOUT_VARY}
     for combo in (dict(zip(LAYOUT_VARY, v)) for v in itertools.product(*values.values())):
         options = {**template.as_dict(), **combo}
@@ -161,5 +170,5 @@ def searched_layouts(
             template.model, seq_len=template.seq_len, options=options, ranks_per_node=ranks_per_node
         )
         if combo == own or (fits and not layout_unsupported(replace(template, **combo))):
-            kept.append(combo)
+            kept.append(cast(Layout, combo))  # combo's keys: LAYOUT_VARY, Layout's
     return kept

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import cast
 
 from sweep.record.cost import fresh_trial_s
 from sweep.search.fastest.space import SHORT, Config, Row, Steps
@@ -50,10 +51,12 @@ def _steps(steps: Steps, auto: tuple[int, int] = AUTO_LEAST) -> int:
 def one_trial_s(leader: Row | None, rows: Iterable[Row], final_steps: Steps) -> float | None:
     """Seconds to measure the leader's row once on fresh processes at the finals' steps; None if unknown."""
     fresh: float | None = fresh_trial_s(leader, rows) if leader else None
-    if fresh is None or not leader or not leader.get("step_time_s") or leader.get("warmup_steps") is None:
+    if fresh is None or not leader:
         return None
-    ran: int = leader["warmup_steps"] + leader["measure_steps"]
-    step: float = leader["step_time_s"]
+    step, warmup = leader.get("step_time_s"), leader.get("warmup_steps")
+    if not step or warmup is None:
+        return None
+    ran: int = warmup + cast(int, leader["measure_steps"])  # a row that has warm-up steps has measured ones
     return fresh + max(0, _steps(final_steps) - ran) * step
 
 
@@ -65,7 +68,7 @@ def final_s(leader: tuple[Config, Row], rows: Iterable[Row], final_steps: Steps)
     extra = _steps(final_steps, final_auto_max(lead.grad_accum)) - _steps(final_steps)
     if least is None:
         return None
-    step: float = row["step_time_s"]  # (known: least is)
+    step = cast(float, row["step_time_s"])  # (known: least is)
     return least + extra * step
 
 
@@ -80,8 +83,8 @@ def compile_times(probes: list[tuple[Config, Row]]) -> dict[str, float]:
     ones load inductor's cache."""
     compiled: dict[str, float] = {}
     for p, r in probes:
-        if r.get("compile_time_s") is not None:
-            compiled[p.compile] = max(compiled.get(p.compile, 0.0), r["compile_time_s"])
+        if (compile_s := r.get("compile_time_s")) is not None:
+            compiled[p.compile] = max(compiled.get(p.compile, 0.0), compile_s)
     return compiled
 
 
@@ -89,7 +92,8 @@ def probe_s(c: Config, steps: Steps, leader: tuple[Config, Row], compiled: dict[
     """Predicted seconds of probing `c` at `steps`, from the leader's step time and the compile times measured
     (`compile_times`); None if nothing says."""
     lead, row = leader
-    if not row.get("step_time_s"):
+    step = row.get("step_time_s")
+    if not step:
         return None
     if c.compile in compiled:
         compile_s = compiled[c.compile]
@@ -99,7 +103,6 @@ def probe_s(c: Config, steps: Steps, leader: tuple[Config, Row], compiled: dict[
         return None
     samples = (c.batch_size * c.grad_accum) / (lead.batch_size * lead.grad_accum)
     # `auto` steps are a final's (a runner-up's): at their most
-    step: float = row["step_time_s"]
     return compile_s + _steps(steps, final_auto_max(c.grad_accum)) * step * samples
 
 

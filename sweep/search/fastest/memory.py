@@ -118,8 +118,8 @@ def measured(
     """What a search's clean short probes (config, row), its attempts' rows and its out-of-memory probes say of
     memory: the most parameters a rank holds (any row's), the options' bytes per sample (memory_effects), per ac
     level the grid options' peak bytes by batch, and per ac level the memory a rank may use (`usable`)."""
-    params = next((max(r["params_local"]) for r in rows if r.get("params_local")), None)
-    probes = [(f, row["peak_mem_gib"] * GIB) for f, row in clean if row.get("peak_mem_gib")]
+    params = next((max(local) for r in rows if (local := r.get("params_local"))), None)
+    probes = [(f, gib * GIB) for f, row in clean if (gib := row.get("peak_mem_gib"))]
     peaks: dict[str, dict[int, float]] = defaultdict(dict)
     for f, peak in probes:
         if f == space.baseline(f.ac, f.batch_size):

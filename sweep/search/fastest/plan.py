@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from sweep.search.fastest.search import GroupSearch
-from sweep.search.fastest.space import Space
+from sweep.search.fastest.space import Row, Space
 from sweep.search.plan import Verdict
 from sweep.spec.advice import discouraged
 from sweep.spec.grid import GridSpec, Trial, TuneSpec
@@ -79,9 +79,7 @@ class TunePlan:
     def initial(self) -> list[Trial]:
         return [t for s in self.searches.values() for t in s.start()]
 
-    def on_result(
-        self, trial: Trial, status: str, infrastructure: bool = False, row: dict[str, Any] | None = None
-    ) -> list[Trial]:
+    def on_result(self, trial: Trial, status: str, infrastructure: bool = False, row: Row | None = None) -> list[Trial]:
         return self.searches[search_key(trial)].on_result(trial, status, infrastructure, row or {})
 
     def verdicts(self) -> list[Verdict]:

@@ -20,14 +20,15 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from sweep.errors import UserError
+from sweep.record.schema import Row
 from sweep.search.max_batch import MaxBatchSearch
 from sweep.spec.expand import fold_options
 from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec
 from trainer.job import AC_MODES, COMPILE_MODES
 
-__all__ = ["AC_MEMORY"]  # re-exported: the ac levels' memory order, for the search's stages
+# re-exported: the ac levels' memory order, for the search's stages; an attempt's row, as the search reads it
+__all__ = ["AC_MEMORY", "Row"]
 
-Row = dict[str, Any]  # an attempt's row, as sweep.record.rows writes it (the fields a search reads)
 Steps = tuple[Any, Any]  # (warm-up, measured) steps: counts, or `auto`
 
 

@@ -6,10 +6,10 @@ probes, [] when it is over; it is called only once every probe issued has answer
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Protocol
 
 from sweep.search.fastest.candidates import Candidates
-from sweep.search.fastest.ledger import Prober, Rung
+from sweep.search.fastest.ledger import Prober, Row, Rung
 from sweep.search.fastest.space import AC_MEMORY, Config, LevelFit, Space, at_least_as_heavy
 from sweep.search.fastest.verdict import best_final
 from sweep.spec.grid import Trial
@@ -66,7 +66,7 @@ class FitStage:
             self.fit = None
         return []
 
-    def record(self, batch: int, status: str, row: dict[str, Any]) -> None:
+    def record(self, batch: int, status: str, row: Row) -> None:
         """A fit probe's answer (its probes are all short ones)."""
         if self.fit is not None:
             self.fit.record(batch, status, row)
