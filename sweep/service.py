@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from clusters.schema import ClusterProfile
     from sweep.execution.runner import RunReport
     from sweep.memory.predictor import Predictor
+    from sweep.record.schema import Row
     from sweep.search.plan import Plan, Verdict
     from sweep.spec.grid import GridSpec, Trial
 
@@ -183,22 +184,23 @@ def run_plan(
     )
 
 
-def complete_verdicts(verdicts: list[Verdict], rows: list[dict[str, Any]]) -> list[Verdict]:
+def complete_verdicts(verdicts: list[Verdict], rows: list[Row]) -> list[Verdict]:
     """The verdicts with what their rows say: a max-batch verdict completed (`complete_verdict`), a
     fastest-configuration one (sweep.search.fastest) as it comes, whole."""
     return [complete_verdict(v, rows) if isinstance(v, MaxBatchVerdict) else v for v in verdicts]
 
 
-def complete_verdict(v: MaxBatchVerdict, rows: list[dict[str, Any]]) -> MaxBatchVerdict:
+def complete_verdict(v: MaxBatchVerdict, rows: list[Row]) -> MaxBatchVerdict:
     """`v` with what its rows say: allocator retries, speed and what the search cost (a new verdict: `v` stays)."""
     from sweep.record import cost
     from sweep.results.render import thrash_note
 
     probes = [r for r in rows if r.get("search_id") == v.search_id]
     by_batch = {r["batch_size"]: r for r in probes if r["status"] == "ok"}
-    at_max = by_batch.get(v.max_batch, {}).get("alloc_retries")
-    at_fastest = by_batch.get(v.fastest_batch, {}).get("alloc_retries")
-    fast = by_batch.get(v.fastest_batch, {})
+    none: Row = {}  # a batch with no ok probe
+    at_max = by_batch.get(v.max_batch, none).get("alloc_retries")
+    at_fastest = by_batch.get(v.fastest_batch, none).get("alloc_retries")
+    fast = by_batch.get(v.fastest_batch, none)
     wall = sum(r.get("trial_wall_s") or 0 for r in probes)
     one = cost.fresh_trial_s(fast, probes)  # what the search cost against measuring the answer once, fresh
     return replace(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from clusters.schema import ClusterProfile
     from sweep.execution.runner import RunReport
     from sweep.memory.predictor import Predictor
+    from sweep.record.schema import Row
     from sweep.search.plan import Plan, Verdict
     from sweep.spec.grid import Trial
 
@@ -72,7 +73,7 @@ def finish(report: RunReport, output: Path, plan: Plan, predictor: Predictor | N
     rows = report.rows
     if rows:
         render.rich_table(
-            rows,
+            cast("list[dict[str, Any]]", rows),  # the table reads any rows as plain dicts of columns
             render.SHOW_COLS,
             f"run {report.run_id}: {plural(len(rows), 'attempt')}"
             + (f" ({report.reused} reused from earlier runs)" if report.reused else ""),
@@ -116,7 +117,7 @@ def _interrupted(report: RunReport, output: Path, console: Console) -> None:
 
 
 def write_verdicts(
-    output: Path, run_id: str, verdicts: list[Verdict], rows: list[dict[str, Any]], predictor: Predictor | None = None
+    output: Path, run_id: str, verdicts: list[Verdict], rows: list[Row], predictor: Predictor | None = None
 ) -> None:
     """Complete a search's verdicts from its rows (sweep.service.complete_verdicts), print them and record them
     beside the rows. Under each max-batch verdict, on GPU ranks: predicted against measured peak per probe."""

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -82,7 +82,9 @@ class By(str, Enum):
 
 
 # The FLOP conventions of trainer.flops (pure, light to import): how a table's TFLOP/s and MFU are counted.
-FlopConvention = Enum("FlopConvention", {name: name for name in CONVENTIONS}, type=str)
+# (members made from CONVENTIONS, so mypy sees none: the ignore; the default is looked up by value)
+FlopConvention = Enum("FlopConvention", {name: name for name in CONVENTIONS}, type=str)  # type: ignore[misc]
+SWEEP_FLOPS = FlopConvention("sweep")  # the default: this tool's own count
 Flops = Annotated[
     FlopConvention,
     typer.Option(
@@ -133,7 +135,7 @@ def show(
     directory: Directory,
     where: Where = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="Rows to print (0: all).")] = 50,
-    flops: Flops = FlopConvention.sweep,
+    flops: Flops = SWEEP_FLOPS,
     skip_bad: SkipBad = False,
 ) -> None:
     """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time and its interval, memory,
@@ -151,7 +153,7 @@ def show(
     rows, tokens, total = aggregate.show_rows(table, limit)  # tokens, total: over every selected row
     rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in rows]
     more = "" if total <= len(rows) else f"{total - len(rows)} more rows not printed: --limit 0 for all, or --where"
-    losses_at = loss_at.note({tokens} - {None}, "every ok row")
+    losses_at = loss_at.note(set() if tokens is None else {tokens}, "every ok row")
     notes = (recount.caption(flops.value), intervals.ci_note(rows), losses_at, more)
     render.rich_table(
         rows,
@@ -169,7 +171,7 @@ def max_batch(
     where: Where = None,
     fmt: Format = TableFormat.table,
     limit: Limit = 200,
-    flops: Flops = FlopConvention.sweep,
+    flops: Flops = SWEEP_FLOPS,
     skip_bad: SkipBad = False,
 ) -> None:
     """Largest batch that fits per model × precision × compile × ac × seq_len × GPUs × cluster.
@@ -229,7 +231,7 @@ def compare(
     where: Where = None,
     fmt: Format = TableFormat.table,
     limit: Limit = 200,
-    flops: Flops = FlopConvention.sweep,
+    flops: Flops = SWEEP_FLOPS,
     skip_bad: SkipBad = False,
 ) -> None:
     """TFLOP/s/GPU of each precision (or cluster, compile mode, ...) over the baseline's, the rest of the config equal.
@@ -247,7 +249,7 @@ def compare(
 
     if best:
         return _compare_best(
-            directory, baseline or aggregate.COMPARE_BY["precision"], by, where, fmt, limit, flops, skip_bad
+            directory, baseline or cast(str, aggregate.COMPARE_BY["precision"]), by, where, fmt, limit, flops, skip_bad
         )
     rows = aggregate.load_rows(
         directory,
@@ -395,7 +397,7 @@ def export(
         Path | None, typer.Option("--out", "-o", help="Write here instead of stdout.", show_default=False)
     ] = None,
     where: Where = None,
-    flops: Flops = FlopConvention.sweep,
+    flops: Flops = SWEEP_FLOPS,
     skip_bad: SkipBad = False,
 ) -> None:
     """One line per config: median TFLOP/s/GPU, spread, MFU, step time and its interval, tokens/s/GPU, peak memory,

@@ -198,7 +198,9 @@ def plan(
         spec, trials, profile, predictor=predictor
     )  # a search's own checks (a tune budget or global batch)
     rows, reasons = _plan_rows(trials, predictor)
-    search = {"max_batch": " — max-batch search", "fastest": " — fastest-configuration search"}.get(spec.search, "")
+    search = {"max_batch": " — max-batch search", "fastest": " — fastest-configuration search"}.get(
+        spec.search or "", ""
+    )
     render.plan_table(
         rows,
         f"{plural(len(trials), 'trial')} on {profile.name} ({profile.accelerator}, "

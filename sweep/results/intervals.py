@@ -10,6 +10,9 @@ as asked; the interval narrows as 1/√steps), and what makes the steps steadier
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from sweep.results.render import MISSED, RATIO_SIGNIFICANT, sig
 from trainer.stopping import MEASURE_TARGET_PCT
 
@@ -17,14 +20,14 @@ _TARGET = f"±{MEASURE_TARGET_PCT:g} %"
 _LIMIT = "steps: auto stopped at its limit (its most steps, or 300 s of them)"
 
 
-def ci_note(rows: list[dict]) -> str:
+def ci_note(rows: Sequence[Mapping[str, Any]]) -> str:
     """The caption's word for MISSED, when a row carries it ('' otherwise)."""
     if not any(r.get("ci_target_met") is False for r in rows):
         return ""
     return f"{MISSED}: {_LIMIT} short of its {_TARGET} target; steps.measure as a count measures more"
 
 
-def missed_target_warnings(rows: list[dict]) -> list[str]:
+def missed_target_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """One line per ok attempt whose `auto` measurement missed its target: which trial, its interval after how
     many steps, and what to change in the grid."""
     lines = []

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from sweep.record.schema import Row
+    from collections.abc import Mapping
+
     from sweep.spec.grid import Trial
 
 
@@ -40,8 +41,11 @@ class Plan(Protocol):
         """The trials to run first."""
         ...
 
-    def on_result(self, trial: Trial, status: str, infrastructure: bool = False, row: Row | None = None) -> list[Trial]:
+    def on_result(
+        self, trial: Trial, status: str, infrastructure: bool = False, row: Mapping[str, Any] | None = None
+    ) -> list[Trial]:
         """The follow-up trials after `trial` ended with `status` (its row, when one was written)."""
+        # (`row` read only: the runner's sweep.record.schema.Row, a test's plain dict of columns)
         ...
 
     def verdicts(self) -> list[Verdict]:

@@ -6,9 +6,9 @@ search keeps. Pure."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from sweep.search.fastest.search import GroupSearch
 from sweep.search.fastest.space import Row, Space
@@ -79,8 +79,11 @@ class TunePlan:
     def initial(self) -> list[Trial]:
         return [t for s in self.searches.values() for t in s.start()]
 
-    def on_result(self, trial: Trial, status: str, infrastructure: bool = False, row: Row | None = None) -> list[Trial]:
-        return self.searches[search_key(trial)].on_result(trial, status, infrastructure, row or {})
+    def on_result(
+        self, trial: Trial, status: str, infrastructure: bool = False, row: Mapping[str, Any] | None = None
+    ) -> list[Trial]:
+        # the runner's row is a Row; the Plan protocol reads it as a mapping of columns
+        return self.searches[search_key(trial)].on_result(trial, status, infrastructure, cast(Row, row or {}))
 
     def verdicts(self) -> list[Verdict]:
         """One sweep.search.fastest.verdict.FastestVerdict per search."""
