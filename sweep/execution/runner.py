@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from clusters.schema import ClusterProfile
 from sweep.record import store
@@ -310,8 +310,7 @@ class _Execution:
         self.bar.done(row)
         status = row["status"]
         assert status is not None, "every recorded attempt has a status"
-        # plans read a row as a plain mapping of columns (sweep.search.plan.Plan.on_result)
-        follow = self.plan.on_result(trial, status, infrastructure, cast(dict[str, Any], row))
+        follow = self.plan.on_result(trial, status, infrastructure, row)
         self.bar.add(len(follow))
         self.queue.extend(follow)
 

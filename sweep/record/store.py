@@ -204,11 +204,11 @@ def read_table(output: Path) -> pa.Table:
     return open_dataset(output).to_table()
 
 
-def existing_rows(output: Path) -> dict[str, dict]:
+def existing_rows(output: Path) -> dict[str, Row]:
     """trial_id -> row for every attempt already recorded (used by --resume)."""
     if not result_files(output):
         return {}
-    return {r["trial_id"]: r for r in read_table(output).to_pylist()}
+    return {r["trial_id"]: cast(Row, r) for r in read_table(output).to_pylist()}  # the schema's columns
 
 
 def read_columns(output: Path, columns: tuple[str, ...], *, cluster: str) -> list[Row]:

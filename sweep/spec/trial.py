@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from trainer.job import AcMode, CompileMode
 from trainer.models.specs import ModelSpec
 from trainer.options import TrainingOptions
 from trainer.stopping import StepsSpec
@@ -25,8 +26,8 @@ class Trial(TrainingOptions):
     cluster: str
     model: ModelSpec
     precision: str
-    compile: str
-    ac: str
+    compile: CompileMode
+    ac: AcMode
     batch_size: int
     seq_len: int
     gpus: int
