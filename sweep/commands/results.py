@@ -8,125 +8,30 @@ are imported inside the commands so that ``sweep --help`` stays instant.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import Annotated
 
 import typer
 
-from sweep.commands._common import flag, user_errors
+from sweep.commands._common import user_errors
+from sweep.commands.results_compare import compare
+from sweep.commands.results_options import (
+    SWEEP_FLOPS,
+    Directory,
+    ExportFormat,
+    Flops,
+    Format,
+    Limit,
+    PlotMetric,
+    QueryFormat,
+    SkipBad,
+    TableFormat,
+    Where,
+    emit,
+)
 from sweep.errors import UserError
-from trainer.flops import CONVENTIONS
-
-if TYPE_CHECKING:
-    from sweep.results.table_out import Col
 
 app = typer.Typer(no_args_is_help=True, help="Aggregate, compare, export and plot result datasets.")
-
-Directory = Annotated[
-    Path,
-    typer.Argument(help="Result directory written by `sweep run` (cluster=*/run=*/*.parquet).", show_default=False),
-]
-Where = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--where",
-        "-w",
-        metavar="EXPR",
-        show_default=False,
-        help="Filter COLUMN OP VALUE with OP one of = != > >= < <= (precision=bf16, batch_size>=4, status!=ok, "
-        "precision=bf16,fp8-te). Repeatable; all apply.",
-    ),
-]
-SkipBad = Annotated[
-    bool,
-    flag(
-        "--skip-bad",
-        help="Read the other files when a .parquet file is unreadable or not a sweep result (a warning "
-        "names each one skipped). Without it, such a file is an error.",
-    ),
-]
-
-
-class TableFormat(str, Enum):
-    table = "table"
-    md = "md"
-    csv = "csv"
-
-
-class ExportFormat(str, Enum):
-    md = "md"
-    csv = "csv"
-
-
-class QueryFormat(str, Enum):
-    table = "table"
-    csv = "csv"
-
-
-class PlotMetric(str, Enum):
-    tflops = "tflops"
-    tokens_per_kwh = "tokens-per-kwh"
-
-
-class By(str, Enum):
-    precision = "precision"
-    cluster = "cluster"
-    compile = "compile"
-    ac = "ac"
-    reduce_dtype = "reduce_dtype"
-    grad_sync = "grad_sync"
-    tp = "tp"
-    dp_replicate = "dp_replicate"
-
-
-# The FLOP conventions of trainer.flops (pure, light to import): how a table's TFLOP/s and MFU are counted.
-# (members made from CONVENTIONS, so mypy sees none: the ignore; the default is looked up by value)
-FlopConvention = Enum("FlopConvention", {name: name for name in CONVENTIONS}, type=str)  # type: ignore[misc]
-SWEEP_FLOPS = FlopConvention("sweep")  # the default: this tool's own count
-Flops = Annotated[
-    FlopConvention,
-    typer.Option(
-        "--flops",
-        help="Count TFLOP/s and MFU as this tool does: "
-        + "; ".join(f"{name}: {text}" for name, (_, text) in CONVENTIONS.items())
-        + ". Recounted from each row's model spec; the table says which.",
-    ),
-]
-Format = Annotated[
-    TableFormat, typer.Option("--format", "-f", help="table: Rich table; md: GitHub markdown; csv: raw numbers.")
-]
-# Rich renders about 300 table rows a second: a terminal table stops here, md and csv never do.
-Limit = Annotated[
-    int, typer.Option("--limit", "-n", min=0, help="Rows of a terminal table (0: all). md and csv print every row.")
-]
-
-
-def _emit(
-    rows: list[dict[str, Any]],
-    cols: list[Col],
-    fmt: TableFormat,
-    title: str,
-    note: str = "",
-    always: Sequence[str] = (),
-    csv_columns: list[str] | None = None,
-    limit: int = 0,
-    footer: Callable[[], str] | None = None,
-) -> None:
-    """Print ``rows`` as ``fmt``; ``footer()`` (the provenance) goes under a markdown table."""
-    from sweep.results import render
-
-    if fmt is TableFormat.table:
-        selected = rows
-        if limit and len(rows) > limit:
-            more = f"{len(rows) - limit} more rows not printed: --limit 0 for all, or --where / --format md|csv"
-            rows, note = rows[:limit], " · ".join(p for p in (note, more) if p)
-        render.rich_table(rows, cols, title, note, always, selected)
-    elif fmt is TableFormat.md:
-        sys.stdout.write(render.markdown(rows, cols, always, note) + ("\n" + footer() if footer else ""))
-    else:
-        sys.stdout.write(render.csv_text(rows, csv_columns or [c.key for c in cols]))
 
 
 @app.command()
@@ -185,7 +90,7 @@ def max_batch(
     rows = aggregate.load_rows(directory, where or (), skip_bad, provenance.COLUMNS, flops.value)
     table = aggregate.max_batch_table(aggregate.config_table(rows, aggregate.MAX_BATCH_INPUTS))
     groups = table.to_pylist()
-    _emit(
+    emit(
         groups,
         render.max_batch_cols(groups),
         fmt,
@@ -197,173 +102,7 @@ def max_batch(
     )
 
 
-@app.command()
-@user_errors
-def compare(
-    directory: Directory,
-    baseline: Annotated[
-        str | None,
-        typer.Option(
-            "--baseline",
-            "-b",
-            show_default=False,
-            help="The value of --by to divide by. Default: bf16, compile none, ac none, reduce_dtype fp32, grad_sync "
-            "micro_batch, tp 1, dp_replicate 1; --by cluster needs one.",
-        ),
-    ] = None,
-    by: Annotated[
-        By,
-        typer.Option(
-            "--by",
-            help="The config key that varies: everything else stays the same "
-            "(precisions on one cluster, clusters for one precision, ...).",
-        ),
-    ] = By.precision,
-    best: Annotated[
-        bool,
-        flag(
-            "--best",
-            help="Each precision at its best against the baseline's best, per model × seq_len × GPUs × cluster, "
-            "whatever their batch and options: a fastest search's measured best where one ran "
-            "(_search/*.json), else the fastest ok config.",
-        ),
-    ] = False,
-    where: Where = None,
-    fmt: Format = TableFormat.table,
-    limit: Limit = 200,
-    flops: Flops = SWEEP_FLOPS,
-    skip_bad: SkipBad = False,
-) -> None:
-    """TFLOP/s/GPU of each precision (or cluster, compile mode, ...) over the baseline's, the rest of the config equal.
-
-    Each side's loss stands beside it, last and at the same tokens trained (the most both sides reached): a faster
-    recipe that does not train as the baseline does is no win.
-
-    With --by cluster, also tokens/s/GPU per $/GPU-hour where the rows carry a cost (the profile's
-    cost_per_gpu_hour when they were written).
-
-    With --best, each stack at its best instead: the fastest configuration of each precision, with its batch and
-    options, against the baseline precision's fastest.
-    """
-    from sweep.results import aggregate, energy, energy_view, loss_at, provenance, recount, render
-
-    if best:
-        return _compare_best(
-            directory, baseline or cast(str, aggregate.COMPARE_BY["precision"]), by, where, fmt, limit, flops, skip_bad
-        )
-    rows = aggregate.load_rows(
-        directory,
-        where or (),
-        skip_bad,
-        ("cost_per_gpu_hour", *energy.PRICES, *aggregate.LOSS_CURVES, *provenance.COLUMNS),
-        flops.value,
-    )
-    configs, costs, prices = aggregate.compare_inputs(rows, by.value)
-    present = sorted({v for v in configs.column(by.value).to_pylist() if v is not None})
-    baseline = _baseline(directory, by, baseline, present)
-    table = aggregate.compare_table(configs, baseline, by.value, costs, prices)
-    if table.num_rows == 0:
-        raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
-    printed = (limit or None) if fmt is TableFormat.table else None  # a terminal table reads the losses it prints
-    pairs = aggregate.compare_losses(table.to_pylist(), rows, by.value, baseline, printed, configs)
-    tokens = {p["loss_at_tokens"] for p in pairs} - {None}
-    unknown = sorted(c for c, v in (costs or {}).items() if v is None)
-    with_cost = costs is not None and len(unknown) < len(costs)
-    note = " · ".join(
-        [recount.caption(flops.value)]
-        + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else [])
-        + ([loss_at.note(tokens)] if tokens else [])
-    )
-    cols = render.compare_cols(by.value, baseline, with_cost, tokens_column=len(tokens) > 1) + energy_view.compare_cols(
-        baseline, with_cost
-    )
-    title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
-    _emit(
-        pairs,
-        cols,
-        fmt,
-        title,
-        note,
-        always=(by.value,),
-        limit=limit,
-        csv_columns=[*energy.drop_empty(table).column_names, "loss_at_tokens", "loss_at", "base_loss_at"],
-        footer=lambda: provenance.markdown(rows, recount.formula(flops.value)),
-    )
-
-
-def _baseline(directory: Path, by: By, given: str | None, present: list[Any]) -> Any:
-    """The value of --by that `compare` divides by: --baseline (typed as the column is), else the key's default;
-    refused where the rows have no other side, or lack the default."""
-    from sweep.results import aggregate
-
-    baseline = aggregate.typed_baseline(by.value, given)
-    if len(present) < 2:  # whatever the baseline, default or given: there is no other side
-        raise UserError(
-            f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}"
-        )
-    if baseline is None:
-        if by is By.cluster:
-            raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
-        baseline = aggregate.COMPARE_BY[by.value]
-        if baseline not in present:
-            raise UserError(
-                f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
-                f"--baseline, one of: {', '.join(map(str, present))}"
-            )
-    return baseline
-
-
-BEST_REACH = ("loss_reached", "base_loss_reached")  # read by best_losses, printed as loss_at_tokens
-
-
-def _compare_best(
-    directory: Path,
-    baseline: str,
-    by: By,
-    where: list[str] | None,
-    fmt: TableFormat,
-    limit: int,
-    flops: FlopConvention,
-    skip_bad: bool,
-) -> None:
-    from sweep.results import aggregate, best, loss_at, provenance, recount, verdicts
-
-    if by is not By.precision:
-        raise UserError(f"--best compares precisions, each at its best; leave out --by {by.value}")
-    rows = aggregate.load_rows(
-        directory, where or (), skip_bad, ("trial_id", *aggregate.LOSS_CURVES, *provenance.COLUMNS), flops.value
-    )
-    finalists = verdicts.finalists(verdicts.load(directory))
-    table = best.best_table(rows, baseline, finalists)
-    if table.num_rows == 0:
-        raise UserError(f"nothing to compare: every row in {directory} has precision {baseline}")
-    printed = (limit or None) if fmt is TableFormat.table else None
-    pairs = best.best_losses(table.to_pylist(), rows, baseline, finalists, printed)
-    tokens = {p["loss_at_tokens"] for p in pairs} - {None}
-    title = f"{directory}: each precision at its best vs {baseline} at its best (TFLOP/s/GPU)"
-    note = " · ".join(
-        [
-            recount.caption(flops.value),
-            "best: a fastest search's measured best, else the config with the fastest median of its ok attempts",
-        ]
-        + ([loss_at.note(tokens)] if tokens else [])
-    )
-    _emit(
-        pairs,
-        verdicts.best_cols(baseline, tokens_column=len(tokens) > 1),
-        fmt,
-        title,
-        note,
-        always=("precision",),
-        csv_columns=[
-            *(c for c in table.column_names if c not in BEST_REACH),
-            "loss_at_tokens",
-            "loss_at",
-            "base_loss_at",
-        ],
-        limit=limit,
-        footer=lambda: provenance.markdown(rows, recount.formula(flops.value)),
-    )
+app.command()(compare)  # sweep.commands.results_compare
 
 
 @app.command()
