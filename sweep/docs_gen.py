@@ -15,10 +15,13 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
+
+if TYPE_CHECKING:
+    from clusters.catalog import Accelerator, PrecisionFamily
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference"
@@ -147,7 +150,7 @@ def columns_page() -> str:
 def accelerators_page() -> str:
     from clusters.catalog import load_catalog
 
-    def peak(a, family):
+    def peak(a: Accelerator, family: PrecisionFamily) -> str:
         value = a.peak_tflops.get(family)
         return "—" if value is None else f"{value:g}"
 
@@ -169,7 +172,7 @@ def accelerators_page() -> str:
     )
 
 
-def _params(command, ctx) -> list[str]:
+def _params(command: Any, ctx: Any) -> list[str]:  # Typer's click command and context (typer._click)
     lines = []
     for p in command.params:
         if p.name == "help" or getattr(p, "hidden", False):
@@ -186,7 +189,7 @@ def _params(command, ctx) -> list[str]:
     return lines
 
 
-def _commands(group, path: str, ctx) -> list[str]:
+def _commands(group: Any, path: str, ctx: Any) -> list[str]:  # Typer's click group and context
     out = []
     for name in sorted(group.commands):
         command = group.commands[name]

@@ -13,12 +13,16 @@ every message, warning and ``--skip-bad`` decision stays its own.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sweep.record.schema import VERSION_KEY
 from sweep.record.store import _version_problem, check_files, result_files
 
+if TYPE_CHECKING:
+    import duckdb
 
-def checked(con, root: Path, skip_bad: bool = False) -> dict[Path, frozenset[str]]:
+
+def checked(con: duckdb.DuckDBPyConnection, root: Path, skip_bad: bool = False) -> dict[Path, frozenset[str]]:
     """As ``store.check_files(root, skip_bad)``: every result file under ``root`` with the columns it holds."""
     import duckdb
 

@@ -10,7 +10,11 @@ Rich draws it as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console, JustifyMethod
 
 # box.HEAVY_HEAD, as Rich's Table draws it by default: (left, between, right, fill) per kind of line
 _TOP, _HEAD, _RULE, _ROW, _BOTTOM = (
@@ -30,7 +34,7 @@ def _plain(text: str) -> bool:
 
 
 def draw(
-    console,
+    console: Console,
     title: str | None,
     caption: str | None,
     headers: Sequence[str],
@@ -63,7 +67,7 @@ def draw(
     return "\n".join(lines) + "\n"
 
 
-def _annotation(console, text: str | None, justify: str, width: int) -> list[str]:
+def _annotation(console: Console, text: str | None, justify: JustifyMethod, width: int) -> list[str]:
     """A title or caption as Rich's Table lays it out (its markup read, wrapped and justified to the table's
     width): one short text, so Rich itself renders it."""
     if not text:
@@ -79,7 +83,11 @@ def _rule(box: tuple[str, str, str, str], widths: Sequence[int]) -> str:
 
 
 def _cells(
-    box: tuple[str, str, str, str], cells: Sequence[str], widths: Sequence[int], right: Sequence[bool], cell_len
+    box: tuple[str, str, str, str],
+    cells: Sequence[str],
+    widths: Sequence[int],
+    right: Sequence[bool],
+    cell_len: Callable[[str], int],
 ) -> str:
     left, between, end, _ = box
     parts = []

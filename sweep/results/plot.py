@@ -17,9 +17,9 @@ matplotlib is imported here only, through ``Figure`` and the Agg canvas: no pypl
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -29,12 +29,18 @@ from sweep.results import aggregate
 from sweep.results.energy import PLOT_METRICS
 from sweep.results.render import CONFIG_HEADERS, says_nothing, setting
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+Label = Callable[[dict[str, Any]], str]  # a series' legend text from one of its rows
+
 SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", *TRAINING_DEFAULTS, "memory_cap_gib")
 DPI = 110  # the tick thinning measures text at this resolution: the saved image must use the same
 MAX_WIDTH = 22.0  # inches: wider panels wrap onto more rows
 
 
-def _text(key: str, value) -> str:
+def _text(key: str, value: Any) -> str:  # a cell of any column
     """One value named by its table header: 'accum 8', 'fp8 head on', 'cap 80 GiB'; a precision is its own name."""
     if key == "precision":
         return str(value)
@@ -84,7 +90,7 @@ def _wrap(parts: list[str], width: int) -> str:
     return "\n".join(lines)
 
 
-def _styles(rows: list[dict], varying: list[str], label) -> dict[str, dict]:
+def _styles(rows: list[dict], varying: list[str], label: Label) -> dict[str, dict]:
     """Colour by precision; line style, marker and bar hatch by the rest of the series key (cluster...)."""
     precisions = sorted({str(r["precision"]) for r in rows})
     rest = lambda r: tuple(_text(k, r[k]) for k in varying if k != "precision")  # noqa: E731
@@ -154,7 +160,7 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
     return fig
 
 
-def _legend(fig: Any, series: list[str], style: dict[str, dict[str, Any]]) -> None:
+def _legend(fig: Figure, series: list[str], style: dict[str, dict[str, Any]]) -> None:
     """One legend under the panels: a line per series, then the failure markers."""
     from matplotlib.lines import Line2D
 
@@ -185,7 +191,7 @@ def _legend(fig: Any, series: list[str], style: dict[str, dict[str, Any]]) -> No
     )
 
 
-def _batch_ticks(fig, panels: list[tuple[Any, list[int]]]) -> None:
+def _batch_ticks(fig: Figure, panels: list[tuple[Any, list[int]]]) -> None:
     """Every batch tried gets a tick; a number only where it does not run into its neighbour's.
 
     The first and last batch are always numbered. Overlap is measured on the laid-out figure: batches a
@@ -205,13 +211,13 @@ def _batch_ticks(fig, panels: list[tuple[Any, list[int]]]) -> None:
         _thin(fig, ax, batches)
 
 
-def _thin(fig, ax, batches: list[int]) -> None:
+def _thin(fig: Figure, ax: Axes, batches: list[int]) -> None:
     from matplotlib.ticker import FixedLocator, NullFormatter
 
     labels = ax.get_xticklabels()
     boxes = [t.get_window_extent() for t in labels]
     # half an em between two numbers: closer, "510 926" reads as one number, or as two printed over each other
-    gap, last = 0.5 * labels[0].get_fontsize() * fig.dpi / 72, len(batches) - 1
+    gap, last = 0.5 * float(labels[0].get_fontsize()) * fig.dpi / 72, len(batches) - 1
     keep = [0]
     for i in range(1, last + 1):
         clear = boxes[i].x0 >= boxes[keep[-1]].x1 + gap
@@ -222,7 +228,9 @@ def _thin(fig, ax, batches: list[int]) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _perf_panel(ax, rows: list[dict], label, style: dict, metric=PLOT_METRICS["tflops"]) -> None:
+def _perf_panel(
+    ax: Axes, rows: list[dict], label: Label, style: dict, metric: tuple[str, str, str, str] = PLOT_METRICS["tflops"]
+) -> None:
     key, low, high, axis_label = metric
     top = max((r[high] or 0 for r in rows), default=0) or 1.0
     series = list(style)
@@ -264,7 +272,7 @@ def _perf_panel(ax, rows: list[dict], label, style: dict, metric=PLOT_METRICS["t
     ax.grid(alpha=0.3)
 
 
-def _bar_panel(ax, groups: list[dict], label, style: dict) -> None:
+def _bar_panel(ax: Axes, groups: list[dict], label: Label, style: dict) -> None:
     from matplotlib.ticker import MaxNLocator
 
     groups = sorted(groups, key=label)

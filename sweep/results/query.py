@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +23,13 @@ from sweep.errors import UserError
 from sweep.record.schema import RESULT_SCHEMA, STATUSES, TRAINING_DEFAULTS
 from sweep.record.store import open_dataset
 from sweep.results.scan import Relation, Rows
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import duckdb
+
+T = TypeVar("T")
 
 # The columns that make two attempts "the same config": repeats of one config aggregate together.
 # memory_cap_gib: a run under `--memory-cap 80GiB` answers another question than one on the whole card
@@ -219,7 +227,7 @@ def sql(directory: Path, statement: str, bounds: Bounds, skip_bad: bool = False)
     return (table.slice(0, bounds.rows) if more else table), more
 
 
-def _one_statement(con, statement: str) -> None:
+def _one_statement(con: duckdb.DuckDBPyConnection, statement: str) -> None:
     count = len(con.extract_statements(statement))
     if count == 0:
         raise UserError('SQL: no statement; give one, e.g. "SELECT count(*) FROM results"')
@@ -227,7 +235,7 @@ def _one_statement(con, statement: str) -> None:
         raise UserError(f"SQL: {count} statements; `sweep results query` runs one at a time")
 
 
-def _fetch(con, statement: str, rows: int | None) -> pa.Table:
+def _fetch(con: duckdb.DuckDBPyConnection, statement: str, rows: int | None) -> pa.Table:
     relation = con.sql(statement)  # None for a statement without a result (SET, CREATE ...)
     if relation is None:
         return pa.table({})
@@ -235,7 +243,7 @@ def _fetch(con, statement: str, rows: int | None) -> pa.Table:
     return (relation.limit(rows + 1) if rows is not None else relation).to_arrow_table()
 
 
-def _bounded(con, work, timeout_s: float | None):
+def _bounded(con: duckdb.DuckDBPyConnection, work: Callable[[], T], timeout_s: float | None) -> T:
     """``work()`` on a thread of its own, interrupted (``con.interrupt()``) past ``timeout_s`` or on Ctrl-C.
 
     DuckDB runs a statement with the GIL released: a Ctrl-C in the thread that waits on it would be seen only
@@ -279,7 +287,7 @@ def duckdb_message(error: Exception) -> str:
     return " ".join(text.split())
 
 
-def run_sql(sql: str, params: Mapping[str, object] | None = None, **tables) -> pa.Table:
+def run_sql(sql: str, params: Mapping[str, object] | None = None, **tables: pa.Table | Rows) -> pa.Table:
     """``sql`` over in-memory Arrow ``tables`` (by name) in a throwaway DuckDB: aggregation, not user queries.
     A ``scan.Rows`` among them (as ``rows``) runs it on that view's connection instead, the Arrow tables beside it."""
     import duckdb

@@ -14,13 +14,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import pyarrow as pa
 
 from sweep.errors import UserError, one_line
 from sweep.record.schema import RESULT_SCHEMA, TRAINING_DEFAULTS
 from sweep.record.store import safe_part
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import duckdb
 
 _SQL_TYPES = {
     pa.string(): "VARCHAR",
@@ -125,8 +130,8 @@ class Rows:
         wheres: Sequence,
         row_id: bool = False,
         skip_bad: bool = False,
-        con=None,
-    ):
+        con: duckdb.DuckDBPyConnection | None = None,
+    ) -> None:
         self.directory, self.files, self.columns, self.wheres = Path(directory), files, list(columns), list(wheres)
         self.row_id, self.skip_bad = row_id, skip_bad
         self.con = con if con is not None else connect()
@@ -151,7 +156,7 @@ class Rows:
             self.con.execute(f"ALTER VIEW rows RENAME TO rows_{n}")
             self.con.execute(f"CREATE TEMP VIEW rows AS {select(f'rows_{n}')}")
 
-    def sql(self, statement: str, params=None, **tables: pa.Table) -> pa.Table:
+    def sql(self, statement: str, params: Mapping[str, object] | None = None, **tables: pa.Table) -> pa.Table:
         """``statement`` over the view ``rows`` and the Arrow ``tables`` (by name)."""
         import duckdb
 
