@@ -8,9 +8,8 @@ import csv
 import io
 import json
 
-from typer.testing import CliRunner
+from conftest import invoke
 
-from sweep.cli import app
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row
 
@@ -58,7 +57,7 @@ def _write(tmp_path) -> None:
 
 
 def _invoke(*args) -> str:
-    res = CliRunner().invoke(app, ["results", *map(str, args)])
+    res = invoke("results", *args)
     assert res.exit_code == 0, res.output
     return res.stdout
 
@@ -71,13 +70,16 @@ def test_results_max_batch_shows_retries_and_says_it_thrashes(tmp_path):
         r["precision"]: r
         for r in (dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:])
     }
-    cells = lambda p: (
-        got[p]["max ok batch"],
-        got[p]["fastest batch"],
-        got[p]["alloc retries @max"],  # noqa: E731
-        got[p]["alloc retries @fastest"],
-        got[p]["allocator"],
-    )
+
+    def cells(p):
+        return (
+            got[p]["max ok batch"],
+            got[p]["fastest batch"],
+            got[p]["alloc retries @max"],
+            got[p]["alloc retries @fastest"],
+            got[p]["allocator"],
+        )
+
     assert cells("fp8-torchao") == ("2", "2", "40", "40", "batch 2 fits, but the allocator thrashes (40 retries)")
     assert cells("bf16") == (
         "2",
