@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, invoke
 
 from sweep.memory.capacity import BYTES_PER_PARAM, per_rank_memory, state_bytes_per_rank, state_reason
 from sweep.record import store
@@ -86,12 +86,8 @@ def _verdict(result) -> str:
 
 @pytest.fixture
 def plan():
-    from typer.testing import CliRunner
-
-    from sweep.cli import app
-
     def plan(*args):
-        return CliRunner().invoke(app, ["plan", "--batch-size", "1", *map(str, args)], env={"COLUMNS": "250"})
+        return invoke("plan", "--batch-size", "1", *args, env={"COLUMNS": "250"})
 
     return plan
 

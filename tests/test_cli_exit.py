@@ -4,19 +4,13 @@ and SWEEP_DEBUG switching tracebacks on only when it says so. Through the real C
 from __future__ import annotations
 
 import pytest
+from conftest import tiny_grid
 
 from sweep.record import store
 from sweep.search.policy import GridPlan
 from sweep.spec.grid import OomPolicy
 
-TINY = """
-models: [gpt-tiny]
-compile: none
-seq_len: 32
-gpus: 2
-batch_sizes: [2]
-steps: {warmup: 1, measure: 2}
-"""
+TINY = tiny_grid(gpus=2)
 
 
 # -- exit status: non-zero when nothing was measured ---------------------------------------------------------

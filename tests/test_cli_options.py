@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import yaml
+from conftest import invoke
 
 pytestmark = pytest.mark.integration
 
@@ -127,15 +128,6 @@ def readme_grid() -> dict:
     return yaml.safe_load(readme_grid_text())
 
 
-def sweep(*args, env: dict | None = None):
-    """The real CLI, in-process (it reuses the session's Ray)."""
-    from typer.testing import CliRunner
-
-    from sweep.cli import app
-
-    return CliRunner().invoke(app, [str(a) for a in args], env=env)
-
-
 def run_grid(folder: Path, grid: dict, *options, name: str = "grid.yaml", measures: bool = True) -> Path:
     """`sweep run <grid> --cluster local --output <folder>/out <options>`; returns the output folder.
     `measures=False`: no trial is meant to measure anything (all oom / timeout), which exits 3."""
@@ -143,7 +135,7 @@ def run_grid(folder: Path, grid: dict, *options, name: str = "grid.yaml", measur
     path.write_text(yaml.safe_dump(grid, sort_keys=False))
     out = folder / "out"
     cluster = () if "--cluster" in options else ("--cluster", "local")
-    result = sweep("run", path, "--output", out, "--no-progress", *cluster, *options)
+    result = invoke("run", path, "--output", out, "--no-progress", *cluster, *options)
     assert result.exit_code == (0 if measures else 3), result.output
     assert measures or "no trial measured anything" in result.output
     return out
@@ -251,7 +243,7 @@ def test_compile_full_is_compiled_and_compare_by_compile(options_run):
     assert differs(full["loss_first"], base["loss_first"])
     # compiling takes many steady steps (seconds against milliseconds)
     assert full["compile_time_s"] > 20 * full["step_time_s"]
-    result = sweep(
+    result = invoke(
         "results", "compare", options_run["out"], "--by", "compile", "--where", "precision=bf16", "--format", "csv"
     )
     assert result.exit_code == 0, result.output
@@ -273,7 +265,7 @@ def _csv(text: str) -> list[dict]:
 def test_grid_less_run_takes_every_axis_from_options(ray_session, tmp_path, options_run):
     """`sweep run --model ...` with no grid file: the README's one-trial form, here with two micro-batches."""
     out = tmp_path / "out"
-    result = sweep(
+    result = invoke(
         "run",
         "--model",
         "llama-tiny",
@@ -352,7 +344,7 @@ def test_activation_checkpointing_recomputes_blocks_and_compare_by_ac(ac_run):
     assert by_ac["selective"]["loss_last"] == by_ac["full"]["loss_last"] == by_ac["none"]["loss_last"]
     # ... while holding fewer of them: every block checkpointed < every other block < none
     assert by_ac["full"]["peak_mem_gib"] < by_ac["selective"]["peak_mem_gib"] < by_ac["none"]["peak_mem_gib"]
-    result = sweep("results", "compare", out, "--by", "ac", "--format", "csv")
+    result = invoke("results", "compare", out, "--by", "ac", "--format", "csv")
     assert result.exit_code == 0, result.output
     lines = {line["ac"]: line for line in _csv(result.stdout)}
     assert set(lines) == {"selective", "full"}
@@ -445,7 +437,7 @@ def test_max_batch_command_and_search_with_two_precisions(ray_session, tmp_path)
     """The README's `sweep max-batch` line, on CPU sizes: one verdict per precision; one that cannot run
     here is recorded unsupported and ends its search at once."""
     out = tmp_path / "out"
-    result = sweep(
+    result = invoke(
         "max-batch",
         "--model",
         "gpt-tiny",
@@ -490,7 +482,7 @@ def test_readme_grid_block_plans_on_h200(tmp_path):
     path = tmp_path / "grid.yaml"
     path.write_text(readme_grid_text())  # verbatim, comments and all
     grid = readme_grid()
-    result = sweep("plan", path, "--cluster", "h200", env={"COLUMNS": "200"})
+    result = invoke("plan", path, "--cluster", "h200", env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "on h200" in result.stdout
     for value in [*grid["models"], *grid["precisions"]]:

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer
 import yaml
-from typer.testing import CliRunner
+from conftest import invoke
 
 import clusters
 from clusters import Accelerator, ClusterProfile, load_catalog, load_profile, parse_memory_size, profile_names
@@ -283,24 +282,16 @@ def test_profile_module_imports_neither_torch_nor_ray():
 # --- the CLI --------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def cli_app() -> typer.Typer:
-    """The `sweep` command itself: a CLI that does not import is a failure, never a skip or a stand-in."""
-    from sweep.cli import app
-
-    return app
-
-
-def test_cli_list(cli_app):
-    result = CliRunner().invoke(cli_app, ["clusters", "list"], env={"COLUMNS": "120"})
+def test_cli_list():
+    result = invoke("clusters", "list", env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     for name in SHIPPED:
         assert name in result.stdout
     assert "1 × 8" in result.stdout and "192 GiB" in result.stdout
 
 
-def test_cli_show(cli_app, tmp_path):
-    result = CliRunner().invoke(cli_app, ["clusters", "show", "mi300x"], env={"COLUMNS": "200"})
+def test_cli_show(tmp_path):
+    result = invoke("clusters", "show", "mi300x", env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     for text in (
         "mi300x (amd)",
@@ -314,18 +305,18 @@ def test_cli_show(cli_app, tmp_path):
         assert text in result.stdout
 
     path = write_profile(tmp_path, {**VALID, "memory_per_device": "64GiB", "env": {"NCCL_DEBUG": "[WARN]"}})
-    result = CliRunner().invoke(cli_app, ["clusters", "show", str(path)], env={"COLUMNS": "200"})
+    result = invoke("clusters", "show", str(path), env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "2 × 8 = 16" in result.stdout and "68,719,476,736 bytes" in result.stdout
     assert "NCCL_DEBUG=[WARN]" in result.stdout  # printed as written, not eaten as Rich markup
 
-    result = CliRunner().invoke(cli_app, ["clusters", "show", "local"])
+    result = invoke("clusters", "show", "local")
     assert result.exit_code == 0 and "MFU is not defined" in result.stdout
 
 
-def test_cli_show_unknown_is_one_line_exit_2(cli_app, monkeypatch):
+def test_cli_show_unknown_is_one_line_exit_2(monkeypatch):
     monkeypatch.delenv("SWEEP_DEBUG", raising=False)
-    result = CliRunner().invoke(cli_app, ["clusters", "show", "nope"])
+    result = invoke("clusters", "show", "nope")
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
@@ -335,9 +326,9 @@ def test_cli_show_unknown_is_one_line_exit_2(cli_app, monkeypatch):
     assert "Traceback" not in result.output
 
 
-def test_cli_show_invalid_file_is_one_line_exit_2(cli_app, tmp_path):
+def test_cli_show_invalid_file_is_one_line_exit_2(tmp_path):
     path = write_profile(tmp_path, {**VALID, "nodes": -1})
-    result = CliRunner().invoke(cli_app, ["clusters", "show", str(path)])
+    result = invoke("clusters", "show", str(path))
     assert result.exit_code == 2
     (line,) = result.stderr.splitlines()
     assert (
@@ -369,11 +360,9 @@ def _plan_verdicts(result) -> dict[str, str]:
 
 
 def test_cli_show_a_declared_part(tmp_path, monkeypatch):
-    from sweep.cli import app
-
     declared(tmp_path)
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["clusters", "show", "my.yaml"], env={"COLUMNS": "200"})
+    result = invoke("clusters", "show", "my.yaml", env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     for text in (
         "a100-40gb (nvidia, declared in this profile)",
@@ -391,8 +380,6 @@ def test_cli_show_a_declared_part(tmp_path, monkeypatch):
 
 
 def test_plan_on_a_declared_part_without_fp8(tmp_path):
-    from sweep.cli import app
-
     path = declared(tmp_path)
     args = [
         "plan",
@@ -411,7 +398,7 @@ def test_plan_on_a_declared_part_without_fp8(tmp_path):
         "-p",
         "fp8-torchao-rowwise",
     ]
-    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    result = invoke(*args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "on my-a100 (a100-40gb, 8 ranks)" in result.stdout
     assert _plan_verdicts(result) == {
@@ -423,7 +410,7 @@ def test_plan_on_a_declared_part_without_fp8(tmp_path):
 
     # a part whose capability would allow FP8 but which declares no FP8 peak: the declaration decides
     path = declared(tmp_path, name="no-fp8-hopper", compute_capability=9.0)
-    result = CliRunner().invoke(app, [*args[:2], str(path), *args[3:]], env={"COLUMNS": "200"})
+    result = invoke(*args[:2], path, *args[3:], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert _plan_verdicts(result)["fp8-torchao-tensorwise"] == "no (1)"
     assert "fp8-torchao-tensorwise needs FP8 tensor cores; no-fp8-hopper has none" in result.stdout
@@ -448,11 +435,9 @@ def test_plan_on_a_declared_part_without_fp8(tmp_path):
     ],
 )
 def test_a_bad_declared_part_is_one_line_exit_2(tmp_path, part, expected):
-    from sweep.cli import app
-
     path = declared(tmp_path, **part)
     for args in (["clusters", "show", str(path)], ["plan", "--cluster", str(path), "-m", "gpt-tiny", "-b", "1"]):
-        result = CliRunner().invoke(app, args)
+        result = invoke(*args)
         assert result.exit_code == 2 and result.stdout == ""
         (line,) = result.stderr.splitlines()
         assert line.startswith(f"error: Invalid cluster profile {path}: ") and expected in line, line

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import result_row
 
 from sweep.record import store
 from sweep.record.cost import attempt_seconds, gpu_seconds, measured_share, percents, summary_line
@@ -16,16 +17,8 @@ FIVE = ["measured steps", "warm-up", "compile", "start-up", "OOM attempts"]
 
 def _ok(**over) -> dict:
     """An ok attempt on 2 ranks: 10 s held, compile 1 s, 2 warm-up steps of 0.5 s, 3 s of measured steps."""
-    return {
-        "status": "ok",
-        "world_size": 2,
-        "trial_wall_s": 10.0,
-        "compile_time_s": 1.0,
-        "warmup_steps": 2,
-        "step_time_s": 0.5,
-        "steps_time_s": 3.0,
-        **over,
-    }
+    times = {"trial_wall_s": 10.0, "compile_time_s": 1.0, "warmup_steps": 2, "step_time_s": 0.5, "steps_time_s": 3.0}
+    return result_row(**{"world_size": 2, **times, **over})
 
 
 def test_an_ok_attempt_splits_its_wall_and_the_rest_is_start_up():

@@ -15,6 +15,7 @@ and a TP group whose ranks drew different tokens, or a missing all-reduce, chang
 from __future__ import annotations
 
 import pytest
+from conftest import invoke
 
 from sweep.record import store
 
@@ -38,10 +39,6 @@ TOLERANCE = 1e-4  # relative, on each loss (module docstring)
 def layout_rows(ray_session, tmp_path_factory):
     """Two `sweep run`s into one output on a profile of four CPU ranks: the grid above (gpus 1, 2, 4 x tp 1, 2;
     tp 2 does not divide 1 rank, so 5 trials), and HSDP 2 x 2 (dp_replicate: 2 at 4 ranks)."""
-    from typer.testing import CliRunner
-
-    from sweep.cli import app
-
     folder = tmp_path_factory.mktemp("layouts")
     (folder / "grid.yaml").write_text(GRID)
     (folder / "four.yaml").write_text(
@@ -49,13 +46,12 @@ def layout_rows(ray_session, tmp_path_factory):
     )
     out = folder / "out"
     common = ["--cluster", folder / "four.yaml", "--output", out, "--no-progress"]
-    runner = CliRunner()
     (folder / "hsdp.yaml").write_text(GRID.replace("gpus: [1, 2, 4]\ntp: [1, 2]", "gpus: 4\ndp_replicate: 2"))
     (folder / "compiled.yaml").write_text(
         GRID.replace("gpus: [1, 2, 4]\ntp: [1, 2]", "gpus: 2\ntp: 2").replace("compile: none", "compile: regional")
     )
     for grid in ("grid.yaml", "hsdp.yaml", "compiled.yaml"):
-        result = runner.invoke(app, [str(a) for a in ["run", folder / grid, *common]])
+        result = invoke("run", folder / grid, *common)
         assert result.exit_code == 0, result.output
     rows = store.read_table(out).to_pylist()
     return {(r["world_size"], r["dp_replicate"], r["tp"], r["compile"]): r for r in rows}, out

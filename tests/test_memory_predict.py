@@ -7,10 +7,8 @@ import subprocess
 import sys
 
 import yaml
-from conftest import ROOT
-from typer.testing import CliRunner
+from conftest import ROOT, invoke
 
-from sweep.cli import app
 from sweep.record import store
 from sweep.search.policy import GridPlan
 from sweep.spec.expand import expand
@@ -21,7 +19,7 @@ LLAMA = ("--cluster", "h200", "--model", "llama3-8b", "--gpus", "2", "--seq-len"
 
 
 def _plan(*args):
-    return CliRunner().invoke(app, ["plan", *map(str, args)], env={"COLUMNS": "250"})
+    return invoke("plan", *args, env={"COLUMNS": "250"})
 
 
 def test_plan_shows_the_predicted_peak_and_marks_what_will_not_fit():

@@ -9,11 +9,9 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
-from typer.testing import CliRunner
+from conftest import ROOT, invoke
 
 from clusters import load_profile
-from sweep.cli import app
 from sweep.memory.predictor import NO_ROWS
 from sweep.record import store
 from sweep.record.rows import base_row
@@ -58,7 +56,7 @@ def dead_h200_profile(tmp_path, gpus: int = 2, ratio: float = 1.2):
 
 
 def _plan(*args):
-    return CliRunner().invoke(app, ["plan", *map(str, args)], env={"COLUMNS": "250"})
+    return invoke("plan", *args, env={"COLUMNS": "250"})
 
 
 PLAN = ("--cluster", "h200", "--model", "llama3-8b", "--gpus", "2", "--seq-len", "4096", "-b", "4")

@@ -21,9 +21,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
+from conftest import invoke
 
-from sweep.cli import app
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row
 from sweep.results import aggregate, query
@@ -151,9 +150,9 @@ def expected_configs(rows: list[dict]) -> dict[tuple, dict]:
     return out
 
 
-def invoke(*args: str):
+def sweep_results(*args: str):
     """``sweep results ARGS`` through the real CLI: an import failure of sweep.cli fails the test."""
-    return CliRunner().invoke(app, ["results", *map(str, args)])
+    return invoke("results", *args)
 
 
 # --- aggregation -----------------------------------------------------------------------------------
@@ -323,7 +322,7 @@ def _key(row: dict) -> tuple:
 
 def test_export_markdown_carries_row_numbers(dataset):
     out, rows = dataset
-    res = invoke("export", out, "--format", "md")
+    res = sweep_results("export", out, "--format", "md")
     assert res.exit_code == 0, res.output
     want = expected_configs(rows)
     parsed = _parse_markdown(res.stdout)
@@ -356,7 +355,7 @@ def _shows(cell: str, value: float, suffix: str = "") -> bool:
 def test_export_csv_carries_row_numbers(dataset, tmp_path):
     out, rows = dataset
     target = tmp_path / "sub" / "export.csv"
-    res = invoke("export", out, "--format", "csv", "--out", target)
+    res = sweep_results("export", out, "--format", "csv", "--out", target)
     assert res.exit_code == 0, res.output
     want = expected_configs(rows)
     parsed = list(csv.DictReader(io.StringIO(target.read_text())))
@@ -370,8 +369,8 @@ def test_export_csv_carries_row_numbers(dataset, tmp_path):
 
 def test_export_md_and_csv_agree(dataset):
     out, _ = dataset
-    md = {_key(r): r for r in _parse_markdown(invoke("export", out).stdout)}
-    for row in csv.DictReader(io.StringIO(invoke("export", out, "-f", "csv").stdout)):
+    md = {_key(r): r for r in _parse_markdown(sweep_results("export", out).stdout)}
+    for row in csv.DictReader(io.StringIO(sweep_results("export", out, "-f", "csv").stdout)):
         cell = md[_key(row)]["TFLOP/s/GPU"]
         assert _shows(cell, float(row["tflops_per_gpu"])) if row["tflops_per_gpu"] else cell == row["status"]
 
@@ -411,42 +410,42 @@ def test_compare_by_a_training_option(tmp_path):
     table = {r["reduce_dtype"]: r for r in aggregate.compare(tmp_path, "micro_batch", "grad_sync").to_pylist()}
     assert table["fp32"]["ratio"] == pytest.approx(728.7 / 782.9)
     assert table["bf16"]["ratio"] == pytest.approx(871.9 / 792.2)
-    res = invoke("compare", tmp_path, "--by", "grad_sync", "-f", "csv")  # the default baseline: micro_batch
+    res = sweep_results("compare", tmp_path, "--by", "grad_sync", "-f", "csv")  # the default baseline: micro_batch
     assert res.exit_code == 0, res.output
     import csv
     import io
 
     ratios = {r["reduce_dtype"]: float(r["ratio"]) for r in csv.DictReader(io.StringIO(res.stdout))}
     assert ratios == {"fp32": pytest.approx(728.7 / 782.9), "bf16": pytest.approx(871.9 / 792.2)}
-    res = invoke("compare", tmp_path, "--by", "reduce_dtype")
+    res = sweep_results("compare", tmp_path, "--by", "reduce_dtype")
     assert res.exit_code == 0 and "vs fp32" in res.stdout
 
 
 def test_show_and_max_batch_and_compare_print(dataset):
     out, _ = dataset
-    res = invoke("show", out, "--where", "status!=ok", "--limit", "500")
+    res = sweep_results("show", out, "--where", "status!=ok", "--limit", "500")
     assert res.exit_code == 0 and "unsupported" in res.stdout and "NCCL watchdog timeout" in res.stdout
-    res = invoke("max-batch", out, "--format", "md", "--where", "cluster=h200")
+    res = sweep_results("max-batch", out, "--format", "md", "--where", "cluster=h200")
     assert res.exit_code == 0 and "| llama3-8b | fp8-te | ok | 8 | 16 | 8 |" in res.stdout
-    res = invoke("compare", out, "--baseline", "bf16", "--where", "model=llama3-8b")
+    res = sweep_results("compare", out, "--baseline", "bf16", "--where", "model=llama3-8b")
     assert res.exit_code == 0 and "vs bf16" in res.stdout and "baseline oom" in res.stdout
-    res = invoke("compare", out, "--by", "cluster", "--baseline", "h200", "-f", "csv")
+    res = sweep_results("compare", out, "--by", "cluster", "--baseline", "h200", "-f", "csv")
     assert res.exit_code == 0 and res.stdout.startswith("model,precision,")
 
 
 def test_plot_writes_png(dataset, tmp_path):
     out, _ = dataset
     png = tmp_path / "fig.png"
-    res = invoke("plot", out, "--out", png)
+    res = sweep_results("plot", out, "--out", png)
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
 def test_query_count(dataset):
     out, rows = dataset
-    res = invoke("query", out, "SELECT count(*) AS n FROM results", "--format", "csv")
+    res = sweep_results("query", out, "SELECT count(*) AS n FROM results", "--format", "csv")
     assert res.exit_code == 0 and res.stdout == f"n\n{len(rows)}\n"
-    res = invoke("query", out, "SELECT precision, count(*) AS n FROM results GROUP BY ALL ORDER BY 1")
+    res = sweep_results("query", out, "SELECT precision, count(*) AS n FROM results GROUP BY ALL ORDER BY 1")
     assert res.exit_code == 0 and "fp8-torchao" in res.stdout
 
 
@@ -490,7 +489,7 @@ def test_bad_input_is_one_line_exit_2(dataset, tmp_path, args, setup, message):
     if setup:
         setup(tmp_path)
     args = [a.format(empty=tmp_path, data=dataset[0]) for a in args]
-    assert message in _one_error_line(invoke(*args))
+    assert message in _one_error_line(sweep_results(*args))
 
 
 @pytest.mark.parametrize(
@@ -504,7 +503,7 @@ def test_bad_input_is_one_line_exit_2(dataset, tmp_path, args, setup, message):
 )
 def test_query_cannot_write_files(dataset, tmp_path, statement):
     out, _ = dataset
-    line = _one_error_line(invoke("query", out, statement.format(out=tmp_path)))
+    line = _one_error_line(sweep_results("query", out, statement.format(out=tmp_path)))
     assert "SQL: Permission Error" in line and "reads the table `results` only" in line
     assert list(tmp_path.iterdir()) == []
 
@@ -523,7 +522,7 @@ def test_query_cannot_write_files(dataset, tmp_path, statement):
 def test_query_reads_the_dataset_only(dataset, statement):
     out, _ = dataset
     first = sorted(out.rglob("*.parquet"))[0]
-    line = _one_error_line(invoke("query", out, statement.format(first=first)))
+    line = _one_error_line(sweep_results("query", out, statement.format(first=first)))
     assert line.startswith("error: SQL: ")
     assert "root:" not in line
 
@@ -583,7 +582,7 @@ def test_a_bad_file_is_named_in_one_line(dataset, tmp_path, name, make):
     tree = tmp_path / "results"
     shutil.copytree(dataset[0], tree)
     make(tree)
-    line = _one_error_line(invoke("export", tree))
+    line = _one_error_line(sweep_results("export", tree))
     assert line.startswith(f"error: {tree / name}: ") and line.endswith(
         f"(move it out of {tree}, or pass --skip-bad to `sweep results` to read the rest)"
     )
@@ -592,10 +591,10 @@ def test_a_bad_file_is_named_in_one_line(dataset, tmp_path, name, make):
 @pytest.mark.parametrize("args", COMMANDS, ids=[c[0] for c in COMMANDS])
 def test_skip_bad_reads_the_rest_and_names_what_it_skipped(dataset, tree_with_bad_files, tmp_path, args):
     args = [a.format(tmp=tmp_path) for a in args]
-    without = invoke(args[0], tree_with_bad_files, *args[1:])
+    without = sweep_results(args[0], tree_with_bad_files, *args[1:])
     assert "more such file(s)" in _one_error_line(without)
-    clean = invoke(args[0], dataset[0], *args[1:])
-    res = invoke(args[0], tree_with_bad_files, *args[1:], "--skip-bad")
+    clean = sweep_results(args[0], dataset[0], *args[1:])
+    res = sweep_results(args[0], tree_with_bad_files, *args[1:], "--skip-bad")
     assert res.exit_code == 0, res.output
     warnings = res.stderr.splitlines()
     skipped = sorted(line.split(": ")[1].removeprefix("skipped ") for line in warnings if line.startswith("warning: "))
@@ -617,7 +616,7 @@ def _cells(text: str) -> list[list[str]]:
 
 def test_skip_bad_with_nothing_readable_is_an_error(tmp_path):
     _garbage(tmp_path)
-    res = invoke("show", tmp_path, "--skip-bad")
+    res = sweep_results("show", tmp_path, "--skip-bad")
     assert res.exit_code == 2 and "Traceback" not in res.output
     warning, error = res.stderr.splitlines()
     assert warning.startswith(f"warning: skipped {tmp_path / 't.parquet'}: not a readable Parquet file (")
@@ -640,7 +639,7 @@ def test_small_numbers_keep_their_significant_figures(tmp_path):
                 "step_time_s": 1.2345,
             },
         )
-    res = invoke("export", tmp_path)
+    res = sweep_results("export", tmp_path)
     assert res.exit_code == 0, res.output
     cells = {r["precision"]: r for r in _parse_markdown(res.stdout)}
     assert [cells[p]["TFLOP/s/GPU"] for p in ("bf16", "fp8-te", "fp8-torchao")] == ["0.006640", "0.01050", "0.01440"]
@@ -649,7 +648,7 @@ def test_small_numbers_keep_their_significant_figures(tmp_path):
         "0.09130",
         "1.234",
     )
-    res = invoke("compare", tmp_path, "-f", "md")
+    res = sweep_results("compare", tmp_path, "-f", "md")
     assert res.exit_code == 0, res.output
     cells = {r["precision"]: r for r in _parse_markdown(res.stdout)}
     assert cells["fp8-te"]["bf16 TFLOP/s/GPU"] == "0.006640"
@@ -697,13 +696,13 @@ def test_perf_per_dollar_uses_the_cost_stored_in_the_rows(tmp_path):
                 "tokens_per_s_per_gpu": tokens,
             },
         )
-    res = invoke("compare", tmp_path, "--by", "cluster", "--baseline", "my-a", "-f", "csv")
+    res = sweep_results("compare", tmp_path, "--by", "cluster", "--baseline", "my-a", "-f", "csv")
     assert res.exit_code == 0, res.output
     got = {r["cluster"]: r for r in csv.DictReader(io.StringIO(res.stdout))}
     assert (got["my-b"]["cost_per_gpu_hour"], got["my-b"]["base_cost_per_gpu_hour"]) == ("4.0", "2.0")
     assert float(got["my-b"]["cost_ratio"]) == pytest.approx((300.0 / 4.0) / (100.0 / 2.0))
     assert got["old"]["cost_ratio"] == ""  # rows written before sweep stored costs: unknown, not zero
-    res = invoke("compare", tmp_path, "--by", "cluster", "--baseline", "my-a", "-f", "md")
+    res = sweep_results("compare", tmp_path, "--by", "cluster", "--baseline", "my-a", "-f", "md")
     assert res.exit_code == 0, res.output
     assert "perf/$ vs my-a" in res.stdout and "1.50× (+50.0 %)" in res.stdout
     assert "no cost per GPU-hour for: old" in res.stdout

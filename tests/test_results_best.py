@@ -11,9 +11,8 @@ from __future__ import annotations
 import csv
 import io
 
-from typer.testing import CliRunner
+from conftest import invoke
 
-from sweep.cli import app
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row, write_verdicts
 
@@ -64,7 +63,7 @@ def _write(out, rows=ROWS, **extra) -> None:
 
 
 def _invoke(*args) -> str:
-    res = CliRunner().invoke(app, ["results", *map(str, args)])
+    res = invoke("results", *args)
     assert res.exit_code == 0, res.output
     return res.stdout
 
@@ -141,11 +140,9 @@ def test_best_prefers_a_fastest_searchs_measured_best_to_a_faster_short_probe(tm
 
 def test_best_baseline_and_by_errors(tmp_path):
     _write(tmp_path)
-    res = CliRunner().invoke(app, ["results", "compare", str(tmp_path), "--best", "--baseline", "fp16"])
+    res = invoke("results", "compare", tmp_path, "--best", "--baseline", "fp16")
     assert res.exit_code == 2 and "no precision of that name" in res.stderr and "Traceback" not in res.output
-    res = CliRunner().invoke(
-        app, ["results", "compare", str(tmp_path), "--best", "--by", "cluster", "--baseline", "h200"]
-    )
+    res = invoke("results", "compare", tmp_path, "--best", "--by", "cluster", "--baseline", "h200")
     assert res.exit_code == 2 and "--best compares precisions" in res.stderr
 
 
@@ -250,5 +247,5 @@ def test_verdicts_prints_saved_searches_with_speedup_aborted_reason_and_profile(
 
 def test_verdicts_without_any_saved_search_is_one_line(tmp_path):
     _write(tmp_path)
-    res = CliRunner().invoke(app, ["results", "verdicts", str(tmp_path)])
+    res = invoke("results", "verdicts", tmp_path)
     assert res.exit_code == 2 and "no saved search verdicts" in res.stderr and "Traceback" not in res.output

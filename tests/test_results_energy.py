@@ -8,44 +8,40 @@ import io
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import result_row
 
 from sweep.record import store
 from sweep.record.energy import ENERGY_COLUMNS
-from sweep.record.schema import TRAINING_DEFAULTS, VERSION_KEY, to_table
+from sweep.record.schema import VERSION_KEY, to_table
 from sweep.record.store import write_row
 
 T0 = dt.datetime(2026, 12, 1, 9, 0, tzinfo=dt.timezone.utc)
 NEW = (*ENERGY_COLUMNS, "power_cost_per_kwh", "pue", "profile_power_limit_w")  # the columns of schema 1.10
 
 
+# One H200 trial of GPT-2 1.5B at its measured speed, on `result_row`'s ok trial.
+_H200 = {
+    "run_id": "r1",
+    "cluster": "h200",
+    "accelerator": "h200",
+    "model": "gpt2-1.5b",
+    "compile": "regional",
+    "batch_size": 12,
+    "seq_len": 1024,
+    "tflops_per_gpu": 470.0,
+    "mfu": 0.475,
+    "tokens_per_s_per_gpu": 24_000.0,
+    "peak_mem_gib": 60.0,
+    "loss_first": 10.9,
+    "loss_last": 7.1,
+    "started_at": T0,
+    "finished_at": T0,
+    "gpu_name": "NVIDIA H200",
+}
+
+
 def _row(trial_id: str, **changes) -> dict:
-    row = {
-        "run_id": "r1",
-        "trial_id": trial_id,
-        "attempt": 1,
-        "cluster": "h200",
-        "accelerator": "h200",
-        "world_size": 1,
-        "model": "gpt2-1.5b",
-        "precision": "bf16",
-        "compile": "regional",
-        "ac": "none",
-        "batch_size": 12,
-        "seq_len": 1024,
-        **TRAINING_DEFAULTS,
-        "status": "ok",
-        "tflops_per_gpu": 470.0,
-        "mfu": 0.475,
-        "step_time_s": 0.5,
-        "tokens_per_s_per_gpu": 24_000.0,
-        "peak_mem_gib": 60.0,
-        "loss_first": 10.9,
-        "loss_last": 7.1,
-        "started_at": T0,
-        "finished_at": T0,
-        "gpu_name": "NVIDIA H200",
-    }
-    return {**row, **changes}
+    return result_row(**{**_H200, "trial_id": trial_id, **changes})
 
 
 def _energy(jpt: float, power: float = 650.0, **more) -> dict:

@@ -11,10 +11,8 @@ import csv
 import io
 
 import pytest
-from typer.testing import CliRunner
+from conftest import invoke, result_row
 
-from sweep.cli import app
-from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row
 from trainer.flops import spec_flops_per_token
 from trainer.models.specs import REGISTRY, ModelSpec
@@ -27,32 +25,39 @@ PEAK = 989.0
 INLINE = ModelSpec(arch="gpt", n_layers=4, d_embd=256, n_heads=4, vocab_size=1024, max_seq_len=SEQ)
 
 
+# Two H200 ranks at T 8192, on `result_row`'s trial; the speed alone measured (no step times).
+_H200 = {
+    "run_id": "r",
+    "cluster": "h200",
+    "accelerator": "h200",
+    "world_size": 2,
+    "compile": "regional",
+    "batch_size": 1,
+    "seq_len": SEQ,
+    "peak_tflops": PEAK,
+    "step_time_s": None,
+    "step_time_p10_s": None,
+    "step_time_p90_s": None,
+}
+
+
 def _row(trial_id: str, spec: ModelSpec, precision: str, tokens_per_s: float, **extra) -> dict:
     fpt = spec_flops_per_token(spec, SEQ)
     tflops = fpt * tokens_per_s / 1e12
-    return {
-        "run_id": "r",
-        "trial_id": trial_id,
-        "attempt": 1,
-        "cluster": "h200",
-        "accelerator": "h200",
-        "world_size": 2,
-        "model": spec.label,
-        "model_spec": spec.to_json(),
-        "precision": precision,
-        "compile": "regional",
-        "ac": "none",
-        "batch_size": 1,
-        "seq_len": SEQ,
-        **TRAINING_DEFAULTS,
-        "status": "ok",
-        "tokens_per_s_per_gpu": tokens_per_s,
-        "flops_per_token": fpt,
-        "tflops_per_gpu": tflops,
-        "peak_tflops": PEAK,
-        "mfu": tflops / PEAK,
-        **extra,
-    }
+    return result_row(
+        **{
+            **_H200,
+            "trial_id": trial_id,
+            "model": spec.label,
+            "model_spec": spec.to_json(),
+            "precision": precision,
+            "tokens_per_s_per_gpu": tokens_per_s,
+            "flops_per_token": fpt,
+            "tflops_per_gpu": tflops,
+            "mfu": tflops / PEAK,
+            **extra,
+        }
+    )
 
 
 @pytest.fixture
@@ -64,7 +69,7 @@ def results(tmp_path):
 
 
 def _invoke(*args):
-    return CliRunner().invoke(app, ["results", *map(str, args)])
+    return invoke("results", *args)
 
 
 def _ok(*args) -> str:

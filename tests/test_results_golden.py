@@ -12,10 +12,8 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import invoke
 from results_golden_rows import write_folder
-from typer.testing import CliRunner
-
-from sweep.cli import app
 
 GOLDEN = Path(__file__).parent / "golden" / "results"
 UPDATE = os.environ.get("SWEEP_GOLDEN_UPDATE") == "1"
@@ -82,7 +80,7 @@ def folder(tmp_path_factory) -> Path:
 
 def _run(folder: Path, args: list[str], monkeypatch) -> str:
     monkeypatch.chdir(folder)  # the folder is named `results` in every title, wherever the test runs
-    res = CliRunner().invoke(app, ["results", *args])
+    res = invoke("results", *args)
     return f"exit {res.exit_code}\n--- stdout\n{res.stdout}--- stderr\n{res.stderr}"
 
 

@@ -14,10 +14,8 @@ import itertools
 from pathlib import Path
 
 import pytest
-from conftest import rows_folder
-from typer.testing import CliRunner
+from conftest import invoke, rows_folder
 
-from sweep.cli import app
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.results import plot as plotting
 
@@ -85,8 +83,8 @@ def mixed(tmp_path_factory) -> Path:
     return rows_folder(tmp_path_factory, "mixed", mixed_rows())
 
 
-def invoke(*args: object):
-    return CliRunner().invoke(app, ["results", *map(str, args)])
+def sweep_results(*args: object):
+    return invoke("results", *args)
 
 
 TITLE = ["cluster h200", "compile regional", "ac none", "GPUs 1", "clip 0.0", "grad sync step", "cap 120 GiB"]
@@ -139,7 +137,7 @@ def test_plot_names_what_varies_and_puts_the_rest_in_the_title_once(svg_texts):
 
 
 def test_plot_marks_a_limit_that_was_not_found(mixed, svg_texts):
-    res = invoke("max-batch", mixed, "-f", "csv")
+    res = sweep_results("max-batch", mixed, "-f", "csv")
     assert res.exit_code == 0, res.output
     import csv
     import io
@@ -153,7 +151,7 @@ def test_plot_marks_a_limit_that_was_not_found(mixed, svg_texts):
 
 
 def test_plot_out_without_suffix_says_the_file_it_wrote(mixed, tmp_path):
-    res = invoke("plot", mixed, "--out", tmp_path / "prec")
+    res = sweep_results("plot", mixed, "--out", tmp_path / "prec")
     assert res.exit_code == 0, res.output
     assert res.stderr.strip() == f"wrote {tmp_path / 'prec.png'}"
     assert [p.name for p in tmp_path.iterdir()] == ["prec.png"]

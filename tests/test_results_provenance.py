@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from typer.testing import CliRunner
+from conftest import invoke, result_row
 
-from sweep.cli import app
-from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row
 
 T0 = dt.datetime(2025, 6, 2, 9, 0, tzinfo=dt.timezone.utc)
@@ -25,33 +23,34 @@ STACK = {
 }
 
 
+# Llama3-8B on two H200s, on `result_row`'s trial: no step measured, no end time (the footer reads neither).
+_H200 = {
+    "cluster": "h200",
+    "accelerator": "h200",
+    "world_size": 2,
+    "model": "llama3-8b",
+    "compile": "regional",
+    "seq_len": 4096,
+    "step_time_s": None,
+    "step_time_p10_s": None,
+    "step_time_p90_s": None,
+    "tokens_per_s_per_gpu": None,
+    "finished_at": None,
+    "ray_version": STACK["ray_version"],
+    "git_sha": STACK["git_sha"],
+}
+
+
 def _row(trial_id: str, precision: str, batch: int, minutes: int, status: str = "ok", **stack) -> dict:
-    row = {
-        "run_id": "r1",
-        "trial_id": trial_id,
-        "attempt": 1,
-        "cluster": "h200",
-        "accelerator": "h200",
-        "world_size": 2,
-        "model": "llama3-8b",
-        "precision": precision,
-        "compile": "regional",
-        "ac": "none",
-        "batch_size": batch,
-        "seq_len": 4096,
-        **TRAINING_DEFAULTS,
-        "status": status,
-        "started_at": T0 + dt.timedelta(minutes=minutes),
-        "ray_version": STACK["ray_version"],
-        "git_sha": STACK["git_sha"],
-    }
+    when = T0 + dt.timedelta(minutes=minutes)
+    row = result_row(**_H200, trial_id=trial_id, precision=precision, batch_size=batch, status=status, started_at=when)
     if status == "ok":  # a rank reports its stack only when it ran to the end
         row.update(STACK, tflops_per_gpu=500.0 + batch, **stack)
     return row
 
 
 def _export(tmp_path, *args: str) -> str:
-    res = CliRunner().invoke(app, ["results", *args[:1], str(tmp_path), *args[1:]])
+    res = invoke("results", *args[:1], tmp_path, *args[1:])
     assert res.exit_code == 0, res.output
     return res.stdout
 

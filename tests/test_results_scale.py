@@ -7,14 +7,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from conftest import invoke
 from results_golden_rows import write_folder
-from typer.testing import CliRunner
-
-from sweep.cli import app
 
 
 def _invoke(*args):
-    return CliRunner().invoke(app, ["results", *map(str, args)])
+    return invoke("results", *args)
 
 
 def _damage_pages(path) -> None:

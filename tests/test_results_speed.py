@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import invoke
 from results_golden_rows import write_folder
-from typer.testing import CliRunner
 
-from sweep.cli import app
 from sweep.record.store import check_files
 from sweep.results import footers, scan
 
@@ -52,7 +51,7 @@ def test_plot_lays_the_figure_out_once_for_all_panels(folder, tmp_path, monkeypa
     layouts = []
     draw = Figure.draw_without_rendering
     monkeypatch.setattr(Figure, "draw_without_rendering", lambda fig: layouts.append(fig) or draw(fig))
-    res = CliRunner().invoke(app, ["results", "plot", str(folder), "--out", str(tmp_path / "fig.png")])
+    res = invoke("results", "plot", folder, "--out", tmp_path / "fig.png")
     assert res.exit_code == 0, res.output
     panels = [ax for ax in layouts[0].axes if ax.get_visible()]
     assert len(panels) == 6 and len(layouts) == 1  # three models, a speed and a max-batch panel each

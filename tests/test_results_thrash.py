@@ -8,9 +8,8 @@ import csv
 import io
 import json
 
-from typer.testing import CliRunner
+from conftest import invoke
 
-from sweep.cli import app
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row
 
@@ -58,7 +57,7 @@ def _write(tmp_path) -> None:
 
 
 def _invoke(*args) -> str:
-    res = CliRunner().invoke(app, ["results", *map(str, args)])
+    res = invoke("results", *args)
     assert res.exit_code == 0, res.output
     return res.stdout
 

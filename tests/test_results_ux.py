@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import result_row
 
-from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row
 from sweep.results import aggregate, render
 from sweep.results import plot as plotting
@@ -31,30 +31,22 @@ PROBES = (1, 38, 2039, 2040, 1020, 510, 765, 852, 926, 963, 981, 990, 985, 983, 
 T0 = dt.datetime(2025, 7, 1, 8, 0, tzinfo=dt.timezone.utc)
 
 
+# gpt-tiny on one CPU rank, on `result_row`'s trial; what an attempt measured is set below, for an ok one only.
+_TINY = {
+    "batch_size": 1,
+    "seq_len": 128,
+    "warmup_steps": 3,
+    "measure_steps": 10,
+    "step_time_s": None,
+    "step_time_p10_s": None,
+    "step_time_p90_s": None,
+    "tokens_per_s_per_gpu": None,
+}
+
+
 def _row(n: int, **fields) -> dict:
-    row = {
-        "run_id": "r1",
-        "trial_id": f"t{n:04d}",
-        "attempt": 1,
-        "grid_name": "g",
-        "cluster": "local",
-        "accelerator": "cpu",
-        "world_size": 1,
-        "nodes": 1,
-        "model": "gpt-tiny",
-        "precision": "bf16",
-        "compile": "none",
-        "ac": "none",
-        "batch_size": 1,
-        "seq_len": 128,
-        "warmup_steps": 3,
-        "measure_steps": 10,
-        **TRAINING_DEFAULTS,
-        "status": "ok",
-        "started_at": T0 + dt.timedelta(minutes=n),
-        "finished_at": T0 + dt.timedelta(minutes=n, seconds=30),
-        **fields,
-    }
+    timing = {"started_at": T0 + dt.timedelta(minutes=n), "finished_at": T0 + dt.timedelta(minutes=n, seconds=30)}
+    row = result_row(**{**_TINY, "trial_id": f"t{n:04d}", **timing, **fields})
     if row["status"] == "ok":
         row.update(
             tflops_per_gpu=0.01 * (1 - 0.5 / (row["batch_size"] + 1)),

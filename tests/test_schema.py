@@ -3,43 +3,23 @@
 from __future__ import annotations
 
 import typing
-from datetime import datetime, timezone
+from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import result_row
 
 from sweep.errors import UserError
 from sweep.record import store
 from sweep.record.schema import COLUMNS, RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, Row, to_table
 
+# Two CPU ranks, FSDP over both: the columns a test here reads back, on `result_row`'s ok trial.
+_TWO_RANKS = {"world_size": 2, "dp_shard": 2, "tflops_per_gpu": 1.5, "node_ids": ["a", "b"], "params_local": [10, 10]}
+
 
 def _row(**changes) -> dict:
-    now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
-    row = {
-        "run_id": "r1",
-        "trial_id": "t1",
-        "attempt": 1,
-        "cluster": "local",
-        "accelerator": "cpu",
-        "world_size": 2,
-        "model": "gpt-tiny",
-        "precision": "bf16",
-        "compile": "none",
-        "batch_size": 2,
-        "seq_len": 64,
-        "status": "ok",
-        "step_time_s": 0.5,
-        "tflops_per_gpu": 1.5,
-        "node_ids": ["a", "b"],
-        "params_local": [10, 10],
-        "started_at": now,
-        "finished_at": now,
-        **TRAINING_DEFAULTS,
-        "dp_shard": 2,
-    }
-    row.update(changes)
-    return row
+    return result_row(**{**_TWO_RANKS, **changes})
 
 
 def _python_type(typ: pa.DataType) -> object:
@@ -144,7 +124,7 @@ def test_contract_columns_exist():
 
 def test_unknown_column_or_status_is_a_bug():
     with pytest.raises(KeyError):
-        to_table([_row(tflops=1.0)])
+        to_table([{**_row(), "tflops": 1.0}])  # past result_row, which refuses the typo itself
     with pytest.raises(ValueError):
         to_table([_row(status="great")])
 

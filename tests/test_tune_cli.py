@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import yaml
+from conftest import invoke
 
 from sweep.search.fastest.space import SHORT, probe_steps
 from sweep.spec.grid import TUNABLE
@@ -44,12 +45,8 @@ SHARES = ("gemm_pct", "attention_pct", "comm_exposed_pct", "optimizer_pct", "oth
 
 
 def sweep(*args):
-    """The real CLI, in-process (it reuses the session's Ray)."""
-    from typer.testing import CliRunner
-
-    from sweep.cli import app
-
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+    """The real CLI, in-process (it reuses the session's Ray), at 200 columns."""
+    return invoke(*args, env={"COLUMNS": "200"})
 
 
 def verdicts(out: Path) -> list[dict]:
