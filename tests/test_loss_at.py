@@ -12,6 +12,7 @@ from sweep.record.rows import loss_curve_columns
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.record.store import write_row, write_verdicts
 from sweep.results.loss_at import Curve, LossAt, common_tokens, compare, median_at, row_at
+from trainer.result import RankResult
 
 
 def test_a_curve_is_read_exactly_on_a_step_and_linearly_between_two():
@@ -49,7 +50,10 @@ def test_row_at_and_rows_without_a_curve():
 
 def test_a_rows_curve_is_the_mean_over_ranks_at_the_tokens_trained_before_each_step():
     # 2 ranks, grad_accum 2 x batch 3 x seq 8 on each: 96 tokens a step; step 1's loss is the untrained model's
-    ranks = [{"losses": [10.0, 9.0, 8.0], "tokens_per_step": 96}, {"losses": [10.5, 8.0, 7.5], "tokens_per_step": 96}]
+    ranks = [
+        RankResult(status="ok", losses=[10.0, 9.0, 8.0], tokens_per_step=96),
+        RankResult(status="ok", losses=[10.5, 8.0, 7.5], tokens_per_step=96),
+    ]
     assert loss_curve_columns(ranks) == {"loss_curve": [10.25, 8.5, 7.75], "loss_curve_tokens": [0, 96, 192]}
 
 
