@@ -262,6 +262,27 @@ _TINY_GRID: dict[str, Any] = {
 }
 
 
+def tiny_trial(**changes):
+    """A Trial of gpt-tiny in bf16 over 2 ranks, batch 2, seq 32, one warm-up and two measured steps, no compile;
+    `changes` override any field."""
+    from sweep.spec.grid import Trial
+    from trainer.models.specs import REGISTRY
+
+    base = dict(
+        cluster="local",
+        model=REGISTRY["gpt-tiny"],
+        precision="bf16",
+        compile="none",
+        ac="none",
+        batch_size=2,
+        seq_len=32,
+        gpus=2,
+        warmup_steps=1,
+        measure_steps=2,
+    )
+    return Trial(**{**base, **changes})
+
+
 def tiny_grid(**keys) -> str:
     """The YAML text of a tiny grid (`_TINY_GRID`); `keys` add or replace grid keys, a key given as None is
     left out (the grid's own default then)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from conftest import tiny_trial
 
 from clusters import ClusterProfile, load_profile
 from sweep.execution import placement as placement_module
@@ -35,19 +36,7 @@ def _h200(nodes: int = 1, **keys: Any) -> ClusterProfile:
 
 
 def _trial(**changes: Any) -> Trial:
-    base: dict[str, Any] = dict(
-        cluster="c",
-        model=REGISTRY["gpt-tiny"],
-        precision="bf16",
-        compile="none",
-        ac="none",
-        batch_size=2,
-        seq_len=32,
-        gpus=2,
-        warmup_steps=1,
-        measure_steps=2,
-    )
-    return Trial(**{**base, **changes})
+    return tiny_trial(**{"cluster": "c", **changes})
 
 
 # -- bundles and strategy ----------------------------------------------------------------------------------

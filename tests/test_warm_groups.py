@@ -16,6 +16,7 @@ import threading
 import types
 
 import pytest
+from conftest import tiny_trial
 
 # /proc helpers of the fault tests: a rank found among this process's descendants by its Ray title
 from test_faults import _alive, _not_master, _rank_workers, _training_ranks, _wait_for  # noqa: E402
@@ -411,25 +412,6 @@ def test_on_a_gpu_transformer_engine_trials_give_back_their_memory(rank_jobs, ru
 # -- pure rules --------------------------------------------------------------------------------------------
 
 
-def _trial(**changes):
-    from sweep.spec.grid import Trial
-    from trainer.models.specs import REGISTRY
-
-    base = dict(
-        cluster="local",
-        model=REGISTRY["gpt-tiny"],
-        precision="bf16",
-        compile="none",
-        ac="none",
-        batch_size=2,
-        seq_len=32,
-        gpus=2,
-        warmup_steps=1,
-        measure_steps=2,
-    )
-    return Trial(**{**base, **changes})
-
-
 def test_a_group_stays_warm_over_a_library_cache_but_not_over_a_trials_leftovers():
     from sweep.execution.groups import KEPT_BYTES_ALLOWED, returned_to_baseline
     from trainer.result import RankResult
@@ -448,39 +430,43 @@ def test_one_group_runs_trials_of_one_shape_cap_and_process_family():
     from trainer.models.specs import REGISTRY
 
     same = [
-        _trial(),
-        _trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"),
-        _trial(precision="fp32"),
-        _trial(precision="fp8-torchao-tensorwise"),
+        tiny_trial(),
+        tiny_trial(batch_size=8, model=REGISTRY["llama-tiny"], compile="regional"),
+        tiny_trial(precision="fp32"),
+        tiny_trial(precision="fp8-torchao-tensorwise"),
     ]
     assert len({warm_group_key(t) for t in same}) == 1
-    for other in (_trial(gpus=1), _trial(memory_cap_bytes=2**30), _trial(precision="fp8-te-delayed")):
-        assert warm_group_key(other) != warm_group_key(_trial())
-    assert warm_group_key(_trial(precision="fp8-te-delayed")) == warm_group_key(_trial(precision="bf16-te"))
+    for other in (tiny_trial(gpus=1), tiny_trial(memory_cap_bytes=2**30), tiny_trial(precision="fp8-te-delayed")):
+        assert warm_group_key(other) != warm_group_key(tiny_trial())
+    assert warm_group_key(tiny_trial(precision="fp8-te-delayed")) == warm_group_key(tiny_trial(precision="bf16-te"))
 
 
 def test_a_group_picks_plain_torch_before_torchao_then_the_smallest_and_never_goes_back():
     from sweep.execution.groups import pick, warm_group_key
 
-    key = warm_group_key(_trial())
-    small, large = _trial(batch_size=4), _trial(batch_size=8)
-    fp8_tiny, fp8_large = (_trial(precision="fp8-torchao-tensorwise", batch_size=b) for b in (1, 16))
-    te = _trial(precision="fp8-te-delayed", batch_size=1)
+    key = warm_group_key(tiny_trial())
+    small, large = tiny_trial(batch_size=4), tiny_trial(batch_size=8)
+    fp8_tiny, fp8_large = (tiny_trial(precision="fp8-torchao-tensorwise", batch_size=b) for b in (1, 16))
+    te = tiny_trial(precision="fp8-te-delayed", batch_size=1)
     queue = [fp8_large, large, te, fp8_tiny, small]
     assert pick(key, 0, queue) is small  # stage 0 first (the smaller torchao and TE trials wait), smallest first
     assert pick(key, 0, [fp8_large, fp8_tiny, te]) is fp8_tiny
     assert pick(key, 1, [small, large, te]) is None  # torchao ran in it: plain torch needs fresh processes
     assert pick(warm_group_key(te), 0, queue) is te
-    twin = _trial(batch_size=4, seq_len=32)  # the same footprint as `small`: the oldest of equals
+    twin = tiny_trial(batch_size=4, seq_len=32)  # the same footprint as `small`: the oldest of equals
     assert pick(key, 0, [twin, small]) is twin and pick(key, 0, [small, twin]) is small
 
 
 def test_a_new_group_runs_what_it_was_placed_for_unless_an_earlier_stage_waits():
     from sweep.execution.groups import opener
 
-    placed, large, fp8 = _trial(batch_size=8), _trial(batch_size=16), _trial(precision="fp8-torchao-tensorwise")
-    te = _trial(precision="fp8-te-delayed")
-    assert opener(placed, [large, _trial(batch_size=2)]) is placed  # submission order, not the smallest
+    placed, large, fp8 = (
+        tiny_trial(batch_size=8),
+        tiny_trial(batch_size=16),
+        tiny_trial(precision="fp8-torchao-tensorwise"),
+    )
+    te = tiny_trial(precision="fp8-te-delayed")
+    assert opener(placed, [large, tiny_trial(batch_size=2)]) is placed  # submission order, not the smallest
     assert opener(fp8, [te, large, placed]) is large  # plain torch first: the oldest of them
     assert opener(te, [placed, fp8]) is te  # another family: not its to run
 

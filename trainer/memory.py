@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import resource
 import sys
 from collections.abc import Iterator
@@ -53,6 +54,7 @@ def default_thread_stack_bytes() -> int | None:
     return size.value
 
 
+@functools.cache  # loaded once per process, not at every capped trial
 def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
@@ -67,8 +69,7 @@ def _libc() -> ctypes.CDLL | None:
 def _small_thread_stacks() -> None:
     """Give the threads this process starts from now on THREAD_STACK_BYTES of stack (once per process)."""
     global _thread_stacks_set
-    libc = _libc()
-    if _thread_stacks_set or libc is None:
+    if _thread_stacks_set or (libc := _libc()) is None:
         return
     attr = ctypes.create_string_buffer(128)  # pthread_attr_t is 56 bytes on x86-64 and aarch64 glibc
     if libc.pthread_attr_init(attr) == 0:

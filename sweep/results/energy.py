@@ -17,21 +17,11 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from sweep.record.energy import ENERGY_COLUMNS
 from sweep.results.query import run_sql
 
 # medians over a config's ok attempts (`aggregate.config_table`)
-MEDIANS = (
-    "energy_j",
-    "energy_sampled_j",
-    "avg_power_w",
-    "joules_per_token",
-    "tokens_per_kwh",
-    "tflops_per_watt",
-    "power_limit_w",
-    "sm_clock_mhz",
-    "sm_clock_max_mhz",
-    "gpu_temp_c",
-)
+MEDIANS = tuple(c for c in ENERGY_COLUMNS if c != "energy_source")  # every energy column but the text one
 PRICES = ("power_cost_per_kwh", "pue")
 COMPARE_INPUTS = ("tflops_per_watt", "joules_per_token", "avg_power_w")  # the config columns watt_sql and cost_sql read
 FOOTER = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "energy_source")
