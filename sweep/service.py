@@ -95,7 +95,14 @@ def make_plan(
     # one H200, uncalibrated, a bf16 retry from 24 went to 12, inside the margin, and ran out of memory; 10 fits)
     point = (lambda t: predictor.max_batch(t, point=True)) if predictor else None
     if spec.search == "max_batch":
-        return MaxBatchPlan(trials, capacity_bytes=capacity(profile, trials), step=step, predicted_max=point)
+        return MaxBatchPlan(
+            trials,
+            capacity_bytes=capacity(profile, trials),
+            step=step,
+            predicted_max=point,
+            peak_model=predictor.peak_curve if predictor else None,
+            headroom=headroom(profile, trials),
+        )
     if spec.search == "fastest":
         from sweep.search.fastest.plan import TunePlan
 
@@ -120,6 +127,15 @@ def capacity(profile: ClusterProfile, trials: list[Trial]) -> float | None:
         return None
     gib = profile.accelerator_info.memory_gib  # a GPU part always declares it (clusters.catalog)
     return profile.memory_per_device_bytes or (None if gib is None else gib * 1024**3)
+
+
+def headroom(profile: ClusterProfile, trials: list[Trial]) -> float:
+    """What a max-batch search leaves free of `capacity` when the model calls a probe fitting: GPU_HEADROOM of a
+    GPU's declared memory; none of a memory cap (the cap is the limit itself)."""
+    from sweep.memory.capacity import GPU_HEADROOM
+
+    capped = any(t.memory_cap_bytes is not None for t in trials)
+    return GPU_HEADROOM if profile.is_gpu and not capped else 0.0
 
 
 def check_output(output: Path) -> None:

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from sweep.memory.capacity import GPU_HEADROOM
 from sweep.search import probe_budget
 from sweep.search.max_batch import MAX_BATCH, MaxBatchSearch
 
@@ -19,10 +20,14 @@ def bound(limit: int) -> int:
     return 2 * math.ceil(math.log2(limit)) + 2
 
 
-def _drive(fits, peak, *, capacity=CAPACITY, start=1, step=1, predicted=None) -> tuple[MaxBatchSearch, list[str]]:
+def _drive(
+    fits, peak, *, capacity=CAPACITY, start=1, step=1, predicted=None, peak_model=None, headroom=0.0
+) -> tuple[MaxBatchSearch, list[str]]:
     """Run a search on a device where fits(B) says whether B ran and peak(B) is the memory it reports; the
     search, and a line per probe proposed next to a guess of the model's that had just failed (bad)."""
-    search = MaxBatchSearch(start=start, step=step, capacity_bytes=capacity, predicted=predicted)
+    search = MaxBatchSearch(
+        start=start, step=step, capacity_bytes=capacity, predicted=predicted, peak_model=peak_model, headroom=headroom
+    )
     failed_guess, bad = None, []
     while (choice := search._choice()) is not None:
         batch = choice.batch
@@ -174,3 +179,69 @@ def test_a_wrong_prediction_still_finds_the_limit_within_the_bound(curve, off):
         assert (search.largest_ok, search.smallest_failed) == (limit, limit + 1), said
         assert len(search.probes) <= bound(limit) + (predicted > limit), said
         assert not bad, bad
+
+
+# The memory model as sweep.memory.predictor gives it, against a linear device curve peak = a + b·batch: its
+# fixed part right and its per-batch part off by a factor (on one H200 torchao's was 1.17 too high: its first
+# probe went to 12 where 14 was the limit).
+def _model_off(limit: int, slope_factor: float):
+    fits, peak = CURVES["linear"](limit)
+    fixed, per_batch = peak(0), peak(1) - peak(0)
+    return fits, peak, (lambda n: fixed + slope_factor * per_batch * n)
+
+
+def _model_limit(model, capacity=CAPACITY) -> int:
+    return max((n for n in range(0, 6000) if model(n) <= capacity), default=0)
+
+
+@pytest.mark.parametrize("slope_factor", [1.05, 1.17, 1.5])
+def test_a_short_prediction_scaled_by_its_measured_peak_finds_the_limit_with_its_one_oom_last(slope_factor):
+    """The model's limit fits; scaled by that probe's measured / predicted peak it places the next probe at or
+    under the limit (never past: the fixed part is right, the slope too high), so the only OOM is the last probe,
+    the limit's neighbour (an OOM ends the rank group: a probe after it would pay a fresh start)."""
+    for limit in [n for n in LIMITS if n >= 4]:
+        fits, peak, model = _model_off(limit, slope_factor)
+        predicted = _model_limit(model)
+        search, bad = _drive(fits, peak, predicted=predicted, peak_model=model)
+        said = f"limit {limit}, model {slope_factor}: {search.probes}"
+        assert (search.largest_ok, search.smallest_failed) == (limit, limit + 1), said
+        assert list(search.failed) == [search.probes[-1]] and not bad, said
+        assert len(search.probes) <= 4 and len(search.probes) <= bound(limit), said
+
+
+def test_on_the_h200_case_the_scaled_model_probes_the_limit_second():
+    """Issue 28's max-batch campaign (one H200, torchao FP8, the 2.5 B held-out model): peaks measured at 12, 13, 14
+    (116.10, 123.34, 130.59 GiB, 7.245 GiB a batch), 15 OOM; the uncalibrated model 137.18 GiB at 12, 8.81 a batch.
+    It probed 12, 13, 15, 14 (the OOM at 15 cost batch 14 a fresh start); now 12, 14, 15."""
+    capacity = 141 * GiB
+
+    def peak(n):
+        return (116.10 + 7.245 * (n - 12)) * GiB
+
+    def model(n):
+        return (137.18 + 8.81 * (n - 12)) * GiB
+
+    search, _ = _drive(
+        lambda n: n <= 14, peak, capacity=capacity, predicted=12, peak_model=model, headroom=GPU_HEADROOM
+    )
+    assert search.probes == [12, 14, 15] and search.largest_ok == 14
+    without, _ = _drive(lambda n: n <= 14, peak, capacity=capacity, predicted=12, peak_model=model)
+    assert without.probes[:2] == [12, 15]  # no headroom: the edge first, and the limit after a fresh start
+
+
+@pytest.mark.parametrize("curve", CURVES)
+@pytest.mark.parametrize("slope_factor", [0.3, 0.8, 1.2, 3.0])
+def test_a_wrong_peak_model_still_finds_the_limit_within_the_bound(curve, slope_factor):
+    """However wrong the model's curve, scaling it only moves probes inside the bound's window."""
+    for limit in LIMITS[::2]:
+        fits, peak = CURVES[curve](limit)
+        fixed, per_batch = peak(0), (peak(limit) - peak(0)) / limit
+
+        def model(n, fixed=fixed, per_batch=per_batch):
+            return fixed + slope_factor * per_batch * n
+
+        for predicted in {max(1, limit // 2), limit}:
+            search, bad = _drive(fits, peak, predicted=predicted, peak_model=model, headroom=0.02)
+            said = f"{curve}, limit {limit}, predicted {predicted}, model {slope_factor}: {search.probes}"
+            assert (search.largest_ok, search.smallest_failed) == (limit, limit + 1), said
+            assert len(search.probes) <= bound(limit) + 1 and not bad, said

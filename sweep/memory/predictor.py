@@ -8,7 +8,7 @@ sweep.execution.runner.unsupported) and reads no rows.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,13 @@ class Predictor:
             return None
         ratio = self.calibration.ratio(trial.precision, trial.compile)
         return max_batch(Shape.of(replace(trial, batch_size=1)), memory[0], 1.0 if point and ratio is None else ratio)
+
+    def peak_curve(self, trial: Trial) -> Callable[[int], float] | None:
+        """The model's uncalibrated peak per rank of `trial`'s config at a batch (where `max_batch` predicts one):
+        a search scales it by a probe's measured peak (sweep.search.max_batch.MaxBatchSearch.peak_model)."""
+        if self.memory(trial) is None or not trial.predict_memory:
+            return None
+        return lambda batch: predicted_bytes(Shape.of(replace(trial, batch_size=batch)))
 
     def probe_peaks(self, probes: Iterable[Row]) -> list[ProbePeak]:
         """Predicted (by the calibration the run began with) against measured peak, per probe row with a spec."""

@@ -79,6 +79,17 @@ class MaxBatchSearch:
     `start`'s one probe past the bound, and from there on the search goes as from a failed start."""
     max_batch: int = 1 << 16
     """Where growth stops without an OOM (an uncapped CPU); MAX_BATCH bounds it."""
+    peak_model: Callable[[int], float] | None = None
+    """The memory model's peak at a batch, uncalibrated (sweep.memory.model): once the prediction has fitted, the
+    model scaled by measured / predicted at that batch places the next probe (one fit draws no line). On one H200
+    the uncalibrated model put a torchao FP8 limit at 12; scaled by batch 12's peak it says 14, which is the limit,
+    where the neighbour 13 would have cost a probe. None: no model (CPU ranks, --no-predict)."""
+    headroom: float = 0.0
+    """The fraction of capacity_bytes a probe the model calls fitting leaves free. A GPU's declared memory is more
+    than its caching allocator can fill (the CUDA context, fragmentation): on H200s 4 of 4 OOMs in the benchmark
+    rows came at batches whose peak the line through the fits put at 97.7-99.1 % of the declared 141 GiB. An OOM
+    ends the rank group, so the probe after it pays a fresh start: a probe at the edge is better taken last.
+    It orders the probes, never decides the answer (a limit is always B ok and B + step oom, both probed)."""
     bounded: bool = True
     """False: the tune fit's ordering from before the bound (sweep.search.fastest.space.LevelFit): at most
     FIT_PROBES probes there, so no bound to keep; a failed L is followed by L - step (on 2xH200 GPT torchao 67
@@ -171,13 +182,16 @@ class MaxBatchSearch:
         """The probe the memory model picks inside (lo, hi); None when it has nothing to go on (no
         capacity, no peak, a fit that a failed batch contradicts) or has had its turn."""
         spent = not self.bounded and self.guided >= GUIDED_PROBES
-        capacity = self.capacity_bytes
-        if capacity is None or self.misses >= GUIDED_MISSES or spent:
+        if self.capacity_bytes is None or self.misses >= GUIDED_MISSES or spent:
             return None
+        capacity = self.capacity_bytes * (1 - self.headroom)
         if lo is None:
             return Probe(1, True, True)
-        if self.probes == [lo] and lo == self.predicted:  # the prediction fitted: its neighbour says if it is the limit
-            return Probe(min(lo + self.step, top), True, False)
+        if self.probes == [lo] and lo == self.predicted:  # the prediction fitted
+            scaled = self._scaled_limit(lo, top, capacity)
+            if scaled is not None and scaled > lo:
+                return Probe(scaled, True, True)
+            return Probe(min(lo + self.step, top), True, False)  # its neighbour says if it is the limit
         limit, past = self._model_limit(lo, hi, capacity)
         if limit is None:
             return None
@@ -202,13 +216,27 @@ class MaxBatchSearch:
             return None, None
         # a bound, not an estimate: a batch past it may fit as well
         safe = math.floor(lo * capacity / peak)
-        return (safe, None) if hi is None or safe < hi or not self.bounded else (None, None)
+        # next to a failed batch it would be a probe beside a failure: the bracket is bisected instead
+        return (safe, None) if hi is None or safe < hi - self.step or not self.bounded else (None, None)
 
-    def _predicted_limit(self) -> int | None:
-        """The largest batch under the capacity on the line through the two largest fitting batches."""
-        if self.capacity_bytes is None:
+    def _scaled_limit(self, lo: int, top: int, capacity: float) -> int | None:
+        """The largest batch lo + k·step (<= top) that the memory model, scaled by measured / predicted at the fit
+        `lo`, puts under `capacity`; None without a model or a measured peak."""
+        peak = self.ok[lo].get("peak_mem_bytes")
+        if self.peak_model is None or not peak:
             return None
-        return _line_limit(self._peaks()[-2:], self.capacity_bytes)
+        model, ratio = self.peak_model, peak / self.peak_model(lo)
+
+        def fits(k: int) -> bool:
+            return model(lo + k * self.step) * ratio <= capacity
+
+        good, bad = 0, 1  # fits(0) holds (lo's own peak): double k until it does not, then bisect
+        while lo + bad * self.step <= top and fits(bad):
+            good, bad = bad, 2 * bad
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            good, bad = (mid, bad) if lo + mid * self.step <= top and fits(mid) else (good, mid)
+        return lo + good * self.step
 
     def _peaks(self) -> list[tuple[int, float]]:
         """(batch, peak bytes) of the fitting batches whose peak was measured, smallest batch first."""
@@ -253,7 +281,16 @@ def max_batch_search_id(trial: Trial) -> str:
 
 class MaxBatchPlan:
     """One MaxBatchSearch per (model, precision, compile, ac, seq_len, ranks); each probe is a trial.
-    `predicted_max`: the memory model's largest batch of a config (its point estimate), where the search starts."""
+    `predicted_max`: the memory model's largest batch of a config (its point estimate), where the search starts;
+    `peak_model`: the model's uncalibrated peak per batch of a config (MaxBatchSearch.peak_model); `headroom`:
+    MaxBatchSearch.headroom.
+
+    A compiled probe traces its batch dimension as a symbol (`dynamic_batch: true`) even where a grid folds it off
+    (torchao FP8, sweep.spec.expand.fold_options): each probe of a search is a new batch size, and a static shape
+    would compile afresh at every one (11-13 s a probe of a 2.5 B torchao model on one H200, the bulk of its
+    search), while the peak memory is the same to the byte (Llama3-8B dims, 4 layers, batches 2-4, bf16 and torchao,
+    benchmarks/RESULTS.md "Compile once per graph"). The price is the probes' speed: torchao's symbolic graphs ran
+    1.9-2.3 % slower there, so a torchao verdict's fastest batch is ranked on those (its rows say dynamic_batch)."""
 
     def __init__(
         self,
@@ -262,17 +299,25 @@ class MaxBatchPlan:
         capacity_bytes: float | None,
         step: int = 1,
         predicted_max: Callable[[Trial], int | None] | None = None,
+        peak_model: Callable[[Trial], Callable[[int], float] | None] | None = None,
+        headroom: float = 0.0,
     ):
         self.templates: dict[tuple[Any, ...], Trial] = {}
         self.searches: dict[tuple[Any, ...], MaxBatchSearch] = {}
-        for t in seeds:
+        for seed in seeds:
+            t = replace(seed, dynamic_batch=True) if seed.compile != "none" else seed
             if t.config_key in self.templates:
                 continue
-            sid = max_batch_search_id(t)
+            sid = max_batch_search_id(seed)  # the seed's: a search resumed from older rows keeps its id
             self.templates[t.config_key] = replace(t, search_id=sid)
             predicted = predicted_max(t) if predicted_max else None  # None: start from the seed's batch
             self.searches[t.config_key] = MaxBatchSearch(
-                start=t.batch_size, step=step, capacity_bytes=capacity_bytes, predicted=predicted
+                start=t.batch_size,
+                step=step,
+                capacity_bytes=capacity_bytes,
+                predicted=predicted,
+                peak_model=peak_model(t) if peak_model and predicted is not None else None,
+                headroom=headroom,
             )
 
     def _probe(self, key: tuple[Any, ...]) -> list[Trial]:
