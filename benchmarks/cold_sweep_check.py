@@ -128,6 +128,23 @@ def search_checks(rows: list[dict], tree: str) -> list[tuple[bool, str]]:
     return out
 
 
+def max_batch_cost_check(search: list[dict], one: list[dict]) -> list[tuple[bool, str]]:
+    """The max-batch part: the search's GPU-s against one `sweep run` of the batch it found fastest (fresh
+    processes, static shapes, an empty cache of its own), both measured in the same job."""
+    if not search or not one:
+        return []
+    spent, once = sum(gpu_seconds(search).values()), sum(gpu_seconds(one).values())
+    path = ", ".join(f"{r['batch_size']} {r['status']}" for r in search)
+    return [
+        (
+            spent <= MAX_BATCH_COST * once,
+            f"max-batch alone: {spent:.1f} GPU-s for {len(search)} probes ({path}) = {spent / once:.2f}x one"
+            f" measured trial of batch {one[0]['batch_size']} ({once:.1f} GPU-s, {one[0]['status']};"
+            f" at most {MAX_BATCH_COST:g}x)",
+        )
+    ]
+
+
 def prediction_checks(rows: list[dict]) -> list[tuple[bool, str]]:
     """Every clean GPU row's predicted peak, calibrated leave-one-out, against its measured peak."""
     clean = [(r, s) for r in rows if (s := sample(r)) is not None]  # the calibration's own notion of clean
@@ -168,6 +185,7 @@ def main() -> int:
             checks += grid_checks(base, current, phase)
     for tree in ("base", "current"):
         checks += search_checks(folders.get(f"{tree}-searches") or [], tree)
+    checks += max_batch_cost_check(folders.get("max-batch-search") or [], folders.get("max-batch-one-trial") or [])
     checks += prediction_checks([r for rows in folders.values() for r in rows])
     for ok, line in checks:
         print(("ok   " if ok else "FAIL ") + line)

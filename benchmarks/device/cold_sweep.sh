@@ -14,6 +14,8 @@
 #          filled, into .../{base,current}-warm; then the OOM-retry grid (b-oom.yaml) and the max-batch
 #          search (c-max-batch.yaml) with the current tree and the OOM grid with the base one, on their own
 #          empty caches, into .../{current,base}-searches
+#   max-batch  c-max-batch.yaml alone on an empty cache into .../max-batch-search, then one `sweep run` of the batch
+#          it found fastest (static shapes, fresh processes, its own empty cache) into .../max-batch-one-trial
 # then benchmarks/cold_sweep_check.py over what is there, and packs the rows into $OUT/cold-sweep.tgz (a warm part
 # on a machine released since finds no rows of the cold part: call it cold again).
 set -uo pipefail
@@ -71,7 +73,20 @@ case $part in
     sweep_run current $grids/b-oom.yaml "$results/current-searches"
     sweep_run current $grids/c-max-batch.yaml "$results/current-searches"
     sweep_run base $grids/b-oom.yaml "$results/base-searches" ;;  # the baseline's halvings, if time is left
-  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm [PROFILE]" >&2; exit 2 ;;
+  max-batch)
+    # the max-batch search alone on a fresh machine (an empty compile cache), then one trial of the batch it found
+    # fastest, as a user would measure it (`sweep run`, fresh processes, static shapes, its own empty cache): the
+    # search's cost against measuring its answer once (issue 28: at most 1.5x)
+    rm -rf /tmp/cc-current /tmp/cc-one "$results"/max-batch-*
+    sweep_run current $grids/c-max-batch.yaml "$results/max-batch-search"
+    fastest=$(python3 -c 'import json, glob, sys; v = json.load(open(sorted(glob.glob(sys.argv[1] + "/_search/*.json"))[-1]))
+print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$results/max-batch-search")
+    echo "fastest batch of the search: $fastest"
+    sed "s/^batch_sizes: .*/batch_sizes: [$fastest]/; s/^search: .*//; s/^name: .*/name: cold-sweep\/one-trial/" \
+      $grids/c-max-batch.yaml >/tmp/one-trial.yaml
+    cp -r /tmp/cc-current /tmp/cc-searched 2>/dev/null; rm -rf /tmp/cc-current  # the one trial: its own empty cache
+    sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
 for d in "$results"/*/; do
