@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from sweep.search.max_batch import MaxBatchPlan, MaxBatchSearch, _line_limit, max_batch_search_id
+from sweep.search.max_batch import MaxBatchPlan, MaxBatchSearch, _line_limit
 from sweep.search.policy import GridPlan, infra_retry, next_batch_after_oom
 from sweep.spec.expand import expand
 from sweep.spec.grid import OomPolicy, parse_grid
@@ -365,23 +365,6 @@ def test_a_max_batch_verdict_saves_the_keys_every_release_wrote_and_completing_i
     assert verdict.to_json() == saved, "the plan's verdict is not changed"
     assert list(done.to_json()) == COMPLETED_KEYS
     assert (done.to_json()["tflops_at_fastest"], done.to_json()["search_wall_s"]) == (2.0, 4.0)
-
-
-def test_compiled_max_batch_probes_trace_a_symbolic_batch_and_keep_the_seeds_search_id():
-    """torchao's grids fold dynamic_batch off (static shapes run faster), but each probe of a search is a new batch:
-    its probes trace the batch as a symbol, so a warm group compiles once; eager probes are left as they are."""
-    seeds = _trials([2], precisions=["fp8-torchao-tensorwise", "bf16"], compile="regional") + _trials([2])
-    assert [t.dynamic_batch for t in seeds] == [False, True, True]
-    plan = MaxBatchPlan(seeds, capacity_bytes=None)
-    probes = plan.initial()
-    assert [(t.precision, t.compile, t.dynamic_batch) for t in probes] == [
-        ("fp8-torchao-tensorwise", "regional", True),
-        ("bf16", "regional", True),
-        ("bf16", "none", True),
-    ]
-    assert [t.search_id for t in probes] == [max_batch_search_id(t) for t in seeds]
-    follow = plan.on_result(probes[0], "ok", row={"peak_mem_gib": 0.1, "tokens_per_s_per_gpu": 1.0})
-    assert [(t.batch_size, t.dynamic_batch) for t in follow] == [(4, True)]
 
 
 def test_a_search_on_gpus_leaves_headroom_and_one_under_a_cap_does_not():

@@ -283,14 +283,10 @@ class MaxBatchPlan:
     """One MaxBatchSearch per (model, precision, compile, ac, seq_len, ranks); each probe is a trial.
     `predicted_max`: the memory model's largest batch of a config (its point estimate), where the search starts;
     `peak_model`: the model's uncalibrated peak per batch of a config (MaxBatchSearch.peak_model); `headroom`:
-    MaxBatchSearch.headroom.
-
-    A compiled probe traces its batch dimension as a symbol (`dynamic_batch: true`) even where a grid folds it off
-    (torchao FP8, sweep.spec.expand.fold_options): each probe of a search is a new batch size, and a static shape
-    would compile afresh at every one (11-13 s a probe of a 2.5 B torchao model on one H200, the bulk of its
-    search), while the peak memory is the same to the byte (Llama3-8B dims, 4 layers, batches 2-4, bf16 and torchao,
-    benchmarks/RESULTS.md "Compile once per graph"). The price is the probes' speed: torchao's symbolic graphs ran
-    1.9-2.3 % slower there, so a torchao verdict's fastest batch is ranked on those (its rows say dynamic_batch)."""
+    MaxBatchSearch.headroom. Each probe compiles as its config's trials do: torchao FP8's static shapes recompile
+    at every batch (11-13 s a probe of a 2.5 B model on one H200), and a symbolic batch, which would compile once,
+    ran that model 10.4 % slower (755.3 against 842.5 TFLOP/s at batch 12, the same peak): a verdict's fastest
+    batch and its speed must be what a user's own run of it measures."""
 
     def __init__(
         self,
@@ -304,11 +300,10 @@ class MaxBatchPlan:
     ):
         self.templates: dict[tuple[Any, ...], Trial] = {}
         self.searches: dict[tuple[Any, ...], MaxBatchSearch] = {}
-        for seed in seeds:
-            t = replace(seed, dynamic_batch=True) if seed.compile != "none" else seed
+        for t in seeds:
             if t.config_key in self.templates:
                 continue
-            sid = max_batch_search_id(seed)  # the seed's: a search resumed from older rows keeps its id
+            sid = max_batch_search_id(t)
             self.templates[t.config_key] = replace(t, search_id=sid)
             predicted = predicted_max(t) if predicted_max else None  # None: start from the seed's batch
             self.searches[t.config_key] = MaxBatchSearch(
