@@ -210,23 +210,42 @@ def test_a_short_prediction_scaled_by_its_measured_peak_finds_the_limit_with_its
 
 
 def test_on_the_h200_case_the_scaled_model_probes_the_limit_second():
-    """Issue 28's max-batch campaign (one H200, torchao FP8, the 2.5 B held-out model): peaks measured at 12, 13, 14
-    (116.10, 123.34, 130.59 GiB, 7.245 GiB a batch), 15 OOM; the uncalibrated model 137.18 GiB at 12, 8.81 a batch.
-    It probed 12, 13, 15, 14 (the OOM at 15 cost batch 14 a fresh start); now 12, 14, 15."""
+    """Issue 28's max-batch campaign (one H200, 141 GiB declared, torchao FP8, the 2.5 B held-out model): the
+    caching allocator reserved 120.03 GiB at batch 12 and 134.82 at 14 (allocated 116.10 and 130.59), 15 ran out;
+    the uncalibrated model said 137.18 GiB at 12 and 8.81 more a batch. The search probed 12, 13, 15, 14 (the OOM at
+    15 cost batch 14 a fresh start); scaled by 12's reserved peak the model puts 14 under and 15 over: 12, 14, 15.
+    By the allocated peak alone it put 15 at 138.5 GiB, under the declared memory, and probed the edge second."""
     capacity = 141 * GiB
-
-    def peak(n):
-        return (116.10 + 7.245 * (n - 12)) * GiB
 
     def model(n):
         return (137.18 + 8.81 * (n - 12)) * GiB
 
+    def reserved(n):
+        return (120.03 + 7.395 * (n - 12)) * GiB
+
+    def allocated(n):
+        return (116.10 + 7.245 * (n - 12)) * GiB
+
     search, _ = _drive(
-        lambda n: n <= 14, peak, capacity=capacity, predicted=12, peak_model=model, headroom=GPU_HEADROOM
+        lambda n: n <= 14, reserved, capacity=capacity, predicted=12, peak_model=model, headroom=GPU_HEADROOM
     )
     assert search.probes == [12, 14, 15] and search.largest_ok == 14
-    without, _ = _drive(lambda n: n <= 14, peak, capacity=capacity, predicted=12, peak_model=model)
-    assert without.probes[:2] == [12, 15]  # no headroom: the edge first, and the limit after a fresh start
+    by_allocated, _ = _drive(lambda n: n <= 14, allocated, capacity=capacity, predicted=12, peak_model=model)
+    assert by_allocated.probes[:2] == [12, 15]
+
+
+def test_the_plan_feeds_its_searches_the_reserved_peak():
+    """What the allocator held must fit the device; the allocated peak is less (fragmentation)."""
+    from sweep.search.max_batch import MaxBatchPlan
+    from sweep.spec.expand import expand
+    from sweep.spec.grid import parse_grid
+
+    (seed,) = expand(parse_grid({"models": ["gpt-tiny"], "batch_sizes": [12], "compile": "none"}), cluster="local")
+    plan = MaxBatchPlan([seed], capacity_bytes=141 * GiB, predicted_max=lambda t: 12)
+    (probe,) = plan.initial()
+    plan.on_result(probe, "ok", row={"peak_mem_gib": 116.1, "reserved_mem_gib": 120.03, "tokens_per_s_per_gpu": 1.0})
+    (search,) = plan.searches.values()
+    assert search.ok[12]["peak_mem_bytes"] == 120.03 * GiB
 
 
 @pytest.mark.parametrize("curve", CURVES)

@@ -85,11 +85,10 @@ class MaxBatchSearch:
     the uncalibrated model put a torchao FP8 limit at 12; scaled by batch 12's peak it says 14, which is the limit,
     where the neighbour 13 would have cost a probe. None: no model (CPU ranks, --no-predict)."""
     headroom: float = 0.0
-    """The fraction of capacity_bytes a probe the model calls fitting leaves free. A GPU's declared memory is more
-    than its caching allocator can fill (the CUDA context, fragmentation): on H200s 4 of 4 OOMs in the benchmark
-    rows came at batches whose peak the line through the fits put at 97.7-99.1 % of the declared 141 GiB. An OOM
-    ends the rank group, so the probe after it pays a fresh start: a probe at the edge is better taken last.
-    It orders the probes, never decides the answer (a limit is always B ok and B + step oom, both probed)."""
+    """The fraction of capacity_bytes a probe the model calls fitting leaves free: a GPU's declared memory is more
+    than torch can allocate (the CUDA context; sweep.memory.capacity.GPU_HEADROOM). An OOM ends the rank group, so
+    the probe after it pays a fresh start: a probe at the edge is better taken last. It orders the probes, never
+    decides the answer (a limit is always B ok and B + step oom, both probed)."""
     bounded: bool = True
     """False: the tune fit's ordering from before the bound (sweep.search.fastest.space.LevelFit): at most
     FIT_PROBES probes there, so no bound to keep; a failed L is followed by L - step (on 2xH200 GPT torchao 67
@@ -335,7 +334,10 @@ class MaxBatchPlan:
         if status == "unsupported" and is_predicted_oom(row):  # the model said it fails, without GPU time: an OOM
             status = "oom"
         row = row or {}
-        peak = row.get("peak_mem_gib")
+        # what the caching allocator held, where recorded: it is what must fit the device (on one H200 a torchao
+        # batch 14 peaked at 130.6 GiB allocated and 134.8 reserved; 15, on the line at 137.8 allocated, ran out)
+        peaks = [p for p in (row.get("peak_mem_gib"), row.get("reserved_mem_gib")) if p is not None]
+        peak = max(peaks) if peaks else None
         search.record(
             trial.batch_size,
             status,
