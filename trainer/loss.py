@@ -1,0 +1,98 @@
+"""The output head and the loss fused, a chunk of tokens at a time: the grid's `loss: chunked` (trainer.options).
+
+`chunked_cross_entropy(hidden, weight, labels)` is `F.cross_entropy(hidden @ weight.T, labels)` (the mean over
+every token, the log-softmax in fp32) without ever holding the B x T x V logits or their fp32 upcast (12.6 GB at
+batch 4, T 4096, V 128,256; on one H200 they failed to allocate at batch 16).
+
+The method is Liger Kernel's fused linear cross-entropy (linkedin/Liger-Kernel,
+src/liger_kernel/ops/fused_linear_cross_entropy.py; Hsu et al. 2024, "Liger Kernel: Efficient Triton Kernels for
+LLM Training", §3.3): forward takes the tokens a chunk at a time, computes the chunk's logits, their fp32 softmax
+and loss, and right there the chunk's gradients: with g = (softmax - onehot(label)) / N (d loss / d logits),
+grad_hidden = g @ W and grad_W += g^T @ h. Only grad_hidden (N x D) and grad_W (V x D) are kept; backward scales
+them by the incoming gradient (1 / grad_accum). Chosen over a per-chunk `torch.utils.checkpoint`, which would
+recompute every chunk's logits in backward: one more N·D·V matmul, a third more of the head's FLOPs (at
+Llama3-8B's dims with 8 layers the head is about a quarter of the matmul FLOPs, so ~8 % of a step); this does the
+head's three matmuls once each, as the full path does. Plain torch here (Liger fuses the softmax in Triton): the
+chunk's softmax and gradient are a few in-place elementwise passes over its C x V fp32 logits.
+
+Dtypes follow what the full path computes in: the matmuls in the autocast dtype where autocast is on (one rank),
+else in the weight's (FSDP2's bf16 gathered parameters; fp32 recipes in fp32); the softmax and the loss in fp32;
+grad_W summed over the chunks in fp32.
+
+The head weight is an FSDP2 parameter of the root module, unsharded only inside the root's forward, so the models
+call this inside their forward (`model(tokens, labels=labels)` returns the loss): FSDP2 sees the weight used there
+and reduce-scatters its gradient as it does the plain head's. Under torch.compile it runs eagerly (a graph break
+under `compile: full`): the chunk loop's trip count depends on the batch, which a symbolic batch dimension would
+make dynamo specialise on (a recompile per batch size).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Logits per chunk: 2^28 (1 GiB in fp32). A chunk holds its logits in the matmul dtype and in fp32 together
+# (6 B each in bf16: 1.5 GiB) where the full path holds 6 B for each of B·T·V (50 GiB at batch 16, T 4096,
+# V 128,256). At V 128,256 a chunk is 2,092 tokens, whose (2,092 x 4,096) @ (4,096 x 128,256) matmul is
+# still thousands of output tiles (an H200 has 132 SMs): smaller chunks would save little and launch more.
+CHUNK_LOGITS = 2**28
+
+
+def chunk_tokens(vocab_size: int) -> int:
+    """Tokens per chunk: CHUNK_LOGITS logits (at least one token)."""
+    return max(1, CHUNK_LOGITS // vocab_size)
+
+
+def matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """What the head's matmul would run in: the autocast dtype where autocast is on, else the weight's."""
+    device = hidden.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]  # autograd.Function's forward takes its own arguments
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int
+    ) -> torch.Tensor:
+        dtype = matmul_dtype(hidden, weight)
+        with torch.autocast(hidden.device.type, enabled=False):  # the dtypes are chosen here
+            h, w, y = hidden.reshape(-1, hidden.size(-1)).to(dtype), weight.to(dtype), labels.reshape(-1)
+            n = h.size(0)
+            grad_h = torch.empty_like(h)
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            for start in range(0, n, chunk):
+                h_c, y_c = h[start : start + chunk], y[start : start + chunk, None]
+                logits = (h_c @ w.T).float()  # C x V, fp32 as the full path's upcast
+                picked = logits.gather(1, y_c)  # the label's logit, before the in-place softmax below
+                top = logits.amax(dim=1, keepdim=True)
+                g = logits.sub_(top).exp_()  # in place: one C x V fp32 buffer (logsumexp would make another)
+                norm = g.sum(dim=1, keepdim=True)
+                total += (top + norm.log() - picked).sum()  # -log softmax at the label = logsumexp - logit
+                g.div_(norm).scatter_add_(1, y_c, torch.full_like(picked, -1.0)).div_(n)  # (softmax - onehot) / N
+                g_c = g.to(dtype)
+                del logits, g
+                grad_h[start : start + chunk] = g_c @ w
+                grad_w += g_c.T @ h_c
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.hidden_shape, ctx.hidden_dtype, ctx.weight_dtype = hidden.shape, hidden.dtype, weight.dtype
+        return total / n
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        grad_h, grad_w = ctx.saved_tensors
+        # in place: the saved gradients are this graph's alone (freed after this backward)
+        grad_hidden = grad_h.mul_(grad_out).to(ctx.hidden_dtype).view(ctx.hidden_shape)
+        return grad_hidden, grad_w.mul_(grad_out).to(ctx.weight_dtype), None, None
+
+
+@torch.compiler.disable  # eager under compile: see the module's docstring
+def chunked_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, chunk: int | None = None
+) -> torch.Tensor:
+    """Mean cross-entropy of `hidden @ weight.T` (hidden: B x T x D, weight: V x D, labels: B x T) against
+    `labels`, `chunk` tokens at a time (default: `chunk_tokens(V)`); gradients flow to hidden and weight."""
+    size = chunk or chunk_tokens(weight.size(0))
+    loss: torch.Tensor = _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, size)
+    return loss
