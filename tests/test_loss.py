@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.loss import CHUNK_LOGITS, chunk_tokens, chunked_cross_entropy
+from trainer.loss import chunked_cross_entropy
+from trainer.loss_chunk import CHUNK_LOGITS, chunk_tokens
 from trainer.models import build_model
 from trainer.models.specs import REGISTRY
 

@@ -13,7 +13,8 @@ them by the incoming gradient (1 / grad_accum). Chosen over a per-chunk `torch.u
 recompute every chunk's logits in backward: one more N·D·V matmul, a third more of the head's FLOPs (at
 Llama3-8B's dims with 8 layers the head is about a quarter of the matmul FLOPs, so ~8 % of a step); this does the
 head's three matmuls once each, as the full path does. Plain torch here (Liger fuses the softmax in Triton): the
-chunk's softmax and gradient are a few in-place elementwise passes over its C x V fp32 logits.
+chunk's softmax and gradient are a few in-place elementwise passes over its C x V fp32 logits. A chunk's size,
+and why: trainer.loss_chunk.
 
 Dtypes follow what the full path computes in: the matmuls in the autocast dtype where autocast is on (one rank),
 else in the weight's (FSDP2's bf16 gathered parameters; fp32 recipes in fp32); the softmax and the loss in fp32;
@@ -32,16 +33,7 @@ from typing import Any
 
 import torch
 
-# Logits per chunk: 2^28 (1 GiB in fp32). A chunk holds its logits in the matmul dtype and in fp32 together
-# (6 B each in bf16: 1.5 GiB) where the full path holds 6 B for each of B·T·V (50 GiB at batch 16, T 4096,
-# V 128,256). At V 128,256 a chunk is 2,092 tokens, whose (2,092 x 4,096) @ (4,096 x 128,256) matmul is
-# still thousands of output tiles (an H200 has 132 SMs): smaller chunks would save little and launch more.
-CHUNK_LOGITS = 2**28
-
-
-def chunk_tokens(vocab_size: int) -> int:
-    """Tokens per chunk: CHUNK_LOGITS logits (at least one token)."""
-    return max(1, CHUNK_LOGITS // vocab_size)
+from trainer.loss_chunk import chunk_tokens
 
 
 def matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
