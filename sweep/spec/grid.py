@@ -118,7 +118,7 @@ class Steps(BaseModel):
 
 # What `search: fastest` may change, and of that what changes the numerics (not just the speed): those vary
 # only when `tune.vary` names them.
-TUNABLE = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")
+TUNABLE = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head", "loss")
 NUMERICS_CHANGING = ("reduce_dtype", "grad_sync", "fp8_lm_head")
 DEFAULT_VARY, VARIABLE = (
     ("batch_size", "ac", "compile", "grad_accum"),
