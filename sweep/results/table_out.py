@@ -31,7 +31,7 @@ CONFIG_HEADERS = {
     "dp_replicate": "replicas",
     "tp": "tp",
     "cp": "cp",
-    "loss": "loss",
+    "loss": "loss fn",
     "memory_cap_gib": "cap (GiB)",
 }
 
