@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.loss import chunked_cross_entropy
+from trainer.loss import chunked_cross_entropy, compiled_chunks
 from trainer.loss_chunk import CHUNK_LOGITS, chunk_tokens
 from trainer.models import build_model
 from trainer.models.specs import REGISTRY
@@ -172,3 +172,17 @@ def test_under_compile_the_loss_runs_eagerly_and_is_the_same():
     compiled.backward()
     assert compiled.item() == pytest.approx(eager.item(), rel=1e-5)
     assert model.output.weight.grad is not None and model.tok_embd.weight.grad is not None
+
+
+def test_compiled_chunks_give_the_eager_loss_and_gradients():
+    """A compiled trial's chunks run through inductor (`compiled_chunks`): a remainder chunk too, the same values."""
+    from torch._dynamo.utils import counters
+
+    hidden, weight, labels = _inputs()
+    eager = _value_and_grads(lambda h, w, y: chunked_cross_entropy(h, w, y, chunk=5), hidden, weight, labels)
+    graphs = counters["stats"]["unique_graphs"]
+    with compiled_chunks(True):
+        compiled = _value_and_grads(lambda h, w, y: chunked_cross_entropy(h, w, y, chunk=5), hidden, weight, labels)
+    assert counters["stats"]["unique_graphs"] > graphs  # dynamo did compile them
+    for g, w in zip(compiled, eager):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

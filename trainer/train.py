@@ -25,6 +25,7 @@ from trainer import models
 from trainer.data import SyntheticData
 from trainer.energy import EnergyMeter, EnergyReport, NullMeter, meter_for
 from trainer.job import TrialConfig
+from trainer.loss import compiled_chunks
 from trainer.memory import memory_cap, peak_stats, reset_peak
 from trainer.models.specs import ModelSpec
 from trainer.options import TrainingOptions
@@ -237,6 +238,7 @@ class TrainStep:
         self.loss_fn = torch.compile(cross_entropy) if compiled and options.tp == 1 else cross_entropy
         self.loss_context = loss_context(options.tp)  # loss_parallel, for the loss and its backward alike
         self.chunked = options.loss == "chunked"  # the model's forward computes the loss (never tp > 1: fold_options)
+        self.compiled = compiled
         self.dynamic_batch = compiled and options.dynamic_batch  # every compiled call's batch dimension symbolic
         # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
         # rest (weights only change at the optimizer step), TE's `is_first_microbatch`.
@@ -275,7 +277,7 @@ class TrainStep:
         if self.dynamic_batch:
             mark_batch_dynamic(tokens, labels)
         if self.chunked:
-            with self.plan.training_context():
+            with self.plan.training_context(), compiled_chunks(self.compiled):
                 return self.model(tokens, labels=labels, **kwargs)
         with self.plan.training_context():
             logits = self.model(tokens, **kwargs)

@@ -1,7 +1,7 @@
 """Predicted peak memory per rank of a trial, before any GPU time: pure arithmetic (no torch, no Ray).
 
     peak = max(forward end, backward end)
-    forward end  = state_fwd·N/dp + compute copies + L·T·B·act(ac) + loss (6·B·T·V; chunked: 6·C·V + 6·V·E + 2·B·T·E)
+    forward end  = state_fwd·N/dp + compute copies + L·T·B·act(ac) + loss (6·B·T·V; chunked: 10·C·V + 6·V·E + 2·B·T·E)
     backward end = 16·N/dp + compute copies
 
 * Training state, sharded over the dp ranks (FSDP2): fp32 master weights (4 B/param) and AdamW's two fp32
@@ -23,7 +23,8 @@
 * Logits and loss: B·T·V logits in bf16 and their fp32 upcast for the loss, the largest single temporary at
   the end of forward (6 B per element). `loss: chunked` (trainer/loss.py, Liger Kernel's fused linear
   cross-entropy) never holds them: what it holds at its most, inside the forward's loss, is one chunk's logits
-  in bf16 and fp32 (6·C·V, C = trainer.loss_chunk.chunk_tokens(V) tokens, or B·T if fewer), the head weight's
+  in bf16, their fp32 upcast and fp32 log-softmax (10·C·V, C = trainer.loss_chunk.chunk_tokens(V) tokens, or B·T
+  if fewer; eager: compiled, inductor fuses the upcast away and the calibration says by how much), the head weight's
   gradient summed in fp32 with a chunk's bf16 share of it (4 + 2 B × V·E), and the hidden states' gradient,
   in bf16 (2·B·T·E), both kept for backward (`chunk_loss_bytes`).
 * Layouts (sweep.spec.layout): dp is the ranks that shard the state, dp_shard x tp (an HSDP replica holds a whole
@@ -47,6 +48,7 @@ from trainer.models.specs import ModelSpec
 GiB = 2**30
 ACT_BYTES = 2  # bf16 activations
 LOGIT_BYTES = 2 + 4  # bf16 logits and their fp32 upcast
+CHUNK_LOGIT_BYTES = 2 + 4 + 4  # loss: chunked, a chunk's: bf16 logits, their fp32 upcast and log-softmax (eager)
 UNCALIBRATED_MARGIN = 0.10  # with no rows, a trial is predicted not to fit only past the memory by this much
 
 
@@ -207,11 +209,12 @@ def loss_bytes(s: Shape) -> float:
 
 
 def chunk_loss_bytes(s: Shape) -> float:
-    """`loss: chunked` at its most (trainer/loss.py, the module's docstring): one chunk's logits in bf16 and fp32,
+    """`loss: chunked` at its most (trainer/loss.py, the module's docstring): one chunk's logits (CHUNK_LOGIT_BYTES),
     the head weight's gradient in fp32 plus a chunk's bf16 share of it, the hidden states' gradient in bf16."""
     tokens = s.batch_size * s.seq_len
     chunk = min(tokens, chunk_tokens(s.vocab_size))
-    return LOGIT_BYTES * chunk * s.vocab_size + (4 + 2) * s.vocab_size * s.d_embd + ACT_BYTES * tokens * s.d_embd
+    weight_grads = (4 + 2) * s.vocab_size * s.d_embd
+    return CHUNK_LOGIT_BYTES * chunk * s.vocab_size + weight_grads + ACT_BYTES * tokens * s.d_embd
 
 
 def breakdown(s: Shape) -> Breakdown:
