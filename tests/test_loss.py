@@ -1,9 +1,13 @@
 """`loss: chunked` as a unit (trainer.loss): the same loss and gradients as F.cross_entropy over the full logits,
-in fp32, bf16 and under autocast, for any chunking; tied weights; and never a B x T x V tensor."""
+in fp32, bf16 and under autocast, for any chunking, eager or compiled; tied weights; never a B x T x V tensor; and
+the models' forward with labels, torch and TE (its CPU stub) alike."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import test_models
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -14,6 +18,7 @@ from trainer.models import build_model
 from trainer.models.specs import REGISTRY
 
 B, T, D, V = 2, 7, 16, 50  # 14 tokens
+stub_te = test_models.stub_te  # the fixture of Transformer Engine's CPU stub (tests/test_models.py)
 
 
 def _inputs(dtype: torch.dtype = torch.float32, seed: int = 0, t: int = T):
@@ -186,3 +191,44 @@ def test_compiled_chunks_give_the_eager_loss_and_gradients():
     assert counters["stats"]["unique_graphs"] > graphs  # dynamo did compile them
     for g, w in zip(compiled, eager):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_te_models_given_labels_return_the_loss_of_their_logits_with_stub(stub_te, arch):
+    """TE's Llama head is a LayerNormLinear (its RMSNorm fused in): the chunked loss applies its norm weight and
+    its projection, outside it (the stub of tests/test_models.py records its calls); GPT's is the tied embedding."""
+    spec = REGISTRY[f"{arch}-tiny"]
+    torch.manual_seed(0)
+    model = build_model(spec, backend="te")
+    model.init_weights()
+    tokens = torch.randint(0, spec.vocab_size, (2, 16))
+    labels = torch.roll(tokens, -1, dims=1)
+    full = F.cross_entropy(model(tokens).flatten(0, 1).float(), labels.flatten())
+    full.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    head_calls = list(stub_te.head_calls)
+    chunked = model(tokens, labels=labels)
+    chunked.backward()
+    assert stub_te.head_calls == head_calls  # the TE head's own forward did not run
+    assert chunked.item() == pytest.approx(full.item(), rel=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_te_llama_refuses_a_chunked_loss_with_its_fp8_head_with_stub(stub_te):
+    """fold_options never sends it one (an FP8 head folds the loss to full): were it sent, not silently bf16."""
+    model = build_model(REGISTRY["llama-tiny"], backend="te", fp8_lm_head=True)
+    tokens = torch.zeros(1, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match="fp8_lm_head"):
+        model(tokens, labels=tokens)
+
+
+def test_a_te_recipe_trains_with_the_chunked_loss_through_the_worker_with_stub(stub_te, run_one_rank):
+    """bf16-te on one CPU rank (autocast, unsharded), two micro-batches a step: the loss falls from ~ln V."""
+    spec = REGISTRY["llama-tiny"]
+    result = run_one_rank(spec, "bf16-te", loss="chunked", grad_accum=2)
+    assert result.status == "ok", result.traceback
+    assert result.loss_last < result.loss_first
+    assert result.loss_first == pytest.approx(math.log(spec.vocab_size), rel=0.1)
+    assert stub_te.head_calls == []  # never the TE head's forward
