@@ -56,9 +56,10 @@ def _chunk(logits: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype) -> tu
     return -picked.sum(), logp.exp_().scatter_add_(1, labels, torch.full_like(picked, -1.0)).to(dtype)
 
 
-# Whether the trial compiles: then a chunk's softmax and gradient are one inductor kernel or two, reading the logits
-# twice and writing the gradient once, where eager passes over the C x V fp32 logits about six times (at Llama 3's
-# vocabulary and batch 16 a step's chunks hold 8.4 G logits). A trial without compile compiles nothing.
+# Whether the trial compiles: then inductor fuses a chunk's softmax and gradient (expected: the logits read twice and
+# the gradient written once, not yet measured on a GPU), where eager makes about six passes over C x V values, most
+# in fp32 (at Llama 3's vocabulary and batch 16 a step's chunks hold 8.4 G logits). A trial without compile compiles
+# nothing.
 _COMPILED: ContextVar[bool] = ContextVar("trainer.loss compiled chunks", default=False)
 
 
