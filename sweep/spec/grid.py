@@ -15,6 +15,7 @@
     reduce_dtype: fp32                # FSDP2 gradient reduce-scatter dtype: fp32 | bf16
     grad_sync: micro_batch            # with grad_accum > 1: reduce gradients every micro_batch | once per step
     dynamic_batch: true               # compiled trials: a new batch size reuses the graphs; false: compile each
+    loss: full                        # full | chunked: the head fused into a chunked loss, never the B·T·V logits
     on_oom: {policy: halve, min_batch: 1}
     search: max_batch                 # optional: max_batch (the largest / fastest batch per precision), or
                                       # fastest (the fastest configuration: see tune below)
