@@ -232,3 +232,20 @@ def test_a_te_recipe_trains_with_the_chunked_loss_through_the_worker_with_stub(s
     assert result.loss_last < result.loss_first
     assert result.loss_first == pytest.approx(math.log(spec.vocab_size), rel=0.1)
     assert stub_te.head_calls == []  # never the TE head's forward
+
+
+def test_a_compiled_trial_trains_with_the_chunked_loss_through_the_worker(run_one_rank):
+    """compile: regional on one CPU rank: the blocks compiled, the chunk loop eager, each chunk compiled."""
+    from trainer import loss
+
+    def compiled_calls() -> int:  # each loss of a compiled trial asks for the compiled chunk function
+        info = loss._compiled_chunk.cache_info()
+        return info.hits + info.misses
+
+    spec = REGISTRY["llama-tiny"]
+    full = run_one_rank(spec, "bf16", compile="regional", measure_steps=2)
+    before = compiled_calls()
+    chunked = run_one_rank(spec, "bf16", compile="regional", measure_steps=2, loss="chunked")
+    assert chunked.status == "ok", chunked.traceback
+    assert compiled_calls() == before + 3  # 1 warm-up + 2 measured steps, one micro-batch each
+    assert chunked.losses == pytest.approx(full.losses, rel=1e-3)
