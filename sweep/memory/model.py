@@ -24,9 +24,10 @@
   the end of forward (6 B per element). `loss: chunked` (trainer/loss.py, Liger Kernel's fused linear
   cross-entropy) never holds them: what it holds at its most, inside the forward's loss, is one chunk's logits
   in bf16, their fp32 upcast and fp32 log-softmax (10·C·V, C = trainer.loss_chunk.chunk_tokens(V) tokens, or B·T
-  if fewer; eager: compiled, inductor fuses the upcast away and the calibration says by how much), the head weight's
-  gradient summed in fp32 with a chunk's bf16 share of it (4 + 2 B × V·E), and the hidden states' gradient,
-  in bf16 (2·B·T·E), both kept for backward (`chunk_loss_bytes`).
+  if fewer; as eager code holds them: compiled, inductor should hold less, which the calibration would absorb), the
+  head weight's gradient summed in fp32 with a chunk's bf16 share of it (4 + 2 B × V·E), and the hidden states'
+  gradient, in bf16 (2·B·T·E), both kept for backward (`chunk_loss_bytes`). Same matmul weights otherwise: on one
+  rank the head's bf16 copy is the loss's own instead of autocast's.
 * Layouts (sweep.spec.layout): dp is the ranks that shard the state, dp_shard x tp (an HSDP replica holds a whole
   copy); with tensor parallel the compute copies, activations and logits are each divided by tp (column/row
   parallel inside the blocks, sequence parallel between them, logits sharded on the vocabulary).
