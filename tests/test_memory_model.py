@@ -17,7 +17,7 @@ from sweep.memory.model import (
     max_batch,
     predicted_bytes,
 )
-from trainer.models.specs import REGISTRY
+from trainer.models.specs import REGISTRY, ModelSpec
 
 # llama-tiny: E 64, 4 heads of D 16, 2 kv heads (J·D 32), ffn 192, vocab 512, 2 layers; 164,160 params,
 # one block 49,280 (2·64 norms + 64·128 qkv + 64·64 out + 3·64·192 SwiGLU), root 65,600, matmul weights 131,072
@@ -138,3 +138,51 @@ def test_max_batch_is_the_largest_batch_predicted_to_fit():
     half = max_batch(TINY, available, ratio=2.0)
     assert predicted_bytes(replace(TINY, batch_size=half)) * 2 <= available
     assert predicted_bytes(replace(TINY, batch_size=half + 1)) * 2 > available
+
+
+def test_a_chunked_loss_holds_a_chunk_and_the_head_gradients_not_the_logits():
+    """`loss: chunked` (trainer/loss.py): llama-tiny's 16 tokens are one chunk (chunk_tokens(512) is 524,288):
+    its logits in bf16, their fp32 upcast and log-softmax, the head's gradient in fp32 with a chunk's bf16 share, the
+    hidden gradient."""
+    chunked = replace(TINY, loss="chunked")
+    assert breakdown(chunked).logits == 10 * 16 * 512 + 6 * 512 * 64 + 2 * 16 * 64
+    assert breakdown(chunked).logits > breakdown(TINY).logits  # at 16 tokens the V x E gradients outweigh them
+    # everything else is the full loss's
+    assert breakdown(chunked).forward_end - breakdown(chunked).logits == breakdown(TINY).forward_end - 49152
+
+
+# Llama3-8B's layer dims with 8 layers on one H200, T 4096, batch 16 (benchmarks/campaigns/kernels-one-gpu/loss.yaml)
+LLAMA_8L = Shape.of_spec(
+    ModelSpec(
+        arch="llama",
+        name="llama3-8b-8l",
+        n_layers=8,
+        d_embd=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_hidden=14336,
+        vocab_size=128256,
+    ),
+    precision="bf16",
+    batch_size=16,
+    seq_len=4096,
+    ranks=1,
+)
+
+
+def test_at_llama3_dims_a_chunk_is_2092_tokens_and_the_logits_term_shrinks_sevenfold():
+    full, chunked = breakdown(LLAMA_8L), breakdown(replace(LLAMA_8L, loss="chunked"))
+    assert full.logits == 6 * 16 * 4096 * 128256  # 50.4 GB: bf16 batch 16 failed allocating 15.7 GiB of it
+    assert chunked.logits == 10 * 2092 * 128256 + 6 * 128256 * 4096 + 2 * 16 * 4096 * 4096
+    assert full.logits / chunked.logits > 7  # 50.4 GB against 6.4 GB
+    # and it grows with the batch by the hidden gradient alone (2 B x E per token), not 6 B x V
+    more = breakdown(replace(LLAMA_8L, loss="chunked", batch_size=17)).logits
+    assert more - chunked.logits == 2 * 4096 * 4096
+
+
+def test_a_trial_s_loss_reaches_its_shape():
+    from conftest import tiny_trial
+
+    assert Shape.of(tiny_trial(loss="chunked")).loss == "chunked"
+    assert Shape.of(tiny_trial()).loss == "full"
+    assert predicted_bytes(Shape.of(tiny_trial(loss="chunked"))) != predicted_bytes(Shape.of(tiny_trial()))

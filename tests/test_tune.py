@@ -381,14 +381,15 @@ def test_numerics_changing_options_stay_at_the_grid_values_unless_vary_names_the
 
 
 def test_options_that_fold_away_are_one_candidate_and_never_probed_twice():
-    # gpt (tied head) in bf16 on one rank: no FP8 head, no reduction across ranks, so only ac, compile and
-    # grad_accum are real; `run` fails on a trial asked twice
+    # gpt (tied head) in bf16 on one rank: no FP8 head, no reduction across ranks, so only ac, compile,
+    # grad_accum and loss are real; `run` fails on a trial asked twice
     p = plan(models=["gpt-tiny"], precisions=["bf16"], gpus=1, tune={"vary": ALL_OPTIONS})
     r = run(p, Machine())
     assert {(t.reduce_dtype, t.grad_sync, t.fp8_lm_head) for t in r.asked} == {("fp32", "micro_batch", False)}
     (v,) = verdicts_json(p)
     batches = {ac: {t.batch_size for t in r.asked if t.ac == ac and is_short(t)} for ac in ACTIVATIONS}
-    assert v["candidates"] <= sum(len(b) for b in batches.values()) * 3 * 4  # ac batches x compile x grad_accum
+    # ac batches x compile x grad_accum x loss
+    assert v["candidates"] <= sum(len(b) for b in batches.values()) * 3 * 4 * 2
 
 
 def test_the_batch_search_finds_the_largest_batch_that_fits():
@@ -721,6 +722,7 @@ def test_a_batch_that_thrashes_ends_the_fit_and_a_thrashing_candidate_is_tried_s
             ("fp32", "bf16"),
             ("micro_batch", "step"),
             (False, True),
+            ("full", "chunked"),
         )
     ]
     optimum = max(m.tflops(t) for t in every if m.peak(t) <= m.thrash_gib)

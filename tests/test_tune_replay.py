@@ -51,6 +51,7 @@ def _rows(name: str) -> dict[tuple, dict]:
                 r["reduce_dtype"],
                 r["grad_sync"],
                 r["fp8_lm_head"].lower() == "true",
+                r.get("loss") or "full",  # rows before schema 1.13 ran the full loss
             )
             number = lambda k, r=r: float(r[k]) if r[k] else None  # noqa: E731
             out[key] = {

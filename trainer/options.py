@@ -61,6 +61,13 @@ class TrainingOptions:
         1, "context-parallel ranks (not built: no CPU path to test it in torch 2.13; only 1 runs)"
     )
     """Context parallel: the sequence split over cp ranks. Not built yet: a grid with cp > 1 is refused."""
+    loss: Literal["full", "chunked"] = _option(
+        "full", "the loss over the full B x T x V logits, or chunked: never holding them (trainer/loss.py)"
+    )
+    """full: the head's B x T x V logits and their fp32 upcast, then cross-entropy (as every row before it). chunked:
+    the head and the loss fused, a chunk of tokens at a time, never holding the B x T x V logits (trainer/loss.py),
+    so a larger batch fits; the same loss within rounding. Folds to full where it cannot run: tp > 1 (vocab-sharded
+    logits) and an FP8 head (`sweep.spec.expand.fold_options`)."""
 
     def __post_init__(self) -> None:
         for f in fields(TrainingOptions):  # a subclass's own fields are its own business

@@ -25,6 +25,7 @@ from trainer import models
 from trainer.data import SyntheticData
 from trainer.energy import EnergyMeter, EnergyReport, NullMeter, meter_for
 from trainer.job import TrialConfig
+from trainer.loss import compiled_chunks
 from trainer.memory import memory_cap, peak_stats, reset_peak
 from trainer.models.specs import ModelSpec
 from trainer.options import TrainingOptions
@@ -236,6 +237,8 @@ class TrainStep:
         # dispatch override; compiling it is not tried here).
         self.loss_fn = torch.compile(cross_entropy) if compiled and options.tp == 1 else cross_entropy
         self.loss_context = loss_context(options.tp)  # loss_parallel, for the loss and its backward alike
+        self.chunked = options.loss == "chunked"  # the model's forward computes the loss (never tp > 1: fold_options)
+        self.compiled = compiled
         self.dynamic_batch = compiled and options.dynamic_batch  # every compiled call's batch dimension symbolic
         # TE caches each layer's FP8 weights on a step's first micro-batch and reuses them for the
         # rest (weights only change at the optimizer step), TE's `is_first_microbatch`.
@@ -256,14 +259,7 @@ class TrainStep:
             tokens, labels = self.data.micro_batch(i * accum + micro)
             kwargs = {"is_first_microbatch": micro == 0} if self.weight_cache else {}
             with self.label(FORWARD):
-                if self.dynamic_batch:
-                    mark_batch_dynamic(tokens, labels)
-                with self.plan.training_context():
-                    logits = self.model(tokens, **kwargs)
-                if self.dynamic_batch:
-                    mark_batch_dynamic(logits)
-                with self.loss_context():
-                    loss = self.loss_fn(logits, labels) / accum
+                loss = self._forward(tokens, labels, kwargs) / accum
             with self.label(BACKWARD), self.loss_context():
                 loss.backward()
             total += local_value(loss.detach())
@@ -274,6 +270,21 @@ class TrainStep:
             self.plan.after_optimizer_step(self.model)
             self.optimizer.zero_grad(set_to_none=True)
         return total
+
+    def _forward(self, tokens: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        """One micro-batch's mean loss. `loss: chunked`: the model computes it, its head fused into the loss
+        (trainer.loss), inside the root's forward where FSDP2 has the head's weight gathered."""
+        if self.dynamic_batch:
+            mark_batch_dynamic(tokens, labels)
+        if self.chunked:
+            with self.plan.training_context(), compiled_chunks(self.compiled):
+                return self.model(tokens, labels=labels, **kwargs)
+        with self.plan.training_context():
+            logits = self.model(tokens, **kwargs)
+        if self.dynamic_batch:
+            mark_batch_dynamic(logits)
+        with self.loss_context():
+            return self.loss_fn(logits, labels)
 
     def _hold_gradients(self, *, last: bool) -> None:
         """Before the last micro-batch: gradients accumulate unsharded on each rank (FSDP1's no_sync; + one

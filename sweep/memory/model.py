@@ -1,7 +1,7 @@
 """Predicted peak memory per rank of a trial, before any GPU time: pure arithmetic (no torch, no Ray).
 
     peak = max(forward end, backward end)
-    forward end  = state_fwd·N/dp + compute copies + L·T·B·act(ac) + 6·B·T·V
+    forward end  = state_fwd·N/dp + compute copies + L·T·B·act(ac) + loss (6·B·T·V; chunked: 10·C·V + 6·V·E + 2·B·T·E)
     backward end = 16·N/dp + compute copies
 
 * Training state, sharded over the dp ranks (FSDP2): fp32 master weights (4 B/param) and AdamW's two fp32
@@ -21,7 +21,13 @@
   `ac: full` keeps each block's input (E) and recomputes one block at a time in backward; `selective`
   checkpoints every other block (trainer/parallelize.py), so half the blocks keep everything.
 * Logits and loss: B·T·V logits in bf16 and their fp32 upcast for the loss, the largest single temporary at
-  the end of forward (6 B per element).
+  the end of forward (6 B per element). `loss: chunked` (trainer/loss.py, Liger Kernel's fused linear
+  cross-entropy) never holds them: what it holds at its most, inside the forward's loss, is one chunk's logits
+  in bf16, their fp32 upcast and fp32 log-softmax (10·C·V, C = trainer.loss_chunk.chunk_tokens(V) tokens, or B·T
+  if fewer; as eager code holds them: compiled, inductor should hold less, which the calibration would absorb), the
+  head weight's gradient summed in fp32 with a chunk's bf16 share of it (4 + 2 B × V·E), and the hidden states'
+  gradient, in bf16 (2·B·T·E), both kept for backward (`chunk_loss_bytes`). Same matmul weights otherwise: on one
+  rank the head's bf16 copy is the loss's own instead of autocast's.
 * Layouts (sweep.spec.layout): dp is the ranks that shard the state, dp_shard x tp (an HSDP replica holds a whole
   copy); with tensor parallel the compute copies, activations and logits are each divided by tp (column/row
   parallel inside the blocks, sequence parallel between them, logits sharded on the vocabulary).
@@ -37,11 +43,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sweep.spec.trial import Trial
+from trainer.loss_chunk import chunk_tokens
 from trainer.models.specs import ModelSpec
 
 GiB = 2**30
 ACT_BYTES = 2  # bf16 activations
 LOGIT_BYTES = 2 + 4  # bf16 logits and their fp32 upcast
+CHUNK_LOGIT_BYTES = 2 + 4 + 4  # loss: chunked, a chunk's: bf16 logits, their fp32 upcast and log-softmax (eager)
 UNCALIBRATED_MARGIN = 0.10  # with no rows, a trial is predicted not to fit only past the memory by this much
 
 
@@ -65,6 +73,7 @@ class Shape:
     grad_accum: int = 1
     tp: int = 1  # tensor (and sequence) parallel: activations, logits and a unit's gathered weights split tp ways
     fp8_saved: bool = False  # torchao FP8: the matmul inputs backward needs are kept as FP8 (1 B), not bf16
+    loss: str = "full"  # the trial's `loss`: full (the B·T·V logits) or chunked (trainer/loss.py)
 
     @staticmethod
     def saves_fp8(precision: str) -> bool:
@@ -84,6 +93,7 @@ class Shape:
             ac=trial.ac,
             grad_accum=trial.grad_accum,
             tp=trial.tp,
+            loss=trial.loss,
         )
 
     @classmethod
@@ -98,6 +108,7 @@ class Shape:
         ac: str = "none",
         grad_accum: int = 1,
         tp: int = 1,
+        loss: str = "full",
     ) -> Shape:
         """From a `trainer.models.specs.ModelSpec` and a layout (a trial's, or a recorded row's)."""
         return cls(
@@ -117,6 +128,7 @@ class Shape:
             grad_accum=grad_accum,
             tp=tp,
             fp8_saved=cls.saves_fp8(precision),
+            loss=loss,
         )
 
 
@@ -189,6 +201,23 @@ def _matmul_params(s: Shape) -> int:
     return s.n_layers * (block - 2 * E) + s.vocab_size * E
 
 
+def loss_bytes(s: Shape) -> float:
+    """The logits and the loss at the end of forward: the full B·T·V logits (LOGIT_BYTES each; 1 / tp of them with
+    TP, sharded on the vocabulary), or what the chunked loss holds (`chunk_loss_bytes`; never with tp > 1)."""
+    if s.loss == "chunked":
+        return chunk_loss_bytes(s)
+    return LOGIT_BYTES * s.batch_size * s.seq_len * s.vocab_size / s.tp
+
+
+def chunk_loss_bytes(s: Shape) -> float:
+    """`loss: chunked` at its most (trainer/loss.py, the module's docstring): one chunk's logits (CHUNK_LOGIT_BYTES),
+    the head weight's gradient in fp32 plus a chunk's bf16 share of it, the hidden states' gradient in bf16."""
+    tokens = s.batch_size * s.seq_len
+    chunk = min(tokens, chunk_tokens(s.vocab_size))
+    weight_grads = (4 + 2) * s.vocab_size * s.d_embd
+    return CHUNK_LOGIT_BYTES * chunk * s.vocab_size + weight_grads + ACT_BYTES * tokens * s.d_embd
+
+
 def breakdown(s: Shape) -> Breakdown:
     """The uncalibrated peak of one rank for `s`, part by part."""
     fwd_state = (16 if s.grad_accum > 1 else 12) * s.n_params / s.ranks
@@ -198,12 +227,11 @@ def breakdown(s: Shape) -> Breakdown:
         copies = 2 * _matmul_params(s)
     # with TP the logits stay sharded on the vocabulary, and sequence parallel splits what lives between the
     # matmuls (norms, residuals) as column/row parallel splits what lives inside them: each about 1 / tp
-    logits = LOGIT_BYTES * s.batch_size * s.seq_len * s.vocab_size / s.tp
     return Breakdown(
         state=fwd_state,
         compute_copies=copies,
         activations=activation_bytes(s) / s.tp,
-        logits=logits,
+        logits=loss_bytes(s),
         backward_end=16 * s.n_params / s.ranks + copies,
     )
 

@@ -41,6 +41,7 @@ _OPTION_SINCE = {
     "dp_replicate": "1.12",
     "tp": "1.12",
     "cp": "1.12",
+    "loss": "1.13",  # SCHEMA_VERSION must become 1.13 (issue 34: h34a bumps it with the other new options)
 }
 _ARROW_TYPES = {int: pa.int32(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
 
@@ -298,6 +299,7 @@ class Row(TypedDict, total=False):
     dp_replicate: int | None
     tp: int | None
     cp: int | None
+    loss: str | None
     dp_shard: int | None
     memory_cap_gib: float | None
     status: str | None

@@ -31,6 +31,7 @@ CONFIG_HEADERS = {
     "dp_replicate": "replicas",
     "tp": "tp",
     "cp": "cp",
+    "loss": "loss fn",
     "memory_cap_gib": "cap (GiB)",
 }
 

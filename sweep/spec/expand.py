@@ -37,7 +37,18 @@ def fold_options(
         if compile != "none"
         else OPTION_DEFAULTS["dynamic_batch"]
     )
-    return {**options, "fp8_lm_head": fp8_head, "reduce_dtype": reduce, "grad_sync": sync, "dynamic_batch": dynamic}
+    # A chunked loss fuses the head's matmul into the loss: with tp > 1 the head's logits are vocab-sharded DTensors
+    # (loss_parallel), and an FP8 head would run in bf16 inside it. There it folds to full, as an FP8 head folds for
+    # GPT's tied head: the row then says what ran (trainer/loss.py).
+    loss = options["loss"] if options["tp"] == 1 and not fp8_head else OPTION_DEFAULTS["loss"]
+    return {
+        **options,
+        "fp8_lm_head": fp8_head,
+        "reduce_dtype": reduce,
+        "grad_sync": sync,
+        "dynamic_batch": dynamic,
+        "loss": loss,
+    }
 
 
 def expand(

@@ -15,6 +15,7 @@
     reduce_dtype: fp32                # FSDP2 gradient reduce-scatter dtype: fp32 | bf16
     grad_sync: micro_batch            # with grad_accum > 1: reduce gradients every micro_batch | once per step
     dynamic_batch: true               # compiled trials: a new batch size reuses the graphs; false: compile each
+    loss: full                        # full | chunked: the head fused into a chunked loss, never the B·T·V logits
     on_oom: {policy: halve, min_batch: 1}
     search: max_batch                 # optional: max_batch (the largest / fastest batch per precision), or
                                       # fastest (the fastest configuration: see tune below)
@@ -118,7 +119,7 @@ class Steps(BaseModel):
 
 # What `search: fastest` may change, and of that what changes the numerics (not just the speed): those vary
 # only when `tune.vary` names them.
-TUNABLE = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")
+TUNABLE = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head", "loss")
 NUMERICS_CHANGING = ("reduce_dtype", "grad_sync", "fp8_lm_head")
 DEFAULT_VARY, VARIABLE = (
     ("batch_size", "ac", "compile", "grad_accum"),

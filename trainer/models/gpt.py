@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from trainer.loss import chunked_cross_entropy
 from trainer.models.specs import ModelSpec
 
 INIT_STD = 0.02  # GPT-2 (Radford et al. 2019), nanoGPT model.py _init_weights
@@ -68,10 +69,13 @@ class GPT(nn.Module):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
 
-    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx_BT: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits; given `labels`, the mean loss instead, the head fused into it (trainer.loss, `loss: chunked`)."""
         pos_T = torch.arange(idx_BT.size(1), device=idx_BT.device)
         x_BTE = self.tok_embd(idx_BT) + self.pos_embd(pos_T)
         for block in self.blocks:
             x_BTE = block(x_BTE)
         x_BTE = self.out_norm(x_BTE)
+        if labels is not None:  # the tied head too: its gradient adds to the embedding's
+            return chunked_cross_entropy(x_BTE, self.tok_embd.weight, labels)
         return F.linear(x_BTE, self.tok_embd.weight)  # weight tying (as GPT-2)

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from trainer.loss import chunked_cross_entropy
 from trainer.models.specs import ModelSpec
 
 INIT_STD = 0.02
@@ -108,8 +109,11 @@ class Llama(nn.Module):
                 rope_cos_sin(self.spec.head_dim, self.spec.max_seq_len, self.spec.rope_theta, device=self.rope.device)
             )
 
-    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx_BT: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits; given `labels`, the mean loss instead, the head fused into it (trainer.loss, `loss: chunked`)."""
         x_BTE = self.tok_embd(idx_BT)
         for block in self.blocks:
             x_BTE = block(x_BTE, self.rope)
+        if labels is not None:
+            return chunked_cross_entropy(self.norm(x_BTE), self.output.weight, labels)
         return self.output(self.norm(x_BTE))

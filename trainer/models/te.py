@@ -2,8 +2,8 @@
 
 Same contract as trainer/models/gpt.py and llama.py, and the same parameters (names aside): `.blocks`
 (an nn.ModuleList of `te.TransformerLayer`), `init_weights()` (same init scheme, so the first loss is
-~ln V) and `forward(tokens) -> logits`; `sum(p.numel())` equals `spec.n_params()` (tests/test_models.py,
-where TE is installed).
+~ln V) and `forward(tokens) -> logits` (`forward(tokens, labels=labels) -> loss`: `loss: chunked`);
+`sum(p.numel())` equals `spec.n_params()` (tests/test_models.py, where TE is installed).
 
 Llama: TransformerLayer with RMSNorm, SwiGLU, grouped-query attention, fused QKV,
 no biases, no dropout, causal self-attention on (batch, seq, hidden) input, RoPE applied inside TE's
@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from trainer.loss import chunked_cross_entropy
 from trainer.models.specs import ModelSpec
 
 INIT_STD = 0.02  # as gpt.py / llama.py
@@ -149,9 +150,12 @@ class TELlama(nn.Module):
         rope = _te().RotaryPositionEmbedding(self.spec.head_dim, rotary_base=self.spec.rope_theta)
         self.rope_freqs.copy_(rope(self.spec.max_seq_len).to(self.rope_freqs.device, torch.float32))
 
-    def forward(self, idx_BT: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
+    def forward(
+        self, idx_BT: torch.Tensor, is_first_microbatch: bool | None = None, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """`is_first_microbatch` (TE's): None casts the weights to FP8 on every call; True casts and caches
-        them, False reuses the cache - valid while the weights do not change (gradient accumulation)."""
+        them, False reuses the cache - valid while the weights do not change (gradient accumulation).
+        Given `labels`, the mean loss instead of the logits (`loss: chunked`, `chunked_head`)."""
         T = idx_BT.size(1)
         if T > self.rope_freqs.size(0):
             raise ValueError(f"seq_len {T} exceeds {self.spec.label}'s max_seq_len ({self.spec.max_seq_len})")
@@ -159,9 +163,21 @@ class TELlama(nn.Module):
         freqs = self.rope_freqs[:T]
         for block in self.blocks:
             x_BTE = block(x_BTE, rotary_pos_emb=freqs, is_first_microbatch=is_first_microbatch)
+        if labels is not None:
+            return self.chunked_head(x_BTE, labels)
         # the LM head stays in bf16 (accuracy), as torchao's module filter does, unless asked
         with contextlib.nullcontext() if self.fp8_lm_head else _fp8_off():
             return self.output(x_BTE, is_first_microbatch=is_first_microbatch)
+
+    def chunked_head(self, x_BTE: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The head's RMSNorm and projection (TE's LayerNormLinear: its `layer_norm_weight` and `weight`) with the
+        loss, in bf16 as the head runs without `fp8_lm_head` (which folds `loss: chunked` away: there the head is
+        FP8, which this would not be; sweep.spec.expand.fold_options)."""
+        if self.fp8_lm_head:
+            raise ValueError("loss: chunked runs the head in bf16: not with fp8_lm_head (fold_options folds it)")
+        norm_weight = self.output.layer_norm_weight
+        h_BTE = F.rms_norm(x_BTE, (self.spec.d_embd,), norm_weight.to(x_BTE.dtype), eps=self.spec.norm_eps)
+        return chunked_cross_entropy(h_BTE, self.output.weight, labels)
 
 
 class TEGPT(nn.Module):
@@ -188,11 +204,15 @@ class TEGPT(nn.Module):
     def init_weights(self) -> None:
         _init_params(self, self.spec.n_layers)
 
-    def forward(self, idx_BT: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
+    def forward(
+        self, idx_BT: torch.Tensor, is_first_microbatch: bool | None = None, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         pos_T = torch.arange(idx_BT.size(1), device=idx_BT.device)
         x_BTE = self.tok_embd(idx_BT) + self.pos_embd(pos_T)
         for block in self.blocks:
             x_BTE = block(x_BTE, is_first_microbatch=is_first_microbatch)
+        if labels is not None:  # `loss: chunked`
+            return chunked_cross_entropy(self.out_norm(x_BTE), self.tok_embd.weight, labels)
         return F.linear(self.out_norm(x_BTE), self.tok_embd.weight)  # tied head (as GPT-2), not FP8
 
 

@@ -1,6 +1,6 @@
 """The candidate space of `search: fastest` (sweep.search.fastest.search): which configurations one group may run. Pure.
 
-A configuration is the seven options TUNABLE names (a `Config`). Each option in `tune.vary` ranges over
+A configuration is the options TUNABLE names (a `Config`). Each option in `tune.vary` ranges over
 its grid axis when the grid lists several values for it, else over all of its values (ALL_VALUES); an
 option not in vary stays at the grid's first value, so the options that change numerics
 (NUMERICS_CHANGING) move only when vary names them. `fold_options` turns a configuration into the one the
@@ -42,6 +42,7 @@ class Config(NamedTuple):
     reduce_dtype: str
     grad_sync: str
     fp8_lm_head: bool
+    loss: str = "full"  # not a numerics option: the chunked loss is the full one within rounding (trainer/loss.py)
 
 
 assert Config._fields == TUNABLE  # one list of tunables: the grid's
@@ -54,9 +55,10 @@ ALL_VALUES = {
     "reduce_dtype": ("fp32", "bf16"),
     "grad_sync": ("micro_batch", "step"),
     "fp8_lm_head": (False, True),
+    "loss": ("full", "chunked"),
 }
 FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.search.max_batch.MaxBatchSearch)
-_FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")  # the training options among TUNABLE
+_FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head", "loss")  # the training options among TUNABLE
 SHORT = (2, 3)  # a search's short probe: warm-up 2 (a compile), measure 3: enough to rank candidates
 LONGER = (3, 9)  # its rung: three times the measured steps to separate the close ones
 # (both in micro-batches for a candidate that accumulates: probe_steps)
@@ -74,14 +76,17 @@ def probe_steps(steps: tuple[int, int], grad_accum: int) -> tuple[int, int]:
 
 # What, besides batch, ac and accumulation, sets a micro-batch's footprint (grad_sync: step keeps gradients
 # unsharded). Accumulation is ordered by `at_least_as_heavy`.
-MEMORY_CLASS = ("compile", "reduce_dtype", "grad_sync", "fp8_lm_head")
+# The loss by equality alone: full holds 6·B·T·V, chunked a fixed V x E more (sweep.memory.model), so which needs
+# more depends on the batch (at Llama 3's dims and T 4096 chunked is heavier at batch 1, far lighter at 4).
+MEMORY_CLASS = ("compile", "reduce_dtype", "grad_sync", "fp8_lm_head", "loss")
 
 
 def heavy_class(c: Config) -> tuple[Any, ...]:
     """The memory class without the options whose effect on memory is small (compile, reduce_dtype,
     fp8_lm_head): a batch limit found for one value of those is a good first guess for the others (a
-    guess only: pruning needs each option of MEMORY_CLASS no lighter). grad_sync: step keeps whole gradients."""
-    return (c.grad_sync,)
+    guess only: pruning needs each option of MEMORY_CLASS no lighter). grad_sync: step keeps whole gradients; a
+    chunked loss does not hold the B·T·V logits (a batch that fits it may be past what the full loss fits)."""
+    return (c.grad_sync, c.loss)
 
 
 # An fp32 reduce needs no less memory than a bf16 one: FSDP2 reduces (and under grad_sync: step accumulates
@@ -233,7 +238,7 @@ class Space:
         for ac, ac_batches in batches.items():
             for batch in ac_batches:
                 for combo in itertools.product(
-                    v["compile"], self.accums(batch), v["reduce_dtype"], v["grad_sync"], v["fp8_lm_head"]
+                    v["compile"], self.accums(batch), v["reduce_dtype"], v["grad_sync"], v["fp8_lm_head"], v["loss"]
                 ):
                     out.setdefault(self.fold(Config(batch, ac, *combo)), None)
         return list(out)
@@ -247,6 +252,7 @@ class Space:
             "reduce_dtype": c.reduce_dtype,
             "grad_sync": c.grad_sync,
             "fp8_lm_head": c.fp8_lm_head,
+            "loss": c.loss,
         }
         return out if self.samples else {**out, "grad_accum": c.grad_accum}
 
