@@ -186,3 +186,26 @@ def test_a_trial_s_loss_reaches_its_shape():
     assert Shape.of(tiny_trial(loss="chunked")).loss == "chunked"
     assert Shape.of(tiny_trial()).loss == "full"
     assert predicted_bytes(Shape.of(tiny_trial(loss="chunked"))) != predicted_bytes(Shape.of(tiny_trial()))
+
+
+def test_a_recorded_row_is_predicted_with_the_loss_it_ran():
+    """Calibration compares a row's measured peak with the prediction for what it ran: a chunked row's prediction
+    is the chunked one (rows before schema 1.13, with no loss column, ran the full loss)."""
+    from sweep.memory.predictor import sample
+
+    spec = REGISTRY["llama-tiny"]
+    row = {
+        "model_spec": spec.to_json(),
+        "precision": "bf16",
+        "compile": "none",
+        "batch_size": 4,
+        "seq_len": 64,
+        "world_size": 1,
+        "peak_mem_gib": 0.01,
+        "status": "ok",
+    }
+    shape = Shape.of_spec(spec, precision="bf16", batch_size=4, seq_len=64, ranks=1)
+    chunked, old = sample({**row, "loss": "chunked"}), sample(row)
+    assert chunked is not None and old is not None
+    assert chunked.predicted == predicted_bytes(replace(shape, loss="chunked"))
+    assert old.predicted == predicted_bytes(shape) != chunked.predicted
