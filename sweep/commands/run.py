@@ -12,7 +12,7 @@ import typer
 from sweep import service
 from sweep.commands._common import dataclass_options, flag, user_errors
 from sweep.commands._outcome import execute, print_warnings
-from trainer.job import COMPILE_MODES
+from trainer.job import COMPILE_SCOPES
 
 if TYPE_CHECKING:
     from sweep.memory.predictor import Predictor
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 app = typer.Typer()
 
 
-# the CLI's choices for --compile: the trainer's modes (trainer.job.COMPILE_MODES), not a list of its own
-Compile = Enum("Compile", {mode: mode for mode in COMPILE_MODES}, type=str)  # type: ignore[misc]  # computed members
+# the CLI's choices for --compile: the trainer's scopes (trainer.job.COMPILE_SCOPES), not a list of its own
+Compile = Enum("Compile", {scope: scope for scope in COMPILE_SCOPES}, type=str)  # type: ignore[misc]  # computed members
 
 
 GridArg = Annotated[

@@ -16,13 +16,14 @@ import pyarrow as pa
 
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.12"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.13"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
 #                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
 #                          1.8: + process_start_s, import_s, process_setup_s, model_build_s;
 #                          1.9: + ci_target_met, loss_curve, loss_curve_tokens;
 #                          1.10: + energy_j ... energy_source (energy), power_cost_per_kwh, pue, profile_power_limit_w;
-#                          1.11: + dynamic_batch; 1.12: + dp_replicate, tp, cp, dp_shard (the parallel layout)
+#                          1.11: + dynamic_batch; 1.12: + dp_replicate, tp, cp, dp_shard (the parallel layout);
+#                          1.13: + attention, fp8_attention, compile_mode, fp8_pow2_scales (the kernel options)
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -38,6 +39,10 @@ _OPTION_SINCE = {
     "reduce_dtype": "1.4",
     "grad_sync": "1.4",
     "dynamic_batch": "1.11",
+    "attention": "1.13",
+    "fp8_attention": "1.13",
+    "compile_mode": "1.13",
+    "fp8_pow2_scales": "1.13",
     "dp_replicate": "1.12",
     "tp": "1.12",
     "cp": "1.12",
@@ -295,6 +300,10 @@ class Row(TypedDict, total=False):
     reduce_dtype: str | None
     grad_sync: str | None
     dynamic_batch: bool | None
+    attention: str | None
+    fp8_attention: bool | None
+    compile_mode: str | None
+    fp8_pow2_scales: bool | None
     dp_replicate: int | None
     tp: int | None
     cp: int | None

@@ -1,6 +1,6 @@
 """The candidate space of `search: fastest` (sweep.search.fastest.search): which configurations one group may run. Pure.
 
-A configuration is the seven options TUNABLE names (a `Config`). Each option in `tune.vary` ranges over
+A configuration is the options TUNABLE names (a `Config`). Each option in `tune.vary` ranges over
 its grid axis when the grid lists several values for it, else over all of its values (ALL_VALUES); an
 option not in vary stays at the grid's first value, so the options that change numerics
 (NUMERICS_CHANGING) move only when vary names them. `fold_options` turns a configuration into the one the
@@ -17,14 +17,17 @@ import itertools
 import math
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_args
 
 from sweep.errors import UserError
 from sweep.record.schema import Row
 from sweep.search.max_batch import MaxBatchSearch
 from sweep.spec.expand import fold_options
 from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec
-from trainer.job import AC_MODES, COMPILE_MODES
+from trainer.job import AC_MODES, COMPILE_SCOPES
+from trainer.kernels import refused_everywhere
+from trainer.options import OPTION_DEFAULTS, option_types
+from trainer.recipes import RECIPES
 
 # re-exported: the ac levels' memory order, for the search's stages; an attempt's row, as the search reads it
 __all__ = ["AC_MEMORY", "Row"]
@@ -42,6 +45,11 @@ class Config(NamedTuple):
     reduce_dtype: str
     grad_sync: str
     fp8_lm_head: bool
+    # the kernel options (issue 34), at their default unless named: a configuration written before them is the same
+    attention: str = OPTION_DEFAULTS["attention"]
+    compile_mode: str = OPTION_DEFAULTS["compile_mode"]
+    fp8_attention: bool = OPTION_DEFAULTS["fp8_attention"]
+    fp8_pow2_scales: bool = OPTION_DEFAULTS["fp8_pow2_scales"]
 
 
 assert Config._fields == TUNABLE  # one list of tunables: the grid's
@@ -49,14 +57,18 @@ assert Config._fields == TUNABLE  # one list of tunables: the grid's
 # Every value of an option in vary whose grid axis lists one value (the batch: 1 up to what fits, probed).
 ALL_VALUES = {
     "ac": AC_MODES,
-    "compile": COMPILE_MODES,
+    "compile": COMPILE_SCOPES,
     "grad_accum": (1, 2, 4, 8),
     "reduce_dtype": ("fp32", "bf16"),
     "grad_sync": ("micro_batch", "step"),
     "fp8_lm_head": (False, True),
+    "attention": get_args(option_types()["attention"]),
+    "compile_mode": get_args(option_types()["compile_mode"]),
+    "fp8_attention": (False, True),
+    "fp8_pow2_scales": (False, True),
 }
 FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.search.max_batch.MaxBatchSearch)
-_FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head")  # the training options among TUNABLE
+_FOLDED = TUNABLE[3:]  # the training options among TUNABLE (after batch_size, ac and compile)
 SHORT = (2, 3)  # a search's short probe: warm-up 2 (a compile), measure 3: enough to rank candidates
 LONGER = (3, 9)  # its rung: three times the measured steps to separate the close ones
 # (both in micro-batches for a candidate that accumulates: probe_steps)
@@ -73,8 +85,10 @@ def probe_steps(steps: tuple[int, int], grad_accum: int) -> tuple[int, int]:
 
 
 # What, besides batch, ac and accumulation, sets a micro-batch's footprint (grad_sync: step keeps gradients
-# unsharded). Accumulation is ordered by `at_least_as_heavy`.
-MEMORY_CLASS = ("compile", "reduce_dtype", "grad_sync", "fp8_lm_head")
+# unsharded; attention kernels keep their own workspaces and saved statistics, FP8 attention saves FP8, an
+# autotuned compile may pick kernels with other workspaces; power-of-2 scales change no tensor's size).
+# Accumulation is ordered by `at_least_as_heavy`.
+MEMORY_CLASS = ("compile", "reduce_dtype", "grad_sync", "fp8_lm_head", "attention", "compile_mode", "fp8_attention")
 
 
 def heavy_class(c: Config) -> tuple[Any, ...]:
@@ -154,7 +168,10 @@ class Space:
             return axis[:1]
         if len(axis) > 1:  # listed by the grid: each value named, so none is avoided
             return axis
-        avoided = self.avoid.get(name, set()) - {axis[0]}
+        # and values no accelerator runs with this recipe and model (a search would only record them unsupported)
+        t = self.template
+        refused = refused_everywhere(t.options(), name, ALL_VALUES[name], recipe=RECIPES[t.precision], model=t.model)
+        avoided = (self.avoid.get(name, set()) | refused) - {axis[0]}
         return list(dict.fromkeys([axis[0], *(v for v in ALL_VALUES[name] if v not in avoided)]))
 
     def _samples_per_step(self) -> int:
@@ -203,7 +220,7 @@ class Space:
         """The configuration the trial really runs (options that do nothing here back at their default)."""
         t = self.template
         options = {**t.as_dict(), **{k: getattr(c, k) for k in _FOLDED}}
-        folded = fold_options(options, model=t.model, precision=t.precision, gpus=t.gpus)
+        folded = fold_options(options, model=t.model, precision=t.precision, gpus=t.gpus, compile=c.compile)
         return c._replace(**{k: folded[k] for k in _FOLDED})
 
     def baseline(self, ac: str, batch: int) -> Config:
@@ -232,10 +249,10 @@ class Space:
         out: dict[Config, None] = {}
         for ac, ac_batches in batches.items():
             for batch in ac_batches:
-                for combo in itertools.product(
-                    v["compile"], self.accums(batch), v["reduce_dtype"], v["grad_sync"], v["fp8_lm_head"]
+                for compile, accum, *rest in itertools.product(
+                    v["compile"], self.accums(batch), *(v[n] for n in _FOLDED[1:])
                 ):
-                    out.setdefault(self.fold(Config(batch, ac, *combo)), None)
+                    out.setdefault(self.fold(Config(batch, ac, compile, accum, *rest)), None)
         return list(out)
 
     def coords(self, c: Config) -> dict[str, Any]:
@@ -246,7 +263,7 @@ class Space:
             "compile": c.compile,
             "reduce_dtype": c.reduce_dtype,
             "grad_sync": c.grad_sync,
-            "fp8_lm_head": c.fp8_lm_head,
+            **{n: getattr(c, n) for n in _FOLDED[1:]},  # reduce_dtype, grad_sync, fp8_lm_head, attention, ...
         }
         return out if self.samples else {**out, "grad_accum": c.grad_accum}
 
