@@ -88,9 +88,9 @@ class Axes:
     batch_size: Annotated[list[int] | None, typer.Option("--batch-size", "-b", help="Per-GPU batch (repeatable).")] = (
         _axis("batch_sizes")
     )
-    compile: Annotated[list[Compile] | None, typer.Option("--compile", help="Compile mode (repeatable).")] = _axis(
-        "compile"
-    )
+    compile: Annotated[
+        list[Compile] | None, typer.Option("--compile", help="What torch.compile compiles (repeatable).")
+    ] = _axis("compile")
     seq_len: Annotated[list[int] | None, typer.Option("--seq-len", help="Sequence length (repeatable).")] = _axis(
         "seq_len"
     )

@@ -23,7 +23,7 @@ SCHEMA_VERSION = "1.13"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + gr
 #                          1.9: + ci_target_met, loss_curve, loss_curve_tokens;
 #                          1.10: + energy_j ... energy_source (energy), power_cost_per_kwh, pue, profile_power_limit_w;
 #                          1.11: + dynamic_batch; 1.12: + dp_replicate, tp, cp, dp_shard (the parallel layout);
-#                          1.13: + attention, fp8_attention, compile_mode, fp8_pow2_scales (the kernel options)
+#                          1.13: + attention, fp8_attention, compile_mode, fp8_pow2_scales, attention_kernel
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -243,6 +243,12 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
         "the profiled steps' Chrome/Perfetto trace (gzipped JSON, rank 0), relative to the "
         "results directory; null unless profiled (schema 1.7)",
     ),
+    (
+        "attention_kernel",
+        pa.string(),
+        "attention kernels the profiled steps ran, by their names: flash, cudnn, efficient, math (+ joins "
+        "several); null unless profiled or none is named (compiled math; schema 1.13)",
+    ),
     # software and hardware
     ("torch_version", pa.string(), "torch version the ranks ran"),
     ("ray_version", pa.string(), "Ray version"),
@@ -358,6 +364,7 @@ class Row(TypedDict, total=False):
     profile_optimizer_pct: float | None
     profile_other_pct: float | None
     trace_file: str | None
+    attention_kernel: str | None
     torch_version: str | None
     ray_version: str | None
     te_version: str | None
