@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 from conftest import tiny_grid
@@ -102,6 +103,15 @@ def test_plan_shows_the_options_and_why_a_kernel_cannot_run_here(cli, write_grid
     # CPU ranks: the flash trial runs, cuDNN and memory-efficient attention are GPU kernels
     assert re.search(r"attention=flash.*\byes\b", out), out
     assert "attention: cudnn needs a GPU" in out and "attention: efficient needs a GPU" in out
+
+
+def test_plan_on_a_gpu_profile_refuses_the_efficient_kernel_for_grouped_query_attention(cli, write_grid):
+    h200 = Path(__file__).resolve().parents[1] / "benchmarks" / "profiles" / "h200x2.yaml"
+    grid = write_grid(tiny_grid(models=["llama-tiny", "gpt-tiny"], compile="regional", attention="efficient"))
+    result = cli("plan", grid, "--cluster", h200, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "attention: efficient with grouped-query attention (llama-tiny: n_kv_heads 2 < n_heads 4)" in result.stdout
+    assert re.search(r"gpt-tiny .*\byes\b", result.stdout) and re.search(r"llama-tiny .*no \(1\)", result.stdout)
 
 
 # -- the refusals, pure (the GPU's can only be asked of the rules here) -----------------------------------
