@@ -249,10 +249,10 @@ class Space:
         out: dict[Config, None] = {}
         for ac, ac_batches in batches.items():
             for batch in ac_batches:
-                for compile, accum, *rest in itertools.product(
+                for scope, accum, *rest in itertools.product(
                     v["compile"], self.accums(batch), *(v[n] for n in _FOLDED[1:])
                 ):
-                    out.setdefault(self.fold(Config(batch, ac, compile, accum, *rest)), None)
+                    out.setdefault(self.fold(Config(batch, ac, scope, accum, *rest)), None)
         return list(out)
 
     def coords(self, c: Config) -> dict[str, Any]:
