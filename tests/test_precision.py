@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from clusters.catalog import load_catalog
 from trainer.models import ModelSpec, build_model
+from trainer.options import TrainingOptions
 from trainer.precision import precision_plan
 from trainer.precision.torchao_fp8 import fp8_module_filter
 from trainer.recipes import RECIPES, unsupported_reason
@@ -139,7 +140,9 @@ def test_fp8_lm_head_converts_the_head_too():
     from torchao.float8.float8_linear import Float8Linear
 
     model = build_model(FP8_SPEC)
-    precision_plan("fp8-torchao-tensorwise", device_type="cpu", fp8_lm_head=True).convert(model)
+    precision_plan("fp8-torchao-tensorwise", device_type="cpu", options=TrainingOptions(fp8_lm_head=True)).convert(
+        model
+    )
     assert isinstance(model.output, Float8Linear)
     assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 7 * FP8_SPEC.n_layers + 1
 

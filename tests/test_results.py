@@ -285,6 +285,9 @@ HEADER_KEYS = {
     "reduce": "reduce_dtype",
     "grad sync": "grad_sync",
     "dyn batch": "dynamic_batch",
+    "fp8 attn": "fp8_attention",
+    "compile mode": "compile_mode",
+    "pow2 scales": "fp8_pow2_scales",
     "replicas": "dp_replicate",
 }
 PARSE = {
@@ -298,6 +301,8 @@ PARSE = {
     "cp": int,
     "fp8_lm_head": lambda text: text == "True",
     "dynamic_batch": lambda text: text == "True",
+    "fp8_attention": lambda text: text == "True",
+    "fp8_pow2_scales": lambda text: text == "True",
 }
 
 

@@ -56,6 +56,13 @@ def test_row_typeddict_is_the_schema_column_for_column():
         _row(trial_id="t3", status="unsupported", error="needs TE", node_ids=None),
         _row(trial_id="t4", grad_accum=8, grad_clip=0.0, fp8_lm_head=True, reduce_dtype="bf16", grad_sync="step"),
         _row(
+            trial_id="t9",
+            attention="cudnn",
+            fp8_attention=True,
+            compile_mode="max-autotune-no-cudagraphs",
+            fp8_pow2_scales=True,
+        ),
+        _row(
             trial_id="t5",
             profile_gemm_pct=50.0,
             profile_attention_pct=10.0,

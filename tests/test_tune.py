@@ -30,7 +30,7 @@ from sweep.search.fastest.search import LONGER, SHORT, probe_steps
 from sweep.search.fastest.space import Config, Space, at_least_as_heavy
 from sweep.search.fastest.verdict import PROFILE_KEYS
 from sweep.spec.expand import expand
-from sweep.spec.grid import DEFAULT_TIMEOUT_S, NUMERICS_CHANGING, TUNABLE, parse_grid
+from sweep.spec.grid import DEFAULT_TIMEOUT_S, KERNEL_OPTIONS, NUMERICS_CHANGING, TUNABLE, parse_grid
 from trainer.flops import spec_flops_per_token
 from trainer.result import RankResult
 
@@ -38,7 +38,8 @@ GIB = 1024**3
 ACTIVATIONS = {"none": 1.0, "selective": 0.5, "full": 0.2}  # GiB per sample kept for the backward pass
 AC_SPEED = {"none": 1.0, "selective": 0.9, "full": 0.75}  # recomputation costs time
 COMPILE_SPEED = {"none": 0.8, "regional": 1.0, "full": 1.05}
-ALL_OPTIONS = list(TUNABLE)
+# the options the simulated Machine models (the kernel options, which it does not: tests/test_kernel_options.py)
+ALL_OPTIONS = [o for o in TUNABLE if o not in KERNEL_OPTIONS]
 VERDICT_KEYS = {
     "kind",
     "search_id",
@@ -713,7 +714,7 @@ def test_a_batch_that_thrashes_ends_the_fit_and_a_thrashing_candidate_is_tried_s
     (v,) = verdicts_json(p)
     best = next(t for t in r.asked if t.trial_id == v["best_trial_id"])
     every = [
-        replace(best, **dict(zip(Config._fields, values, strict=True)))
+        replace(best, **dict(zip([f for f in Config._fields if f not in KERNEL_OPTIONS], values, strict=True)))
         for values in itertools.product(
             range(1, 41),
             ("none", "selective", "full"),
@@ -912,7 +913,7 @@ def test_the_best_is_the_fastest_full_measurement_and_the_baseline_is_measured_i
         "other_pct": 10.0,
         "trace_file": trace_file(r, profiled),
     }
-    assert v["numerics_allowed"] == list(NUMERICS_CHANGING) and v["allowed"] == ALL_OPTIONS
+    assert v["numerics_allowed"] == [o for o in NUMERICS_CHANGING if o in ALL_OPTIONS] and v["allowed"] == ALL_OPTIONS
 
 
 def test_the_search_finds_the_simulated_optimum_within_its_default_budget():

@@ -22,7 +22,8 @@ from sweep.search.fastest.cost import compile_times, final_s, one_trial_s, probe
 from sweep.search.fastest.plan import TunePlan
 from sweep.search.fastest.space import SHORT
 from sweep.spec.expand import expand
-from sweep.spec.grid import DEFAULT_TIMEOUT_S, TUNABLE, parse_grid
+from sweep.spec.grid import DEFAULT_TIMEOUT_S, KERNEL_OPTIONS, TUNABLE, parse_grid
+from trainer.options import OPTION_DEFAULTS
 
 HISTORY = Path(__file__).resolve().parent.parent / "benchmarks" / "history"
 GIB = 1024**3
@@ -51,6 +52,7 @@ def _rows(name: str) -> dict[tuple, dict]:
                 r["reduce_dtype"],
                 r["grad_sync"],
                 r["fp8_lm_head"].lower() == "true",
+                *(OPTION_DEFAULTS[k] for k in KERNEL_OPTIONS),  # these searches predate the kernel options
                 r.get("loss") or "full",  # rows before schema 1.13 ran the full loss
             )
             number = lambda k, r=r: float(r[k]) if r[k] else None  # noqa: E731

@@ -8,10 +8,10 @@ from typing import Literal, get_args
 from trainer.options import TrainingOptions
 from trainer.stopping import StepsSpec
 
-# The compile modes and activation-checkpointing modes the trainer implements (trainer.parallelize), declared once:
+# The compile scopes and activation-checkpointing modes the trainer implements (trainer.parallelize), declared once:
 # the grid's axes, the tune's values and the CLI's choices are these.
-CompileMode = Literal["none", "regional", "full"]
-COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
+CompileScope = Literal["none", "regional", "full"]
+COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 AcMode = Literal["none", "selective", "full"]
 AC_MODES: tuple[str, ...] = get_args(AcMode)
 
@@ -22,7 +22,7 @@ class TrialConfig:
 
     model_spec_json: str
     precision: str
-    compile: CompileMode
+    compile: CompileScope
     ac: AcMode
     batch_size: int
     seq_len: int

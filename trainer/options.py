@@ -49,6 +49,22 @@ class TrainingOptions:
     """Compiled trials trace the batch dimension as a symbol (`torch._dynamo.maybe_mark_dynamic`) and a process keeps
     its compiled code for its next trial when that differs only in batch size: a warm group compiles each graph once.
     false: every batch size is a static shape, compiled afresh in every trial (before schema 1.11 every row ran so)."""
+    # The kernel options (schema 1.13): which kernels a trial's attention and compiled code run (issue 34).
+    attention: Literal["auto", "flash", "cudnn", "efficient"] = _option(
+        "auto", "attention kernel: auto (torch's or TE's own choice) | flash | cudnn | efficient"
+    )
+    """SDPA's backend (`torch.nn.attention.sdpa_kernel` inside each attention module's traced forward), or for TE
+    layers TE's (flash: its flash-attention, cudnn: its fused cuDNN attention); auto: the library picks, as before."""
+    fp8_attention: bool = _option(False, "TE FP8 recipes: dot-product attention in FP8 too (TE's fp8_dpa)")
+    """TE FP8 recipes run the attention's matmuls and softmax in FP8 (the recipe's `fp8_dpa`): a numerics change."""
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = _option(
+        "default", "compiled trials: torch.compile mode: default | max-autotune-no-cudagraphs (GEMM autotuning)"
+    )
+    """torch.compile's mode for every compiled graph: max-autotune-no-cudagraphs benchmarks inductor's GEMM templates
+    against the library kernels at compile time (a longer compile, counted in compile_time_s)."""
+    fp8_pow2_scales: bool = _option(False, "torchao tensorwise FP8: scales rounded to powers of 2")
+    """torchao float8 scales rounded down to a power of 2 (`round_scales_to_power_of_2`): exact scaling multiplies,
+    a numerics change. torchao's rowwise recipes always round so; this turns it on for tensorwise."""
     # The parallel layout (schema 1.12): the trial's ranks as a (dp_replicate, dp_shard, tp) mesh, dp_shard being
     # what remains (ranks / (dp_replicate x tp x cp)); trainer.parallelize applies it.
     dp_replicate: Annotated[int, Field(gt=0)] = _option(
@@ -113,3 +129,6 @@ def _adapter(name: str) -> TypeAdapter:
 def _first_error(e: ValidationError) -> str:
     err = e.errors()[0]
     return str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+
+
+DEFAULT_OPTIONS = TrainingOptions()  # every option at its default (a default argument's value)

@@ -1,6 +1,7 @@
 """The one place where a model is turned into what trains: precision → TP → AC → compile → FSDP2 / HSDP.
 
-The order is fixed and matters (torchtitan's `parallelize_llama` does the same):
+First the trial's attention kernel is set (`trainer.models.attention`: in the modules, before anything traces
+them). The order is fixed and matters (torchtitan's `parallelize_llama` does the same):
   1. precision conversion first, so that everything after sees the final (e.g. float8) modules: TP would shard
      them (torchao's float8 TP styles; not built, `sweep.spec.layout` refuses torchao with tp > 1), compile traces
      them and FSDP shards them;
@@ -18,7 +19,8 @@ The order is fixed and matters (torchtitan's `parallelize_llama` does the same):
      every multi-rank trial has. On one rank FSDP2 has nothing to shard and would only add copies; the plain
      model trains under bf16 autocast instead (`PrecisionPlan.training_context`), as single-GPU scripts do.
 `full` compile wraps the whole sharded model instead (slow to compile on large models: a
-GPT-1.5B with torchao rowwise did not finish compiling in 230 s on an H200).
+GPT-1.5B with torchao rowwise did not finish compiling in 230 s on an H200). Either compiles with the trial's
+`compile_mode` (`compile_kwargs`).
 
 With `dynamic_batch` every compiled graph's first input has a symbolic batch dimension (`mark_batch_dynamic`),
 so a later trial at another batch size runs the same compiled code (`trainer.release.release` keeps it).
@@ -59,12 +61,19 @@ def mark_batch_dynamic(*tensors: torch.Tensor) -> None:
         torch._dynamo.maybe_mark_dynamic(tensor, 0)
 
 
-def _compile_block(block: nn.Module, dynamic_batch: bool) -> None:
+def compile_kwargs(mode: str) -> dict[str, Any]:
+    """torch.compile's keyword arguments for the trial's `compile_mode`: none for default (torch.compile() as every
+    trial before the option ran), else `mode` (max-autotune-no-cudagraphs: inductor's max_autotune and
+    coordinate_descent_tuning, no CUDA graphs; torch._inductor.list_mode_options)."""
+    return {} if mode == "default" else {"mode": mode}
+
+
+def _compile_block(block: nn.Module, dynamic_batch: bool, kwargs: dict[str, Any]) -> None:
     """Compile `block` in place (`nn.Module.compile`). With `dynamic_batch` its input activations, made in eager
     code between blocks (no mark survives an op), are marked at each call, outside the compiled frame, where
     dynamo reads marks (a forward pre-hook runs inside it: on one rank, where no FSDP2 hook breaks the graph,
     a disabled hook would add a graph break to every block)."""
-    block.compile()
+    block.compile(**kwargs)
     if not dynamic_batch:
         return
     compiled: Any = block._compiled_call_impl  # what nn.Module.__call__ runs once compiled
@@ -88,38 +97,47 @@ def parallelize(
     model: nn.Module,
     *,
     plan: PrecisionPlan,
-    compile_mode: str,
+    compile_scope: str,
     ac: str,
     mesh: DeviceMesh,
     reduce_dtype: str = "fp32",
     dynamic_batch: bool = False,
+    compile_mode: str = "default",
+    attention: str = "auto",
 ) -> nn.Module:
     """Apply the transforms in order and return the model to train. `mesh`: the trial's ranks, 1-D (FSDP over all
-    of them) or the named (dp_replicate, dp_shard, tp) mesh of `trainer.tensor_parallel.layout_mesh`."""
+    of them) or the named (dp_replicate, dp_shard, tp) mesh of `trainer.tensor_parallel.layout_mesh`.
+    `compile_scope`: the grid's `compile` (none, regional, full); `compile_mode`: torch.compile's mode."""
     from torch.distributed.fsdp import fully_shard
 
+    from trainer.models.attention import apply_te_attention, set_attention
     from trainer.tensor_parallel import apply_tp, dp_mesh
 
+    if plan.model_backend == "te":  # 0. the attention kernel: TE's switches, or each SDPA module's backend
+        apply_te_attention(attention)
+    else:
+        set_attention(model, attention)
     plan.convert(model)  # 1. precision
     named = mesh.mesh_dim_names is not None
     if named and mesh["tp"].size() > 1:  # 2. tensor parallel
         apply_tp(model, mesh["tp"])
     if ac != "none":  # 3. activation checkpointing
         _checkpoint_blocks(model, ac)
-    if compile_mode == "regional":  # 4. compile
+    kwargs = compile_kwargs(compile_mode)
+    if compile_scope == "regional":  # 4. compile
         for block in _blocks(model):
-            _compile_block(block, dynamic_batch)
+            _compile_block(block, dynamic_batch, kwargs)
     if mesh.size() == 1:  # 5. nothing to shard
-        return cast(nn.Module, torch.compile(model)) if compile_mode == "full" else model
+        return cast(nn.Module, torch.compile(model, **kwargs)) if compile_scope == "full" else model
     mesh = dp_mesh(mesh) if named else mesh
     mp_policy = plan.mp_policy(reduce_dtype)
     blocks = _blocks(model)
     for i, block in enumerate(blocks):  # 5. FSDP2 (HSDP over a 2-D mesh)
         # The last block is not resharded after forward: backward needs it first (saves one all-gather).
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(blocks) - 1)
-        if compile_mode != "none" and dynamic_batch:  # `full` too: dynamo compiles each sharded block's forward apart
+        if compile_scope != "none" and dynamic_batch:  # `full` too: dynamo compiles each sharded block's forward apart
             block.register_forward_pre_hook(_mark_after_fsdp)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
-    if compile_mode == "full":
-        model = cast(nn.Module, torch.compile(model))
+    if compile_scope == "full":
+        model = cast(nn.Module, torch.compile(model, **kwargs))
     return model

@@ -14,8 +14,10 @@ time spent in five kinds of work:
     other         the rest: elementwise and normalisation kernels, copies, and idle time (launch
                   overhead, waits), so that the five add up to the step
 
-The arithmetic (`classify`, `shares`, `summarize`) is pure, over interval records and the trace's JSON,
-and is tested without the profiler; the profiler glue is `profile_steps` at the end.
+It also names the attention kernels the profiled steps ran (`attention_kernels`: flash, cudnn, efficient or
+math, as the trial's `attention` option names them), from the kernels' and operators' names: the measured steps ran
+the same code. The arithmetic (`classify`, `shares`, `summarize`, `attention_kernels`) is pure, over interval
+records and the trace's JSON, and is tested without the profiler; the profiler glue is `profile_steps` at the end.
 """
 
 from __future__ import annotations
@@ -199,6 +201,36 @@ def summarize(trace: dict) -> dict[str, float]:
     return shares(classify(spans, name_kind, labels.get(OPTIMIZER, [])), window)
 
 
+# An attention kernel's family by its name, first match: a device kernel (cuDNN's SDPA kernels say flash too,
+# cudnn_generated_fort_native_sdpa_sm90_flash_fprop_...; the memory-efficient ones are fmha_cutlassF/B_...; torch's
+# and flash-attn's are flash_fwd/bwd_...) or an operator (aten::_scaled_dot_product_cudnn_attention,
+# _efficient_attention, _flash_attention[_for_cpu], _attention_math; the composite scaled_dot_product_attention
+# says none). Compiled math attention is matmuls and a softmax: no name says so, and it is not named.
+ATTENTION_FAMILIES = (
+    ("cudnn", ("cudnn",)),
+    ("efficient", ("fmha_cutlass", "efficient_attention")),
+    ("flash", ("flash",)),
+    ("math", ("attention_math",)),
+)
+
+
+def attention_family(name: str) -> str | None:
+    """The attention kernel family (ATTENTION_FAMILIES) a kernel or operator name says, or None."""
+    low = name.lower()
+    return next((family for family, marks in ATTENTION_FAMILIES if any(m in low for m in marks)), None)
+
+
+def attention_kernels(trace: dict) -> str | None:
+    """The attention kernel families the trace ran (device kernels and CPU operators of attention's kind), sorted
+    and joined by "+" if several (a cuDNN forward with a flash backward: "cudnn+flash"); None if none is named."""
+    families = set()
+    for e in trace["traceEvents"]:
+        kind = {"kernel": kernel_kind, "cpu_op": op_kind}.get(e.get("cat", "")) if e.get("ph") == "X" else None
+        if kind is not None and kind(e["name"]) == "attention" and (family := attention_family(e["name"])):
+            families.add(family)
+    return "+".join(sorted(families)) or None
+
+
 def _labelled(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
     """The CPU ranges of each of our record_function labels."""
     out: dict[str, list[tuple[float, float]]] = {}
@@ -212,7 +244,8 @@ def profile_steps(step: ProfiledStep, first: int, rank: ProfiledRank) -> dict[st
     """Run 1 + `recorded_steps` steps of `step` (a trainer.train.TrainStep) from step index `first` on every
     rank, the last `recorded_steps` under the profiler. Every rank records, so that each carries the profiler's
     overhead and none waits for rank 0 in the collectives more than it would unprofiled; rank 0 returns the
-    shares (`summarize`) and `trace_gz`, its gzipped Chrome trace; the other ranks None."""
+    shares (`summarize`), the attention kernels that ran (`attention_kernels`) and `trace_gz`, its gzipped Chrome
+    trace; the other ranks None."""
     import gzip
     import json
     import os
@@ -248,4 +281,9 @@ def profile_steps(step: ProfiledStep, first: int, rank: ProfiledRank) -> dict[st
         prof.export_chrome_trace(path)
         with open(path, "rb") as f:
             text = f.read()
-    return {**summarize(json.loads(text)), "trace_gz": gzip.compress(text, compresslevel=6)}
+    trace = json.loads(text)
+    return {
+        **summarize(trace),
+        "attention_kernel": attention_kernels(trace),
+        "trace_gz": gzip.compress(text, compresslevel=6),
+    }

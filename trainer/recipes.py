@@ -49,6 +49,10 @@ class Recipe:
     # FSDP2 all-gathers FP8 weights (half the bytes of bf16; torchtitan's default for tensorwise) when
     # sharded. On one rank there is nothing to gather and the extra casts cost ~0.1 s/step on GPT-1.5B.
     fp8_all_gather: bool = False
+    # torchao: the recipe rounds its scales down to powers of 2 itself (torchao 0.18 Float8LinearConfig.
+    # from_recipe_name sets round_scales_to_power_of_2 for rowwise and rowwise_with_gw_hp), so `fp8_pow2_scales`
+    # changes nothing there
+    pow2_scales: bool = False
     min_cuda_capability: float = 0.0
     amd: bool = True  # runs on MI300-class GPUs
     cpu: bool = True  # runs on CPU ranks (torchao FP8 only through emulation)
@@ -79,6 +83,7 @@ RECIPES: dict[str, Recipe] = {
             backend="torchao",
             min_cuda_capability=9.0,
             scaling="rowwise",
+            pow2_scales=True,
             summary="torchao float8, dynamic rowwise scaling (more accurate, slower casts)",
         ),
         Recipe(
@@ -87,6 +92,7 @@ RECIPES: dict[str, Recipe] = {
             backend="torchao",
             min_cuda_capability=9.0,
             scaling="rowwise_with_gw_hp",
+            pow2_scales=True,
             summary="torchao float8 rowwise, weight gradient in high precision",
         ),
         Recipe(

@@ -29,7 +29,7 @@ from trainer.loss import compiled_chunks
 from trainer.memory import memory_cap, peak_stats, reset_peak
 from trainer.models.specs import ModelSpec
 from trainer.options import TrainingOptions
-from trainer.parallelize import mark_batch_dynamic, parallelize
+from trainer.parallelize import compile_kwargs, mark_batch_dynamic, parallelize
 from trainer.precision import PrecisionPlan, precision_plan
 from trainer.profiling import BACKWARD, FORWARD, OPTIMIZER, profile_steps
 from trainer.release import release
@@ -135,7 +135,7 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
         config.precision,
         device_type=rank.device.type,
         sharded=rank.world_size > 1,
-        fp8_lm_head=config.options.fp8_lm_head,
+        options=config.options,
     )
     with memory_cap(config.memory_cap_bytes, rank.device):
         reset_peak(rank.device)
@@ -185,11 +185,13 @@ def build_model(spec: ModelSpec, plan: PrecisionPlan, config: TrialConfig, rank:
     model = parallelize(
         model,
         plan=plan,
-        compile_mode=config.compile,
+        compile_scope=config.compile,
         ac=config.ac,
         mesh=rank.layout_mesh(config.options),
         reduce_dtype=config.options.reduce_dtype,
         dynamic_batch=config.options.dynamic_batch,
+        compile_mode=config.options.compile_mode,
+        attention=config.options.attention,
     )
     whole = (
         whole_model(spec, plan, fp8_lm_head=config.options.fp8_lm_head)
@@ -235,7 +237,11 @@ class TrainStep:
         # (tokens x vocab) logits are never materialised in fp32 (torchtitan compiles its loss too).
         # With TP the logits are vocab-sharded DTensors and the loss runs eagerly under loss_parallel (a DTensor
         # dispatch override; compiling it is not tried here).
-        self.loss_fn = torch.compile(cross_entropy) if compiled and options.tp == 1 else cross_entropy
+        self.loss_fn = (
+            torch.compile(cross_entropy, **compile_kwargs(options.compile_mode))
+            if compiled and options.tp == 1
+            else cross_entropy
+        )
         self.loss_context = loss_context(options.tp)  # loss_parallel, for the loss and its backward alike
         self.chunked = options.loss == "chunked"  # the model's forward computes the loss (never tp > 1: fold_options)
         self.compiled = compiled

@@ -12,7 +12,7 @@ import typer
 from sweep import service
 from sweep.commands._common import dataclass_options, flag, user_errors
 from sweep.commands._outcome import execute, print_warnings
-from trainer.job import COMPILE_MODES
+from trainer.job import COMPILE_SCOPES
 
 if TYPE_CHECKING:
     from sweep.memory.predictor import Predictor
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 app = typer.Typer()
 
 
-# the CLI's choices for --compile: the trainer's modes (trainer.job.COMPILE_MODES), not a list of its own
-Compile = Enum("Compile", {mode: mode for mode in COMPILE_MODES}, type=str)  # type: ignore[misc]  # computed members
+# the CLI's choices for --compile: the trainer's scopes (trainer.job.COMPILE_SCOPES), not a list of its own
+Compile = Enum("Compile", {scope: scope for scope in COMPILE_SCOPES}, type=str)  # type: ignore[misc]  # computed members
 
 
 GridArg = Annotated[
@@ -88,9 +88,9 @@ class Axes:
     batch_size: Annotated[list[int] | None, typer.Option("--batch-size", "-b", help="Per-GPU batch (repeatable).")] = (
         _axis("batch_sizes")
     )
-    compile: Annotated[list[Compile] | None, typer.Option("--compile", help="Compile mode (repeatable).")] = _axis(
-        "compile"
-    )
+    compile: Annotated[
+        list[Compile] | None, typer.Option("--compile", help="What torch.compile compiles (repeatable).")
+    ] = _axis("compile")
     seq_len: Annotated[list[int] | None, typer.Option("--seq-len", help="Sequence length (repeatable).")] = _axis(
         "seq_len"
     )

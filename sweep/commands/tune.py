@@ -20,7 +20,7 @@ from sweep import service
 from sweep.commands._common import dataclass_options, flag, user_errors
 from sweep.commands._outcome import execute
 from sweep.commands.run import Axes, CapOpt, ClusterOpt, FreshOpt, OutputOpt, ProgressOpt, StartOpt
-from sweep.spec.grid import DEFAULT_VARY, TUNABLE, TuneSpec
+from sweep.spec.grid import DEFAULT_VARY, NUMERICS_CHANGING, TUNABLE, TuneSpec
 from sweep.spec.layout import LAYOUT_VARY
 
 app = typer.Typer()
@@ -50,7 +50,7 @@ def tune(
         list[Option] | None,
         typer.Option(
             help=f"An option the search may change (repeatable; default: {', '.join(DEFAULT_VARY)}). "
-            "reduce_dtype, grad_sync and fp8_lm_head change the numerics: they vary only when named; "
+            f"{', '.join(NUMERICS_CHANGING)} change the numerics: they vary only when named; "
             "tp and dp_replicate: one search per layout."
         ),
     ] = None,

@@ -48,6 +48,7 @@ def unsupported(trial: Trial, profile: ClusterProfile, calibration: Calibration 
     from sweep.memory.capacity import per_rank_memory, state_reason
     from sweep.memory.predictor import NO_ROWS, predicted_reason
     from sweep.spec.layout import layout_unsupported
+    from trainer.kernels import kernel_unsupported
 
     info = profile.accelerator_info
     memory = per_rank_memory(
@@ -65,6 +66,13 @@ def unsupported(trial: Trial, profile: ClusterProfile, calibration: Calibration 
             has_fp8=info.peak_tflops["fp8"] is not None,
         )
         or layout_unsupported(trial)
+        or kernel_unsupported(
+            trial.options(),
+            recipe=RECIPES[trial.precision],
+            model=trial.model,
+            vendor=info.vendor,
+            compute_capability=info.compute_capability,
+        )
         # HSDP replicas each hold the whole state: it is sharded over one replica's ranks, dp_shard x tp
         or state_reason(n_params=trial.model.n_params(), ranks=trial.dp_shard * trial.tp, memory=memory)
         # GPU ranks only: a CPU rank's peak is its resident set's high-water mark (trainer/memory.py), which

@@ -224,8 +224,9 @@ def loss_curve_columns(ranks: list[RankResult]) -> dict:
 
 
 def profile_columns(profile: dict[str, Any] | None) -> dict:
-    """The row's profile_* shares from rank 0's profile (`trainer.profiling.profile_steps`); the trace's bytes
-    are the driver's to write (`sweep.record.store.write_trace`)."""
+    """The row's profile_* shares and attention_kernel from rank 0's profile (`trainer.profiling.profile_steps`); the
+    trace's bytes are the driver's to write (`sweep.record.store.write_trace`)."""
     if not profile:
         return {}
-    return {f"profile_{key}": value for key, value in profile.items() if key.endswith("_pct")}
+    shares = {f"profile_{key}": value for key, value in profile.items() if key.endswith("_pct")}
+    return {**shares, "attention_kernel": profile.get("attention_kernel")}

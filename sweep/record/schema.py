@@ -9,20 +9,20 @@ that older readers tolerate.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
-from typing import TypedDict
 
 import pyarrow as pa
 
+from sweep.record.row import Row as Row  # re-exported: the rows' Python type, held to RESULT_SCHEMA by tests
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.12"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.13"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
 #                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
 #                          1.8: + process_start_s, import_s, process_setup_s, model_build_s;
 #                          1.9: + ci_target_met, loss_curve, loss_curve_tokens;
 #                          1.10: + energy_j ... energy_source (energy), power_cost_per_kwh, pue, profile_power_limit_w;
-#                          1.11: + dynamic_batch; 1.12: + dp_replicate, tp, cp, dp_shard (the parallel layout)
+#                          1.11: + dynamic_batch; 1.12: + dp_replicate, tp, cp, dp_shard (the parallel layout);
+#                          1.13: + attention, fp8_attention, compile_mode, fp8_pow2_scales, attention_kernel, loss
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -38,10 +38,14 @@ _OPTION_SINCE = {
     "reduce_dtype": "1.4",
     "grad_sync": "1.4",
     "dynamic_batch": "1.11",
+    "attention": "1.13",
+    "fp8_attention": "1.13",
+    "compile_mode": "1.13",
+    "fp8_pow2_scales": "1.13",
     "dp_replicate": "1.12",
     "tp": "1.12",
     "cp": "1.12",
-    "loss": "1.13",  # SCHEMA_VERSION must become 1.13 (issue 34: h34a bumps it with the other new options)
+    "loss": "1.13",
 }
 _ARROW_TYPES = {int: pa.int32(), float: pa.float64(), bool: pa.bool_(), str: pa.string()}
 
@@ -239,6 +243,12 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
         "the profiled steps' Chrome/Perfetto trace (gzipped JSON, rank 0), relative to the "
         "results directory; null unless profiled (schema 1.7)",
     ),
+    (
+        "attention_kernel",
+        pa.string(),
+        "attention kernels the profiled steps ran, by their names: flash, cudnn, efficient, math (+ joins "
+        "several); null unless profiled or none is named (compiled math; schema 1.13)",
+    ),
     # software and hardware
     ("torch_version", pa.string(), "torch version the ranks ran"),
     ("ray_version", pa.string(), "Ray version"),
@@ -257,110 +267,6 @@ RESULT_SCHEMA = pa.schema(
     metadata={VERSION_KEY: SCHEMA_VERSION.encode()},
 )
 COLUMNS = tuple(RESULT_SCHEMA.names)
-
-
-class Row(TypedDict, total=False):
-    """One result row as a dict, as `to_table` takes it and the store's readers give it: a key per column of
-    RESULT_SCHEMA, typed as its Arrow type reads in Python (every column is nullable, so each may be None; a
-    row may leave a column out, which writes it null). tests/test_schema.py holds it to the schema."""
-
-    run_id: str | None
-    trial_id: str | None
-    attempt: int | None
-    parent_trial_id: str | None
-    search_id: str | None
-    grid_name: str | None
-    cluster: str | None
-    accelerator: str | None
-    cost_per_gpu_hour: float | None
-    power_cost_per_kwh: float | None
-    pue: float | None
-    profile_power_limit_w: float | None
-    world_size: int | None
-    nodes: int | None
-    node_ids: list[str] | None
-    hosts: list[str] | None
-    hostname: str | None
-    model: str | None
-    model_spec: str | None
-    precision: str | None
-    compile: str | None
-    ac: str | None
-    batch_size: int | None
-    seq_len: int | None
-    warmup_steps: int | None
-    measure_steps: int | None
-    grad_accum: int | None
-    grad_clip: float | None
-    fp8_lm_head: bool | None
-    reduce_dtype: str | None
-    grad_sync: str | None
-    dynamic_batch: bool | None
-    dp_replicate: int | None
-    tp: int | None
-    cp: int | None
-    loss: str | None
-    dp_shard: int | None
-    memory_cap_gib: float | None
-    status: str | None
-    error: str | None
-    traceback: str | None
-    step_time_s: float | None
-    step_time_p10_s: float | None
-    step_time_p90_s: float | None
-    step_time_ci_pct: float | None
-    ci_target_met: bool | None
-    tokens_per_s_per_gpu: float | None
-    tflops_per_gpu: float | None
-    mfu: float | None
-    peak_tflops: float | None
-    flops_per_token: float | None
-    n_params: int | None
-    params_local: list[int] | None
-    peak_mem_gib: float | None
-    reserved_mem_gib: float | None
-    alloc_retries: int | None
-    loss_first: float | None
-    loss_last: float | None
-    loss_curve: list[float] | None
-    loss_curve_tokens: list[int] | None
-    init_time_s: float | None
-    compile_time_s: float | None
-    steps_time_s: float | None
-    energy_j: float | None
-    energy_sampled_j: float | None
-    avg_power_w: float | None
-    joules_per_token: float | None
-    tokens_per_kwh: float | None
-    tflops_per_watt: float | None
-    power_limit_w: float | None
-    sm_clock_mhz: float | None
-    sm_clock_max_mhz: float | None
-    gpu_temp_c: float | None
-    energy_source: str | None
-    trial_wall_s: float | None
-    actor_reused: bool | None
-    group_trial_index: int | None
-    process_start_s: float | None
-    import_s: float | None
-    process_setup_s: float | None
-    model_build_s: float | None
-    profile_gemm_pct: float | None
-    profile_attention_pct: float | None
-    profile_comm_exposed_pct: float | None
-    profile_optimizer_pct: float | None
-    profile_other_pct: float | None
-    trace_file: str | None
-    torch_version: str | None
-    ray_version: str | None
-    te_version: str | None
-    torchao_version: str | None
-    gpu_name: str | None
-    driver_version: str | None
-    cuda_version: str | None
-    git_sha: str | None
-    started_at: datetime | None
-    finished_at: datetime | None
 
 
 def to_table(rows: Sequence[Row]) -> pa.Table:

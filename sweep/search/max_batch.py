@@ -90,7 +90,7 @@ class MaxBatchSearch:
     the probe after it pays a fresh start: a probe at the edge is better taken last. It orders the probes, never
     decides the answer (a limit is always B ok and B + step oom, both probed)."""
     bounded: bool = True
-    """False: the tune fit's ordering from before the bound (sweep.search.fastest.space.LevelFit): at most
+    """False: the tune fit's ordering from before the bound (sweep.search.fastest.level_fit.LevelFit): at most
     FIT_PROBES probes there, so no bound to keep; a failed L is followed by L - step (on 2xH200 GPT torchao 67
     failed and 66 fitted, rows the tune replays reuse), and a wide bracket is crossed no faster than growth."""
     ok: dict[int, dict[str, float | None]] = field(default_factory=dict)

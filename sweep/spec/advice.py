@@ -25,10 +25,11 @@ _TORCHAO_EAGER = (
 
 
 def discouraged(precision: str, *, is_gpu: bool) -> dict[str, set[str]]:
-    """Option values the plan warns against for `precision` (option -> values): a fastest-configuration search
-    never probes them unless the grid names them itself (sweep.search.fastest.space.Space)."""
-    # on CPU ranks torchao only emulates FP8: no speed to mislead about
-    return {"compile": {"none"}} if is_gpu and RECIPES[precision].backend == "torchao" else {}
+    """Option values the plan warns against for `precision`, or that cannot run on these ranks (option -> values): a
+    fastest-configuration search never probes them unless the grid names them itself (sweep.search.fastest.space)."""
+    if not is_gpu:  # CPU ranks have SDPA's flash and math kernels only (trainer.kernels); torchao only emulates FP8
+        return {"attention": {"cudnn", "efficient"}}
+    return {"compile": {"none"}} if RECIPES[precision].backend == "torchao" else {}
 
 
 def plan_warnings(trials: Sequence[Trial], *, is_gpu: bool) -> list[str]:

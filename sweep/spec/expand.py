@@ -48,7 +48,21 @@ def fold_options(
         "grad_sync": sync,
         "dynamic_batch": dynamic,
         "loss": loss,
+        **fold_kernel_options(options, precision=precision, compile=compile),
     }
+
+
+def fold_kernel_options(options: Mapping[str, Any], *, precision: str, compile: str | None) -> dict[str, Any]:
+    """The kernel options (issue 34) back at their default where they can do nothing in this trial."""
+    recipe = RECIPES[precision]
+    # FP8 attention is TE's (its recipe's fp8_dpa): torchao converts Linear layers only, and bf16 has no FP8.
+    fp8_attention = options["fp8_attention"] and recipe.backend == "te" and recipe.family == "fp8"
+    # Only compiled code has a compile mode (a caller that does not say which compile keeps the option).
+    mode = options["compile_mode"] if compile != "none" else OPTION_DEFAULTS["compile_mode"]
+    # Power-of-2 scales are torchao float8's; its rowwise recipes round their scales so already (torchao 0.18
+    # Float8LinearConfig.from_recipe_name), so the option changes tensorwise only (`Recipe.pow2_scales`).
+    pow2 = options["fp8_pow2_scales"] and recipe.backend == "torchao" and not recipe.pow2_scales
+    return {"fp8_attention": fp8_attention, "compile_mode": mode, "fp8_pow2_scales": pow2}
 
 
 def expand(

@@ -16,6 +16,10 @@
     grad_sync: micro_batch            # with grad_accum > 1: reduce gradients every micro_batch | once per step
     dynamic_batch: true               # compiled trials: a new batch size reuses the graphs; false: compile each
     loss: full                        # full | chunked: the head fused into a chunked loss, never the B·T·V logits
+    attention: auto                   # attention kernel: auto | flash | cudnn | efficient (TE: auto | flash | cudnn)
+    fp8_attention: false              # TE FP8 recipes: attention in FP8 too (TE's fp8_dpa)
+    compile_mode: default             # compiled trials: default | max-autotune-no-cudagraphs (GEMM autotuning)
+    fp8_pow2_scales: false            # torchao tensorwise FP8: scales rounded to powers of 2
     on_oom: {policy: halve, min_batch: 1}
     search: max_batch                 # optional: max_batch (the largest / fastest batch per precision), or
                                       # fastest (the fastest configuration: see tune below)
@@ -57,7 +61,7 @@ from sweep.errors import UserError
 from sweep.spec.layout import LAYOUT_VARY
 from sweep.spec.trial import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S  # explicit re-exports: the grid's importers
 from sweep.spec.trial import Trial as Trial  # find a trial here too (sweep.spec.trial declares it)
-from trainer.job import AcMode, CompileMode
+from trainer.job import AcMode, CompileScope
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, option_types
 from trainer.recipes import RECIPES
@@ -119,8 +123,21 @@ class Steps(BaseModel):
 
 # What `search: fastest` may change, and of that what changes the numerics (not just the speed): those vary
 # only when `tune.vary` names them.
-TUNABLE = ("batch_size", "ac", "compile", "grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head", "loss")
-NUMERICS_CHANGING = ("reduce_dtype", "grad_sync", "fp8_lm_head")
+# The kernel options (issue 34) and the loss come last: a configuration (sweep.search.fastest.space.Config)
+# leaves them at their default unless given.
+KERNEL_OPTIONS = ("attention", "compile_mode", "fp8_attention", "fp8_pow2_scales")
+TUNABLE = (
+    "batch_size",
+    "ac",
+    "compile",
+    "grad_accum",
+    "reduce_dtype",
+    "grad_sync",
+    "fp8_lm_head",
+    *KERNEL_OPTIONS,
+    "loss",
+)
+NUMERICS_CHANGING = ("reduce_dtype", "grad_sync", "fp8_lm_head", "fp8_attention", "fp8_pow2_scales")
 DEFAULT_VARY, VARIABLE = (
     ("batch_size", "ac", "compile", "grad_accum"),
     TUNABLE + LAYOUT_VARY,
@@ -200,7 +217,7 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
         description="precision recipes (bf16, fp8-torchao-tensorwise, fp8-te-delayed, ...)",
     )
     batch_sizes: list[_Positive] = Field(min_length=1, description="per-GPU micro-batch, in samples")
-    compile: list[CompileMode] = Field(
+    compile: list[CompileScope] = Field(
         default=["regional"],
         min_length=1,
         description=("torch.compile: none, regional (each transformer block) or full (the whole model)"),
@@ -214,7 +231,8 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
         min_length=1,
         description=("activation checkpointing: none, selective (some blocks) or full (every block)"),
     )
-    # + one axis per training option (from _TrainingAxes): grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync
+    # + one axis per training option (from _TrainingAxes): grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync,
+    # dynamic_batch, attention, fp8_attention, compile_mode, fp8_pow2_scales, dp_replicate, tp, cp
     steps: Steps = Field(default=Steps(), description="warm-up and measured steps per trial (counts, or auto)")
     on_oom: OomPolicy = Field(default=OomPolicy(), description="what an out-of-memory attempt is retried at")
     search: Literal["max_batch", "fastest"] | None = Field(

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trainer.job import AcMode, CompileMode
+from trainer.job import AcMode, CompileScope
 from trainer.models.specs import ModelSpec
 from trainer.options import TrainingOptions
 from trainer.stopping import StepsSpec
@@ -26,7 +26,7 @@ class Trial(TrainingOptions):
     cluster: str
     model: ModelSpec
     precision: str
-    compile: CompileMode
+    compile: CompileScope
     ac: AcMode
     batch_size: int
     seq_len: int

@@ -12,12 +12,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.loss import chunked_cross_entropy
+from trainer.models.attention import SDPAttention
 from trainer.models.specs import ModelSpec
 
 INIT_STD = 0.02  # GPT-2 (Radford et al. 2019), nanoGPT model.py _init_weights
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(SDPAttention):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.head_dim = spec.head_dim
@@ -27,7 +28,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x_BTE: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x_BTE).split(x_BTE.size(-1), dim=-1)
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2) for t in (q, k, v))
-        o_BHTD = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with self.sdpa_context():  # the trial's attention kernel (trainer.models.attention)
+            o_BHTD = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out_proj(o_BHTD.transpose(1, 2).flatten(-2))
 
 

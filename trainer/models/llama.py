@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.loss import chunked_cross_entropy
+from trainer.models.attention import SDPAttention
 from trainer.models.specs import ModelSpec
 
 INIT_STD = 0.02
@@ -38,7 +39,7 @@ def apply_rope(x_BHTD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
 
-class Attention(nn.Module):
+class Attention(SDPAttention):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.kv_heads, spec.head_dim
@@ -52,7 +53,8 @@ class Attention(nn.Module):
         split = lambda t: t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)  # noqa: E731
         q, k, v = split(self.wq(x_BTE)), split(self.wk(x_BTE)), split(self.wv(x_BTE))
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        with self.sdpa_context():  # the trial's attention kernel (trainer.models.attention)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.wo(o.transpose(1, 2).flatten(-2))
 
 

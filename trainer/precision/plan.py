@@ -24,6 +24,8 @@ from trainer.recipes import Recipe
 if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
+    from trainer.options import TrainingOptions
+
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the grid's `reduce_dtype` values
 
 
@@ -74,5 +76,5 @@ class PrecisionPlan:
 class Stack(Protocol):
     """A precision stack: a module of `trainer.precision` with this one function."""
 
-    def plan(self, recipe: Recipe, *, device_type: str, sharded: bool, fp8_lm_head: bool) -> PrecisionPlan:
+    def plan(self, recipe: Recipe, *, device_type: str, sharded: bool, options: TrainingOptions) -> PrecisionPlan:
         """The plan for `recipe` (one of this stack's) on `device_type` ('cuda' or 'cpu')."""

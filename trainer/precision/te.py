@@ -4,8 +4,9 @@
   - `model_backend="te"`: the model is built from TE layers (`trainer.models.te.build_te_model`);
   - `forward_context`: `transformer_engine.pytorch.autocast(enabled=True, recipe=...)` around the forward
     (TE >= 2.8 name; `fp8_autocast(enabled=..., fp8_recipe=...)` before that, deprecated since), the TE
-    recipe object built from the recipe's `scaling` and `scaling_args`; `bf16-te` (no scaling) runs the
-    same TE layers with no FP8 at all: the fair baseline for TE FP8;
+    recipe object built from the recipe's `scaling` and `scaling_args` (and `fp8_dpa` with the trial's
+    `fp8_attention`: `te_recipe_args`); `bf16-te` (no scaling) runs the same TE layers with no FP8 at all: the
+    fair baseline for TE FP8;
   - `mp_policy()`: the torch recipes' own: FSDP2 gathers bf16 copies of the fp32 master weights,
     reduce-scatters gradients in the grid's `reduce_dtype` (fp32 by default) and does not cast forward
     inputs (the fp32 RoPE angles stay fp32).
@@ -20,7 +21,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
+from trainer.options import DEFAULT_OPTIONS, TrainingOptions
 from trainer.precision.plan import PrecisionPlan
 from trainer.recipes import TE_INSTALL_HINT, Recipe
 
@@ -36,15 +39,24 @@ def import_te(what: str = "this") -> ModuleType:
     return te_pytorch
 
 
-def te_recipe(recipe: Recipe, recipe_module: ModuleType) -> object | None:
+def te_recipe_args(recipe: Recipe, *, fp8_attention: bool = False) -> dict[str, Any]:
+    """The arguments of TE's recipe class for `recipe`, formats by name: its `scaling_args`, and with
+    `fp8_attention` `fp8_dpa=True` (TE 2.x recipes: dot-product attention in FP8, cast to it and back at its
+    boundaries, in TE's fused attention only). `fp8_mha` (the QKV projection hands attention FP8 directly) is
+    left off: with RoPE between them TE 2.10-2.20 keeps that projection's output in high precision anyway
+    (MultiheadAttention.forward), and it is the Beta feature's further step."""
+    return {**recipe.scaling_args, **({"fp8_dpa": True} if fp8_attention else {})}
+
+
+def te_recipe(recipe: Recipe, recipe_module: ModuleType, *, fp8_attention: bool = False) -> object | None:
     """TE's recipe object for `recipe` (None without FP8 scaling), from `transformer_engine.common.recipe`
-    (passed in, so that this is testable without TE): the class `recipe.scaling`, with `scaling_args` (an
+    (passed in, so that this is testable without TE): the class `recipe.scaling`, with `te_recipe_args` (an
     fp8_format named by its member of TE's Format)."""
     if recipe.scaling is None:
         return None
     args = {
         key: getattr(recipe_module.Format, value) if key == "fp8_format" else value
-        for key, value in recipe.scaling_args.items()
+        for key, value in te_recipe_args(recipe, fp8_attention=fp8_attention).items()
     }
     return getattr(recipe_module, recipe.scaling)(**args)
 
@@ -68,6 +80,7 @@ def te_plan(
     sharded: bool = True,
     te_pytorch: ModuleType | None = None,
     recipe_module: ModuleType | None = None,
+    fp8_attention: bool = False,
 ) -> PrecisionPlan:
     """The plan for a TE recipe. `te_pytorch` / `recipe_module` default to the installed TE (for tests)."""
     if recipe.backend != "te":
@@ -82,11 +95,13 @@ def te_plan(
         recipe=recipe,
         device_type=device_type,
         sharded=sharded,
-        forward_context=autocast_factory(te_pytorch, te_recipe(recipe, recipe_module)),
+        forward_context=autocast_factory(te_pytorch, te_recipe(recipe, recipe_module, fp8_attention=fp8_attention)),
     )
 
 
-def plan(recipe: Recipe, *, device_type: str, sharded: bool, fp8_lm_head: bool = False) -> PrecisionPlan:
+def plan(
+    recipe: Recipe, *, device_type: str, sharded: bool, options: TrainingOptions = DEFAULT_OPTIONS
+) -> PrecisionPlan:
     """`te_plan` with the installed TE. `fp8_lm_head` is the model's (`trainer.models.te` keeps the head out
-    of the FP8 region unless asked)."""
-    return te_plan(recipe, device_type=device_type, sharded=sharded)
+    of the FP8 region unless asked); the attention kernel is set by `trainer.parallelize`."""
+    return te_plan(recipe, device_type=device_type, sharded=sharded, fp8_attention=options.fp8_attention)

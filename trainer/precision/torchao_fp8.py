@@ -1,8 +1,9 @@
 """torchao's float8 training: Linear layers swapped for Float8Linear before compile and sharding.
 
 The recipe's `scaling` is torchao's recipe name (`Float8LinearConfig.from_recipe_name`), its
-`fp8_all_gather` whether FSDP2 gathers float8 weights. On MI300-class GPUs torchao picks the
-e4m3fnuz/e5m2fnuz formats itself (torchao.float8.config); on CPU ranks the casts are real and the matmul
+`fp8_all_gather` whether FSDP2 gathers float8 weights; the trial's `fp8_pow2_scales` rounds every scale down to a
+power of 2 (`round_scales_to_power_of_2`, as torchao's rowwise recipes do already). On MI300-class GPUs torchao
+picks the e4m3fnuz/e5m2fnuz formats itself (torchao.float8.config); on CPU ranks the casts are real and the matmul
 is emulated in high precision.
 """
 
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import torch.nn as nn
 
+from trainer.options import DEFAULT_OPTIONS, TrainingOptions
 from trainer.precision.plan import PrecisionPlan
 from trainer.recipes import Recipe
 
@@ -28,14 +31,26 @@ def fp8_module_filter(module: nn.Module, fqn: str, *, include_head: bool = False
     return module.in_features % FP8_DIM_MULTIPLE == 0 and module.out_features % FP8_DIM_MULTIPLE == 0
 
 
-def plan(recipe: Recipe, *, device_type: str, sharded: bool, fp8_lm_head: bool = False) -> PrecisionPlan:
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+def float8_config(recipe: Recipe, *, device_type: str, sharded: bool, options: TrainingOptions) -> Any:
+    """torchao's Float8LinearConfig for `recipe` and the trial's options."""
+    from torchao.float8 import Float8LinearConfig
 
-    config = dataclasses.replace(
-        Float8LinearConfig.from_recipe_name(recipe.scaling),
+    base = Float8LinearConfig.from_recipe_name(recipe.scaling)
+    return dataclasses.replace(
+        base,
         enable_fsdp_float8_all_gather=recipe.fp8_all_gather and sharded,
         emulate=device_type == "cpu",
+        round_scales_to_power_of_2=base.round_scales_to_power_of_2 or options.fp8_pow2_scales,
     )
+
+
+def plan(
+    recipe: Recipe, *, device_type: str, sharded: bool, options: TrainingOptions = DEFAULT_OPTIONS
+) -> PrecisionPlan:
+    from torchao.float8 import convert_to_float8_training
+
+    config = float8_config(recipe, device_type=device_type, sharded=sharded, options=options)
+    fp8_lm_head = options.fp8_lm_head
 
     def convert(model: nn.Module) -> None:
         convert_to_float8_training(

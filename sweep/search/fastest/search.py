@@ -6,7 +6,7 @@ a stage decides only once every probe it issued has answered, from results it so
 in which answers arrive (concurrent trials, or rows reused by --resume) does not change the search:
 
   fit      per ac level (the grid's first, then from most memory to least), the batches that fit with the
-           grid's other options (sweep.search.fastest.space.LevelFit: a MaxBatchSearch of short probes, under
+           grid's other options (sweep.search.fastest.level_fit.LevelFit: a MaxBatchSearch of short probes, under
            global_batch_tokens on the batches of valid splits). A level starts at the largest batch a
            heavier level fitted (it fits: less is kept) and stays under the smallest batch a lighter level
            ran out of memory at; it goes on from there only if some batch could make up its recomputation

@@ -5,7 +5,8 @@ its grid axis when the grid lists several values for it, else over all of its va
 option not in vary stays at the grid's first value, so the options that change numerics
 (NUMERICS_CHANGING) move only when vary names them. `fold_options` turns a configuration into the one the
 trial really runs: two that fold to the same are one candidate. The batch is not enumerated here: a
-LevelFit per `ac` level finds the batches that fit, and the search (sweep.search.fastest.search) passes them in.
+LevelFit per `ac` level (sweep.search.fastest.level_fit) finds the batches that fit, and the search
+(sweep.search.fastest.search) passes them in.
 
 Under `global_batch_tokens` G, batch and accumulation come in pairs (splits) with
 batch_size * grad_accum * ranks * seq_len == G, so grad_accum follows from the batch.
@@ -17,14 +18,16 @@ import itertools
 import math
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_args
 
 from sweep.errors import UserError
 from sweep.record.schema import Row
-from sweep.search.max_batch import MaxBatchSearch
 from sweep.spec.expand import fold_options
 from sweep.spec.grid import AC_MEMORY, TUNABLE, GridSpec, Trial, TuneSpec
-from trainer.job import AC_MODES, COMPILE_MODES
+from trainer.job import AC_MODES, COMPILE_SCOPES
+from trainer.kernels import refused_everywhere
+from trainer.options import OPTION_DEFAULTS, option_types
+from trainer.recipes import RECIPES
 
 # re-exported: the ac levels' memory order, for the search's stages; an attempt's row, as the search reads it
 __all__ = ["AC_MEMORY", "Row"]
@@ -42,6 +45,11 @@ class Config(NamedTuple):
     reduce_dtype: str
     grad_sync: str
     fp8_lm_head: bool
+    # the kernel options (issue 34), at their default unless named: a configuration written before them is the same
+    attention: str = OPTION_DEFAULTS["attention"]
+    compile_mode: str = OPTION_DEFAULTS["compile_mode"]
+    fp8_attention: bool = OPTION_DEFAULTS["fp8_attention"]
+    fp8_pow2_scales: bool = OPTION_DEFAULTS["fp8_pow2_scales"]
     loss: str = "full"  # not a numerics option: the chunked loss is the full one within rounding (trainer/loss.py)
 
 
@@ -50,15 +58,18 @@ assert Config._fields == TUNABLE  # one list of tunables: the grid's
 # Every value of an option in vary whose grid axis lists one value (the batch: 1 up to what fits, probed).
 ALL_VALUES = {
     "ac": AC_MODES,
-    "compile": COMPILE_MODES,
+    "compile": COMPILE_SCOPES,
     "grad_accum": (1, 2, 4, 8),
     "reduce_dtype": ("fp32", "bf16"),
     "grad_sync": ("micro_batch", "step"),
     "fp8_lm_head": (False, True),
+    "attention": get_args(option_types()["attention"]),
+    "compile_mode": get_args(option_types()["compile_mode"]),
+    "fp8_attention": (False, True),
+    "fp8_pow2_scales": (False, True),
     "loss": ("full", "chunked"),
 }
-FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.search.max_batch.MaxBatchSearch)
-_FOLDED = ("grad_accum", "reduce_dtype", "grad_sync", "fp8_lm_head", "loss")  # the training options among TUNABLE
+_FOLDED = TUNABLE[3:]  # the training options among TUNABLE (after batch_size, ac and compile)
 SHORT = (2, 3)  # a search's short probe: warm-up 2 (a compile), measure 3: enough to rank candidates
 LONGER = (3, 9)  # its rung: three times the measured steps to separate the close ones
 # (both in micro-batches for a candidate that accumulates: probe_steps)
@@ -75,10 +86,21 @@ def probe_steps(steps: tuple[int, int], grad_accum: int) -> tuple[int, int]:
 
 
 # What, besides batch, ac and accumulation, sets a micro-batch's footprint (grad_sync: step keeps gradients
-# unsharded). Accumulation is ordered by `at_least_as_heavy`.
+# unsharded; attention kernels keep their own workspaces and saved statistics, FP8 attention saves FP8, an
+# autotuned compile may pick kernels with other workspaces; power-of-2 scales change no tensor's size).
+# Accumulation is ordered by `at_least_as_heavy`.
 # The loss by equality alone: full holds 6·B·T·V, chunked a fixed V x E more (sweep.memory.model), so which needs
 # more depends on the batch (at Llama 3's dims and T 4096 chunked is heavier at batch 1, far lighter at 4).
-MEMORY_CLASS = ("compile", "reduce_dtype", "grad_sync", "fp8_lm_head", "loss")
+MEMORY_CLASS = (
+    "compile",
+    "reduce_dtype",
+    "grad_sync",
+    "fp8_lm_head",
+    "attention",
+    "compile_mode",
+    "fp8_attention",
+    "loss",
+)
 
 
 def heavy_class(c: Config) -> tuple[Any, ...]:
@@ -159,7 +181,10 @@ class Space:
             return axis[:1]
         if len(axis) > 1:  # listed by the grid: each value named, so none is avoided
             return axis
-        avoided = self.avoid.get(name, set()) - {axis[0]}
+        # and values no accelerator runs with this recipe and model (a search would only record them unsupported)
+        t = self.template
+        refused = refused_everywhere(t.options(), name, ALL_VALUES[name], recipe=RECIPES[t.precision], model=t.model)
+        avoided = (self.avoid.get(name, set()) | refused) - {axis[0]}
         return list(dict.fromkeys([axis[0], *(v for v in ALL_VALUES[name] if v not in avoided)]))
 
     def _samples_per_step(self) -> int:
@@ -208,7 +233,7 @@ class Space:
         """The configuration the trial really runs (options that do nothing here back at their default)."""
         t = self.template
         options = {**t.as_dict(), **{k: getattr(c, k) for k in _FOLDED}}
-        folded = fold_options(options, model=t.model, precision=t.precision, gpus=t.gpus)
+        folded = fold_options(options, model=t.model, precision=t.precision, gpus=t.gpus, compile=c.compile)
         return c._replace(**{k: folded[k] for k in _FOLDED})
 
     def baseline(self, ac: str, batch: int) -> Config:
@@ -237,10 +262,10 @@ class Space:
         out: dict[Config, None] = {}
         for ac, ac_batches in batches.items():
             for batch in ac_batches:
-                for combo in itertools.product(
-                    v["compile"], self.accums(batch), v["reduce_dtype"], v["grad_sync"], v["fp8_lm_head"], v["loss"]
+                for scope, accum, *rest in itertools.product(
+                    v["compile"], self.accums(batch), *(v[n] for n in _FOLDED[1:])
                 ):
-                    out.setdefault(self.fold(Config(batch, ac, *combo)), None)
+                    out.setdefault(self.fold(Config(batch, ac, scope, accum, *rest)), None)
         return list(out)
 
     def coords(self, c: Config) -> dict[str, Any]:
@@ -251,8 +276,7 @@ class Space:
             "compile": c.compile,
             "reduce_dtype": c.reduce_dtype,
             "grad_sync": c.grad_sync,
-            "fp8_lm_head": c.fp8_lm_head,
-            "loss": c.loss,
+            **{n: getattr(c, n) for n in _FOLDED[1:]},  # reduce_dtype, grad_sync, fp8_lm_head, attention, ...
         }
         return out if self.samples else {**out, "grad_accum": c.grad_accum}
 
@@ -288,101 +312,3 @@ class Space:
             auto_max=auto_max,
             timeout_s=limit,
         )
-
-
-class LevelFit:
-    """The batches that fit at one ac level (the grid's other options): a MaxBatchSearch whose probes
-    are snapped to the allowed batches (None: any), and stay under `ceiling` (a known OOM's batch)."""
-
-    def __init__(
-        self,
-        ac: str,
-        *,
-        start: int,
-        allowed: list[int] | None,
-        ceiling: int | None,
-        capacity_bytes: float | None,
-        need: float | None = None,
-        predicted: int | None = None,
-    ):
-        """`predicted`: the memory model's largest batch for this level's config (sweep.memory.predictor), its first
-        probe in place of `start` (kept under `ceiling`); None or 0: from `start`."""
-        self.ac, self.allowed, self.ceiling, self.need = ac, allowed, ceiling, need
-        start = start if ceiling is None else min(start, ceiling - 1)
-        if predicted and ceiling is not None:
-            predicted = min(predicted, ceiling - 1)
-        self.search = MaxBatchSearch(
-            start=max(1, start),
-            capacity_bytes=capacity_bytes,
-            bounded=False,
-            predicted=predicted if predicted and predicted >= 1 else None,
-        )
-        self.tflops: dict[int, float] = {}
-        self.thrashed: set[int] = set()  # batches that fit only by the allocator freeing its cache (retries)
-
-    def next_batch(self) -> int | None:
-        if len(self.search.probes) >= FIT_PROBES or self._hopeless():
-            return None
-        batch = self.search.next_probe()
-        if batch is None or self.allowed is None:
-            return batch
-        lo, hi = self.search.largest_ok or 0, self.search.smallest_failed or math.inf
-        inside = [b for b in self.allowed if lo < b < hi]
-        below = [b for b in inside if b <= batch]
-        return below[-1] if below else (inside[0] if inside else None)
-
-    def _hopeless(self) -> bool:
-        """Whether the first probe ran slower than `need`: the speed at which a larger batch could still
-        beat the fastest level (more checkpointing recomputes: slower at the same batch)."""
-        first = self.tflops.get(self.search.probes[0]) if self.search.probes else None
-        return self.need is not None and first is not None and first < self.need
-
-    def batch_gain(self) -> float | None:
-        """How much faster than its largest fitting batch any batch could run here (None: unknown). A step
-        takes t0 + batch * t1 (a fixed part: optimizer, launches, exposed communication), so 1/speed is a
-        line in 1/batch through the two largest fitting batches, and no batch beats 1/t1."""
-        points = sorted((b, tf) for b, tf in self.tflops.items() if b not in self.thrashed)[-2:]
-        if len(points) < 2 or not all(s for _, s in points):
-            return None
-        (b1, s1), (b2, s2) = points
-        t0 = (1 / s1 - 1 / s2) / (1 / b1 - 1 / b2)
-        t1 = 1 / s2 - t0 / b2
-        return 0.0 if t0 <= 0 else (1 / t1 / s2 - 1 if t1 > 0 else None)
-
-    def record(self, batch: int, status: str, row: Row) -> None:
-        peak = row.get("peak_mem_gib")
-        thrashed = thrashes(status, row)
-        # For the search, memory ends where the allocator starts retrying: a larger batch would only thrash
-        # more, so the fit looks for the largest batch without retries, not the largest that squeezes in.
-        self.search.record(
-            batch,
-            "oom" if thrashed else status,
-            tokens_per_s=row.get("tokens_per_s_per_gpu"),
-            peak_mem_bytes=peak * 1024**3 if peak is not None else None,
-        )
-        if status == "ok":
-            self.tflops[batch] = row.get("tflops_per_gpu") or 0.0
-        if thrashed:
-            self.thrashed.add(batch)
-        if self.ceiling is not None:  # after the first probe: before it, the search would not start at `start`
-            self.search.failed.setdefault(self.ceiling, "oom")
-
-    def fastest(self) -> int | None:
-        """The fastest batch without allocator retries (else the fastest with them); a tie: the larger."""
-        clean = {b: tf for b, tf in self.tflops.items() if b not in self.thrashed} or self.tflops
-        return max(sorted(clean, reverse=True), key=lambda b: clean[b], default=None)
-
-    def choices(self) -> list[int]:
-        """The batches this level's candidates run: the largest that fits without allocator retries (else
-        the smallest that fitted with them) and the fastest (allowed batches: the two largest that fit, a smaller
-        micro-batch being the other split of G). A batch that fits only by the allocator freeing its cache
-        runs slowly and erratically (on 2xH200 Llama3-8B torchao batch 5: 430 TFLOP/s/GPU, 6 retries, batch 4:
-        817), and any option that adds memory there only thrashes more."""
-        top = self.search.largest_ok  # without retries (record); else the least bad that fitted with them
-        top = top if top is not None else min(self.thrashed, default=None)
-        if top is None:
-            return []
-        if self.allowed is not None:
-            return [b for b in self.allowed if b <= top][-2:][::-1]
-        fastest = self.fastest()  # some batch ran ok: top is one
-        return list(dict.fromkeys([top] if fastest is None else [top, fastest]))

@@ -10,7 +10,8 @@ from typing import Protocol
 
 from sweep.search.fastest.candidates import Candidates
 from sweep.search.fastest.ledger import Prober, Row, Rung
-from sweep.search.fastest.space import AC_MEMORY, Config, LevelFit, Space, at_least_as_heavy
+from sweep.search.fastest.level_fit import LevelFit
+from sweep.search.fastest.space import AC_MEMORY, Config, Space, at_least_as_heavy
 from sweep.search.fastest.verdict import best_final
 from sweep.spec.grid import Trial
 

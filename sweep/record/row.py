@@ -1,0 +1,115 @@
+"""One result row as Python sees it: a TypedDict with a key per column of sweep.record.schema.RESULT_SCHEMA."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TypedDict
+
+
+class Row(TypedDict, total=False):
+    """One result row as a dict, as `to_table` takes it and the store's readers give it: a key per column of
+    RESULT_SCHEMA, typed as its Arrow type reads in Python (every column is nullable, so each may be None; a
+    row may leave a column out, which writes it null). tests/test_schema.py holds it to the schema."""
+
+    run_id: str | None
+    trial_id: str | None
+    attempt: int | None
+    parent_trial_id: str | None
+    search_id: str | None
+    grid_name: str | None
+    cluster: str | None
+    accelerator: str | None
+    cost_per_gpu_hour: float | None
+    power_cost_per_kwh: float | None
+    pue: float | None
+    profile_power_limit_w: float | None
+    world_size: int | None
+    nodes: int | None
+    node_ids: list[str] | None
+    hosts: list[str] | None
+    hostname: str | None
+    model: str | None
+    model_spec: str | None
+    precision: str | None
+    compile: str | None
+    ac: str | None
+    batch_size: int | None
+    seq_len: int | None
+    warmup_steps: int | None
+    measure_steps: int | None
+    grad_accum: int | None
+    grad_clip: float | None
+    fp8_lm_head: bool | None
+    reduce_dtype: str | None
+    grad_sync: str | None
+    dynamic_batch: bool | None
+    attention: str | None
+    fp8_attention: bool | None
+    compile_mode: str | None
+    fp8_pow2_scales: bool | None
+    dp_replicate: int | None
+    tp: int | None
+    cp: int | None
+    loss: str | None
+    dp_shard: int | None
+    memory_cap_gib: float | None
+    status: str | None
+    error: str | None
+    traceback: str | None
+    step_time_s: float | None
+    step_time_p10_s: float | None
+    step_time_p90_s: float | None
+    step_time_ci_pct: float | None
+    ci_target_met: bool | None
+    tokens_per_s_per_gpu: float | None
+    tflops_per_gpu: float | None
+    mfu: float | None
+    peak_tflops: float | None
+    flops_per_token: float | None
+    n_params: int | None
+    params_local: list[int] | None
+    peak_mem_gib: float | None
+    reserved_mem_gib: float | None
+    alloc_retries: int | None
+    loss_first: float | None
+    loss_last: float | None
+    loss_curve: list[float] | None
+    loss_curve_tokens: list[int] | None
+    init_time_s: float | None
+    compile_time_s: float | None
+    steps_time_s: float | None
+    energy_j: float | None
+    energy_sampled_j: float | None
+    avg_power_w: float | None
+    joules_per_token: float | None
+    tokens_per_kwh: float | None
+    tflops_per_watt: float | None
+    power_limit_w: float | None
+    sm_clock_mhz: float | None
+    sm_clock_max_mhz: float | None
+    gpu_temp_c: float | None
+    energy_source: str | None
+    trial_wall_s: float | None
+    actor_reused: bool | None
+    group_trial_index: int | None
+    process_start_s: float | None
+    import_s: float | None
+    process_setup_s: float | None
+    model_build_s: float | None
+    profile_gemm_pct: float | None
+    profile_attention_pct: float | None
+    profile_comm_exposed_pct: float | None
+    profile_optimizer_pct: float | None
+    profile_other_pct: float | None
+    trace_file: str | None
+    attention_kernel: str | None
+    torch_version: str | None
+    ray_version: str | None
+    te_version: str | None
+    torchao_version: str | None
+    gpu_name: str | None
+    driver_version: str | None
+    cuda_version: str | None
+    git_sha: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
