@@ -87,7 +87,7 @@ def test_plan_predicts_that_a_chunked_loss_fits_where_the_full_one_does_not(cli,
     assert "no (1)" in full_line and "loss=chunked" in chunked_line and "yes" in chunked_line
     assert "(1) unsupported: predicted OOM" in result.stdout
     (full_max, chunked_max) = [line for line in result.stdout.splitlines() if line.startswith("predicted max batch")]
-    assert "loss" not in full_max and ", loss chunked): " in chunked_max  # the two lines say which is which
+    assert "loss" not in full_max and ", loss=chunked): " in chunked_max  # the two lines say which is which
     from sweep.memory.model import Shape, breakdown
 
     saved = breakdown(Shape.of(full)).peak - breakdown(Shape.of(chunked)).peak

@@ -180,10 +180,10 @@ class Predictor:
             basis = f"calibrated on {rows} row{'s' * (rows != 1)}" if rows else "uncalibrated"
             best = self.max_batch(replace(t, predict_memory=True))  # --no-predict still shows what is predicted
             layout = f" as {layout_text(t)}" if layout_text(t) else ""  # e.g. "8 ranks as tp 2"
-            loss = f", loss {t.loss}" if t.loss != "full" else ""  # a chunked loss fits larger batches
+            options = f", {t.options_text()}" if t.options_text() else ""  # e.g. a chunked loss fits larger batches
             lines.append(
                 f"predicted max batch: {t.model.label} {t.precision} (compile {t.compile}, ac {t.ac}, seq "
-                f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}{layout}{loss}): {best}, {basis}"
+                f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}{layout}{options}): {best}, {basis}"
             )
         return lines
 
