@@ -67,3 +67,35 @@ def test_show_reads_the_curves_of_the_printed_rows_only(folder, tmp_path):
     res = _invoke("show", tree, "--limit", "5")  # the first rows by config are b200's
     assert res.exit_code == 0, res.output
     assert "5 of 960 rows" in res.stdout
+
+
+def test_a_file_without_its_arrow_schema_reads_by_its_parquet_columns(folder, tmp_path):
+    """The columns of a file come from the Arrow schema pyarrow keeps in its footer; a file another writer wrote
+    (DuckDB here: no Arrow schema) is read by its Parquet schema: a column it lacks reads as null, as it does in a
+    file with an Arrow schema."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    from sweep.record.schema import VERSION_KEY
+
+    outputs = []
+    for writer in ("pyarrow", "duckdb"):
+        tree = tmp_path / writer
+        shutil.copytree(folder, tree)
+        path = tree / "cluster=h200" / "run=h200-run1" / "part-0.parquet"
+        version = pq.read_metadata(path).metadata[VERSION_KEY].decode()
+        rows = pq.read_table(path).drop_columns(["tflops_per_gpu"])  # an older writer's file, without the column
+        if writer == "pyarrow":
+            pq.write_table(rows, path)
+        else:
+            path.unlink()
+            duckdb.sql(
+                f"COPY (SELECT * FROM rows) TO '{path}' (FORMAT parquet, KV_METADATA {{'{VERSION_KEY.decode()}': "
+                f"'{version}'}})"
+            )
+        assert (b"ARROW:schema" in pq.read_metadata(path).metadata) is (writer == "pyarrow")
+        res = _invoke("export", tree, "-f", "csv")
+        assert res.exit_code == 0, res.output
+        outputs.append(res.stdout)
+    assert outputs[0] == outputs[1]
+    assert outputs[0] != _invoke("export", folder, "-f", "csv").stdout  # the h200 run's speeds are gone
