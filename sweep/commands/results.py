@@ -154,12 +154,11 @@ def export(
     shown = None if fmt is ExportFormat.csv else aggregate.EXPORT_INPUTS
     table = energy.drop_empty(aggregate.config_table(attempts, shown))
     if fmt is ExportFormat.md:
+        footer = provenance.markdown_later(attempts, recount.formula(flops.value))  # read while the table is made
         rows = table.to_pylist()
         note = " · ".join(p for p in (recount.caption(flops.value), intervals.ci_note(rows)) if p)
         cols = energy_view.with_energy(render.EXPORT_COLS, energy_view.EXPORT_COLS, before="peak_mem_gib")
-        text = (
-            render.markdown(rows, cols, note=note) + "\n" + provenance.markdown(attempts, recount.formula(flops.value))
-        )
+        text = render.markdown(rows, cols, note=note) + "\n" + footer()
     else:
         text = render.csv_table(table)
     if out is None:
