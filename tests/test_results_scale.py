@@ -99,3 +99,21 @@ def test_a_file_without_its_arrow_schema_reads_by_its_parquet_columns(folder, tm
         outputs.append(res.stdout)
     assert outputs[0] == outputs[1]
     assert outputs[0] != _invoke("export", folder, "-f", "csv").stdout  # the h200 run's speeds are gone
+
+
+@pytest.mark.parametrize(
+    "caps, folded",
+    [((80.0, 80.0, 80.0), "memory_cap_gib 80"), ((80.0, None, 80.0), None), ((80.0, 120.0, 80.0), None)],
+    ids=["one-cap", "some-uncapped", "two-caps"],
+)
+def test_show_folds_a_key_into_the_caption_only_when_every_selected_row_has_it(tmp_path_factory, caps, folded):
+    """`show --limit 1` prints one row, and its caption speaks of every selected row: a memory cap that one unprinted
+    row lacks, or sets otherwise, stays a column, as it did when the caption read the distinct configs."""
+    from conftest import result_row, rows_folder
+
+    rows = [result_row(trial_id=f"t{i}", batch_size=2**i, memory_cap_gib=cap) for i, cap in enumerate(caps)]
+    res = _invoke("show", rows_folder(tmp_path_factory, "caps", rows), "--limit", "1")
+    assert res.exit_code == 0, res.output
+    assert ("cap (GiB)" not in res.stdout) is (folded is not None), res.stdout
+    if folded:
+        assert folded in res.stdout
