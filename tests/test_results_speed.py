@@ -1,6 +1,6 @@
 """What makes `sweep results` fast on a million rows, held to what it was before: the footers are checked once, by
 DuckDB, with the pyarrow check's answer; a folder that is not clean still gets the pyarrow check's message; `plot`
-lays its figure out once, not once per panel."""
+lays its figure out once, not once per panel, and draws it once."""
 
 from __future__ import annotations
 
@@ -45,16 +45,21 @@ def test_a_folder_with_a_foreign_file_gets_the_pyarrow_check(folder, tmp_path):
     assert footers.checked(scan.connect(), tree, skip_bad=True) == check_files(tree, skip_bad=True)
 
 
-def test_plot_lays_the_figure_out_once_for_all_panels(folder, tmp_path, monkeypatch):
+def test_plot_lays_the_figure_out_once_and_draws_it_once(folder, tmp_path, monkeypatch):
+    """One constrained layout serves every panel's tick thinning and the saved image (then fixed: no layout engine
+    left), and saving draws the figure once: no draw to measure, none to lay out again."""
     from matplotlib.figure import Figure
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
 
-    layouts = []
-    draw = Figure.draw_without_rendering
-    monkeypatch.setattr(Figure, "draw_without_rendering", lambda fig: layouts.append(fig) or draw(fig))
+    layouts, draws = [], []
+    execute, draw = ConstrainedLayoutEngine.execute, Figure.draw
+    monkeypatch.setattr(ConstrainedLayoutEngine, "execute", lambda self, fig: layouts.append(fig) or execute(self, fig))
+    monkeypatch.setattr(Figure, "draw", lambda fig, renderer: draws.append(fig) or draw(fig, renderer))
     res = invoke("results", "plot", folder, "--out", tmp_path / "fig.png")
     assert res.exit_code == 0, res.output
     panels = [ax for ax in layouts[0].axes if ax.get_visible()]
     assert len(panels) == 6 and len(layouts) == 1  # three models, a speed and a max-batch panel each
+    assert draws == layouts and layouts[0].get_layout_engine() is None
 
 
 def test_a_results_command_imports_neither_the_grid_nor_the_catalog(sweep_env):

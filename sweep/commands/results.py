@@ -55,7 +55,7 @@ def show(
         *aggregate.LOSS_CURVES,
     ]
     table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value, row_id=True)
-    rows, tokens, total = aggregate.show_rows(table, limit)  # tokens, total: over every selected row
+    rows, tokens, total, configs = aggregate.show_rows(table, limit)  # tokens, total, configs: every selected row
     rows = [{**r, "loss_at": loss_at.row_at(r, tokens)} for r in rows]
     more = "" if total <= len(rows) else f"{total - len(rows)} more rows not printed: --limit 0 for all, or --where"
     losses_at = loss_at.note(set() if tokens is None else {tokens}, "every ok row")
@@ -65,7 +65,7 @@ def show(
         cols,
         f"{directory}: {len(rows)} of {total} rows",
         note=" · ".join(p for p in notes if p),
-        selected=aggregate.distinct_configs(table),
+        selected=configs,
     )
 
 
@@ -153,15 +153,14 @@ def export(
     # md prints EXPORT_COLS (no DuckDB work for the rest); csv every column
     shown = None if fmt is ExportFormat.csv else aggregate.EXPORT_INPUTS
     table = energy.drop_empty(aggregate.config_table(attempts, shown))
-    rows = table.to_pylist()
     if fmt is ExportFormat.md:
+        footer = provenance.markdown_later(attempts, recount.formula(flops.value))  # read while the table is made
+        rows = table.to_pylist()
         note = " · ".join(p for p in (recount.caption(flops.value), intervals.ci_note(rows)) if p)
         cols = energy_view.with_energy(render.EXPORT_COLS, energy_view.EXPORT_COLS, before="peak_mem_gib")
-        text = (
-            render.markdown(rows, cols, note=note) + "\n" + provenance.markdown(attempts, recount.formula(flops.value))
-        )
+        text = render.markdown(rows, cols, note=note) + "\n" + footer()
     else:
-        text = render.csv_text(rows, table.column_names)
+        text = render.csv_table(table)
     if out is None:
         sys.stdout.write(text)
         return
@@ -170,7 +169,7 @@ def export(
         out.write_text(text)
     except OSError as e:
         raise UserError(f"--out {out}: {e.strerror or e}") from None
-    typer.echo(f"wrote {out} ({len(rows)} configs)", err=True)
+    typer.echo(f"wrote {out} ({table.num_rows} configs)", err=True)
 
 
 @app.command()

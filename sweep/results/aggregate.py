@@ -135,14 +135,10 @@ def config_table(rows: Relation, columns: Sequence[str] | None = None) -> pa.Tab
     return run_sql(sql, rows=rows)
 
 
-def distinct_configs(rows: Relation) -> list[dict]:
-    """The distinct CONFIG_KEYS of ``rows``: what a caption may say of all of them, without a dict per row."""
-    return run_sql(f"SELECT DISTINCT {', '.join(CONFIG_KEYS)} FROM rows", rows=rows).to_pylist()
-
-
-def show_rows(rows: Relation, limit: int) -> tuple[list[dict], int | None, int]:
+def show_rows(rows: Relation, limit: int) -> tuple[list[dict], int | None, int, list[dict]]:
     """`results show`'s first ``limit`` rows (0: all) by config and start time, with their loss curves; the
-    largest token count every ok row's curve reached (``curves.count_and_tokens``) and the number of rows."""
+    largest token count every ok row's curve reached (``curves.count_and_tokens``), the number of rows, and
+    stand-ins for the configs of every row for the caption (``curves.key_spans``)."""
     from sweep.results import curves
 
     order = ", ".join((*CONFIG_KEYS, "started_at", "filename", "file_row_number"))
@@ -152,8 +148,9 @@ def show_rows(rows: Relation, limit: int) -> tuple[list[dict], int | None, int]:
         rows=rows,
     ).to_pylist()
     printed = curves.row_curves(rows, printed)
-    total, tokens = curves.count_and_tokens(rows)  # after the rows are read: a damaged file left out is not counted
-    return printed, tokens, total
+    # after the rows are read: a damaged file left out is not counted
+    total, tokens, configs = curves.count_and_tokens(rows, CONFIG_KEYS)
+    return printed, tokens, total, configs
 
 
 def load_rows(

@@ -2,8 +2,8 @@
 
 ``store.check_files`` parses each footer with pyarrow, and DuckDB then parses each again when a statement first
 reads the file: at a year of sweeps (500 files of 91 columns) that is two passes over 15 MB of footers. Read here
-with DuckDB's own ``parquet_kv_metadata`` and ``parquet_schema`` (with ``parquet_metadata_cache`` on), each footer
-is parsed once, and the statements that follow find it cached.
+with DuckDB's own ``parquet_kv_metadata`` (with ``parquet_metadata_cache`` on), each footer is parsed once, and the
+statements that follow find it cached; the columns come from the Arrow schema in the footer's key-value metadata.
 
 Only a folder whose every file is a readable sweep result of a readable version passes here. Anything else
 (a file DuckDB cannot open, a foreign or newer file, no file at all) goes to ``store.check_files`` unchanged, so
@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 from sweep.record.schema import VERSION_KEY
 from sweep.record.store import _version_problem, check_files, result_files
 
+_ARROW_SCHEMA = b"ARROW:schema"  # the key under which pyarrow stores a file's Arrow schema (base64 IPC)
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -29,20 +31,10 @@ def checked(con: duckdb.DuckDBPyConnection, root: Path, skip_bad: bool = False) 
     files = result_files(root)
     if not files:
         return check_files(root, skip_bad)
-    listed = "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
     try:
-        versions = dict(
-            con.sql(
-                f"SELECT file_name, value FROM parquet_kv_metadata({listed}) WHERE key = $key",
-                params={"key": VERSION_KEY},
-            ).fetchall()
-        )
-        schema = con.sql(
-            f"SELECT file_name, name, num_children FROM parquet_schema({listed}) ORDER BY file_name, column_id"
-        ).fetchall()
+        versions, names = _versions_and_columns(con, files)
     except duckdb.Error:  # some file is no Parquet DuckDB can read: check_files names it
         return check_files(root, skip_bad)
-    names = _top_level(schema)
     found = {}
     for f in files:
         version = versions.get(str(f))
@@ -51,6 +43,49 @@ def checked(con: duckdb.DuckDBPyConnection, root: Path, skip_bad: bool = False) 
             return check_files(root, skip_bad)
         found[f] = names[str(f)]
     return found
+
+
+def _versions_and_columns(
+    con: duckdb.DuckDBPyConnection, files: list[Path]
+) -> tuple[dict[str, bytes], dict[str, frozenset[str]]]:
+    """file -> its schema version, and file -> its top-level columns.
+
+    The columns come from the Arrow schema pyarrow stores in the footer (``ARROW:schema``), read with the version in
+    one pass and grouped by value: a folder of 500 files holds a handful of distinct schemas, each decoded once. The
+    Parquet schema (``parquet_schema``, one row per column per file: 0.2 s more of 500 footers) is read only for a
+    file without one, or whose Arrow schema does not decode.
+    """
+    import base64
+
+    import pyarrow as pa
+
+    listed = _listed(files)
+    versions: dict[str, bytes] = {}
+    names: dict[str, frozenset[str]] = {}
+    for key, value, held in con.sql(
+        f"""SELECT key, value, list(file_name) FROM parquet_kv_metadata({listed})
+            WHERE key IN ($version, $arrow) GROUP BY key, value""",
+        params={"version": VERSION_KEY, "arrow": _ARROW_SCHEMA},
+    ).fetchall():
+        if bytes(key) == VERSION_KEY:
+            versions.update(dict.fromkeys(held, bytes(value)))
+            continue
+        try:
+            columns = frozenset(pa.ipc.read_schema(pa.py_buffer(base64.b64decode(bytes(value)))).names)
+        except (ValueError, pa.ArrowException):
+            continue  # read from the Parquet schema below
+        names.update(dict.fromkeys(held, columns))
+    rest = [f for f in files if str(f) not in names]
+    if rest:
+        schema = con.sql(
+            f"SELECT file_name, name, num_children FROM parquet_schema({_listed(rest)}) ORDER BY file_name, column_id"
+        ).fetchall()
+        names.update(_top_level(schema))
+    return versions, names
+
+
+def _listed(files: list[Path]) -> str:
+    return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
 
 
 def _top_level(schema: list[tuple[str, str, int | None]]) -> dict[str, frozenset[str]]:

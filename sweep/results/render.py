@@ -24,6 +24,7 @@ from sweep.results.table_out import (  # noqa: F401
     CONFIG_HEADERS,
     DASH,
     Col,
+    csv_table,
     csv_text,
     markdown,
     rich_table,

