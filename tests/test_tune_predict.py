@@ -126,3 +126,11 @@ def test_a_tune_whose_every_probe_is_predicted_not_to_fit_runs_nothing(tmp_path,
     rows = [r for r in store.read_table(out).to_pylist() if r["run_id"] != "r0"]
     assert rows and all(r["status"] == "unsupported" and r["error"].startswith("predicted OOM:") for r in rows)
     assert {r["ac"] for r in rows} == {"none", "selective", "full"}  # each level fitted on: none stopped the search
+
+
+def test_a_predicted_limit_that_thrashes_is_followed_by_the_batch_below_not_batch_1():
+    """The prediction fits only with allocator retries (memory's edge): the fit's next probe is one batch lower, the
+    largest clean one, not batch 1 as after a real OOM (one H200, bf16: 15 thrashed, the fit went to 1 and 3)."""
+    machine = Machine(thrash_gib=34.0)  # 4 GiB + 1 a sample: 31 and up fit only with retries
+    asked = run(_plan(machine, lambda t: 31, vary=["batch_size"], budget=6), machine).asked
+    assert [t.batch_size for t in asked[:2]] == [31, 30]

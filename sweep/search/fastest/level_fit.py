@@ -44,13 +44,23 @@ class LevelFit:
     def next_batch(self) -> int | None:
         if len(self.search.probes) >= FIT_PROBES or self._hopeless():
             return None
-        batch = self.search.next_probe()
+        batch = self._below_a_thrashing_prediction() or self.search.next_probe()
         if batch is None or self.allowed is None:
             return batch
         lo, hi = self.search.largest_ok or 0, self.search.smallest_failed or math.inf
         inside = [b for b in self.allowed if lo < b < hi]
         below = [b for b in inside if b <= batch]
         return below[-1] if below else (inside[0] if inside else None)
+
+    def _below_a_thrashing_prediction(self) -> int | None:
+        """The batch under the memory model's limit when that first probe fitted only by the allocator retrying: it
+        sits at memory's edge, so the largest batch without retries is most likely the one below, where a failed
+        first probe sends the search to batch 1 (on one H200, bf16 Llama3-8B dims, 8 layers: 15 predicted, fitted
+        with 4 retries; the fit then spent its probes on 1 and 3, and the tune's best was batch 3)."""
+        probes = self.search.probes
+        if len(probes) != 1 or probes[0] != self.search.predicted or probes[0] not in self.thrashed or probes[0] < 2:
+            return None
+        return probes[0] - 1
 
     def _hopeless(self) -> bool:
         """Whether the first probe ran slower than `need`: the speed at which a larger batch could still
