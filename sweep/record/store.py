@@ -18,15 +18,16 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from sweep.errors import UserError, one_line
 from sweep.record.schema import RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, Row, to_table
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -118,6 +119,8 @@ def _version_problem(meta: dict) -> str | None:
 
 
 def _read_dataset(files: list[Path]) -> ds.Dataset:
+    import pyarrow.dataset as ds  # here: `sweep results` reads through DuckDB and need not import it (~50 ms)
+
     return ds.dataset([str(f) for f in files], schema=RESULT_SCHEMA, format="parquet")
 
 
@@ -175,6 +178,9 @@ def open_dataset(output: Path, skip_bad: bool = False) -> ds.Dataset:
     A file that is no readable sweep result (truncated, foreign, a newer major schema) is a UserError
     naming it; with ``skip_bad`` it is left out with a warning on stderr naming it, and the rest is read.
     """
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
     good = list(check_files(output, skip_bad))
     bad: dict[Path, str] = {}
     table = _read_all(good, bad)  # may find a file with damaged pages
@@ -218,6 +224,8 @@ def read_columns(output: Path, columns: tuple[str, ...], *, cluster: str) -> lis
     files = [f for f in result_files(Path(output) / f"cluster={_safe(cluster)}") if _footer(f)[0] is None]
     if not files:
         return []
+    import pyarrow.compute as pc
+
     try:
         table = _read_dataset(files).to_table(columns=list(columns), filter=pc.field("cluster") == cluster)
         return cast(list[Row], table.to_pylist())  # rows of RESULT_SCHEMA's columns
