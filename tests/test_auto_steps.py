@@ -73,6 +73,14 @@ def test_auto_steps_stop_together_and_rows_carry_the_counts_and_ci(ray_session, 
         )
         assert "set steps.measure to a count" in line
     assert_loss_curve(row)
+    assert_step_times(row)
+
+
+def assert_step_times(row: dict) -> None:
+    """Every step's time, warm-up first: as many as both phases ran, the measured ones those steps_time_s sums."""
+    times = row["step_times_s"]
+    assert len(times) == row["warmup_steps"] + row["measure_steps"] and all(t > 0 for t in times)
+    assert sum(times[row["warmup_steps"] :]) == pytest.approx(row["steps_time_s"])
 
 
 def _uneven_rank(jobs: list, queue) -> None:
@@ -121,6 +129,7 @@ def test_fixed_steps_run_exactly(ray_session, tmp_path):
     assert row["step_time_ci_pct"] is None  # 3 steps make no 95 % interval of the median
     assert row["ci_target_met"] is None and warnings == []  # a fixed count sets no target to miss
     assert_loss_curve(row)
+    assert_step_times(row)
 
 
 def test_auto_is_not_the_default():

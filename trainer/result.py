@@ -26,6 +26,8 @@ class RankResult:
 
     step_times: list[float] = field(default_factory=list)
     """The measured steps' times in seconds, warm-up left out."""
+    warmup_times: list[float] = field(default_factory=list)
+    """The warm-up steps' times in seconds (the first one's includes compiling)."""
     warmup_steps: int | None = None
     """Warm-up steps run: the grid's count, or as many as `auto` took."""
     losses: list[float] = field(default_factory=list)

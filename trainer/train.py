@@ -81,6 +81,7 @@ class Measurement:
     """What one rank measured in one trial."""
 
     step_times: list[float]  # the measured steps' times (warm-up left out)
+    warmup_times: list[float]  # the warm-up steps' times (the first's includes compiling)
     warmup_steps: int  # warm-up steps run (a grid's count, or as many as `auto` took)
     losses: list[float]  # every step's loss, warm-up included (each computed before its step's update)
     tokens_per_step: int  # tokens one optimizer step trains over every rank: grad_accum micro-batches on each
@@ -99,6 +100,7 @@ class Measurement:
         return RankResult(
             status="ok",
             step_times=self.step_times,
+            warmup_times=self.warmup_times,
             warmup_steps=self.warmup_steps,
             compile_time_s=self.compile_time_s,
             init_time_s=self.init_time_s,
@@ -163,6 +165,7 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
     tokens_per_step = config.options.grad_accum * config.batch_size * config.seq_len * data_ranks
     return Measurement(
         step_times=measured,
+        warmup_times=schedule.warmup.times,
         warmup_steps=len(schedule.warmup.times),
         losses=losses,
         tokens_per_step=tokens_per_step,

@@ -78,6 +78,7 @@ class Row(TypedDict, total=False):
     init_time_s: float | None
     compile_time_s: float | None
     steps_time_s: float | None
+    step_times_s: list[float] | None
     energy_j: float | None
     energy_sampled_j: float | None
     avg_power_w: float | None

@@ -193,6 +193,8 @@ def measured_columns(trial: Trial, ranks: list[RankResult], *, peak_tflops: floa
         init_time_s=max_of(lambda r: r.init_time_s),
         compile_time_s=max_of(lambda r: r.compile_time_s),
         steps_time_s=sum(step_times),
+        # every step, warm-up first, as the slowest rank ran it: where `auto` warm-up ended, and why
+        step_times_s=[max(times) for times in zip(*(r.warmup_times + r.step_times for r in ranks))],
         # start-up phases as rank 0 saw them (sweep.record.schema)
         import_s=rank0.import_s,
         process_setup_s=rank0.process_setup_s,

@@ -22,7 +22,8 @@ SCHEMA_VERSION = "1.13"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + gr
 #                          1.9: + ci_target_met, loss_curve, loss_curve_tokens;
 #                          1.10: + energy_j ... energy_source (energy), power_cost_per_kwh, pue, profile_power_limit_w;
 #                          1.11: + dynamic_batch; 1.12: + dp_replicate, tp, cp, dp_shard (the parallel layout);
-#                          1.13: + attention, fp8_attention, compile_mode, fp8_pow2_scales, attention_kernel, loss
+#                          1.13: + attention, fp8_attention, compile_mode, fp8_pow2_scales, attention_kernel, loss,
+#                                 step_times_s
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -161,6 +162,12 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("init_time_s", pa.float64(), "actor start (on a warm group: the trial's start) to model built, sharded and ready"),
     ("compile_time_s", pa.float64(), "first step's time beyond a steady step (compilation, autotuning)"),
     ("steps_time_s", pa.float64(), "sum of measured step times"),
+    (
+        "step_times_s",
+        pa.list_(pa.float64()),
+        "every step's time (s), warm-up first (the first warmup_steps of them; the first includes compiling), "
+        "the slowest rank's at each step (schema 1.13)",
+    ),
     # energy over the measured steps (sweep.record.energy has the formulas; trainer.energy measures): null on CPU ranks,
     # where a GPU could not be read, and before schema 1.10; never 0
     (
