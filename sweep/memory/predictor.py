@@ -180,7 +180,9 @@ class Predictor:
             basis = f"calibrated on {rows} row{'s' * (rows != 1)}" if rows else "uncalibrated"
             best = self.max_batch(replace(t, predict_memory=True))  # --no-predict still shows what is predicted
             layout = f" as {layout_text(t)}" if layout_text(t) else ""  # e.g. "8 ranks as tp 2"
-            options = f", {t.options_text()}" if t.options_text() else ""  # e.g. a chunked loss fits larger batches
+            # the options besides the layout (said above), e.g. a chunked loss fits larger batches
+            changed = " ".join(f"{k}={v}" for k, v in t.changed().items() if k not in ("dp_replicate", "tp", "cp"))
+            options = f", {changed}" if changed else ""
             lines.append(
                 f"predicted max batch: {t.model.label} {t.precision} (compile {t.compile}, ac {t.ac}, seq "
                 f"{t.seq_len}, {t.gpus} rank{'s' * (t.gpus != 1)}{layout}{options}): {best}, {basis}"
