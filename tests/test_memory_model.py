@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 import pytest
+from conftest import ROOT
 
 from sweep.memory.model import (
     UNCALIBRATED_MARGIN,
@@ -17,7 +18,8 @@ from sweep.memory.model import (
     max_batch,
     predicted_bytes,
 )
-from trainer.models.specs import REGISTRY, ModelSpec
+from sweep.spec.grid import load_grid
+from trainer.models.specs import REGISTRY
 
 # llama-tiny: E 64, 4 heads of D 16, 2 kv heads (J·D 32), ffn 192, vocab 512, 2 layers; 164,160 params,
 # one block 49,280 (2·64 norms + 64·128 qkv + 64·64 out + 3·64·192 SwiGLU), root 65,600, matmul weights 131,072
@@ -151,18 +153,9 @@ def test_a_chunked_loss_holds_a_chunk_and_the_head_gradients_not_the_logits():
     assert breakdown(chunked).forward_end - breakdown(chunked).logits == breakdown(TINY).forward_end - 49152
 
 
-# Llama3-8B's layer dims with 8 layers on one H200, T 4096, batch 16 (benchmarks/campaigns/kernels-one-gpu/loss.yaml)
+# Llama3-8B's layer dims with 8 layers on one H200, T 4096, batch 16: the model of the campaign's loss grid
 LLAMA_8L = Shape.of_spec(
-    ModelSpec(
-        arch="llama",
-        name="llama3-8b-8l",
-        n_layers=8,
-        d_embd=4096,
-        n_heads=32,
-        n_kv_heads=8,
-        ffn_hidden=14336,
-        vocab_size=128256,
-    ),
+    load_grid(ROOT / "benchmarks/campaigns/kernels-one-gpu/loss.yaml").models[0],
     precision="bf16",
     batch_size=16,
     seq_len=4096,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from conftest import tiny_trial
 
 from sweep.execution.scheduler import rank_jobs
 from sweep.spec.grid import Trial, parse_grid
@@ -49,10 +50,9 @@ def test_the_grid_axes_are_the_training_options_with_their_defaults():
 
 
 def test_rank_jobs_carry_the_trial_and_number_ranks_per_node():
-    trial = Trial(
+    trial = tiny_trial(
         cluster="c",
         model=REGISTRY["llama-tiny"],
-        precision="bf16",
         compile="regional",
         ac="full",
         batch_size=3,

@@ -84,7 +84,7 @@ print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$r
     echo "fastest batch of the search: $fastest"
     sed "s/^batch_sizes: .*/batch_sizes: [$fastest]/; s/^search: .*//; s/^name: .*/name: cold-sweep\/one-trial/" \
       $grids/c-max-batch.yaml >/tmp/one-trial.yaml
-    cp -r /tmp/cc-current /tmp/cc-searched 2>/dev/null; rm -rf /tmp/cc-current  # the one trial: its own empty cache
+    rm -rf /tmp/cc-current  # the one trial: its own empty cache
     sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
   *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
