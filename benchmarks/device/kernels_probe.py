@@ -8,6 +8,8 @@ as a `sweep run` trial; no Ray). Each VARIANT is PRECISION[:KNOB[,KNOB...]], a k
 process-wide for that trial only (dynamo is reset between trials so each compiles under its own knobs):
   attn=flash|cudnn|efficient  the only SDPA backend allowed (torch.backends.cuda.enable_*_sdp)
   autotune                    inductor's GEMM autotuning (what compile mode max-autotune-no-cudagraphs sets)
+  cudagraphs                  CUDA graphs over each compiled graph (inductor's triton.cudagraphs: what compile mode
+                              reduce-overhead / max-autotune add); shapes are static in a trial
   pow2                        torchao float8 scales rounded to powers of 2 (Float8LinearConfig)
   b=N                         batch N for this variant (else --batch)
   head                        FP8 recipes: the output head in FP8 too (the grid's fp8_lm_head)
@@ -56,6 +58,7 @@ def knobs(names: list[str]):
         backends.math_sdp_enabled(),
         inductor.max_autotune,
         inductor.max_autotune_gemm,
+        inductor.triton.cudagraphs,
     )
     undo = []
     try:
@@ -68,6 +71,8 @@ def knobs(names: list[str]):
                 backends.enable_math_sdp(False)
             elif knob == "autotune":
                 inductor.max_autotune = inductor.max_autotune_gemm = True
+            elif knob == "cudagraphs":
+                inductor.triton.cudagraphs = True
             elif knob == "pow2":
                 from torchao.float8 import Float8LinearConfig
 
@@ -90,6 +95,7 @@ def knobs(names: list[str]):
         backends.enable_cudnn_sdp(saved[2])
         backends.enable_math_sdp(saved[3])
         inductor.max_autotune, inductor.max_autotune_gemm = saved[4], saved[5]
+        inductor.triton.cudagraphs = saved[6]
 
 
 def main() -> None:
