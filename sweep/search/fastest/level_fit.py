@@ -7,8 +7,13 @@ import math
 from sweep.record.schema import Row
 from sweep.search.fastest.space import thrashes
 from sweep.search.max_batch import MaxBatchSearch
+from sweep.search.oom_demand import oom_demand_bytes
 
 FIT_PROBES = 6  # per ac level: a linear memory curve needs at most 5 (sweep.search.max_batch.MaxBatchSearch)
+# A failed first probe whose OOM message says the step needed at most this much past the capacity ran out near the
+# edge: one H200, TE FP8 Llama3-8B dims, 8 layers: calibrated limit 11 needed >= 142.8 GiB of 141 (10 fitted), the
+# uncalibrated 16 >= 155.0 (the limit was 10, 5 GiB a sample past batch 1's fixed 45 GiB).
+NEAR_EDGE = 0.05
 
 
 class LevelFit:
@@ -29,6 +34,7 @@ class LevelFit:
         """`predicted`: the memory model's largest batch for this level's config (sweep.memory.predictor), its first
         probe in place of `start` (kept under `ceiling`); None or 0: from `start`."""
         self.ac, self.allowed, self.ceiling, self.need = ac, allowed, ceiling, need
+        self.capacity_bytes = capacity_bytes
         start = start if ceiling is None else min(start, ceiling - 1)
         if predicted and ceiling is not None:
             predicted = min(predicted, ceiling - 1)
@@ -40,11 +46,12 @@ class LevelFit:
         )
         self.tflops: dict[int, float] = {}
         self.thrashed: set[int] = set()  # batches that fit only by the allocator freeing its cache (retries)
+        self.demand: dict[int, float] = {}  # failed batch -> what its OOM message says it needed, at least
 
     def next_batch(self) -> int | None:
         if len(self.search.probes) >= FIT_PROBES or self._hopeless():
             return None
-        batch = self._below_a_thrashing_prediction() or self.search.next_probe()
+        batch = self._below_the_edge() or self.search.next_probe()
         if batch is None or self.allowed is None:
             return batch
         lo, hi = self.search.largest_ok or 0, self.search.smallest_failed or math.inf
@@ -52,15 +59,25 @@ class LevelFit:
         below = [b for b in inside if b <= batch]
         return below[-1] if below else (inside[0] if inside else None)
 
-    def _below_a_thrashing_prediction(self) -> int | None:
-        """The batch under the memory model's limit when that first probe fitted only by the allocator retrying: it
-        sits at memory's edge, so the largest batch without retries is most likely the one below, where a failed
-        first probe sends the search to batch 1 (on one H200, bf16 Llama3-8B dims, 8 layers: 15 predicted, fitted
-        with 4 retries; the fit then spent its probes on 1 and 3, and the tune's best was batch 3)."""
-        probes = self.search.probes
-        if len(probes) != 1 or probes[0] != self.search.predicted or probes[0] not in self.thrashed or probes[0] < 2:
+    def _below_the_edge(self) -> int | None:
+        """The batch below one that met memory's edge, where the search would bisect or go to batch 1:
+        - the first that fitted only with allocator retries (thrashed): the largest batch without them is most likely
+          the one below (one H200, bf16 Llama3-8B dims, 8 layers: 15 predicted, fitted with 4 retries; the fit went to
+          batch 1 and 3, and the tune's best was 3; TE FP8: 1, 3 and 10 with 1 retry, and the best was 3). Once the
+          one below thrashed too, the search bisects: a step at a time down a wide band of retries costs a probe a
+          batch;
+        - a failed first probe (the memory model's limit) whose OOM message says the step was within NEAR_EDGE of
+          the capacity when it failed, where batch 1 would measure only what the model already knows."""
+        search = self.search
+        clean = search.largest_ok or 0
+        edge = min(self.thrashed) if len(self.thrashed) == 1 else None
+        if edge is None and search.probes == [search.predicted] and self.capacity_bytes:
+            need = self.demand.get(search.probes[0])
+            edge = search.probes[0] if need is not None and need <= self.capacity_bytes * (1 + NEAR_EDGE) else None
+        below = None if edge is None else edge - 1
+        if below is None or below <= clean or below < 1 or below in search.probes:
             return None
-        return probes[0] - 1
+        return below
 
     def _hopeless(self) -> bool:
         """Whether the first probe ran slower than `need`: the speed at which a larger batch could still
@@ -93,6 +110,8 @@ class LevelFit:
         )
         if status == "ok":
             self.tflops[batch] = row.get("tflops_per_gpu") or 0.0
+        elif status == "oom" and (need := oom_demand_bytes(row.get("error"))) is not None:
+            self.demand[batch] = need
         if thrashed:
             self.thrashed.add(batch)
         if self.ceiling is not None:  # after the first probe: before it, the search would not start at `start`
