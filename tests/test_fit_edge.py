@@ -44,7 +44,8 @@ class WordedMachine(Machine):
         if row["status"] == "oom":
             peak = self.peak(t)
             row["error"] = (
-                f"rank 0: CUDA out of memory. Tried to allocate 1.00 GiB. Of the allocated memory {peak - 1:.2f} GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated."
+                "rank 0: CUDA out of memory. Tried to allocate 1.00 GiB. Of the allocated memory "
+                f"{peak - 1:.2f} GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated."
             )
         return row, lost
 

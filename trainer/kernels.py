@@ -14,7 +14,7 @@ from typing import Any
 
 from trainer.models.specs import ModelSpec
 from trainer.options import TrainingOptions
-from trainer.recipes import Recipe
+from trainer.recipes import Recipe, have_module
 
 # TE's backends as `attention` names them (trainer.models.attention.TE_KEEPS): it has no memory-efficient kernel
 TE_ATTENTION = ("auto", "flash", "cudnn")
@@ -68,11 +68,23 @@ def refused_everywhere(
 
 
 def _te_reason(options: TrainingOptions, *, recipe: Recipe, compute_capability: float | None) -> str | None:
-    """TE layers: TE's backends, and FP8 attention only where TE 2.10-2.20 runs it (`get_attention_backend`)."""
+    """TE layers: TE's backends, FP8 attention only where TE 2.10-2.20 runs it (`get_attention_backend`), and TE's
+    flash backend only where the flash-attn package it calls is installed."""
     if options.attention not in TE_ATTENTION:
         return f"attention: {options.attention} is SDPA's; TE layers run {', '.join(TE_ATTENTION)}"
-    if not options.fp8_attention:
-        return None
+    if options.fp8_attention and (reason := _te_fp8_attention_reason(options, recipe, compute_capability)):
+        return reason
+    if options.attention == "flash" and not have_module("flash_attn"):
+        # TE's flash backend is the flash-attn package's kernels; without it TE finds no backend (one H200, TE 2.20.2:
+        # "ValueError: No dot product attention backend is available for the provided inputs")
+        return (
+            "attention: flash with TE layers runs the flash-attn package, which is not installed: pip install "
+            "flash-attn, or use attention cudnn or auto"
+        )
+    return None
+
+
+def _te_fp8_attention_reason(options: TrainingOptions, recipe: Recipe, compute_capability: float | None) -> str | None:
     if recipe.scaling == "Float8BlockScaling":  # its __post_init__ asserts `not fp8_dpa and not fp8_mha`
         return f"fp8_attention: {recipe.name} (TE's Float8BlockScaling) has no FP8 attention"
     if options.attention == "flash":  # TE disables flash-attention for FP8 attention in training
