@@ -1,0 +1,87 @@
+"""Should `auto` steps be the default (issue 28, item 4)? Replays the step rules on steps a GPU really took.
+
+    python3 benchmarks/steps_check.py RESULTS_DIR
+
+RESULTS_DIR holds rows of trials run with many fixed steps (benchmarks/campaigns/cold-sweep/d-steps.yaml: 10 warm-up
++ 30 measured), whose `step_times_s` column is every step's time, warm-up first. For each clean row, the `auto` rules
+(trainer/stopping.py: warm-up until the last 3 steps agree within 2 %, measurement until the median's 95 % interval
+is within ±1 %) and the default count (steps: {warmup: 3, measure: 10}, sweep/spec/grid.py) are fed the same steps
+one at a time, as a trial's rank 0 feeds them, and each median is compared with the row's own (its 30 measured
+steps). Cost is the seconds of the steps each rule takes after the first (the first holds the compile, which both
+pay). `auto` becomes the default only if, on every row, its median is within 1 % of the reference and its cost is
+lower than the default's (the condition issue 15 set). Prints a markdown table and the verdict; exits 1 when the
+condition does not hold (auto stays opt-in), 2 when there are no rows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
+
+from sweep.record import store  # noqa: E402
+from trainer.stopping import Schedule, StepsSpec  # noqa: E402
+
+DEFAULT: tuple[StepsSpec, StepsSpec] = (3, 10)
+SAME_PCT = 1.0
+
+
+def replay(times: list[float], warmup: StepsSpec, measure: StepsSpec) -> tuple[int, list[float]] | None:
+    """The steps a schedule takes on these step times and its measured ones; None if it is not done by the last."""
+    schedule = Schedule(warmup, measure)
+    for used, step in enumerate(times, start=1):
+        schedule.add(step)
+        if schedule.phase == "done":
+            return used, schedule.measure.times
+    return None
+
+
+def main(folder: Path) -> int:
+    rows = [r for r in store.read_table(folder).to_pylist() if r["status"] == "ok" and r.get("step_times_s")]
+    if not rows:
+        print(f"no clean rows with step_times_s in {folder}", file=sys.stderr)
+        return 2
+    header = "| precision | batch | reference median s | default 3 + 10: median, cost "
+    print(header + "| auto: steps (warm-up), median, cost |")
+    print("|---|---:|---:|---|---|")
+    holds = True
+    for r in sorted(rows, key=lambda r: (r["precision"], r["batch_size"])):
+        times, warm = r["step_times_s"], r["warmup_steps"]
+        reference = statistics.median(times[warm:])
+        cells = []
+        costs = []
+        for rule in (DEFAULT, ("auto", "auto")):
+            run = replay(times, *rule)
+            if run is None:
+                cells.append(f"not done in {len(times)} steps")
+                costs.append(None)
+                holds = holds and rule == DEFAULT
+                continue
+            used, measured = run
+            off = 100 * (statistics.median(measured) / reference - 1)
+            cost = sum(times[1:used])
+            costs.append(cost)
+            warmup = f" ({used - len(measured)})" if rule != DEFAULT else ""
+            cells.append(
+                f"{used}{warmup} steps, {off:+.2f} %, {cost:.2f} s"
+                if rule != DEFAULT
+                else f"{off:+.2f} %, {cost:.2f} s"
+            )
+            if rule != DEFAULT:
+                holds = holds and abs(off) <= SAME_PCT
+        if costs[0] is not None and costs[1] is not None:
+            holds = holds and costs[1] < costs[0]
+        print(f"| {r['precision']} | {r['batch_size']} | {reference:.4f} | {cells[0]} | {cells[1]} |")
+    verdict = (
+        "auto becomes the default" if holds else "auto stays opt-in (not the same median at a lower cost on every row)"
+    )
+    print(f"\n{len(rows)} rows: {verdict}")
+    return 0 if holds else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python3 benchmarks/steps_check.py RESULTS_DIR")
+    sys.exit(main(Path(sys.argv[1])))
