@@ -29,6 +29,7 @@ began=$SECONDS
 $SWEEP run "$grid" --cluster "$(with_cache /tmp/cc-search)" --output $results/max-batch-search --no-progress 2>&1 |
   grep -E "^│|GPU time|fits|limit" | tail -12
 echo "== search: $((SECONDS - began)) s"
+tar czf "$OUT/max-batch.tgz" -C /tmp max-batch  # what a call's deadline leaves still comes back
 fastest=$(python3 -c 'import json, glob, sys; v = json.load(open(sorted(glob.glob(sys.argv[1] + "/_search/*.json"))[-1]))
 print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' $results/max-batch-search)
 echo "fastest batch of the search: $fastest"
