@@ -35,15 +35,15 @@ peak is the tensors live at the worst moment of a step, in bytes, plus the proce
   one chunk's (trainer/loss.py `_chunk`: the logits in the compute dtype, the fp32 log-softmax and the gradient
   in the compute dtype), the head weight's fp32 gradient sum and the hidden states' gradient.
 
-Measured on this project's 2-core machine (2 gloo ranks, torch 2.13, docs/memory.md): at batch 64, seq 128,
+Measured on this project's 2-core machine (2 gloo ranks, torch 2.13, docs/memory-cap.md): at batch 64, seq 128,
 V 4096, one layer, the 12 B per logit come to 384 MiB of the 424 MiB fp32 peak; the rest within 2 MiB.
 
 The figure is then corrected by an affine fit learned from the clean CPU rows of the same results folder
 (`CpuCalibration`): measured ≈ overhead + slope · predicted. A ratio alone (the GPU calibration's) cannot fit a CPU
 rank: the process grows by a few MiB during a step whatever the batch (autograd's graph, gloo's buffers, Python
 objects), which at small batches is most of the peak, and a ratio fitted there would be far off at large batches.
-The slope absorbs what the count misses per byte (bf16 ops that compute through fp32 temporaries, RMSNorm's
-saved tensors); the overhead absorbs the process. Both are fitted per config (compile fuses the loss and the
+The slope absorbs what the count misses per byte (bf16 ops that compute through fp32 temporaries, a compiled
+graph's own buffers); the overhead absorbs the process. Both are fitted per config (compile fuses the loss and the
 elementwise ops, so its bytes differ; bf16 ranks hold a few MiB more per sequence than the count), or, with no
 rows of the config, only the overhead per (precision, compile). Nothing is refused on a prediction: a CPU trial
 past its cap runs, and the cap makes a real allocation fail (tests/test_oom.py relies on it).
@@ -222,7 +222,7 @@ def fit_affine(samples: list[CpuSample], scope: str = "config") -> AffineFit:
     temporaries) and the overhead what the process adds. Unweighted, the large rows lead, whose peaks are tensors;
     the small ones are a few MiB of heap noise (±1.5 MiB between batches of the same tokens): weighted by
     1 / measured² (the relative error), a leave-one-out over 47 rows extrapolated to batch 64 up to 19 % off,
-    unweighted 17 % (docs/memory.md). With rows whose predicted peaks spread by less than MIN_SPREAD (the slope
+    unweighted 17 % (docs/memory-cap.md). With rows whose predicted peaks spread by less than MIN_SPREAD (the slope
     would rest on noise), or a slope that is not positive: `fit_overhead`."""
     xs, ys = [s.predicted for s in samples], [s.measured for s in samples]
     if len(samples) < 2 or max(xs) < MIN_SPREAD * min(xs):
