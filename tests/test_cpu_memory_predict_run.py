@@ -11,21 +11,12 @@ import re
 
 import pytest
 from conftest import invoke, tiny_grid
+from test_cli_options import WIDE_VOCAB  # one layer, a 4,096-token vocabulary: the loss's 12 B per logit lead
 
 from sweep.record import store
 
 pytestmark = pytest.mark.integration
 
-# one layer and a 4,096-token vocabulary: the loss's 12 B per logit lead the peak from batch 4 on (30-110 MiB)
-WIDE_VOCAB = {
-    "arch": "gpt",
-    "name": "wide-vocab",
-    "n_layers": 1,
-    "d_embd": 64,
-    "n_heads": 4,
-    "vocab_size": 4096,
-    "max_seq_len": 128,
-}
 CAP = "256MiB"
 _CELL = re.compile(r"│ (?P<trial>[0-9a-f]{8}) .*?│ (?P<value>[\d.]+) (?P<unit>KiB|MiB|GiB) / 256 MiB")
 
