@@ -156,6 +156,10 @@ def test_plan_shows_the_cpu_prediction_against_the_cap_and_refuses_nothing(tmp_p
     assert "32 MiB / 256 MiB" in result.stdout  # batch 16: as measured
     assert "GiB / 256 MiB" in result.stdout and "no (" not in result.stdout  # batch 1024, 1.8 GiB, still runs
     assert "calibrated on 2 rows of local" in result.stdout and "calibrated on 2 rows of its config" in result.stdout
+    # batch 1 predicted 4.3 MiB on a warm process: its fresh row measured 34.4 MiB above, said beside the figure
+    assert (
+        "a fresh process's first trial peaked +34.4 MiB above it (median of 1 row), not in the figure" in result.stdout
+    )
     assert "predicted max batch: gpt-tiny fp32 (compile none, ac none, seq 128, 2 ranks): " in result.stdout
     uncapped = invoke(*args, "--gpus", 2, "-b", 16, "-o", out, env={"COLUMNS": "250"})
     assert "MiB /" not in uncapped.stdout and "predicted max batch" not in uncapped.stdout

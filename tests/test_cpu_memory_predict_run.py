@@ -48,6 +48,7 @@ def test_plan_predicts_each_clean_cpu_row_within_ten_percent(ray_session, tmp_pa
         assert predicted[trial] == pytest.approx(measured, rel=0.10), (row["batch_size"], predicted[trial], measured)
     assert "no (" not in plan.stdout  # shown against the cap, never refused
     assert "memory prediction of CPU ranks" in plan.stdout and "calibrated on 3 rows of local" in plan.stdout
+    assert "a fresh process's first trial peaked" in plan.stdout  # batch 2's row, said beside the figure
     best = re.search(
         r"predicted max batch: wide-vocab fp32 \(.*\): (\d+), calibrated on 3 rows of its config", plan.stdout
     )

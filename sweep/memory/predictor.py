@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from clusters.schema import ClusterProfile
-from sweep.memory.cpu import CpuCalibration, CpuSample, calibrate_cpu, config_of, cpu_predicted_bytes
+from sweep.memory.cpu import (
+    CpuCalibration,
+    CpuSample,
+    calibrate_cpu,
+    config_of,
+    cpu_predicted_bytes,
+    first_trial_excess,
+)
 from sweep.memory.model import Calibration, GiB, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
 from sweep.record.schema import Row
 from sweep.spec.layout import layout_text
@@ -77,12 +84,18 @@ def sample(row: Row) -> Sample | None:
     return Sample(precision=precision, compile=compile, predicted=predicted_bytes(_shape(row)), measured=peak * GiB)
 
 
-def cpu_sample(row: Row) -> CpuSample | None:
+def cpu_sample(row: Row, *, first: bool = False) -> CpuSample | None:
     """A clean measured CPU row as a sample of sweep.memory.cpu: ok, a peak, its model's spec, and not a fresh
     process's first trial (actor_reused false), whose peak also counts what the process initialises once on its
-    first step (measured, 2 gloo ranks: 35 MiB more than the same trial on a warm process); else None."""
+    first step (measured, 2 gloo ranks: 35 MiB more than the same trial on a warm process); else None. `first`:
+    such a first trial's row instead (sweep.memory.cpu.first_trial_excess)."""
     peak, precision, compile = row.get("peak_mem_gib"), row.get("precision"), row.get("compile")
-    if row.get("status") != "ok" or not peak or not row.get("model_spec") or row.get("actor_reused") is False:
+    if (
+        row.get("status") != "ok"
+        or not peak
+        or not row.get("model_spec")
+        or (row.get("actor_reused") is False) != first
+    ):
         return None
     assert precision is not None and compile is not None  # an ok row records both
     shape = _shape(row)
@@ -119,6 +132,7 @@ class Predictor:
         rows = store.read_columns(output, CALIBRATION_COLUMNS, cluster=profile.name) if output else []
         if not profile.is_gpu:
             cpu = calibrate_cpu(c for r in rows if (c := cpu_sample(r)) is not None)
+            cpu = first_trial_excess(cpu, [c for r in rows if (c := cpu_sample(r, first=True)) is not None])
             return cls(profile=profile, output=output, samples=[], cpu=cpu)
         samples = [s for r in rows if (s := sample(r)) is not None]
         calibration = calibrate(samples)
@@ -254,9 +268,16 @@ class Predictor:
             )
         kinds = ", ".join(f"{p} {c}: {n}" for (p, c), n in sorted(rows.items()))
         total = sum(rows.values())
+        first = self.cpu.first_trials
+        fresh = (
+            ""
+            if first is None
+            else f"; a fresh process's first trial peaked {first.overhead / 2**20:+.3g} MiB above it (median of "
+            f"{first.rows} row{'s' * (first.rows != 1)}), not in the figure"
+        )
         return (
             f"memory prediction of CPU ranks ({shown}) calibrated on {total} row{'s' * (total != 1)} of "
-            f"{self.profile.name} in {where} ({kinds})"
+            f"{self.profile.name} in {where} ({kinds}){fresh}"
         )
 
 
