@@ -17,7 +17,7 @@ Ray, gRPC and torch run there), so a stray thread moves the limit by 1 MiB, not 
 glibc keeps what a process frees in its heaps (a tensor under the mmap threshold, which grows to 32 MiB as mmapped
 chunks are freed: mallopt(3)), still resident: a warm process's later trial reused an earlier trial's freed pages
 without its resident set growing, and measured a peak below its own training state (gpt-tiny fp32 at batch 1, 2 CPU
-ranks: 1.0 MiB after 16 earlier trials, the state alone is 1.5 MiB). So before the cap is set and the peak reset,
+ranks: 1.0 MiB after 17 earlier trials, the state alone is 1.5 MiB). So before the cap is set and the peak reset,
 `malloc_trim(0)` hands the free pages of every arena back (`_trim_heap`): a trial's peak, and the room its cap
 leaves, then count the pages it touches itself, whatever ran before it in the process.
 """

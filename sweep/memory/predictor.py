@@ -247,9 +247,9 @@ class Predictor:
     def basis(self) -> str:
         """What the predictions rest on: `calibrated on 12 rows of h200 (bf16 regional: 4, ...)` or `uncalibrated`."""
         where = self.output if self.output is not None else "--output"
-        rows = self.calibration.rows if self.profile.is_gpu else self.cpu.rows
         if not self.profile.is_gpu:
-            return self._cpu_basis(where, rows)
+            return self._cpu_basis(where, self.cpu.rows)
+        rows = self.calibration.rows
         if not rows:
             return f"memory prediction uncalibrated: no clean rows of {self.profile.name} in {where}"
         kinds = ", ".join(f"{p} {c}: {n}" for (p, c), n in sorted(rows.items()))
