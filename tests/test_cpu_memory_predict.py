@@ -163,3 +163,19 @@ def test_plan_shows_the_cpu_prediction_against_the_cap_and_refuses_nothing(tmp_p
     assert "predicted max batch: gpt-tiny fp32 (compile none, ac none, seq 128, 2 ranks): " in result.stdout
     uncapped = invoke(*args, "--gpus", 2, "-b", 16, "-o", out, env={"COLUMNS": "250"})
     assert "MiB /" not in uncapped.stdout and "predicted max batch" not in uncapped.stdout
+
+
+def test_rows_that_compiled_in_their_window_are_said_apart_not_learned_from(tmp_path_factory):
+    # measured, gpt-tiny fp32 regional seq 128: batch 4 compiled (39 s) and peaked with inductor in the rank process;
+    # batch 16 ran the graph batch 4 compiled (dynamic_batch), 0.49 s beyond a steady first step
+    compiled = _row(4, 49.76, compile="regional", compile_time_s=38.98, trial_id="t1")
+    out = rows_folder(
+        tmp_path_factory,
+        "compiled",
+        [compiled, _row(16, 28.53, compile="regional", compile_time_s=0.49, trial_id="t2")],
+    )
+    args = ("plan", "--cluster", "local", "-m", "gpt-tiny", "-p", "fp32", "--compile", "regional", "--seq-len", 128)
+    result = invoke(*args, "--gpus", 2, "-b", 16, "--memory-cap", "256MiB", "-o", out, env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "28.5 MiB / 256 MiB" in result.stdout and "calibrated on 1 row of local" in result.stdout
+    assert "a trial that compiled peaked +" in result.stdout

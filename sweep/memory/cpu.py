@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from sweep.memory.model import ACT_BYTES, Shape, _kv_width, _unit_params, activation_bytes, largest
 from trainer.loss_chunk import chunk_tokens
@@ -253,9 +253,10 @@ class CpuCalibration:
     configs: dict[tuple[Shape, str, str], AffineFit]
     """Keyed by `config_of` with the seq len, and by it at seq len 0 (any)."""
     kinds: dict[tuple[str, str], AffineFit]
-    first_trials: AffineFit | None = None
-    """What a fresh process's first trial peaked above its calibrated prediction (`first_trial_excess`): not in the
-    figure (a plan does not know which trial a group opens with), said beside it."""
+    excess: dict[str, AffineFit] = field(default_factory=dict)
+    """By what (ONE_TIME), what rows that also paid a one-time cost peaked above their calibrated prediction
+    (`one_time_excess`): not in the figure (a plan cannot know which trial opens a rank group or compiles), said
+    beside it."""
 
     def fit(self, shape: Shape, precision: str, compile: str) -> AffineFit | None:
         for seq in (True, False):
@@ -295,19 +296,32 @@ def calibrate_cpu(samples: Iterable[CpuSample]) -> CpuCalibration:
     )
 
 
-def first_trial_excess(calibration: CpuCalibration, first: list[CpuSample]) -> CpuCalibration:
-    """`calibration` with `first_trials`: the median of measured - calibrated prediction over the rows of fresh
-    processes' first trials (`first`) that it predicts, which also count what a process sets up once on its first
-    step (oneDNN's kernels and the like: measured, one process, 34.8 MiB, then 4.8 MiB the same trial again)."""
-    excess = [
-        x.measured - fit.apply(x.predicted)
-        for x in first
-        if (fit := calibration.fit(x.config[0], x.config[1], x.config[2])) is not None
-    ]
-    if not excess:
-        return calibration
-    fit = AffineFit(overhead=statistics.median(excess), slope=1.0, rows=len(excess), scope="first trials")
-    return replace(calibration, first_trials=fit)
+FRESH = "a fresh process's first trial"
+COMPILING = "a trial that compiled"
+ONE_TIME = (FRESH, COMPILING)
+"""The rows whose peak also counts a one-time cost, which no count of the step has: a fresh process's first trial
+(oneDNN's kernels and the like, set up on its first step: measured, one process, 34.8 MiB, then 4.8 MiB the same
+trial again), and a compiled trial that compiled inside its measured window (inductor runs in the rank process:
+gpt-tiny fp32 regional at batch 4, seq 128, 49.8 MiB compiling, 9.9 eager; batch 16 running the graph batch 4
+compiled, dynamic_batch, 28.5 MiB where eager measured 32.0)."""
+COMPILING_S = 5.0
+"""A row's compile_time_s above which it compiled in its window: 25-39 s compiling on this project's 2-core
+machine, 0.45-0.49 s running a kept graph."""
+
+
+def one_time_excess(calibration: CpuCalibration, rows: dict[str, list[CpuSample]]) -> CpuCalibration:
+    """`calibration` with `excess`: per kind of one-time cost (ONE_TIME), the median of measured - calibrated
+    prediction over its rows that `calibration` predicts."""
+    excess = {}
+    for what, samples in rows.items():
+        over = [
+            x.measured - fit.apply(x.predicted)
+            for x in samples
+            if (fit := calibration.fit(x.config[0], x.config[1], x.config[2])) is not None
+        ]
+        if over:
+            excess[what] = AffineFit(overhead=statistics.median(over), slope=1.0, rows=len(over), scope=what)
+    return replace(calibration, excess=excess)
 
 
 def cpu_leave_one_out(samples: list[CpuSample]) -> list[float | None]:

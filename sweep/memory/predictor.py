@@ -17,12 +17,15 @@ from typing import Any
 
 from clusters.schema import ClusterProfile
 from sweep.memory.cpu import (
+    COMPILING,
+    COMPILING_S,
+    FRESH,
     CpuCalibration,
     CpuSample,
     calibrate_cpu,
     config_of,
     cpu_predicted_bytes,
-    first_trial_excess,
+    one_time_excess,
 )
 from sweep.memory.model import Calibration, GiB, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
 from sweep.record.schema import Row
@@ -46,6 +49,7 @@ CALIBRATION_COLUMNS = (
     "dp_shard",
     "loss",
     "actor_reused",
+    "compile_time_s",
 )
 NO_ROWS = Calibration(ratios={}, rows={})
 NO_CPU_ROWS = CpuCalibration(configs={}, kinds={})
@@ -84,22 +88,38 @@ def sample(row: Row) -> Sample | None:
     return Sample(precision=precision, compile=compile, predicted=predicted_bytes(_shape(row)), measured=peak * GiB)
 
 
-def cpu_sample(row: Row, *, first: bool = False) -> CpuSample | None:
-    """A clean measured CPU row as a sample of sweep.memory.cpu: ok, a peak, its model's spec, and not a fresh
-    process's first trial (actor_reused false), whose peak also counts what the process initialises once on its
-    first step (measured, 2 gloo ranks: 35 MiB more than the same trial on a warm process); else None. `first`:
-    such a first trial's row instead (sweep.memory.cpu.first_trial_excess)."""
+def one_time_cost(row: Row) -> str | None:
+    """What one-time cost a CPU row's peak also counts (sweep.memory.cpu.ONE_TIME), or None: a fresh process's
+    first trial (actor_reused false), or a compiled trial that compiled in its window (compile_time_s)."""
+    if row.get("actor_reused") is False:
+        return FRESH
+    if row.get("compile") != "none" and (row.get("compile_time_s") or 0.0) > COMPILING_S:
+        return COMPILING
+    return None
+
+
+def cpu_sample(row: Row) -> CpuSample | None:
+    """A measured CPU row as a sample of sweep.memory.cpu: ok, a peak, its model's spec; else None. A clean one
+    (`one_time_cost` None) is what the fits learn from."""
     peak, precision, compile = row.get("peak_mem_gib"), row.get("precision"), row.get("compile")
-    if (
-        row.get("status") != "ok"
-        or not peak
-        or not row.get("model_spec")
-        or (row.get("actor_reused") is False) != first
-    ):
+    if row.get("status") != "ok" or not peak or not row.get("model_spec"):
         return None
     assert precision is not None and compile is not None  # an ok row records both
     shape = _shape(row)
     return CpuSample(config_of(shape, precision, compile), cpu_predicted_bytes(shape, precision), peak * GiB)
+
+
+def cpu_calibration(rows: Iterable[Row]) -> CpuCalibration:
+    """The fits of sweep.memory.cpu on the clean CPU rows, and what the others peaked above them."""
+    clean: list[CpuSample] = []
+    paid: dict[str, list[CpuSample]] = {}
+    for row in rows:
+        if (x := cpu_sample(row)) is not None:
+            if (cost := one_time_cost(row)) is None:
+                clean.append(x)
+            else:
+                paid.setdefault(cost, []).append(x)
+    return one_time_excess(calibrate_cpu(clean), paid)
 
 
 @dataclass(frozen=True)
@@ -131,9 +151,7 @@ class Predictor:
 
         rows = store.read_columns(output, CALIBRATION_COLUMNS, cluster=profile.name) if output else []
         if not profile.is_gpu:
-            cpu = calibrate_cpu(c for r in rows if (c := cpu_sample(r)) is not None)
-            cpu = first_trial_excess(cpu, [c for r in rows if (c := cpu_sample(r, first=True)) is not None])
-            return cls(profile=profile, output=output, samples=[], cpu=cpu)
+            return cls(profile=profile, output=output, samples=[], cpu=cpu_calibration(rows))
         samples = [s for r in rows if (s := sample(r)) is not None]
         calibration = calibrate(samples)
         return cls(profile=profile, output=output, samples=samples, calibration=calibration, prior=calibration)
@@ -268,16 +286,14 @@ class Predictor:
             )
         kinds = ", ".join(f"{p} {c}: {n}" for (p, c), n in sorted(rows.items()))
         total = sum(rows.values())
-        first = self.cpu.first_trials
-        fresh = (
-            ""
-            if first is None
-            else f"; a fresh process's first trial peaked {first.overhead / 2**20:+.3g} MiB above it (median of "
-            f"{first.rows} row{'s' * (first.rows != 1)}), not in the figure"
+        excess = "".join(
+            f"; {what} peaked {fit.overhead / 2**20:+.3g} MiB above it (median of {fit.rows} "
+            f"row{'s' * (fit.rows != 1)}), not in the figure"
+            for what, fit in self.cpu.excess.items()
         )
         return (
             f"memory prediction of CPU ranks ({shown}) calibrated on {total} row{'s' * (total != 1)} of "
-            f"{self.profile.name} in {where} ({kinds}){fresh}"
+            f"{self.profile.name} in {where} ({kinds}){excess}"
         )
 
 
