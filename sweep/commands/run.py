@@ -214,11 +214,12 @@ def plan(
 
 
 def _predicted_cell(trial: Trial, predictor: Predictor) -> str:
-    """`41.2 GiB / 140 GiB`: the trial's predicted peak per rank against the rank's memory; '-' off GPUs."""
+    """`41.2 GiB / 140 GiB`: the trial's predicted peak per rank against the rank's memory (a CPU rank's: its memory
+    cap); '-' where none is known."""
     from sweep.memory.capacity import size
 
-    memory = predictor.memory(trial)
-    return "-" if memory is None else f"{size(predictor.predict(trial).bytes)} / {size(memory[0])}"
+    shown = predictor.shown(trial)
+    return "-" if shown is None else f"{size(shown[0])} / {size(shown[1])}"
 
 
 def _plan_rows(trials: list[Trial], predictor: Predictor) -> tuple[list[dict[str, str]], dict[str, int]]:

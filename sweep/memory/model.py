@@ -39,7 +39,7 @@ measured (`calibrate`): compile fusion and the allocator move it, and the ratio 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sweep.spec.trial import Trial
@@ -167,14 +167,15 @@ def layer_bytes_per_token(s: Shape) -> float:
     return saved - matmul_inputs * (ACT_BYTES - 1) if s.fp8_saved else saved
 
 
-def activation_bytes(s: Shape) -> float:
+def activation_bytes(s: Shape, per_token: float | None = None, width: int = ACT_BYTES) -> float:
     """Activations of one micro-batch at their most, by `ac` mode: what forward keeps, or, checkpointing, what
-    the blocks before a checkpointed one keep while backward recomputes it whole."""
+    the blocks before a checkpointed one keep while backward recomputes it whole. `per_token`: what a block saves
+    per token (`layer_bytes_per_token`, or a CPU rank's: sweep.memory.cpu), `width`: bytes of its input."""
     tokens = s.batch_size * s.seq_len
-    full_layer = layer_bytes_per_token(s) * tokens
+    full_layer = (layer_bytes_per_token(s) if per_token is None else per_token) * tokens
     if s.ac == "none":
         return s.n_layers * full_layer
-    kept_input = ACT_BYTES * s.d_embd * tokens
+    kept_input = width * s.d_embd * tokens
     checkpointed = [s.ac == "full" or i % 2 == 0 for i in range(s.n_layers)]  # selective: blocks 0, 2, 4, ...
     kept = [kept_input if c else full_layer for c in checkpointed]
     recompute = max(sum(kept[:i]) + full_layer for i, c in enumerate(checkpointed) if c)
@@ -325,10 +326,16 @@ def max_batch(shape: Shape, available: float, ratio: float | None, limit: int = 
         p = Prediction(raw=predicted_bytes(replace(shape, batch_size=batch)), ratio=ratio, rows=0)
         return p.fits(available)
 
+    return largest(fits, limit)
+
+
+def largest(fits: Callable[[int], bool], limit: int = 1 << 20) -> int:
+    """The largest batch in 1..limit that `fits` (0: not even one), for a peak that grows with the batch:
+    double, then bisect."""
     if not fits(1):
         return 0
     lo, hi = 1, 2
-    while hi <= limit and fits(hi):  # the peak grows with the batch: double, then bisect
+    while hi <= limit and fits(hi):
         lo, hi = hi, hi * 2
     hi = min(hi, limit + 1)
     while hi - lo > 1:

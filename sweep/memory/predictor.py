@@ -1,8 +1,10 @@
 """The memory model as `sweep plan` and `sweep run` use it: calibrated on the clean rows the cluster has already
 measured in --output, against the memory of the profile's GPU ranks. No torch, no Ray.
 
-A CPU profile predicts nothing (a CPU rank's peak is its resident set, not tensor bytes:
-sweep.execution.runner.unsupported) and reads no rows.
+On a CPU profile the peak of a rank under a memory cap is predicted too (sweep.memory.cpu: its resident set, with
+an affine fit on the folder's clean CPU rows) and shown by `sweep plan` against the cap, but never checked: no
+trial is refused on it (sweep.execution.runner.unsupported), and a search places nothing by it (`memory`,
+`max_batch` and `peak_curve` stay None there), so a CPU cap's out-of-memory failures stay real ones.
 """
 
 from __future__ import annotations
@@ -14,6 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from clusters.schema import ClusterProfile
+from sweep.memory.cpu import (
+    COMPILING,
+    COMPILING_S,
+    FRESH,
+    CpuCalibration,
+    CpuSample,
+    calibrate_cpu,
+    config_of,
+    cpu_predicted_bytes,
+    one_time_excess,
+)
 from sweep.memory.model import Calibration, GiB, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
 from sweep.record.schema import Row
 from sweep.spec.layout import layout_text
@@ -35,8 +48,11 @@ CALIBRATION_COLUMNS = (
     "tp",
     "dp_shard",
     "loss",
+    "actor_reused",
+    "compile_time_s",
 )
 NO_ROWS = Calibration(ratios={}, rows={})
+NO_CPU_ROWS = CpuCalibration(configs={}, kinds={})
 
 
 def _shape(row: Row) -> Shape:
@@ -72,6 +88,40 @@ def sample(row: Row) -> Sample | None:
     return Sample(precision=precision, compile=compile, predicted=predicted_bytes(_shape(row)), measured=peak * GiB)
 
 
+def one_time_cost(row: Row) -> str | None:
+    """What one-time cost a CPU row's peak also counts (sweep.memory.cpu.ONE_TIME), or None: a fresh process's
+    first trial (actor_reused false), or a compiled trial that compiled in its window (compile_time_s)."""
+    if row.get("actor_reused") is False:
+        return FRESH
+    if row.get("compile") != "none" and (row.get("compile_time_s") or 0.0) > COMPILING_S:
+        return COMPILING
+    return None
+
+
+def cpu_sample(row: Row) -> CpuSample | None:
+    """A measured CPU row as a sample of sweep.memory.cpu: ok, a peak, its model's spec; else None. A clean one
+    (`one_time_cost` None) is what the fits learn from."""
+    peak, precision, compile = row.get("peak_mem_gib"), row.get("precision"), row.get("compile")
+    if row.get("status") != "ok" or not peak or not row.get("model_spec"):
+        return None
+    assert precision is not None and compile is not None  # an ok row records both
+    shape = _shape(row)
+    return CpuSample(config_of(shape, precision, compile), cpu_predicted_bytes(shape, precision), peak * GiB)
+
+
+def cpu_calibration(rows: Iterable[Row]) -> CpuCalibration:
+    """The fits of sweep.memory.cpu on the clean CPU rows, and what the others peaked above them."""
+    clean: list[CpuSample] = []
+    paid: dict[str, list[CpuSample]] = {}
+    for row in rows:
+        if (x := cpu_sample(row)) is not None:
+            if (cost := one_time_cost(row)) is None:
+                clean.append(x)
+            else:
+                paid.setdefault(cost, []).append(x)
+    return one_time_excess(calibrate_cpu(clean), paid)
+
+
 @dataclass(frozen=True)
 class ProbePeak:
     """One probe of a search: its batch, predicted peak (calibrated as the run began), measured peak, status."""
@@ -92,15 +142,16 @@ class Predictor:
     samples: list[Sample] | None = None
     calibration: Calibration = NO_ROWS
     prior: Calibration = NO_ROWS  # as loaded, before a run's own rows refined it: what its probes were placed by
+    cpu: CpuCalibration = NO_CPU_ROWS  # CPU profiles: the fits of sweep.memory.cpu, shown and never checked
 
     @classmethod
     def load(cls, profile: ClusterProfile, output: Path | None) -> Predictor:
-        """Calibrated on the clean rows of `profile`'s cluster under `output` (GPU profiles; none read otherwise)."""
+        """Calibrated on the clean rows of `profile`'s cluster under `output` (a CPU profile's, by sweep.memory.cpu)."""
         from sweep.record import store
 
-        rows = (
-            store.read_columns(output, CALIBRATION_COLUMNS, cluster=profile.name) if output and profile.is_gpu else []
-        )
+        rows = store.read_columns(output, CALIBRATION_COLUMNS, cluster=profile.name) if output else []
+        if not profile.is_gpu:
+            return cls(profile=profile, output=output, samples=[], cpu=cpu_calibration(rows))
         samples = [s for r in rows if (s := sample(r)) is not None]
         calibration = calibrate(samples)
         return cls(profile=profile, output=output, samples=samples, calibration=calibration, prior=calibration)
@@ -126,6 +177,24 @@ class Predictor:
 
     def predict(self, trial: Trial) -> Prediction:
         return self.calibration.predict_trial(trial)
+
+    def shown(self, trial: Trial) -> tuple[float, float] | None:
+        """The trial's predicted peak per rank and the memory it is shown against, in bytes: a GPU rank's (as
+        checked), or a CPU rank's under a memory cap (sweep.memory.cpu, never checked); None where neither."""
+        memory = self.memory(trial)
+        if memory is not None:
+            return self.predict(trial).bytes, memory[0]
+        if self.profile.is_gpu or trial.memory_cap_bytes is None:
+            return None
+        return self.cpu.predict(Shape.of(trial), trial.precision, trial.compile).bytes, trial.memory_cap_bytes
+
+    def _cpu_max_batch(self, t: Trial) -> tuple[int, str] | None:
+        """A CPU trial's largest batch predicted within its cap, and what it rests on; None without a cap."""
+        if self.profile.is_gpu or t.memory_cap_bytes is None:
+            return None
+        shape = Shape.of(replace(t, batch_size=1))
+        best = self.cpu.max_batch(shape, t.precision, t.compile, t.memory_cap_bytes)
+        return best, self.cpu.predict(shape, t.precision, t.compile).basis()
 
     def max_batch(self, trial: Trial, *, point: bool = False) -> int | None:
         """The largest batch of `trial`'s config predicted to fit its ranks (0: none), as
@@ -168,17 +237,21 @@ class Predictor:
         return out
 
     def max_batch_lines(self, trials: Iterable[Trial]) -> list[str]:
-        """The largest batch predicted to fit, per model × precision (and the rest of its layout), on GPU ranks."""
+        """The largest batch predicted to fit, per model × precision (and the rest of its layout), on GPU ranks, and
+        on CPU ranks under a memory cap (shown, not enforced)."""
         lines: list[str] = []
         seen: set[tuple[tuple[Any, ...], int | None]] = set()
         for t in trials:
             key = (t.config_key, t.memory_cap_bytes)
-            if self.memory(t) is None or key in seen:
+            cpu = self._cpu_max_batch(t)
+            if (self.memory(t) is None and cpu is None) or key in seen:
                 continue
             seen.add(key)
             rows = self.calibration.rows.get((t.precision, t.compile), 0)
             basis = f"calibrated on {rows} row{'s' * (rows != 1)}" if rows else "uncalibrated"
             best = self.max_batch(replace(t, predict_memory=True))  # --no-predict still shows what is predicted
+            if cpu is not None:
+                best, basis = cpu
             layout = f" as {layout_text(t)}" if layout_text(t) else ""  # e.g. "8 ranks as tp 2"
             # the options besides the layout (said above), e.g. a chunked loss fits larger batches
             changed = " ".join(f"{k}={v}" for k, v in t.changed().items() if k not in ("dp_replicate", "tp", "cp"))
@@ -192,6 +265,8 @@ class Predictor:
     def basis(self) -> str:
         """What the predictions rest on: `calibrated on 12 rows of h200 (bf16 regional: 4, ...)` or `uncalibrated`."""
         where = self.output if self.output is not None else "--output"
+        if not self.profile.is_gpu:
+            return self._cpu_basis(where, self.cpu.rows)
         rows = self.calibration.rows
         if not rows:
             return f"memory prediction uncalibrated: no clean rows of {self.profile.name} in {where}"
@@ -200,6 +275,25 @@ class Predictor:
         return (
             f"memory prediction calibrated on {total} row{'s' * (total != 1)} of {self.profile.name} "
             f"in {where} ({kinds})"
+        )
+
+    def _cpu_basis(self, where: Path | str, rows: dict[tuple[str, str], int]) -> str:
+        shown = "shown, not enforced: the memory cap makes allocations fail for real"
+        if not rows:
+            return (
+                f"memory prediction of CPU ranks ({shown}) uncalibrated: "
+                f"no clean rows of {self.profile.name} in {where}"
+            )
+        kinds = ", ".join(f"{p} {c}: {n}" for (p, c), n in sorted(rows.items()))
+        total = sum(rows.values())
+        excess = "".join(
+            f"; {what} peaked {fit.overhead / 2**20:+.3g} MiB above it (median of {fit.rows} "
+            f"row{'s' * (fit.rows != 1)}), not in the figure"
+            for what, fit in self.cpu.excess.items()
+        )
+        return (
+            f"memory prediction of CPU ranks ({shown}) calibrated on {total} row{'s' * (total != 1)} of "
+            f"{self.profile.name} in {where} ({kinds}){excess}"
         )
 
 
