@@ -249,12 +249,19 @@ def write_dataset(out: Path, n_rows: int) -> int:
 
 
 def folder(data: Path, n_rows: int) -> Path:
-    """``data/rows-N``, written the first time (a ``.done`` file says it is whole)."""
-    out = data / f"rows-{n_rows}"
-    if not (out / ".done").exists():
+    """``data/rows-N``, written the first time and again when the schema has changed since (a ``.done`` file says
+    it is whole and names the schema version it was written with: rows of an older schema lack columns, config
+    keys among them, and would time a different query)."""
+    import shutil
+
+    from sweep.record.schema import SCHEMA_VERSION
+
+    out, done = data / f"rows-{n_rows}", data / f"rows-{n_rows}" / ".done"
+    if not done.exists() or done.read_text().split()[1:] != [SCHEMA_VERSION]:
+        shutil.rmtree(out, ignore_errors=True)
         t = time.perf_counter()
         files = write_dataset(out, n_rows)
-        (out / ".done").write_text(f"{files}\n")
+        done.write_text(f"{files} {SCHEMA_VERSION}\n")
         print(f"wrote {n_rows:,} rows in {files} files to {out} ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
     return out
 

@@ -91,7 +91,9 @@ def _config_aggregates(reached: bool) -> dict[str, str]:
            ELSE {failure_text("count(*) FILTER (WHERE status = '{}')")} END""",
         "n_attempts": "count(*)",
         "n_ok": f"count(*) {ok}",
-        "n_runs": "count(DISTINCT run_id)",
+        # the runs a config's attempts came from: count(DISTINCT) is a second hash table over every key and the
+        # run (+0.6 s of CPU at 10⁶ rows); a list of the config's run ids, deduplicated, is the same number (+0.15 s)
+        "n_runs": "len(list_distinct(list(run_id)))::BIGINT",
         **{f"n_{s}": f"count(*) FILTER (WHERE status = '{s}')" for s in FAILURES},
         **{m: f"median({m}) {ok}" for m in (*METRICS, *LOSSES)},
         **energy.config_aggregates(ok),
