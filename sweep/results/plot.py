@@ -278,30 +278,14 @@ def _perf_panel(
         oom += [(r["batch_size"] * nudge, style[s]["color"]) for r in failed if r["n_oom"]]
         other += [(r["batch_size"] * nudge, style[s]["color"]) for r in failed if not r["n_oom"]]
     # one scatter a kind for the whole panel, not two per series (192 collections of a 6-panel figure: ~0.3 s)
-    if oom:
-        marks = ax.scatter(
-            [x for x, _ in oom],
-            [0] * len(oom),
-            marker="x",
-            s=60,
-            linewidths=2,
-            color=[c for _, c in oom],
-            clip_on=False,
-            zorder=3,
-        )
-        marks.set_in_layout(False)  # on the zero line, inside the axes: nothing for the layout to measure
-    if other:
-        marks = ax.scatter(
-            [x for x, _ in other],
-            [0] * len(other),
-            marker="^",
-            s=50,
-            facecolors="none",
-            edgecolors=[c for _, c in other],
-            clip_on=False,
-            zorder=3,
-        )
-        marks.set_in_layout(False)
+    kinds: tuple[tuple[list, dict[str, Any]], ...] = (
+        (oom, {"marker": "x", "s": 60, "linewidths": 2, "color": [c for _, c in oom]}),
+        (other, {"marker": "^", "s": 50, "facecolors": "none", "edgecolors": [c for _, c in other]}),
+    )
+    for points, kind in kinds:
+        if points:
+            marks = ax.scatter([x for x, _ in points], [0] * len(points), clip_on=False, zorder=3, **kind)
+            marks.set_in_layout(False)  # on the zero line, inside the axes: nothing for the layout to measure
     ax.set_ylim(-0.04 * top, 1.1 * top)
     ax.set_xlabel("batch size per GPU")
     ax.set_ylabel(axis_label)
