@@ -63,7 +63,11 @@ def losses_at(
         return []
     configs = list(dict.fromkeys([side(p) for p in pairs] + [base(p) for p in pairs]))
     index = {c: i for i, c in enumerate(configs)}
-    match = " AND ".join(f"c.{k} IS NOT DISTINCT FROM g.k{i}" for i, k in enumerate(keys))
+    # a key that no config here lacks matches with `=`, the same rows as IS NOT DISTINCT FROM: DuckDB then joins on
+    # it by hash and filters the scan of the rows by the configs' range of it (the row groups of other clusters,
+    # models ... are not decoded: their curves are the costly columns)
+    held = [all(c[i] is not None for c in configs) for i in range(len(keys))]
+    match = " AND ".join(f"c.{k} {'=' if held[i] else 'IS NOT DISTINCT FROM'} g.k{i}" for i, k in enumerate(keys))
     curves = _CURVES.format(keys=", ".join(keys), source=source)
     if reached is not None:
         reach = {index[c]: reached.get(c) for c in configs}
