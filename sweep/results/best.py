@@ -30,33 +30,8 @@ def best_table(rows: Relation, baseline: str, finalists: Iterable[tuple[str | No
     ``rows`` need ``trial_id`` besides LOAD_COLUMNS; with LOSS_CURVES too, each side's ``REACHED``
     (``loss_reached``, ``base_loss_reached``) comes in the same read, for ``best_losses``.
     """
-    from sweep.results.curves import REACHED
-
     group, config = ", ".join(BEST_GROUP), ", ".join(BEST_CONFIG)
-    found = pa.table(
-        {
-            "cluster": pa.array([c for c, _ in finalists], pa.string()),
-            "trial_id": pa.array([t for _, t in finalists], pa.string()),
-        }
-    )
-    reach = [f"{REACHED} AS loss_reached"] if set(LOSS_CURVES) <= set(rows.column_names) else []
-    ok = "FILTER (WHERE status = 'ok')"
-    # Every config (and whether it is a search's finalist) in one read of the rows: its figures over its ok attempts
-    # and its attempts per status. What each precision ran per group follows from these, for the baseline's check and
-    # the statuses below, with no second read of a million rows (~0.3 s of CPU).
-    configs = run_sql(
-        f"""
-    WITH r AS (
-      SELECT r.*, f.trial_id IS NOT NULL AS tuned FROM rows r
-      LEFT JOIN (SELECT DISTINCT * FROM found) f ON f.cluster = r.cluster AND f.trial_id = r.trial_id)
-    SELECT {group}, precision, {config}, tuned, median(tflops_per_gpu) {ok} AS tflops_per_gpu,
-      median(tokens_per_s_per_gpu) {ok} AS tokens_per_s_per_gpu, median(loss_last) {ok} AS loss_last,
-      count(*) {ok} AS n_ok{"".join(", " + r for r in reach)},
-      {", ".join(f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in FAILURES)}
-    FROM r GROUP BY ALL""",
-        rows=rows,
-        found=found,
-    )
+    configs = _configs(rows, finalists)
     ran = run_sql(
         f"""SELECT {group}, precision,
         CASE WHEN sum(n_ok) > 0 THEN 'ok' ELSE {failure_text("sum(n_{})")} END AS status
@@ -66,7 +41,7 @@ def best_table(rows: Relation, baseline: str, finalists: Iterable[tuple[str | No
     check_baseline(ran, baseline, "precision")
     same = " AND ".join(f"c.{k} IS NOT DISTINCT FROM b.{k}" for k in BEST_GROUP)
     side = ["status", *BEST_CONFIG, "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_last", "n_ok", "tuned"]
-    side_reach = side + (["loss_reached"] if reach else [])
+    side_reach = side + (["loss_reached"] if "loss_reached" in configs.column_names else [])
     sql = f"""
     WITH best AS (
       SELECT * EXCLUDE (pick) FROM (
@@ -85,6 +60,36 @@ def best_table(rows: Relation, baseline: str, finalists: Iterable[tuple[str | No
     ORDER BY {", ".join(f"c.{k}" for k in BEST_GROUP)}, c.precision
     """
     return run_sql(sql, {"baseline": baseline}, configs=configs, ran=ran)
+
+
+def _configs(rows: Relation, finalists: Iterable[tuple[str | None, str]]) -> pa.Table:
+    """Every config of ``rows`` (BEST_GROUP, precision, BEST_CONFIG) and whether it is a search's finalist (``tuned``),
+    with its figures over its ok attempts and its attempts per status, in one read of the rows: what each precision
+    ran per group follows from these (``best_table``'s ``ran``), with no second read of a million rows (~0.3 s of
+    CPU). With LOSS_CURVES, its ``REACHED`` too (``loss_reached``)."""
+    from sweep.results.curves import REACHED
+
+    found = pa.table(
+        {
+            "cluster": pa.array([c for c, _ in finalists], pa.string()),
+            "trial_id": pa.array([t for _, t in finalists], pa.string()),
+        }
+    )
+    reach = [f"{REACHED} AS loss_reached"] if set(LOSS_CURVES) <= set(rows.column_names) else []
+    ok = "FILTER (WHERE status = 'ok')"
+    return run_sql(
+        f"""
+    WITH r AS (
+      SELECT r.*, f.trial_id IS NOT NULL AS tuned FROM rows r
+      LEFT JOIN (SELECT DISTINCT * FROM found) f ON f.cluster = r.cluster AND f.trial_id = r.trial_id)
+    SELECT {", ".join(BEST_GROUP)}, precision, {", ".join(BEST_CONFIG)}, tuned,
+      median(tflops_per_gpu) {ok} AS tflops_per_gpu, median(tokens_per_s_per_gpu) {ok} AS tokens_per_s_per_gpu,
+      median(loss_last) {ok} AS loss_last, count(*) {ok} AS n_ok{"".join(", " + r for r in reach)},
+      {", ".join(f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in FAILURES)}
+    FROM r GROUP BY ALL""",
+        rows=rows,
+        found=found,
+    )
 
 
 def best_losses(

@@ -77,7 +77,7 @@ def _import_matplotlib() -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(2, 2), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(2, 2), dpi=DPI)  # no layout engine: the plot's one layout stays the only one
     ax = fig.subplots()
     ax.errorbar([1, 2], [1, 2], yerr=[[0.1, 0.1], [0.1, 0.1]], capsize=3, marker="o", linestyle="--")
     ax.scatter([1], [0], marker="x", color=["C1"], clip_on=False)
@@ -85,7 +85,7 @@ def _import_matplotlib() -> None:
     ax.annotate("≥ 1\nOOM at 2", (1, 1), xytext=(0, 3), textcoords="offset points", fontsize="small")
     ax.set_xticks([1, 2], ["cluster\nbf16", "2"], fontsize="small")
     ax.set_title("warm-up · 0123456789")
-    fig.legend(handles=ax.get_lines()[:1], labels=["bf16"], loc="outside lower center", frameon=False)
+    fig.legend(handles=ax.get_lines()[:1], labels=["bf16"], loc="lower center", frameon=False)
     FigureCanvasAgg(fig).draw()
 
 
