@@ -7,7 +7,8 @@ on the GPUs that measure it, the software stack, the model spec) as one Parquet 
 rows are ~500 files. Each folder is written once under --data and reused (rewritten when the schema version it
 was written with is not the current one). Then runs each command as a user does, `python -m sweep results ...`
 in a fresh interpreter (process start and imports included), RUNS times, and prints a markdown table of the
-median wall time and the peak RSS (the child's own, from wait4) per command and row count, against the targets of issue 31: ≤ 2 s, ≤ 1 GB, and ≤ 3× the command's time at 10³.
+median wall time and the peak RSS (the child's own, from wait4) per command and row count, against the targets
+of issue 31: ≤ 2 s, ≤ 1 GB, and ≤ 3× the command's time at 10³.
 
     PYTHONPATH=. python benchmarks/bench_results.py [--data /tmp/sweep-bench] [--rows 1000 100000 1000000]
 """
