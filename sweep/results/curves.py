@@ -61,7 +61,8 @@ def losses_at(
     curves fewer)."""
     if not pairs:
         return []
-    configs = list(dict.fromkeys([side(p) for p in pairs] + [base(p) for p in pairs]))
+    sides, bases = [side(p) for p in pairs], [base(p) for p in pairs]  # each pair's two configs, made once
+    configs = list(dict.fromkeys(sides + bases))
     index = {c: i for i, c in enumerate(configs)}
     # a key that no config here lacks matches with `=`, the same rows as IS NOT DISTINCT FROM: DuckDB then joins on
     # it by hash and filters the scan of the rows by the configs' range of it (the row groups of other clusters,
@@ -79,21 +80,22 @@ def losses_at(
             configs=_configs(keys, configs),
         )
         reach = dict(zip(found.column("cfg").to_pylist(), found.column("reached").to_pylist()))
+    ends = [(index[s], index[b]) for s, b in zip(sides, bases)]  # each pair's two configs by index
     tokens = []
-    for p in pairs:
-        s, b = reach.get(index[side(p)]), reach.get(index[base(p)])
-        tokens.append(None if s is None or b is None else min(s, b))
-    shown = list(zip(pairs, tokens))[:printed]
-    wanted = sorted({(index[c(p)], t) for p, t in shown if t is not None for c in (side, base)})
+    for s, b in ends:
+        s_reach, b_reach = reach.get(s), reach.get(b)
+        tokens.append(None if s_reach is None or b_reach is None else min(s_reach, b_reach))
+    shown = list(zip(ends, tokens))[:printed]
+    wanted = sorted({(i, t) for two, t in shown if t is not None for i in two})
     losses = _medians(rows, keys, configs, wanted, match, curves)
     return [
         {
             **p,
             "loss_at_tokens": t,
-            "loss_at": None if t is None else losses.get((index[side(p)], t)),
-            "base_loss_at": None if t is None else losses.get((index[base(p)], t)),
+            "loss_at": None if t is None else losses.get((s, t)),
+            "base_loss_at": None if t is None else losses.get((b, t)),
         }
-        for p, t in zip(pairs, tokens)
+        for p, (s, b), t in zip(pairs, ends, tokens)
     ]
 
 
