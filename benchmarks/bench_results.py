@@ -4,10 +4,11 @@ Writes synthetic result rows with the sweep schema (4 clusters × 6 models × 4 
 2 AC modes × 7 batch sizes × 2 sequence lengths, run after run until N rows; OOM above a per-model limit, a
 few errors and timeouts, one precision unsupported on one cluster; loss curves from the later runs on, energy
 on the GPUs that measure it, the software stack, the model spec) as one Parquet file per (cluster, run): 10⁶
-rows are ~500 files. Each folder is written once under --data and reused. Then runs each command as a user
-does, `python -m sweep results ...` in a fresh interpreter (process start and imports included), RUNS times,
-and prints a markdown table of the median wall time and the peak RSS (the child's own, from wait4) per
-command and row count, against the targets of issue 31: ≤ 2 s, ≤ 1 GB, and ≤ 3× the command's time at 10³.
+rows are ~500 files. Each folder is written once under --data and reused (rewritten when the schema version it
+was written with is not the current one). Then runs each command as a user does, `python -m sweep results ...`
+in a fresh interpreter (process start and imports included), RUNS times, and prints a markdown table of the
+median wall time and the peak RSS (the child's own, from wait4) per command and row count, against the targets
+of issue 31: ≤ 2 s, ≤ 1 GB, and ≤ 3× the command's time at 10³.
 
     PYTHONPATH=. python benchmarks/bench_results.py [--data /tmp/sweep-bench] [--rows 1000 100000 1000000]
 """
@@ -249,12 +250,19 @@ def write_dataset(out: Path, n_rows: int) -> int:
 
 
 def folder(data: Path, n_rows: int) -> Path:
-    """``data/rows-N``, written the first time (a ``.done`` file says it is whole)."""
-    out = data / f"rows-{n_rows}"
-    if not (out / ".done").exists():
+    """``data/rows-N``, written the first time and again when the schema has changed since (a ``.done`` file says
+    it is whole and names the schema version it was written with: rows of an older schema lack columns, config
+    keys among them, and would time a different query)."""
+    import shutil
+
+    from sweep.record.schema import SCHEMA_VERSION
+
+    out, done = data / f"rows-{n_rows}", data / f"rows-{n_rows}" / ".done"
+    if not done.exists() or done.read_text().split()[1:] != [SCHEMA_VERSION]:
+        shutil.rmtree(out, ignore_errors=True)
         t = time.perf_counter()
         files = write_dataset(out, n_rows)
-        (out / ".done").write_text(f"{files}\n")
+        done.write_text(f"{files} {SCHEMA_VERSION}\n")
         print(f"wrote {n_rows:,} rows in {files} files to {out} ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
     return out
 

@@ -116,7 +116,9 @@ def _figure_data(fig) -> dict:
                 "xticks": [repr(float(v)) for v in ax.get_xticks()],
                 "xticklabels": [t.get_text() for t in ax.get_xticklabels()],
                 "lines": [[repr(float(v)) for v in (*line.get_xdata(), *line.get_ydata())] for line in ax.get_lines()],
-                "points": [[repr(float(v)) for v in c.get_offsets().ravel()] for c in ax.collections],
+                # every marker's place, pooled over the axes' collections: how they are grouped into collections
+                # (one per series or one per panel) is not what the figure shows
+                "points": sorted([repr(float(x)), repr(float(y))] for c in ax.collections for x, y in c.get_offsets()),
                 "bars": [[repr(float(p.get_height())), str(p.get_facecolor()), p.get_hatch()] for p in ax.patches],
                 "texts": [t.get_text() for t in ax.texts],
             }

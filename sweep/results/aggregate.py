@@ -14,6 +14,7 @@ or per group) that ``render`` and ``plot`` format.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -91,7 +92,9 @@ def _config_aggregates(reached: bool) -> dict[str, str]:
            ELSE {failure_text("count(*) FILTER (WHERE status = '{}')")} END""",
         "n_attempts": "count(*)",
         "n_ok": f"count(*) {ok}",
-        "n_runs": "count(DISTINCT run_id)",
+        # the runs a config's attempts came from: count(DISTINCT) is a second hash table over every key and the
+        # run (+0.6 s of CPU at 10⁶ rows); a list of the config's run ids, deduplicated, is the same number (+0.15 s)
+        "n_runs": "len(list_distinct(list(run_id)))::BIGINT",
         **{f"n_{s}": f"count(*) FILTER (WHERE status = '{s}')" for s in FAILURES},
         **{m: f"median({m}) {ok}" for m in (*METRICS, *LOSSES)},
         **energy.config_aggregates(ok),
@@ -321,10 +324,11 @@ def compare_losses(
     ``configs``: ``config_table``'s with ``loss_reached``, so that the curves are read once less."""
     from sweep.results.curves import losses_at
 
-    config = lambda row: tuple(row[k] for k in CONFIG_KEYS)  # noqa: E731
+    config = operator.itemgetter(*CONFIG_KEYS)  # a row's config as a tuple of its keys' values
     reached = None
-    if configs is not None and "loss_reached" in configs.column_names:
-        reached = {config(r): r["loss_reached"] for r in configs.select([*CONFIG_KEYS, "loss_reached"]).to_pylist()}
+    if configs is not None and "loss_reached" in configs.column_names:  # column by column: no dict per config
+        keys = zip(*(configs.column(k).to_pylist() for k in CONFIG_KEYS))
+        reached = dict(zip(keys, configs.column("loss_reached").to_pylist()))
     return losses_at(
         attempts,
         pairs,

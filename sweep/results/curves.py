@@ -17,10 +17,12 @@ from sweep.results.query import run_sql
 from sweep.results.scan import Relation, sql_type
 
 # an ok attempt's curve, as ``loss_at.Curve.of`` takes one: both lists there and not empty
-# the same per config, inside a GROUP BY over the rows (aggregate.config_table's `loss_reached`)
-REACHED = (
-    "min(loss_curve_tokens[-1]) FILTER (WHERE status = 'ok' AND len(loss_curve_tokens) > 0 AND len(loss_curve) > 0)"
-)
+# the largest token count every such curve of a config reached, inside a GROUP BY over the rows
+# (aggregate.config_table's `loss_reached`). Only the tokens are read, as `count_and_tokens` reads them: a row holds
+# both lists or neither (`sweep.record.rows.loss_curve_columns` writes them from the same steps), and decoding the
+# losses as well costs ~0.2 s of CPU at 10⁶ rows. (A row with tokens and no losses, which only a rank that reported
+# no loss at all could write, would count here and have no loss at the count below.)
+REACHED = "min(loss_curve_tokens[-1]) FILTER (WHERE status = 'ok' AND len(loss_curve_tokens) > 0)"
 _CURVES = """SELECT {keys}, loss_curve AS l, loss_curve_tokens AS t FROM {source}
   WHERE status = 'ok' AND len(loss_curve_tokens) > 0 AND len(loss_curve) > 0"""
 # the loss at x tokens of the curve (t, l): r is bisect_left(t, x) + 1 (SQL lists count from 1)
@@ -59,9 +61,14 @@ def losses_at(
     curves fewer)."""
     if not pairs:
         return []
-    configs = list(dict.fromkeys([side(p) for p in pairs] + [base(p) for p in pairs]))
+    sides, bases = [side(p) for p in pairs], [base(p) for p in pairs]  # each pair's two configs, made once
+    configs = list(dict.fromkeys(sides + bases))
     index = {c: i for i, c in enumerate(configs)}
-    match = " AND ".join(f"c.{k} IS NOT DISTINCT FROM g.k{i}" for i, k in enumerate(keys))
+    # a key that no config here lacks matches with `=`, the same rows as IS NOT DISTINCT FROM: DuckDB then joins on
+    # it by hash and filters the scan of the rows by the configs' range of it (the row groups of other clusters,
+    # models ... are not decoded: their curves are the costly columns)
+    held = [all(c[i] is not None for c in configs) for i in range(len(keys))]
+    match = " AND ".join(f"c.{k} {'=' if held[i] else 'IS NOT DISTINCT FROM'} g.k{i}" for i, k in enumerate(keys))
     curves = _CURVES.format(keys=", ".join(keys), source=source)
     if reached is not None:
         reach = {index[c]: reached.get(c) for c in configs}
@@ -73,21 +80,22 @@ def losses_at(
             configs=_configs(keys, configs),
         )
         reach = dict(zip(found.column("cfg").to_pylist(), found.column("reached").to_pylist()))
+    ends = [(index[s], index[b]) for s, b in zip(sides, bases)]  # each pair's two configs by index
     tokens = []
-    for p in pairs:
-        s, b = reach.get(index[side(p)]), reach.get(index[base(p)])
-        tokens.append(None if s is None or b is None else min(s, b))
-    shown = list(zip(pairs, tokens))[:printed]
-    wanted = sorted({(index[c(p)], t) for p, t in shown if t is not None for c in (side, base)})
+    for s, b in ends:
+        s_reach, b_reach = reach.get(s), reach.get(b)
+        tokens.append(None if s_reach is None or b_reach is None else min(s_reach, b_reach))
+    shown = list(zip(ends, tokens))[:printed]
+    wanted = sorted({(i, t) for two, t in shown if t is not None for i in two})
     losses = _medians(rows, keys, configs, wanted, match, curves)
     return [
         {
             **p,
             "loss_at_tokens": t,
-            "loss_at": None if t is None else losses.get((index[side(p)], t)),
-            "base_loss_at": None if t is None else losses.get((index[base(p)], t)),
+            "loss_at": None if t is None else losses.get((s, t)),
+            "base_loss_at": None if t is None else losses.get((b, t)),
         }
-        for p, t in zip(pairs, tokens)
+        for p, (s, b), t in zip(pairs, ends, tokens)
     ]
 
 

@@ -102,7 +102,8 @@ def config_value(key: str, value: object) -> str:
 
 def config_cols(keys: Sequence[str]) -> list[Col]:
     return [
-        Col(k, CONFIG_HEADERS[k], _cell(k, config_value), k in ("batch_size", "seq_len", "world_size")) for k in keys
+        Col(k, CONFIG_HEADERS[k], _cell(k, config_value), k in ("batch_size", "seq_len", "world_size"), of_value=True)
+        for k in keys
     ]
 
 

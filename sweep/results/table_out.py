@@ -53,6 +53,7 @@ class Col:
     text: Callable[[dict], str]
     numeric: bool = True
     optional: bool = False  # left out of a table where no row has a value (rows older than the column, say)
+    of_value: bool = False  # the text is a function of the row's value at `key` alone (a config column's)
 
 
 def says_nothing(key: str, value: object) -> bool:
@@ -85,11 +86,18 @@ def _split(
     for col in cols:
         if col.optional and all(r.get(col.key) is None for r in rows):
             continue
-        cells = [col.text(r) for r in rows]
         foldable = col.key in CONFIG_HEADERS and col.key not in always  # only a config column goes in the caption
+        scope = rows if selected is None else selected
+        if foldable and col.of_value and len({r.get(col.key) for r in scope}) == 1:
+            # one value in every row is one text: fold it without making each row's (most config columns of a
+            # large table are constant: 16 of 23 over 8,064 rows, ~0.1 s)
+            if not says_nothing(col.key, scope[0].get(col.key)):
+                caption.append(f"{col.key} {col.text(scope[0])}")
+            continue
+        cells = [col.text(r) for r in rows]
         values = set() if not foldable else set(cells) if selected is None else {col.text(r) for r in selected}
         if foldable and len(values) == 1:
-            if not says_nothing(col.key, (rows if selected is None else selected)[0].get(col.key)):
+            if not says_nothing(col.key, scope[0].get(col.key)):
                 caption.append(f"{col.key} {values.pop()}")
         else:
             keep.append(col)
@@ -177,8 +185,14 @@ def csv_table(table: pa.Table) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(table.column_names)
-    # the csv module writes None as an empty field, as csv_text does
-    columns = [_csv_column(column.to_pylist()) for column in table.columns]
+    import pyarrow as pa
+
+    # the csv module writes None as an empty field, as csv_text does; only a nested column can hold a list to join
+    # (the others are not searched for one: 8,064 rows of 60 columns, ~0.05 s)
+    columns = [
+        _csv_column(column.to_pylist()) if pa.types.is_nested(column.type) else column.to_pylist()
+        for column in table.columns
+    ]
     writer.writerows(zip(*columns) if columns else ([] for _ in range(table.num_rows)))
     return out.getvalue()
 
