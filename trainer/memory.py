@@ -13,15 +13,6 @@ thread RLIMIT_STACK (8 MiB) of it. Ray's gRPC starts and ends threads of its own
 96 MiB cap: the same batch then ran out of memory on a warm process and fitted on a fresh one. Under a CPU cap the
 process's later threads get 1 MiB stacks (`pthread_setattr_default_np`; macOS gives secondary threads 512 KiB and
 Ray, gRPC and torch run there), so a stray thread moves the limit by 1 MiB, not by a batch.
-
-A warm process (one that ran trials before) must not get a looser limit than a fresh one. glibc keeps freed
-heap mapped: its mmap threshold rises to the largest block freed (up to 32 MiB), so a trial's tensors, once
-freed, stayed in the heap, counted in the next trial's starting VmData yet free for it to reuse, on top of its
-cap (the real RankWorker in one process, gpt-tiny at seq 1024 under 96 MiB: batch 8 failed on a fresh process
-and 10 fitted after a batch 7, with 45 MiB free inside the heap). Under a CPU cap the threshold is fixed at
-glibc's default and the heap trimmed at each trial's start (`_data_limit`), so a freed tensor is unmapped. What
-remains is a process's first-use growth (MKL, OpenMP and oneDNN buffers): a fresh process's first trial pays it
-inside its cap, a warm one paid it before (a few MiB under Ray: tests/test_warm_groups.py).
 """
 
 from __future__ import annotations
@@ -40,10 +31,6 @@ GiB = 1024**3
 THREAD_STACK_BYTES = 1024**2
 """Default stack of the threads a process starts once it has run under a CPU cap (see the module's docstring)."""
 _thread_stacks_set = False
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc malloc.h)
-MMAP_THRESHOLD_BYTES = 128 * 1024
-"""glibc's default mmap threshold (DEFAULT_MMAP_THRESHOLD_MIN), kept fixed under a CPU cap (see the docstring)."""
-_heap_returns_freed = False
 
 
 def _proc_status_kib(key: str) -> int:
@@ -91,19 +78,6 @@ def _small_thread_stacks() -> None:
         libc.pthread_attr_destroy(attr)
 
 
-def _data_limit(cap_bytes: int) -> int:
-    """RLIMIT_DATA for a trial capped at `cap_bytes`: the cap above this process's data size now, the heap
-    trimmed first and, from the first capped trial on, freed large blocks unmapped (see the module's docstring)."""
-    global _heap_returns_freed
-    if (libc := _libc()) is not None:
-        if not _heap_returns_freed:  # a fixed threshold also stops glibc raising it (mallopt(3))
-            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-            libc.mallopt(M_TRIM_THRESHOLD, MMAP_THRESHOLD_BYTES)
-            _heap_returns_freed = True
-        libc.malloc_trim(0)
-    return _proc_status_kib("VmData") * 1024 + cap_bytes
-
-
 @contextmanager
 def memory_cap(cap_bytes: int | None, device: torch.device) -> Iterator[None]:
     if not cap_bytes:
@@ -119,7 +93,7 @@ def memory_cap(cap_bytes: int | None, device: torch.device) -> Iterator[None]:
         return
     _small_thread_stacks()
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    limit = _data_limit(cap_bytes)
+    limit = _proc_status_kib("VmData") * 1024 + cap_bytes
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
