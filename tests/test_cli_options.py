@@ -62,8 +62,8 @@ COVERAGE = {
     "on_oom: next, min_batch": "test_on_oom_next_with_min_batch_under_a_profile_cap",
     "search": "test_oom.py::test_max_batch_search_finds_the_limit_in_log_probes",
     "timeout_s": "test_timeout_s_kills_a_trial_past_it",
-    "memory_cap": "test_grid_memory_cap_makes_ranks_really_fail",
-    "reuse_actors": "test_warm_groups.py::test_grid_reuse_actors_false_gives_every_trial_fresh_processes",
+    "memory_cap": "test_grid_cli.py::test_a_grid_files_memory_cap_really_caps_the_ranks",
+    "reuse_actors": "test_warm_groups.py::test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes",
     "profile": "test_profile.py::test_profile_run_writes_a_trace_beside_its_row",
     "tune": "test_tune_cli.py::test_every_probe_of_a_grid_search_holds_its_global_batch",
     "search: fastest": "test_tune_cli.py::test_every_probe_of_a_grid_search_holds_its_global_batch",
@@ -84,7 +84,7 @@ COVERAGE = {
     "--max-concurrent": "test_on_oom_bisect_goes_midway_to_what_fits",
     "--resume": "test_faults.py::test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid",
     "--no-predict": "test_memory_predict.py::test_no_predict_and_the_grid_key_run_it_anyway",
-    "--fresh-actors": "test_warm_groups.py::test_a_grid_runs_on_one_warm_group_with_the_losses_of_fresh_processes",
+    "--fresh-actors": "test_warm_groups.py::test_max_batch_finds_the_same_limit_on_warm_and_on_fresh_processes",
     "--profile": "test_profile.py::test_profile_run_writes_a_trace_beside_its_row",
     # options of `sweep tune` the README shows (the `tuned` fixture runs them)
     "--vary": "test_tune_cli.py::test_numerics_changing_options_stay_fixed_unless_named",
@@ -417,14 +417,6 @@ def test_on_oom_bisect_goes_midway_to_what_fits(ray_session, tmp_path):
     assert [r["batch_size"] for r in ordered] == [2, 64, 33]
     for before, after in zip(ordered, ordered[1:]):
         assert before["finished_at"] <= after["started_at"]
-
-
-def test_grid_memory_cap_makes_ranks_really_fail(ray_session, tmp_path):
-    """`memory_cap:` in the grid file, as the README writes it (a size with a unit)."""
-    out = run_grid(tmp_path, _oom_grid([64], memory_cap=f"{CAP_MIB}MiB", on_oom={"policy": "none"}), measures=False)
-    (row,) = rows(out)
-    assert row["status"] == "oom" and "allocat" in row["error"]
-    assert row["memory_cap_gib"] == pytest.approx(CAP_MIB / 1024)
 
 
 def test_timeout_s_kills_a_trial_past_it(ray_session, tmp_path):

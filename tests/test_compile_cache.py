@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -54,7 +55,9 @@ def entries(folder: Path) -> dict[str, int]:
 
 
 @pytest.mark.integration
-def test_ranks_compile_into_the_profile_cache_and_a_later_run_reuses_it(ray_session, tmp_path):
+def test_ranks_compile_into_the_profile_cache_a_later_run_reuses_it_and_a_profile_env_overrides_it(
+    ray_session, tmp_path
+):
     cache = tmp_path / "cache"
     profile = write_profile(tmp_path, compile_cache=str(cache))
     (first,) = run(tmp_path, profile, "first")
@@ -68,15 +71,20 @@ def test_ranks_compile_into_the_profile_cache_and_a_later_run_reuses_it(ray_sess
     assert second["status"] == "ok"
     assert entries(cache / "fxgraph") == graphs and entries(cache / "aotautograd") == autograd
 
-
-@pytest.mark.integration
-def test_a_profile_env_overrides_the_cache_dir(ray_session, tmp_path):
+    # A profile's env overrides the cache dir. Its folder, a copy of that cache with one compiled graph taken
+    # out (a cold cache would compile every graph again): the ranks compile that graph into it, and the
+    # profile's compile_cache folder is never made.
     mine = tmp_path / "mine"
+    shutil.copytree(cache, mine)
+    gone = mine / "fxgraph" / min(graphs)
+    gone.unlink()
+    assert not any(gone.parent.iterdir())  # its graph's only entry
     profile = write_profile(
         tmp_path, compile_cache=str(tmp_path / "unused"), env={"TORCHINDUCTOR_CACHE_DIR": str(mine)}
     )
-    run(tmp_path, profile, "env")
-    assert entries(mine / "fxgraph")
+    (env,) = run(tmp_path, profile, "env")
+    assert env["status"] == "ok"
+    assert any(gone.parent.iterdir()), "the graph taken out was not compiled into the env's cache dir"
     assert not (tmp_path / "unused").exists()
 
 

@@ -89,7 +89,7 @@ def test_a_new_batch_size_reuses_the_compiled_graphs_with_the_losses_of_a_fresh_
 GRID = """
 models: [gpt-tiny]
 precisions: [fp32, bf16]
-batch_sizes: [2, 4, 3]
+batch_sizes: [2, 3]   # a larger batch after a smaller; 4 then 3 has the one-process test above
 compile: regional
 dynamic_batch: true   # the default, written as docs/grids.md shows it
 seq_len: 32
@@ -103,7 +103,7 @@ steps: {warmup: 1, measure: 3}
 def test_a_warm_group_compiles_once_per_graph_for_every_batch_size(ray_session, cli, write_grid, tmp_path):
     """Through `sweep run` on one warm group of 2 ranks (FSDP2), where the two precisions alternate at each batch
     size (the group runs the smallest first): each precision's first trial pays the compile, its later batch
-    sizes reuse it, so their compile_time_s (first step beyond a steady one) is a small part of the first's; the
+    size reuses it, so its compile_time_s (first step beyond a steady one) is a small part of the first's; the
     group gives back what each trial held (no process retired) and every trial trains as in fresh processes."""
     warm, fresh = tmp_path / "warm", tmp_path / "fresh"
     for out, *options in ((warm, "--max-concurrent", 1), (fresh, "--fresh-actors")):
@@ -111,11 +111,11 @@ def test_a_warm_group_compiles_once_per_graph_for_every_batch_size(ray_session, 
         assert result.exit_code == 0, result.output
     rows = sorted(store.read_table(warm).to_pylist(), key=lambda r: r["started_at"])
     assert [(r["status"], r["group_trial_index"], r["dynamic_batch"]) for r in rows] == [
-        ("ok", i, True) for i in range(6)
+        ("ok", i, True) for i in range(4)
     ], [r["error"] for r in rows]
     for precision in ("fp32", "bf16"):
         first, *later = [r for r in rows if r["precision"] == precision]
-        assert len(later) == 2 and all(r["compile_time_s"] < 0.2 * first["compile_time_s"] for r in later), [
+        assert len(later) == 1 and all(r["compile_time_s"] < 0.2 * first["compile_time_s"] for r in later), [
             (r["precision"], r["batch_size"], r["compile_time_s"]) for r in rows
         ]
     losses = lambda table: {(r["precision"], r["batch_size"]): r["loss_curve"] for r in table}  # noqa: E731

@@ -177,9 +177,9 @@ def fp32_grid(**keys) -> str:
 
 # -- a hung trial -------------------------------------------------------------------------------------------
 # ~100M parameters: 6 * N * 512 tokens = 0.3 TFLOP per step and rank, so its 21 steps on one core each take
-# minutes, never the 30 s limit; gpt-tiny does the same steps in a few seconds.
+# minutes, never the 10 s limit; gpt-tiny does the same steps in a few seconds.
 SLOW = "{arch: gpt, name: gpt-slow, n_layers: 8, d_embd: 1024, n_heads: 8, vocab_size: 512, max_seq_len: 64}"
-TIMEOUT_S = 30
+TIMEOUT_S = 10
 
 
 @pytest.mark.timeout(150)

@@ -122,38 +122,6 @@ def test_max_batch_search_finds_the_limit_in_log_probes(ray_session, cli, write_
     assert "max-batch verdicts" in result.stdout
 
 
-def test_max_batch_command(ray_session, cli, tmp_path):
-    out = tmp_path / "out"
-    result = cli(
-        "max-batch",
-        "--model",
-        "gpt-tiny",
-        "--precision",
-        "bf16",
-        "--gpus",
-        "1",
-        "--seq-len",
-        "1024",
-        "--compile",
-        "none",
-        "--warmup",
-        "0",
-        "--measure",
-        "1",
-        "--memory-cap",
-        "96MiB",
-        "--cluster",
-        "local",
-        "--output",
-        out,
-        "--no-progress",
-    )
-    assert result.exit_code == 0, result.output
-    (verdict,) = json.loads(next((out / "_search").glob("*.json")).read_text())
-    status = {r["batch_size"]: r["status"] for r in store.read_table(out).to_pylist()}
-    assert status[verdict["max_batch"]] == "ok" and status[verdict["max_batch"] + 1] == "oom"
-
-
 def test_max_batch_needs_a_model(cli):
     result = cli("max-batch", "--cluster", "local")
     assert result.exit_code == 2 and "--model" in result.stderr
