@@ -38,6 +38,18 @@ def replay(times: list[float], warmup: StepsSpec, measure: StepsSpec) -> tuple[i
     return None
 
 
+def _reading(
+    times: list[float], rule: tuple[StepsSpec, StepsSpec], reference: float
+) -> tuple[int, float, float, int] | None:
+    """A rule's steps taken, its median's % off the reference, the seconds of its steps after the first (which holds
+    the compile), and its measured steps; None if it is not done by the last step."""
+    run = replay(times, *rule)
+    if run is None:
+        return None
+    used, measured = run
+    return used, 100 * (statistics.median(measured) / reference - 1), sum(times[1:used]), len(measured)
+
+
 def main(folder: Path) -> int:
     rows = [r for r in store.read_table(folder).to_pylist() if r["status"] == "ok" and r.get("step_times_s")]
     if not rows:
@@ -48,32 +60,18 @@ def main(folder: Path) -> int:
     print("|---|---:|---:|---|---|")
     holds = True
     for r in sorted(rows, key=lambda r: (r["precision"], r["batch_size"])):
-        times, warm = r["step_times_s"], r["warmup_steps"]
-        reference = statistics.median(times[warm:])
-        cells = []
-        costs = []
-        for rule in (DEFAULT, ("auto", "auto")):
-            run = replay(times, *rule)
-            if run is None:
-                cells.append(f"not done in {len(times)} steps")
-                costs.append(None)
-                holds = holds and rule == DEFAULT
-                continue
-            used, measured = run
-            off = 100 * (statistics.median(measured) / reference - 1)
-            cost = sum(times[1:used])
-            costs.append(cost)
-            warmup = f" ({used - len(measured)})" if rule != DEFAULT else ""
-            cells.append(
-                f"{used}{warmup} steps, {off:+.2f} %, {cost:.2f} s"
-                if rule != DEFAULT
-                else f"{off:+.2f} %, {cost:.2f} s"
-            )
-            if rule != DEFAULT:
-                holds = holds and abs(off) <= SAME_PCT
-        if costs[0] is not None and costs[1] is not None:
-            holds = holds and costs[1] < costs[0]
-        print(f"| {r['precision']} | {r['batch_size']} | {reference:.4f} | {cells[0]} | {cells[1]} |")
+        times = r["step_times_s"]
+        reference = statistics.median(times[r["warmup_steps"] :])
+        default, auto = _reading(times, DEFAULT, reference), _reading(times, ("auto", "auto"), reference)
+        default_cell = "not done" if default is None else f"{default[1]:+.2f} %, {default[2]:.2f} s"
+        if auto is None:
+            auto_cell, holds = f"not done in {len(times)} steps", False
+        else:
+            used, off, cost, measured = auto
+            warmup = used - measured
+            auto_cell = f"{used} ({warmup}) steps, {off:+.2f} %, {cost:.2f} s"
+            holds = holds and abs(off) <= SAME_PCT and (default is None or cost < default[2])
+        print(f"| {r['precision']} | {r['batch_size']} | {reference:.4f} | {default_cell} | {auto_cell} |")
     verdict = (
         "auto becomes the default" if holds else "auto stays opt-in (not the same median at a lower cost on every row)"
     )
