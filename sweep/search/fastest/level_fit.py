@@ -34,7 +34,6 @@ class LevelFit:
         """`predicted`: the memory model's largest batch for this level's config (sweep.memory.predictor), its first
         probe in place of `start` (kept under `ceiling`); None or 0: from `start`."""
         self.ac, self.allowed, self.ceiling, self.need = ac, allowed, ceiling, need
-        self.capacity_bytes = capacity_bytes
         start = start if ceiling is None else min(start, ceiling - 1)
         if predicted and ceiling is not None:
             predicted = min(predicted, ceiling - 1)
@@ -71,9 +70,9 @@ class LevelFit:
         search = self.search
         clean = search.largest_ok or 0
         edge = min(self.thrashed) if len(self.thrashed) == 1 else None
-        if edge is None and search.probes == [search.predicted] and self.capacity_bytes:
+        if edge is None and search.probes == [search.predicted] and search.capacity_bytes:
             need = self.demand.get(search.probes[0])
-            edge = search.probes[0] if need is not None and need <= self.capacity_bytes * (1 + NEAR_EDGE) else None
+            edge = search.probes[0] if need is not None and need <= search.capacity_bytes * (1 + NEAR_EDGE) else None
         below = None if edge is None else edge - 1
         if below is None or below <= clean or below < 1 or below in search.probes:
             return None
