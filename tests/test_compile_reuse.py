@@ -29,8 +29,9 @@ def test_dynamic_batch_folds_away_without_compile():
     ]
 
 
-def test_torchao_fp8_keeps_static_shapes():
-    """A torchao FP8 trial compiles for each batch (measured slower with a symbolic batch); bf16 keeps the option."""
+def test_torchao_rowwise_keeps_static_shapes():
+    """A torchao rowwise trial compiles for each batch (measured slower with a symbolic batch); bf16 and torchao
+    tensorwise (its amax in static-length stages, trainer/precision/symbolic_amax.py) keep the option."""
     from sweep.spec.expand import expand
     from sweep.spec.grid import parse_grid
 
@@ -39,12 +40,14 @@ def test_torchao_fp8_keeps_static_shapes():
             "models": ["gpt-tiny"],
             "batch_sizes": [2],
             "compile": ["regional"],
-            "precisions": ["bf16", "fp8-torchao-tensorwise"],
+            "precisions": ["bf16", "fp8-torchao-tensorwise", "fp8-torchao-rowwise", "fp8-torchao-rowwise-gw-hp"],
         }
     )
     assert sorted((t.precision, t.dynamic_batch) for t in expand(grid, cluster="local")) == [
         ("bf16", True),
-        ("fp8-torchao-tensorwise", False),
+        ("fp8-torchao-rowwise", False),
+        ("fp8-torchao-rowwise-gw-hp", False),
+        ("fp8-torchao-tensorwise", True),
     ]
 
 

@@ -53,6 +53,10 @@ class Recipe:
     # from_recipe_name sets round_scales_to_power_of_2 for rowwise and rowwise_with_gw_hp), so `fp8_pow2_scales`
     # changes nothing there
     pow2_scales: bool = False
+    # compiled graphs may take a symbolic batch (the trial option dynamic_batch) without losing speed: not torchao's
+    # rowwise recipes, whose column scales reduce over the symbolic tokens (25 % slower on one H200;
+    # trainer/precision/symbolic_amax.py, benchmarks/RESULTS.md "Compile once per graph")
+    symbolic_batch: bool = True
     min_cuda_capability: float = 0.0
     amd: bool = True  # runs on MI300-class GPUs
     cpu: bool = True  # runs on CPU ranks (torchao FP8 only through emulation)
@@ -84,6 +88,7 @@ RECIPES: dict[str, Recipe] = {
             min_cuda_capability=9.0,
             scaling="rowwise",
             pow2_scales=True,
+            symbolic_batch=False,
             summary="torchao float8, dynamic rowwise scaling (more accurate, slower casts)",
         ),
         Recipe(
@@ -93,6 +98,7 @@ RECIPES: dict[str, Recipe] = {
             min_cuda_capability=9.0,
             scaling="rowwise_with_gw_hp",
             pow2_scales=True,
+            symbolic_batch=False,
             summary="torchao float8 rowwise, weight gradient in high precision",
         ),
         Recipe(

@@ -13,6 +13,13 @@ process-wide for that trial only (dynamo is reset between trials so each compile
   pow2                        torchao float8 scales rounded to powers of 2 (Float8LinearConfig)
   b=N                         batch N for this variant (else --batch)
   head                        FP8 recipes: the output head in FP8 too (the grid's fp8_lm_head)
+  dyn                         a symbolic batch dimension (the trial option dynamic_batch, which sweep's grid folds to
+                              false for torchao: here it is not folded)
+  torchao-amax                torchao's own amax (tensor_to_amax) instead of trainer.precision.symbolic_amax's
+  ind.NAME=VALUE              one inductor config entry (torch._inductor.config, dotted NAME, VALUE a Python literal)
+With --profile each variant also runs its profiled steps (trainer.profiling) and its record gets `kernels`: CUDA
+time per step of each kernel name (trailing _N numbering dropped), the largest first, to see where two variants'
+steps differ.
 Run it with TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0: the caches' keys do not include the
 SDPA backend flags, so with them on an `attn=` variant loads the graph an earlier variant compiled (seen:
 compile 1.0 s, the same step time).
@@ -33,6 +40,16 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+HELD_OUT = dict(  # benchmarks/campaigns/cold-sweep/a-grid.yaml's held-out model
+    arch="llama",
+    name="held-out-2.5b",
+    n_layers=20,
+    d_embd=2560,
+    n_heads=20,
+    n_kv_heads=4,
+    ffn_hidden=8960,
+    vocab_size=151936,
+)
 MODEL = dict(
     arch="llama",
     name="llama3-8b-8l",
@@ -84,6 +101,26 @@ def knobs(names: list[str]):
                 undo.append(
                     lambda original=original: setattr(Float8LinearConfig, "from_recipe_name", staticmethod(original))
                 )
+            elif knob.startswith("ind."):
+                import ast
+
+                name, _, value = knob[4:].partition("=")
+                *path, leaf = name.split(".")
+                owner = inductor
+                for part in path:
+                    owner = getattr(owner, part)
+                previous = getattr(owner, leaf)
+                setattr(owner, leaf, ast.literal_eval(value))
+                undo.append(lambda owner=owner, leaf=leaf, previous=previous: setattr(owner, leaf, previous))
+            elif knob == "torchao-amax":
+                from torchao.float8 import float8_utils
+
+                from trainer.precision import symbolic_amax
+
+                float8_utils.tensor_to_amax = symbolic_amax._original
+                undo.append(lambda: setattr(float8_utils, "tensor_to_amax", symbolic_amax.symbolic_amax))
+            elif knob == "dyn":
+                pass  # a trial option: main() puts it in TrainingOptions
             elif knob:
                 raise SystemExit(f"unknown knob {knob!r}")
         yield
@@ -98,6 +135,23 @@ def knobs(names: list[str]):
         inductor.triton.cudagraphs = saved[6]
 
 
+def kernel_times(trace_gz: bytes, steps: int, top: int = 60) -> list[tuple[str, float, int]]:
+    """(kernel name, ms of CUDA time per step, launches per step) from a gzipped Chrome trace, largest first."""
+    import gzip
+    import re
+
+    events = json.loads(gzip.decompress(trace_gz))["traceEvents"]
+    total: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for e in events:
+        if e.get("cat") == "kernel":
+            name = re.sub(r"_\d+$", "", e["name"])[:120]
+            total[name] = total.get(name, 0.0) + e.get("dur", 0.0)
+            count[name] = count.get(name, 0) + 1
+    ranked = sorted(total, key=total.get, reverse=True)[:top]
+    return [(n, round(total[n] / 1000 / steps, 3), count[n] // steps) for n in ranked]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("variants", nargs="+")
@@ -107,6 +161,8 @@ def main() -> None:
     ap.add_argument("--measure", type=int, default=10)
     ap.add_argument("--compile", default="regional")
     ap.add_argument("--out", default="kernels.jsonl")
+    ap.add_argument("--model", choices=("llama3-8b-8l", "held-out"), default="llama3-8b-8l")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
 
     import torch
@@ -116,6 +172,7 @@ def main() -> None:
     from trainer.job import TrialConfig
     from trainer.models.specs import ModelSpec
     from trainer.options import TrainingOptions
+    from trainer.profiling import recorded_steps
     from trainer.train import Rank, run_trial
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -123,7 +180,13 @@ def main() -> None:
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     rank = Rank(device=torch.device("cuda", 0), mesh=init_device_mesh("cuda", (1,)))
-    spec = ModelSpec(**MODEL)
+    if any(v.startswith("fp8-torchao") for v in args.variants):
+        from trainer.precision import symbolic_amax
+
+        symbolic_amax.install(
+            symbolic_batch=False
+        )  # before any variant, so that `torchao-amax` can undo it for its own
+    spec = ModelSpec(**(HELD_OUT if args.model == "held-out" else MODEL))
     for variant in args.variants:
         precision, _, knob_text = variant.partition(":")
         names = [k for k in knob_text.split(",") if k and not k.startswith("b=") and k != "head"]
@@ -137,7 +200,8 @@ def main() -> None:
             seq_len=args.seq_len,
             warmup_steps=args.warmup,
             measure_steps=args.measure,
-            options=TrainingOptions(fp8_lm_head="head" in knob_text.split(",")),
+            options=TrainingOptions(fp8_lm_head="head" in knob_text.split(","), dynamic_batch="dyn" in names),
+            profiled=args.profile,
         )
         torch._dynamo.reset()
         began = time.perf_counter()
@@ -167,6 +231,9 @@ def main() -> None:
                 peak_gib=m.memory.get("peak_mem_bytes", 0) / 2**30,
                 reserved_gib=(m.memory.get("reserved_mem_bytes") or 0) / 2**30,
             )
+            if m.profile:
+                record["kernels"] = kernel_times(m.profile["trace_gz"], recorded_steps(config.options.grad_accum))
+                record["shares"] = {k: v for k, v in m.profile.items() if k.endswith("_pct")}
         except torch.OutOfMemoryError as e:
             record.update(status="oom", error=str(e).splitlines()[0][:200])
         except Exception as e:  # a knob the stack refuses (e.g. a backend that cannot run this shape)

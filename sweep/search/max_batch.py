@@ -282,10 +282,10 @@ class MaxBatchPlan:
     """One MaxBatchSearch per (model, precision, compile, ac, seq_len, ranks); each probe is a trial.
     `predicted_max`: the memory model's largest batch of a config (its point estimate), where the search starts;
     `peak_model`: the model's uncalibrated peak per batch of a config (MaxBatchSearch.peak_model); `headroom`:
-    MaxBatchSearch.headroom. Each probe compiles as its config's trials do: torchao FP8's static shapes recompile
-    at every batch (11-13 s a probe of a 2.5 B model on one H200), and a symbolic batch, which would compile once,
-    ran that model 10.4 % slower (755.3 against 842.5 TFLOP/s at batch 12, the same peak): a verdict's fastest
-    batch and its speed must be what a user's own run of it measures."""
+    MaxBatchSearch.headroom. Each probe compiles as its config's trials do (the grid's `dynamic_batch`, folded per
+    recipe): torchao rowwise's static shapes recompile at every batch (11-15 s a probe of a 2.5 B model on one H200),
+    because a symbolic batch, which would compile once, ran it 25 % slower: a verdict's fastest batch and its speed
+    must be what a user's own run of it measures."""
 
     def __init__(
         self,

@@ -30,11 +30,11 @@ def fold_options(
     reduce = options["reduce_dtype"] if gpus > 1 and family != "fp32" else OPTION_DEFAULTS["reduce_dtype"]
     sync = options["grad_sync"] if gpus > 1 and options["grad_accum"] > 1 else OPTION_DEFAULTS["grad_sync"]
     # Nothing is traced without compile (a caller that does not say which compile keeps the option as it is).
-    # torchao's FP8 graphs keep static shapes: on one H200 a symbolic batch ran them 1.9-2.3 % slower on 4-layer
-    # Llama3-8B dims and 10.4 % on a 2.5 B model (bf16 within 0.7 %; benchmarks/RESULTS.md "Compile once per graph",
-    # "Cold sweep"), more than a benchmark may trade for compile time.
+    # Recipes whose graphs lose speed with a symbolic batch keep static shapes (trainer.recipes `symbolic_batch`:
+    # torchao rowwise ran 25 % slower on one H200; tensorwise, with its amax in static-length stages, within 1 %;
+    # benchmarks/RESULTS.md "Compile once per graph"), more than a benchmark may trade for compile time.
     dynamic = (
-        options["dynamic_batch"] and RECIPES[precision].backend != "torchao"
+        options["dynamic_batch"] and RECIPES[precision].symbolic_batch
         if compile != "none"
         else OPTION_DEFAULTS["dynamic_batch"]
     )

@@ -4,7 +4,8 @@ The recipe's `scaling` is torchao's recipe name (`Float8LinearConfig.from_recipe
 `fp8_all_gather` whether FSDP2 gathers float8 weights; the trial's `fp8_pow2_scales` rounds every scale down to a
 power of 2 (`round_scales_to_power_of_2`, as torchao's rowwise recipes do already). On MI300-class GPUs torchao
 picks the e4m3fnuz/e5m2fnuz formats itself (torchao.float8.config); on CPU ranks the casts are real and the matmul
-is emulated in high precision.
+is emulated in high precision. Where a trial's batch is symbolic (`dynamic_batch`), torchao's amax reduces in two
+static-length stages (trainer.precision.symbolic_amax): the same numbers, without the slow symbolic reductions.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch.nn as nn
 
 from trainer.options import DEFAULT_OPTIONS, TrainingOptions
+from trainer.precision import symbolic_amax
 from trainer.precision.plan import PrecisionPlan
 from trainer.recipes import Recipe
 
@@ -53,6 +55,7 @@ def plan(
     fp8_lm_head = options.fp8_lm_head
 
     def convert(model: nn.Module) -> None:
+        symbolic_amax.install(symbolic_batch=options.dynamic_batch)  # amax in static-length stages: same bits
         convert_to_float8_training(
             model, config=config, module_filter_fn=functools.partial(fp8_module_filter, include_head=fp8_lm_head)
         )

@@ -1,0 +1,75 @@
+"""torchao's amax in two static-length stages where the batch is symbolic (trainer.precision.symbolic_amax).
+
+On CPU ranks (torchao's emulated FP8) through a compiled Float8Linear model: the two stages run in the symbolic trace,
+the forward and the gradients are bitwise those of torchao's own amax in eager code, and two batch sizes share one
+graph. Whether it is faster is measured on the GPU (benchmarks/device/kernels_probe.py --profile).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchao")
+
+import torch.nn as nn  # noqa: E402
+
+from trainer.precision import symbolic_amax  # noqa: E402
+
+BACKEND = "aot_eager"
+
+
+def _model(recipe: str) -> nn.Module:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.SiLU(), nn.Linear(128, 64))
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+    convert_to_float8_training(model, config=config)
+    return model
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad()
+    out = model(x)
+    out.square().mean().backward()
+    return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])  # rowwise: torchao's own amax, still one graph
+def test_symbolic_batch_is_bitwise_torchaos_amax_in_one_graph(recipe: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    symbolic_amax.install(symbolic_batch=True)
+    two_stage: list[set[int]] = []
+    dims = symbolic_amax._symbolic_dims
+    monkeypatch.setattr(symbolic_amax, "_symbolic_dims", lambda x: two_stage.append(dims(x)) or two_stage[-1])
+    eager, compiled = _model(recipe), _model(recipe)
+    compiled.compile(backend=BACKEND)
+    torch._dynamo.reset()
+    graphs = []
+    try:
+        for batch in (2, 3):
+            x = torch.randn(batch, 256, 64, generator=torch.Generator().manual_seed(batch))
+            torch._dynamo.mark_dynamic(x, 0)
+            symbolic_amax.install(symbolic_batch=False)  # eager: torchao's own amax (no symbolic sizes anyway)
+            want = _step(eager, x)
+            symbolic_amax.install(symbolic_batch=True)
+            got = _step(compiled, x)
+            assert torch.equal(got[0], want[0])
+            assert all(torch.equal(g, w) for g, w in zip(got[1], want[1]))
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        assert graphs[1] == graphs[0], "batch 3 compiled anew instead of running batch 2's graphs"
+        assert any(two_stage), "no amax saw a symbolic size: the two stages never ran"
+    finally:
+        symbolic_amax.install(symbolic_batch=False)
+        torch._dynamo.reset()
+
+
+def test_static_shapes_and_eager_run_torchaos_own_amax(monkeypatch: pytest.MonkeyPatch) -> None:
+    symbolic_amax.install(symbolic_batch=False)
+    calls: list[int] = []
+    original = symbolic_amax._original
+    monkeypatch.setattr(symbolic_amax, "_original", lambda *a: calls.append(1) or original(*a))
+    _step(_model("tensorwise"), torch.randn(2, 256, 64))
+    assert calls, "eager code did not reach torchao's amax"
