@@ -17,7 +17,8 @@ import json
 import statistics
 from pathlib import Path
 
-from sweep.memory.model import GiB, Sample, Shape, leave_one_out, predicted_bytes
+from sweep.memory.calibration import Sample, leave_one_out
+from sweep.memory.model import GiB, Shape, predicted_bytes
 from trainer.models.specs import REGISTRY, ModelSpec
 
 HISTORY = Path(__file__).parent / "history"
