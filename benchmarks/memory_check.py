@@ -6,7 +6,8 @@
 Every clean ok row (status ok, no allocator retries) that names its model, precision, batch, sequence, ranks,
 compile and peak_mem_gib, once per distinct configuration and figure. The energy rows of session 14 name no
 model: they are Llama3-8B dims with 4 layers at T 4096 on one H200 (benchmarks/RESULTS.md). Calibrated errors
-are leave-one-out: each row's ratio is the median of the other rows of its precision and compile mode.
+are leave-one-out: each row's ratio is the median of the other rows of its precision and compile mode (the
+calibration before session 19; how the affine fit per config does on the same rows: benchmarks/memory_gpu_check.py).
 """
 
 from __future__ import annotations
