@@ -4,6 +4,7 @@ the predicted max batch, where a ratio would have scaled the count's wrong slope
 
 from __future__ import annotations
 
+import yaml
 from conftest import invoke
 
 from clusters import load_profile
@@ -20,8 +21,8 @@ SLOPE = 1.35  # measured bytes per counted activation byte: what eager TE FP8 ke
 PLAN = ("plan", "--cluster", "h200", "--model", "llama3-8b", "--gpus", "2", "--seq-len", "4096")
 
 
-def _trial(batch: int):
-    grid = {"models": ["llama3-8b"], "gpus": [2], "seq_len": [4096], "batch_sizes": [batch]}
+def _trial(batch: int, loss: str = "full"):
+    grid = {"models": ["llama3-8b"], "gpus": [2], "seq_len": [4096], "batch_sizes": [batch], "loss": [loss]}
     (trial,) = expand(parse_grid(grid, "<t>"), cluster="h200")
     return trial
 
@@ -32,11 +33,11 @@ def _measured(batch: int) -> float:
     return b.forward_end - b.batch_part + SLOPE * b.batch_part
 
 
-def _folder(tmp_path, batches):
+def _folder(tmp_path, batches, loss: str = "full"):
     out = tmp_path / "results"
     rows = []
     for batch in batches:
-        row = base_row(_trial(batch), run_id="r0", profile=load_profile("h200"), grid_name=None)
+        row = base_row(_trial(batch, loss), run_id="r0", profile=load_profile("h200"), grid_name=None)
         row.update(status="ok", peak_mem_gib=_measured(batch) / GiB, alloc_retries=0)
         store.write_row(out, row)
         rows.append(row)
@@ -68,3 +69,15 @@ def test_one_batch_size_is_calibrated_by_the_ratio(tmp_path):
     assert result.exit_code == 0, result.output
     assert "seq 4096, 2 ranks): " in result.stdout and ", calibrated on 1 row" in result.stdout
     assert "affine" not in result.stdout
+
+
+def test_a_chunked_loss_row_calibrates_chunked_trials_not_full_ones(tmp_path):
+    out, _ = _folder(tmp_path, [2], loss="chunked")
+    full = invoke(*PLAN, "-b", 4, "--output", out, env={"COLUMNS": "250"})
+    assert f"calibrated on 1 row of h200 in {out} (bf16 regional loss=chunked: 1)" in full.stdout
+    assert "seq 4096, 2 ranks): 5, uncalibrated" in full.stdout  # the full loss: no row of its kind
+    grid = tmp_path / "chunked.yaml"
+    spec = {"models": ["llama3-8b"], "gpus": [2], "seq_len": [4096], "batch_sizes": [4], "loss": "chunked"}
+    grid.write_text(yaml.safe_dump(spec))
+    chunked = invoke("plan", grid, "--cluster", "h200", "--output", out, env={"COLUMNS": "250"})
+    assert "ranks, loss=chunked): " in chunked.stdout and ", calibrated on 1 row" in chunked.stdout, chunked.stdout

@@ -25,8 +25,9 @@ bytes). Two corrections, the closest first:
   temporary (the B·T·V logits) and with it the part the ratio corrects most: on one H200, TE FP8's full-loss rows
   teach × 1.22, which put its chunked row at batch 9 at +28 % where the count alone is +4.5 %.
 
-Options outside `Shape` (attention kernel, FP8 head, dynamic batch, compile mode) share a config: on one H200 they
-moved a peak by at most 0.14 GiB of 123 (llama3-8b-8l, TE FP8 at batch 9; bf16 at batches 10 and 14: 0.00).
+Options outside `Shape` (attention kernel, TE's FP8 head, compile mode, ...) share a config: on one H200 they moved a
+peak by at most 0.14 GiB of 123 (llama3-8b-8l: TE FP8 at batch 9; bf16 at batches 10 and 14, and GEMM autotuning at
+10: 0.00).
 """
 
 from __future__ import annotations
