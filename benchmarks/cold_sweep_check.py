@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
 
-from sweep.memory.model import GiB, leave_one_out  # noqa: E402
+from sweep.memory.calibration import leave_one_out  # noqa: E402
+from sweep.memory.model import GiB  # noqa: E402
 from sweep.memory.predictor import sample  # noqa: E402
 from sweep.record import store  # noqa: E402
 from sweep.record.cost import attempt_seconds, fresh_trial_s, gpu_seconds  # noqa: E402

@@ -6,7 +6,8 @@
 Every clean ok row (status ok, no allocator retries) that names its model, precision, batch, sequence, ranks,
 compile and peak_mem_gib, once per distinct configuration and figure. The energy rows of session 14 name no
 model: they are Llama3-8B dims with 4 layers at T 4096 on one H200 (benchmarks/RESULTS.md). Calibrated errors
-are leave-one-out: each row's ratio is the median of the other rows of its precision and compile mode.
+are leave-one-out: each row's ratio is the median of the other rows of its precision and compile mode (the
+calibration before session 19; how the affine fit per config does on the same rows: benchmarks/memory_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import json
 import statistics
 from pathlib import Path
 
-from sweep.memory.model import GiB, Sample, Shape, leave_one_out, predicted_bytes
+from sweep.memory.calibration import Sample, leave_one_out
+from sweep.memory.model import GiB, Shape, predicted_bytes
 from trainer.models.specs import REGISTRY, ModelSpec
 
 HISTORY = Path(__file__).parent / "history"

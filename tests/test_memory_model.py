@@ -5,19 +5,8 @@ from dataclasses import replace
 import pytest
 from conftest import ROOT
 
-from sweep.memory.model import (
-    UNCALIBRATED_MARGIN,
-    Prediction,
-    Sample,
-    Shape,
-    activation_bytes,
-    breakdown,
-    calibrate,
-    layer_bytes_per_token,
-    leave_one_out,
-    max_batch,
-    predicted_bytes,
-)
+from sweep.memory.calibration import NO_ROWS, UNCALIBRATED_MARGIN, Prediction, Sample, calibrate, leave_one_out
+from sweep.memory.model import Shape, activation_bytes, breakdown, layer_bytes_per_token, predicted_bytes
 from sweep.spec.grid import load_grid
 from trainer.models.specs import REGISTRY
 
@@ -100,7 +89,7 @@ def test_sharded_peak_worked_by_hand():
     assert breakdown(replace(TINY, ranks=2, grad_accum=4)).state == 8 * 164160
 
 
-def test_calibration_is_the_median_ratio_per_precision_and_compile():
+def test_calibration_is_the_median_ratio_per_precision_compile_and_loss():
     rows = [
         Sample("bf16", "regional", 100.0, 110.0),
         Sample("bf16", "regional", 100.0, 90.0),
@@ -109,7 +98,7 @@ def test_calibration_is_the_median_ratio_per_precision_and_compile():
     ]
     cal = calibrate(rows)
     assert cal.ratio("bf16", "regional") == pytest.approx(1.05)
-    assert cal.rows[("bf16", "regional")] == 3
+    assert cal.rows[("bf16", "regional", "full")] == 3  # a sample that names no config: the full loss
     assert cal.ratio("fp8-torchao-tensorwise", "regional") == pytest.approx(0.8)
     assert cal.ratio("bf16", "none") is None
 
@@ -133,11 +122,12 @@ def test_uncalibrated_prediction_needs_the_margin_to_say_no():
 
 def test_max_batch_is_the_largest_batch_predicted_to_fit():
     available = predicted_bytes(replace(TINY, batch_size=64))
-    assert max_batch(TINY, available, ratio=1.0) == 64
-    assert max_batch(TINY, available - 1, ratio=1.0) == 63
-    assert max_batch(TINY, 1000.0, ratio=1.0) == 0
+    # uncalibrated, no margin (the estimate itself, where a search places a probe)
+    assert NO_ROWS.max_batch(TINY, "bf16", "none", available, margin=False) == 64
+    assert NO_ROWS.max_batch(TINY, "bf16", "none", available - 1, margin=False) == 63
+    assert NO_ROWS.max_batch(TINY, "bf16", "none", 1000.0, margin=False) == 0
     # a ratio of 2 halves the room: the largest batch whose raw figure is at most half
-    half = max_batch(TINY, available, ratio=2.0)
+    half = calibrate([Sample("bf16", "none", 100.0, 200.0)]).max_batch(TINY, "bf16", "none", available)
     assert predicted_bytes(replace(TINY, batch_size=half)) * 2 <= available
     assert predicted_bytes(replace(TINY, batch_size=half + 1)) * 2 > available
 

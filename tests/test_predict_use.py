@@ -28,9 +28,11 @@ def _trial(batch: int, precision: str = "bf16", cluster: str = "h200"):
     return trial
 
 
-def _write(out, trial, *, ratio: float, status: str = "ok", alloc_retries: int = 0, cluster: str = "h200"):
+def _write(
+    out, trial, *, ratio: float, status: str = "ok", alloc_retries: int = 0, cluster: str = "h200", run_id: str = "r0"
+):
     """A measured row as `sweep run` writes it, its peak `ratio` × the model's uncalibrated prediction."""
-    row = base_row(trial, run_id="r0", profile=load_profile(cluster), grid_name=None)
+    row = base_row(trial, run_id=run_id, profile=load_profile(cluster), grid_name=None)
     row.update(status=status, peak_mem_gib=ratio * NO_ROWS.predict_trial(trial).raw / GiB, alloc_retries=alloc_retries)
     store.write_row(out, row)
 
@@ -71,11 +73,12 @@ def test_plan_on_an_empty_folder_says_it_is_uncalibrated(tmp_path):
 
 
 def test_plan_is_calibrated_on_the_clusters_clean_rows(tmp_path):
-    """Two clean rows measured 1.2 × the model: batch 4 (129 GiB raw) is then 154 GiB, past the H200's 141.
-    A row with allocator retries, an OOM row, and a row of another cluster teach nothing."""
+    """Two clean rows of batch 2 measured 1.2 × the model (one batch size: the ratio; tests/test_predict_affine.py
+    has two): batch 4 (129 GiB raw) is then 154 GiB, past the H200's 141. A row with allocator retries, an OOM row,
+    and a row of another cluster teach nothing."""
     out = tmp_path / "results"
     _write(out, _trial(2), ratio=1.2)
-    _write(out, _trial(3), ratio=1.2)
+    _write(out, _trial(2), ratio=1.2, run_id="r1")
     _write(out, _trial(1), ratio=3.0, alloc_retries=4)
     _write(out, _trial(5), ratio=3.0, status="oom")
     _write(out, _trial(1, cluster="local"), ratio=3.0, cluster="local")
@@ -167,7 +170,8 @@ def test_run_retries_a_predicted_oom_at_the_predicted_batch_without_ray(tmp_path
     assert proc.returncode == 0, proc.stderr
     rows = [r for r in store.read_table(out).to_pylist() if r["run_id"] != "r0"]
     assert [(r["batch_size"], r["status"]) for r in rows] == [(16, "unsupported")]
-    assert "× 1.200, the median measured/predicted of 3 clean rows" in rows[0]["error"]
+    assert "affine on 3 clean rows of its config at 3 batch sizes: " in rows[0]["error"]
+    assert "+ 1.200 × its activations" in rows[0]["error"]  # 1.2 × the model: its slope, and 1.2 × its overhead
     assert "1 attempt (1 reused from earlier runs)" in proc.stdout
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from sweep.execution.scheduler import Scheduler
-    from sweep.memory.model import Calibration
+    from sweep.memory.calibration import Calibration
     from sweep.memory.predictor import Predictor
     from sweep.search.plan import Plan
 

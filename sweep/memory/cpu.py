@@ -55,7 +55,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from sweep.memory.model import ACT_BYTES, Shape, _kv_width, _unit_params, activation_bytes, largest
+from sweep.memory.model import ACT_BYTES, Shape, _kv_width, _unit_params, activation_bytes, largest, least_squares
 from trainer.loss_chunk import chunk_tokens
 
 FP32 = 4
@@ -218,14 +218,10 @@ def fit_affine(samples: list[CpuSample], scope: str = "config") -> AffineFit:
     xs, ys = [s.predicted for s in samples], [s.measured for s in samples]
     if len(samples) < 2 or max(xs) < MIN_SPREAD * min(xs):
         return fit_overhead(samples, scope)
-    w = [1.0] * len(ys)
-    sw, sx, sy = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * y for wi, y in zip(w, ys))
-    sxx, sxy = sum(wi * x * x for wi, x in zip(w, xs)), sum(wi * x * y for wi, x, y in zip(w, xs, ys))
-    det = sw * sxx - sx * sx
-    slope = (sw * sxy - sx * sy) / det if det > 0 else 0.0
+    overhead, slope = least_squares(xs, ys)
     if slope <= 0:
         return fit_overhead(samples, scope)
-    return AffineFit(overhead=(sy - slope * sx) / sw, slope=slope, rows=len(samples), scope=scope)
+    return AffineFit(overhead=overhead, slope=slope, rows=len(samples), scope=scope)
 
 
 @dataclass(frozen=True)

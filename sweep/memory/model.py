@@ -32,14 +32,13 @@
   copy); with tensor parallel the compute copies, activations and logits are each divided by tp (column/row
   parallel inside the blocks, sequence parallel between them, logits sharded on the vocabulary).
 
-The figure is then multiplied by a calibration ratio learned from the clean ok rows a cluster has already
-measured (`calibrate`): compile fusion and the allocator move it, and the ratio says by how much.
+The figure is then corrected by what the clean ok rows a cluster has already measured say of it
+(sweep.memory.calibration): compile fusion, the allocator and what a recipe keeps that the count does not move it.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sweep.spec.trial import Trial
@@ -50,7 +49,6 @@ GiB = 2**30
 ACT_BYTES = 2  # bf16 activations
 LOGIT_BYTES = 2 + 4  # bf16 logits and their fp32 upcast
 CHUNK_LOGIT_BYTES = 2 + 4 + 4  # loss: chunked, a chunk's: bf16 logits, their fp32 upcast and log-softmax (eager)
-UNCALIBRATED_MARGIN = 0.10  # with no rows, a trial is predicted not to fit only past the memory by this much
 
 
 @dataclass(frozen=True)
@@ -150,6 +148,11 @@ class Breakdown:
     def peak(self) -> float:
         return max(self.forward_end, self.backward_end)
 
+    @property
+    def batch_part(self) -> float:
+        """What grows with the batch at the end of forward: the activations and the loss's tensors."""
+        return self.activations + self.logits
+
 
 def _kv_width(s: Shape) -> int:
     """J·D: the width of k (and of v)."""
@@ -241,94 +244,6 @@ def predicted_bytes(s: Shape) -> float:
     return breakdown(s).peak
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One clean measured row: its precision and compile mode, predicted (uncalibrated) and measured peak."""
-
-    precision: str
-    compile: str
-    predicted: float
-    measured: float
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Measured / predicted, per (precision, compile); `rows` says how many rows each ratio rests on."""
-
-    ratios: dict[tuple[str, str], float]
-    rows: dict[tuple[str, str], int]
-
-    def ratio(self, precision: str, compile: str) -> float | None:
-        return self.ratios.get((precision, compile))
-
-    def predict(self, shape: Shape, precision: str, compile: str) -> Prediction:
-        raw = predicted_bytes(shape)
-        ratio = self.ratio(precision, compile)
-        return Prediction(raw=raw, ratio=ratio, rows=self.rows.get((precision, compile), 0))
-
-    def predict_trial(self, trial: Trial) -> Prediction:
-        """A `sweep.spec.grid.Trial`'s prediction: raw, and calibrated where rows of its precision and compile
-        mode are."""
-        return self.predict(Shape.of(trial), trial.precision, trial.compile)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """A trial's predicted peak: raw, and corrected by `ratio` (None: no rows of its kind to learn it from)."""
-
-    raw: float
-    ratio: float | None
-    rows: int
-
-    @property
-    def bytes(self) -> float:
-        return self.raw * (self.ratio if self.ratio is not None else 1.0)
-
-    def fits(self, available: float) -> bool:
-        """Whether it is predicted to fit in `available` bytes. Uncalibrated, the figure may be off either way,
-        so only a trial past the memory by more than UNCALIBRATED_MARGIN is predicted not to fit."""
-        limit = available * (1 + UNCALIBRATED_MARGIN) if self.ratio is None else available
-        return self.bytes <= limit
-
-    def basis(self) -> str:
-        if self.ratio is None:
-            return (
-                f"uncalibrated (no clean rows; predicted not to fit only past the memory by {UNCALIBRATED_MARGIN:.0%})"
-            )
-        return f"× {self.ratio:.3f}, the median measured/predicted of {self.rows} clean row{'s' * (self.rows != 1)}"
-
-
-def calibrate(samples: Iterable[Sample]) -> Calibration:
-    """The median measured/predicted ratio per (precision, compile) over `samples`."""
-    by_kind: dict[tuple[str, str], list[float]] = {}
-    for x in samples:
-        if x.predicted > 0 and x.measured > 0:
-            by_kind.setdefault((x.precision, x.compile), []).append(x.measured / x.predicted)
-    return Calibration(
-        ratios={k: statistics.median(v) for k, v in by_kind.items()}, rows={k: len(v) for k, v in by_kind.items()}
-    )
-
-
-def leave_one_out(samples: list[Sample]) -> list[float | None]:
-    """Each sample's calibrated prediction from the others alone (None: no other sample of its kind)."""
-    out: list[float | None] = []
-    for i, x in enumerate(samples):
-        ratio = calibrate(samples[:i] + samples[i + 1 :]).ratio(x.precision, x.compile)
-        out.append(None if ratio is None else x.predicted * ratio)
-    return out
-
-
-def max_batch(shape: Shape, available: float, ratio: float | None, limit: int = 1 << 20) -> int:
-    """The largest batch predicted to fit in `available` bytes (0: not even one), as `Prediction.fits` says."""
-    from dataclasses import replace
-
-    def fits(batch: int) -> bool:
-        p = Prediction(raw=predicted_bytes(replace(shape, batch_size=batch)), ratio=ratio, rows=0)
-        return p.fits(available)
-
-    return largest(fits, limit)
-
-
 def largest(fits: Callable[[int], bool], limit: int = 1 << 20) -> int:
     """The largest batch in 1..limit that `fits` (0: not even one), for a peak that grows with the batch:
     double, then bisect."""
@@ -342,3 +257,12 @@ def largest(fits: Callable[[int], bool], limit: int = 1 << 20) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+def least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) of the line y = intercept + slope·x by ordinary least squares (about the means, the closed
+    form of the 2 x 2 normal equations); slope 0, the mean of ys, where the xs do not spread."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    return my - slope * mx, slope

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from clusters.schema import ClusterProfile
+from sweep.memory.calibration import NO_ROWS as NO_ROWS  # re-exported: what sweep.execution.runner defaults to
+from sweep.memory.calibration import Calibration, Prediction, Sample, calibrate
 from sweep.memory.cpu import (
     COMPILING,
     COMPILING_S,
@@ -27,7 +29,7 @@ from sweep.memory.cpu import (
     cpu_predicted_bytes,
     one_time_excess,
 )
-from sweep.memory.model import Calibration, GiB, Prediction, Sample, Shape, calibrate, max_batch, predicted_bytes
+from sweep.memory.model import GiB, Shape
 from sweep.record.schema import Row
 from sweep.spec.layout import layout_text
 from sweep.spec.trial import Trial
@@ -51,7 +53,6 @@ CALIBRATION_COLUMNS = (
     "actor_reused",
     "compile_time_s",
 )
-NO_ROWS = Calibration(ratios={}, rows={})
 NO_CPU_ROWS = CpuCalibration(configs={}, kinds={})
 
 
@@ -85,7 +86,7 @@ def sample(row: Row) -> Sample | None:
     if row.get("status") != "ok" or not peak or row.get("alloc_retries") or not row.get("model_spec"):
         return None
     assert precision is not None and compile is not None  # an ok row records both
-    return Sample(precision=precision, compile=compile, predicted=predicted_bytes(_shape(row)), measured=peak * GiB)
+    return Sample.of(_shape(row), precision, compile, peak * GiB)
 
 
 def one_time_cost(row: Row) -> str | None:
@@ -204,15 +205,17 @@ class Predictor:
         memory = self.memory(trial)
         if memory is None or not trial.predict_memory:
             return None
-        ratio = self.calibration.ratio(trial.precision, trial.compile)
-        return max_batch(Shape.of(replace(trial, batch_size=1)), memory[0], 1.0 if point and ratio is None else ratio)
+        shape = Shape.of(replace(trial, batch_size=1))
+        return self.calibration.max_batch(shape, trial.precision, trial.compile, memory[0], margin=not point)
 
     def peak_curve(self, trial: Trial) -> Callable[[int], float] | None:
-        """The model's uncalibrated peak per rank of `trial`'s config at a batch (where `max_batch` predicts one):
-        a search scales it by a probe's measured peak (sweep.search.max_batch.MaxBatchSearch.peak_model)."""
+        """The predicted peak per rank of `trial`'s config at a batch (where `max_batch` predicts one): a search
+        scales it by a probe's measured peak (sweep.search.max_batch.MaxBatchSearch.peak_model). Calibrated as
+        `predict` is: a ratio cancels in that scaling (the raw curve's shape), an affine fit of the config gives
+        the curve its measured slope, which one probe's ratio cannot."""
         if self.memory(trial) is None or not trial.predict_memory:
             return None
-        return lambda batch: predicted_bytes(Shape.of(replace(trial, batch_size=batch)))
+        return lambda batch: self.predict(replace(trial, batch_size=batch)).bytes
 
     def probe_peaks(self, probes: Iterable[Row]) -> list[ProbePeak]:
         """Predicted (by the calibration the run began with) against measured peak, per probe row with a spec."""
@@ -224,11 +227,10 @@ class Predictor:
                 continue
             precision, compile, batch, status = row["precision"], row["compile"], row["batch_size"], row["status"]
             assert precision is not None and compile is not None and batch is not None and status is not None
-            ratio = self.prior.ratio(precision, compile)
             out.append(
                 ProbePeak(
                     batch=batch,
-                    predicted=predicted_bytes(_shape(row)) * (ratio or 1.0),
+                    predicted=self.prior.predict(_shape(row), precision, compile).bytes,
                     measured_gib=row.get("peak_mem_gib") if status == "ok" else None,
                     status=status,
                     predicted_oom=is_predicted_oom(row),
@@ -247,8 +249,7 @@ class Predictor:
             if (self.memory(t) is None and cpu is None) or key in seen:
                 continue
             seen.add(key)
-            rows = self.calibration.rows.get((t.precision, t.compile), 0)
-            basis = f"calibrated on {rows} row{'s' * (rows != 1)}" if rows else "uncalibrated"
+            basis = self.predict(t).short()
             best = self.max_batch(replace(t, predict_memory=True))  # --no-predict still shows what is predicted
             if cpu is not None:
                 best, basis = cpu
@@ -270,11 +271,13 @@ class Predictor:
         rows = self.calibration.rows
         if not rows:
             return f"memory prediction uncalibrated: no clean rows of {self.profile.name} in {where}"
-        kinds = ", ".join(f"{p} {c}: {n}" for (p, c), n in sorted(rows.items()))
+        kinds = ", ".join(
+            f"{p} {c}{'' if loss == 'full' else f' loss={loss}'}: {n}" for (p, c, loss), n in sorted(rows.items())
+        )
         total = sum(rows.values())
         return (
             f"memory prediction calibrated on {total} row{'s' * (total != 1)} of {self.profile.name} "
-            f"in {where} ({kinds})"
+            f"in {where} ({kinds}){self.calibration.affine_text()}"
         )
 
     def _cpu_basis(self, where: Path | str, rows: dict[tuple[str, str], int]) -> str:
@@ -299,7 +302,7 @@ class Predictor:
 
 def predicted_reason(trial: Trial, memory: tuple[float, str] | None, calibration: Calibration = NO_ROWS) -> str | None:
     """`predicted OOM: <pred> > <avail>` when the trial's predicted peak (sweep.memory.model, corrected by
-    `calibration` where it has rows of the trial's precision and compile mode) does not fit `memory`, else None."""
+    `calibration`, sweep.memory.calibration, where it has rows of the trial's kind) does not fit `memory`, else None."""
     from sweep.memory.capacity import size
 
     if memory is None:
