@@ -460,6 +460,27 @@ def test_a_group_picks_plain_torch_before_torchao_then_the_smallest_and_never_go
     assert pick(key, 0, [twin, small]) is twin and pick(key, 0, [small, twin]) is small
 
 
+def test_a_group_runs_static_shape_trials_after_the_batches_that_share_compiled_graphs():
+    """torchao tensorwise batches 4 and 6 (a symbolic batch) and rowwise 4 and 6 (static shapes): the static ones
+    wait for tensorwise 6, which runs the graphs tensorwise 4 compiled; a static trial would drop them first."""
+    from sweep.execution.groups import pick, stack_stage, warm_group_key
+
+    compiled = dict(compile="regional", seq_len=4096)
+    tensorwise = [tiny_trial(precision="fp8-torchao-tensorwise", batch_size=b, **compiled) for b in (4, 6)]
+    rowwise = [
+        tiny_trial(precision="fp8-torchao-rowwise", batch_size=b, dynamic_batch=False, **compiled) for b in (4, 6)
+    ]
+    queue = [tensorwise[0], rowwise[0], tensorwise[1], rowwise[1]]  # the grid's order: precisions at each batch
+    key, stage = warm_group_key(tensorwise[0]), stack_stage(tensorwise[0])
+    order = []
+    while queue:
+        order.append(pick(key, stage, queue))
+        queue.remove(order[-1])
+    assert order == [*tensorwise, *rowwise]
+    eager = [tiny_trial(batch_size=b, dynamic_batch=False) for b in (2, 4)]  # nothing compiled: nothing to drop
+    assert pick(warm_group_key(eager[0]), 0, [eager[1], tiny_trial(batch_size=3)]).batch_size == 3
+
+
 def test_a_new_group_runs_what_it_was_placed_for_unless_an_earlier_stage_waits():
     from sweep.execution.groups import opener
 

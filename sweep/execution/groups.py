@@ -50,15 +50,19 @@ def fits(key: WarmGroupKey, stage: int, trial: Trial) -> bool:
     return warm_group_key(trial) == key and stack_stage(trial) >= stage
 
 
-def footprint(trial: Trial) -> tuple[int, int, int]:
-    """What orders the trials of one stage a warm group runs, smallest first: the model, then the tokens per
-    micro-batch, then the most activation checkpointing. A trial that runs out of memory then comes after
-    those that fit, so the OOM retires a group with the least left to run (each retirement costs a group
-    start), and an on_oom policy (bisect) knows which smaller batches fit. Where in a group a trial runs did
-    not show in its speed on 2xH200: Llama3-8B bf16 batch 4 (24-44 allocator retries) read 1.6 % below
-    fresh as a group's first trial and 5.9 % below to 5.4 % above as its fourth, and varies as much between
-    fresh runs (RESULTS.md, sessions 6-8)."""
-    return trial.model.n_params(), trial.batch_size * trial.seq_len, AC_MEMORY[trial.ac]
+def footprint(trial: Trial) -> tuple[int, bool, int, int]:
+    """What orders the trials of one stage a warm group runs, smallest first: the model, then whether the trial
+    compiles static shapes, then the tokens per micro-batch, then the most activation checkpointing. A trial that
+    runs out of memory then comes after those that fit, so the OOM retires a group with the least left to run (each
+    retirement costs a group start), and an on_oom policy (bisect) knows which smaller batches fit. Where in a group
+    a trial runs did not show in its speed on 2xH200: Llama3-8B bf16 batch 4 (24-44 allocator retries) read 1.6 %
+    below fresh as a group's first trial and 5.9 % below to 5.4 % above as its fourth, and varies as much between
+    fresh runs (RESULTS.md, sessions 6-8). Static-shape compiled trials (`dynamic_batch` false, or folded to it:
+    torchao rowwise) come after a model's others because each drops the compiled code the group keeps
+    (trainer.release): run between two batches of a symbolic-batch config, one made the second compile again (6.8 s
+    of torchao tensorwise on one H200, benchmarks/RESULTS.md "Cold sweep")."""
+    static = trial.compile != "none" and not trial.dynamic_batch
+    return trial.model.n_params(), static, trial.batch_size * trial.seq_len, AC_MEMORY[trial.ac]
 
 
 def pick(key: WarmGroupKey, stage: int, queue: Iterable[Trial]) -> Trial | None:
