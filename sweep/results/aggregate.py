@@ -82,6 +82,14 @@ def failure_text(count: str) -> str:
     return "concat_ws('/', " + ", ".join(f"CASE WHEN {count.format(s)} > 0 THEN '{s}' END" for s in FAILURES) + ")"
 
 
+def when_ok(function: str, column: str) -> str:
+    """SQL: ``function`` of ``column`` over a config's ok attempts, as a CASE that leaves the others' values NULL,
+    which ``function`` skips (median, min, max, bool_and: every aggregate here but first and count). The same
+    answer as ``function(column) FILTER (WHERE status = 'ok')``, in a third less CPU at 10⁶ rows (DuckDB evaluates a
+    FILTER clause once per aggregate; the CASE is a cheap projection), and the same types."""
+    return f"{function}(CASE WHEN status = 'ok' THEN {column} END)"
+
+
 def _config_aggregates(reached: bool) -> dict[str, str]:
     """Every column of ``config_table`` past the config keys, as its SQL aggregate, in the table's order."""
     from sweep.results.curves import REACHED
@@ -96,15 +104,15 @@ def _config_aggregates(reached: bool) -> dict[str, str]:
         # run (+0.6 s of CPU at 10⁶ rows); a list of the config's run ids, deduplicated, is the same number (+0.15 s)
         "n_runs": "len(list_distinct(list(run_id)))::BIGINT",
         **{f"n_{s}": f"count(*) FILTER (WHERE status = '{s}')" for s in FAILURES},
-        **{m: f"median({m}) {ok}" for m in (*METRICS, *LOSSES)},
-        **energy.config_aggregates(ok),
-        "alloc_retries": f"max(alloc_retries) {ok}",
-        "step_time_ci_pct": f"max(step_time_ci_pct) {ok}",
-        "ci_target_met": f"bool_and(ci_target_met) {ok}",
-        "tflops_min": f"min(tflops_per_gpu) {ok}",
-        "tflops_max": f"max(tflops_per_gpu) {ok}",
-        "spread_pct": f"""100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
-          / nullif(median(tflops_per_gpu) {ok}, 0)""",
+        **{m: when_ok("median", m) for m in (*METRICS, *LOSSES)},
+        **energy.config_aggregates(when_ok),
+        "alloc_retries": when_ok("max", "alloc_retries"),
+        "step_time_ci_pct": when_ok("max", "step_time_ci_pct"),
+        "ci_target_met": when_ok("bool_and", "ci_target_met"),
+        "tflops_min": when_ok("min", "tflops_per_gpu"),
+        "tflops_max": when_ok("max", "tflops_per_gpu"),
+        "spread_pct": f"""100 * ({when_ok("max", "tflops_per_gpu")} - {when_ok("min", "tflops_per_gpu")}) / 2
+          / nullif({when_ok("median", "tflops_per_gpu")}, 0)""",
         "error": "first(error ORDER BY finished_at DESC NULLS LAST) "
         "FILTER (WHERE status <> 'ok' AND error IS NOT NULL)",
         **({"loss_reached": REACHED} if reached else {}),
