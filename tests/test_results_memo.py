@@ -146,3 +146,14 @@ def test_two_processes_keeping_at_once_print_the_same(tmp_path):
     assert [run.returncode for run in runs] == [0, 0], [p[1][-500:] for p in printed]
     assert printed[0][0] == printed[1][0] == _run("export", str(out), "-f", "csv").encode()
     assert _entries(out) and not list((out / memo.FOLDER).glob("*.part")), "a temporary file was left"
+
+
+def test_a_file_damaged_after_its_footer_was_kept_is_named(tmp_path, keep_all):
+    out = _folder(tmp_path)
+    _run("export", str(out), "-f", "csv")
+    bad = next(out.glob("cluster=mi300x/run=*/part-0.parquet"))
+    bad.write_bytes(b"not parquet")
+    res = invoke("results", "export", str(out), "-f", "csv")
+    assert res.exit_code == 2 and str(bad) in res.stderr and "Traceback" not in res.output, res.output
+    res = invoke("results", "export", str(out), "-f", "csv", "--skip-bad")
+    assert res.exit_code == 0 and f"warning: skipped {bad}" in res.stderr, res.output
