@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import invoke
 from results_golden_rows import write_folder
-from test_results_golden import CASES, GOLDEN
+from test_results_golden import CASES, GOLDEN, PLOTS, _figure_data
 
 from sweep.results import memo
 
@@ -53,6 +53,23 @@ def test_a_kept_answer_prints_the_golden_output(golden_folder, name, keep_all, m
         res = invoke("results", *CASES[name])
         assert f"exit {res.exit_code}\n--- stdout\n{res.stdout}--- stderr\n{res.stderr}" == golden
     assert _entries(golden_folder / "results")
+
+
+@pytest.mark.parametrize("name", PLOTS)
+def test_a_kept_answer_plots_the_golden_figure(golden_folder, name, keep_all, monkeypatch):
+    import json
+
+    from sweep.results import plot
+
+    monkeypatch.chdir(golden_folder)
+    drawn = []
+    figure = plot.figure
+    monkeypatch.setattr(plot, "figure", lambda *a, **k: drawn.append(figure(*a, **k)) or drawn[-1])
+    for _ in range(2):
+        res = invoke("results", "plot", "results", "--out", "fig.png", *PLOTS[name])
+        text = f"exit {res.exit_code}\n--- stdout\n{res.stdout}--- stderr\n{res.stderr}"
+        text += json.dumps(_figure_data(drawn[-1]), indent=1, ensure_ascii=False) + "\n"
+        assert text == (GOLDEN / f"{name}.txt").read_text()
 
 
 def test_a_kept_answer_is_read_back_not_recomputed(golden_folder, keep_all, monkeypatch):
