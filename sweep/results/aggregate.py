@@ -23,7 +23,7 @@ import pyarrow as pa
 from sweep.errors import UserError
 from sweep.record.schema import STATUSES
 from sweep.results import energy
-from sweep.results.query import CONFIG_KEYS, load, run_sql
+from sweep.results.query import CONFIG_KEYS, load, run_sql, when_ok
 from sweep.results.scan import Relation
 
 METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak_mem_gib")
@@ -80,14 +80,6 @@ def typed_baseline(by: str, baseline: str | int | None) -> str | int | None:
 def failure_text(count: str) -> str:
     """SQL for 'oom' / 'error/timeout': the failure statuses whose ``count`` expression is > 0."""
     return "concat_ws('/', " + ", ".join(f"CASE WHEN {count.format(s)} > 0 THEN '{s}' END" for s in FAILURES) + ")"
-
-
-def when_ok(function: str, column: str) -> str:
-    """SQL: ``function`` of ``column`` over a config's ok attempts, as a CASE that leaves the others' values NULL,
-    which ``function`` skips (median, min, max, bool_and: every aggregate here but first and count). The same
-    answer as ``function(column) FILTER (WHERE status = 'ok')``, in a third less CPU at 10⁶ rows (DuckDB evaluates a
-    FILTER clause once per aggregate; the CASE is a cheap projection), and the same types."""
-    return f"{function}(CASE WHEN status = 'ok' THEN {column} END)"
 
 
 def _config_aggregates(reached: bool) -> dict[str, str]:

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 import pyarrow as pa
 
 from sweep.record.schema import TRAINING_DEFAULTS
-from sweep.results.aggregate import FAILURES, LOSS_CURVES, check_baseline, failure_text, when_ok
-from sweep.results.query import CONFIG_KEYS, run_sql
+from sweep.results.aggregate import FAILURES, LOSS_CURVES, check_baseline, failure_text
+from sweep.results.query import CONFIG_KEYS, run_sql, when_ok
 from sweep.results.scan import Relation
 
 # `compare --best`: a precision's best is per this group, whatever its batch and options

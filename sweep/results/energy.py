@@ -30,7 +30,7 @@ FOOTER = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "energy_source")
 def config_aggregates(ok: Callable[[str, str], str]) -> dict[str, str]:
     """The aggregates `aggregate.config_table` adds, by column: medians, the plot's error bars, the source (any
     sampled attempt makes the config's 'sampled'); ``ok(function, column)``: that aggregate over the ok attempts
-    (``aggregate.when_ok``)."""
+    (``query.when_ok``)."""
     return {
         **{m: ok("median", m) for m in MEDIANS},
         "tokens_per_kwh_min": ok("min", "tokens_per_kwh"),
