@@ -4,7 +4,7 @@ files returns it again without reading a row (issue 31).
 A command at a year of sweeps (10⁶ rows, ~500 files) spends most of its time in one or two DuckDB statements (one
 row per config: a median of each metric over every attempt, ~1 s of 2 cores), and a user runs the same commands on
 the same folder again and again (`compare`, then `compare -f md`, `export`, `plot`): the rows change only when a
-sweep adds a run. ``scan.Rows.sql`` asks here first.
+sweep adds a run. ``scan.Rows.sql`` asks here first; so does ``footers.checked`` for the columns of every file.
 
 - **The key is everything the answer depends on** (``state``, ``key``): the view's SQL (which names every file it reads,
   so a file added or taken away is another key, as is another ``--where`` or ``--flops``), each file's size,
@@ -14,8 +14,9 @@ sweep adds a run. ``scan.Rows.sql`` asks here first.
 - **Only what is worth it is kept**: a statement that took ``SLOW_S`` or more, and an answer of at most
   ``MOST_BYTES`` (one row per config, not the rows themselves).
 - **Safe when two processes write at once**: an entry is written to a temporary file in the same folder, then
-  renamed into place (atomic on POSIX): a reader sees a whole entry or none, and two writers of one key write the
-  same bytes. An entry that does not read (a disk that filled up, a crash) is a miss and is removed.
+  renamed into place (atomic on POSIX): a reader sees a whole entry or none, and of two writers of one key the
+  last rename wins (both computed the same statement over the same files). An entry that does not read (a disk
+  that filled up, a crash) is a miss and is removed.
 - **Bounded**: past ``MOST_ENTRIES`` entries or ``MOST_TOTAL`` bytes the least recently used go (a hit touches its
   entry); entries of older file states age out so.
 - **Never an error**: a folder that cannot be written (read-only, another user's) just keeps nothing.
