@@ -23,7 +23,7 @@ import pyarrow as pa
 from sweep.errors import UserError
 from sweep.record.schema import STATUSES
 from sweep.results import energy
-from sweep.results.query import CONFIG_KEYS, load, run_sql
+from sweep.results.query import CONFIG_KEYS, load, run_sql, when_ok
 from sweep.results.scan import Relation
 
 METRICS = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "peak_mem_gib")
@@ -96,15 +96,15 @@ def _config_aggregates(reached: bool) -> dict[str, str]:
         # run (+0.6 s of CPU at 10⁶ rows); a list of the config's run ids, deduplicated, is the same number (+0.15 s)
         "n_runs": "len(list_distinct(list(run_id)))::BIGINT",
         **{f"n_{s}": f"count(*) FILTER (WHERE status = '{s}')" for s in FAILURES},
-        **{m: f"median({m}) {ok}" for m in (*METRICS, *LOSSES)},
-        **energy.config_aggregates(ok),
-        "alloc_retries": f"max(alloc_retries) {ok}",
-        "step_time_ci_pct": f"max(step_time_ci_pct) {ok}",
-        "ci_target_met": f"bool_and(ci_target_met) {ok}",
-        "tflops_min": f"min(tflops_per_gpu) {ok}",
-        "tflops_max": f"max(tflops_per_gpu) {ok}",
-        "spread_pct": f"""100 * (max(tflops_per_gpu) {ok} - min(tflops_per_gpu) {ok}) / 2
-          / nullif(median(tflops_per_gpu) {ok}, 0)""",
+        **{m: when_ok("median", m) for m in (*METRICS, *LOSSES)},
+        **energy.config_aggregates(when_ok),
+        "alloc_retries": when_ok("max", "alloc_retries"),
+        "step_time_ci_pct": when_ok("max", "step_time_ci_pct"),
+        "ci_target_met": when_ok("bool_and", "ci_target_met"),
+        "tflops_min": when_ok("min", "tflops_per_gpu"),
+        "tflops_max": when_ok("max", "tflops_per_gpu"),
+        "spread_pct": f"""100 * ({when_ok("max", "tflops_per_gpu")} - {when_ok("min", "tflops_per_gpu")}) / 2
+          / nullif({when_ok("median", "tflops_per_gpu")}, 0)""",
         "error": "first(error ORDER BY finished_at DESC NULLS LAST) "
         "FILTER (WHERE status <> 'ok' AND error IS NOT NULL)",
         **({"loss_reached": REACHED} if reached else {}),

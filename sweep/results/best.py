@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.results.aggregate import FAILURES, LOSS_CURVES, check_baseline, failure_text
-from sweep.results.query import CONFIG_KEYS, run_sql
+from sweep.results.query import CONFIG_KEYS, run_sql, when_ok
 from sweep.results.scan import Relation
 
 # `compare --best`: a precision's best is per this group, whatever its batch and options
@@ -83,8 +83,9 @@ def _configs(rows: Relation, finalists: Iterable[tuple[str | None, str]]) -> pa.
       SELECT r.*, f.trial_id IS NOT NULL AS tuned FROM rows r
       LEFT JOIN (SELECT DISTINCT * FROM found) f ON f.cluster = r.cluster AND f.trial_id = r.trial_id)
     SELECT {", ".join(BEST_GROUP)}, precision, {", ".join(BEST_CONFIG)}, tuned,
-      median(tflops_per_gpu) {ok} AS tflops_per_gpu, median(tokens_per_s_per_gpu) {ok} AS tokens_per_s_per_gpu,
-      median(loss_last) {ok} AS loss_last, count(*) {ok} AS n_ok{"".join(", " + r for r in reach)},
+      {when_ok("median", "tflops_per_gpu")} AS tflops_per_gpu,
+      {when_ok("median", "tokens_per_s_per_gpu")} AS tokens_per_s_per_gpu,
+      {when_ok("median", "loss_last")} AS loss_last, count(*) {ok} AS n_ok{"".join(", " + r for r in reach)},
       {", ".join(f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in FAILURES)}
     FROM r GROUP BY ALL""",
         rows=rows,

@@ -22,7 +22,8 @@ from sweep.results.scan import Relation, sql_type
 # both lists or neither (`sweep.record.rows.loss_curve_columns` writes them from the same steps), and decoding the
 # losses as well costs ~0.2 s of CPU at 10⁶ rows. (A row with tokens and no losses, which only a rank that reported
 # no loss at all could write, would count here and have no loss at the count below.)
-REACHED = "min(loss_curve_tokens[-1]) FILTER (WHERE status = 'ok' AND len(loss_curve_tokens) > 0)"
+# (a CASE, not a FILTER clause: as query.when_ok)
+REACHED = "min(CASE WHEN status = 'ok' AND len(loss_curve_tokens) > 0 THEN loss_curve_tokens[-1] END)"
 _CURVES = """SELECT {keys}, loss_curve AS l, loss_curve_tokens AS t FROM {source}
   WHERE status = 'ok' AND len(loss_curve_tokens) > 0 AND len(loss_curve) > 0"""
 # the loss at x tokens of the curve (t, l): r is bisect_left(t, x) + 1 (SQL lists count from 1)

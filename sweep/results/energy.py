@@ -13,7 +13,7 @@ Every energy column is folded away from a table where no row has it (CPU ranks, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
@@ -27,14 +27,15 @@ COMPARE_INPUTS = ("tflops_per_watt", "joules_per_token", "avg_power_w")  # the c
 FOOTER = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "energy_source")
 
 
-def config_aggregates(ok: str) -> dict[str, str]:
+def config_aggregates(ok: Callable[[str, str], str]) -> dict[str, str]:
     """The aggregates `aggregate.config_table` adds, by column: medians, the plot's error bars, the source (any
-    sampled attempt makes the config's 'sampled')."""
+    sampled attempt makes the config's 'sampled'); ``ok(function, column)``: that aggregate over the ok attempts
+    (``query.when_ok``)."""
     return {
-        **{m: f"median({m}) {ok}" for m in MEDIANS},
-        "tokens_per_kwh_min": f"min(tokens_per_kwh) {ok}",
-        "tokens_per_kwh_max": f"max(tokens_per_kwh) {ok}",
-        "energy_source": f"max(energy_source) {ok}",
+        **{m: ok("median", m) for m in MEDIANS},
+        "tokens_per_kwh_min": ok("min", "tokens_per_kwh"),
+        "tokens_per_kwh_max": ok("max", "tokens_per_kwh"),
+        "energy_source": ok("max", "energy_source"),
     }
 
 

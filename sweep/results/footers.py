@@ -8,15 +8,23 @@ statements that follow find it cached; the columns come from the Arrow schema in
 Only a folder whose every file is a readable sweep result of a readable version passes here. Anything else
 (a file DuckDB cannot open, a foreign or newer file, no file at all) goes to ``store.check_files`` unchanged, so
 every message, warning and ``--skip-bad`` decision stays its own.
+
+A folder whose every file passed is remembered (``memo``, keyed by every file's path, size, inode and times): the
+next command on the same files reads no footer here (~0.2 s of 500 files), and DuckDB parses each as a statement
+first reads it.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from sweep.record.schema import VERSION_KEY
 from sweep.record.store import _version_problem, check_files, result_files
+from sweep.results import memo
 
 _ARROW_SCHEMA = b"ARROW:schema"  # the key under which pyarrow stores a file's Arrow schema (base64 IPC)
 
@@ -31,6 +39,11 @@ def checked(con: duckdb.DuckDBPyConnection, root: Path, skip_bad: bool = False) 
     files = result_files(root)
     if not files:
         return check_files(root, skip_bad)
+    state = memo.state("footers", files, {})  # the same files, unchanged: their columns as the last command found
+    kept = None if state is None else memo.key(state, "", {}, {})
+    if kept is not None and (found_before := memo.get(root, kept)) is not None:
+        return _from_table(found_before)
+    start = time.perf_counter()
     try:
         versions, names = _versions_and_columns(con, files)
     except duckdb.Error:  # some file is no Parquet DuckDB can read: check_files names it
@@ -42,7 +55,23 @@ def checked(con: duckdb.DuckDBPyConnection, root: Path, skip_bad: bool = False) 
         if str(f) not in names or _version_problem(meta) is not None:
             return check_files(root, skip_bad)
         found[f] = names[str(f)]
+    if kept is not None and time.perf_counter() - start >= memo.SLOW_S:  # only a folder whose every file passed
+        memo.put(root, kept, _to_table(found))
     return found
+
+
+def _to_table(found: dict[Path, frozenset[str]]) -> pa.Table:
+    return pa.table(
+        {
+            "file": pa.array([str(f) for f in found], pa.string()),
+            "columns": pa.array([sorted(names) for names in found.values()], pa.list_(pa.string())),
+        }
+    )
+
+
+def _from_table(table: pa.Table) -> dict[Path, frozenset[str]]:
+    files, columns = table.column("file").to_pylist(), table.column("columns").to_pylist()
+    return {Path(f): frozenset(names) for f, names in zip(files, columns)}
 
 
 def _versions_and_columns(
@@ -56,8 +85,6 @@ def _versions_and_columns(
     file without one, or whose Arrow schema does not decode.
     """
     import base64
-
-    import pyarrow as pa
 
     listed = _listed(files)
     versions: dict[str, bytes] = {}

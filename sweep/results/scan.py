@@ -12,6 +12,7 @@ filters in SQL. DuckDB then reads only the columns and row groups each statement
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
@@ -21,6 +22,7 @@ import pyarrow as pa
 from sweep.errors import UserError, one_line
 from sweep.record.schema import RESULT_SCHEMA, TRAINING_DEFAULTS
 from sweep.record.store import safe_part
+from sweep.results import memo
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -137,33 +139,45 @@ class Rows:
         self.con = con if con is not None else connect()
         self._count: int | None = None
         self._layers: list[tuple[Callable[[str], str], dict[str, pa.Table]]] = []
+        self._state: str | None = None  # memo.state of the views and the files: where slow answers are kept
         self._build()
 
     def _build(self) -> None:
         read = list(dict.fromkeys([*self.columns, *(w.column for w in self.wheres)]))  # a filter reads its column
         extra = ", filename, file_row_number" if self.row_id else ""
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP VIEW everything AS SELECT {_filled(read)}{extra} "
-            f"FROM ({_from(self.files, read, self.row_id)})"
-        )
         listed = ", ".join(f'"{c}"' for c in self.columns)
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP VIEW rows AS SELECT {listed}{extra} FROM everything WHERE {where_sql(self.wheres)}"
-        )
+        defined = [
+            f"CREATE OR REPLACE TEMP VIEW everything AS SELECT {_filled(read)}{extra} "
+            f"FROM ({_from(self.files, read, self.row_id)})",
+            f"CREATE OR REPLACE TEMP VIEW rows AS SELECT {listed}{extra} FROM everything "
+            f"WHERE {where_sql(self.wheres)}",
+        ]
+        layered: dict[str, pa.Table] = {}
         for n, (select, tables) in enumerate(self._layers):
             for name, table in tables.items():
                 self.con.register(name, table)
-            self.con.execute(f"ALTER VIEW rows RENAME TO rows_{n}")
-            self.con.execute(f"CREATE TEMP VIEW rows AS {select(f'rows_{n}')}")
+            layered |= tables
+            defined += [f"ALTER VIEW rows RENAME TO rows_{n}", f"CREATE TEMP VIEW rows AS {select(f'rows_{n}')}"]
+        for statement in defined:
+            self.con.execute(statement)
+        self._state = memo.state("\n".join(defined), self.files, layered)
 
     def sql(self, statement: str, params: Mapping[str, object] | None = None, **tables: pa.Table) -> pa.Table:
         """``statement`` over the view ``rows`` and the Arrow ``tables`` (by name)."""
         import duckdb
 
+        params = dict(params or {})
+        kept = None if self._state is None else memo.key(self._state, statement, params, tables)
+        if kept is not None and (found := memo.get(self.directory, kept)) is not None:
+            return found
         for name, table in tables.items():
             self.con.register(name, table)
         try:
-            return self.con.sql(statement, params=dict(params or {})).to_arrow_table()
+            start = time.perf_counter()
+            answer = self.con.sql(statement, params=params).to_arrow_table()
+            if kept is not None and time.perf_counter() - start >= memo.SLOW_S:
+                memo.put(self.directory, kept, answer)
+            return answer
         except duckdb.Error as e:
             self._leave_out_damaged(e)
             return self.sql(statement, params, **tables)
