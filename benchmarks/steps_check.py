@@ -4,7 +4,7 @@
 
 RESULTS_DIR holds rows of trials run with many fixed steps (benchmarks/campaigns/cold-sweep/d-steps.yaml: 10 warm-up
 + 30 measured), whose `step_times_s` column is every step's time, warm-up first. For each clean row, the `auto` rules
-(trainer/stopping.py: warm-up until the last 3 steps agree within 2 %, measurement until the median's 95 % interval
+(trainer/stopping.py: warm-up until the last 2 steps agree within 10 %, measurement until the median's 95 % interval
 is within ±1 %) and the default count (steps: {warmup: 3, measure: 10}, sweep/spec/grid.py) are fed the same steps
 one at a time, as a trial's rank 0 feeds them, and each median is compared with the row's own (its 30 measured
 steps). Cost is the seconds of the steps each rule takes after the first (the first holds the compile, which both

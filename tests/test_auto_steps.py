@@ -55,7 +55,7 @@ def assert_loss_curve(row: dict) -> None:
 def test_auto_steps_stop_together_and_rows_carry_the_counts_and_ci(ray_session, tmp_path):
     (row,), warnings = run(tmp_path, {"warmup": "auto", "measure": "auto"})
     assert row["status"] == "ok", row["error"]  # no rank left waiting in a collective
-    assert 3 <= row["warmup_steps"] <= 50  # three steps in agreement at least
+    assert 2 <= row["warmup_steps"] <= 50  # two steps in agreement at least
     assert 6 <= row["measure_steps"] <= 100  # the first confidence interval needs 6
     ci = row["step_time_ci_pct"]
     assert ci is not None and ci >= 0

@@ -111,7 +111,7 @@ def _steps(minimum: int) -> PlainValidator:
 
 
 class Steps(BaseModel):
-    """A count of steps, or `auto`: warm up until three successive steps agree within 2 % (3..50 steps),
+    """A count of steps, or `auto`: warm up until two successive steps agree within 10 % (2..50 steps),
     measure until the median's 95 % confidence interval is within ±1 % (5..100 steps, or a time cap)."""
 
     model_config = _STRICT
