@@ -11,6 +11,10 @@ steps). Cost is the seconds of the steps each rule takes after the first (the fi
 pay). `auto` becomes the default only if, on every row, its median is within 1 % of the reference and its cost is
 lower than the default's (the condition issue 15 set). Prints a markdown table and the verdict; exits 1 when the
 condition does not hold (auto stays opt-in), 2 when there are no rows.
+
+    python3 benchmarks/steps_check.py --warmup RESULTS_DIR...
+
+checks the `auto` warm-up alone on any rows with enough steps (`warmup_check`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
 
 from sweep.record import store  # noqa: E402
-from trainer.stopping import Schedule, StepsSpec  # noqa: E402
+from trainer.stopping import Schedule, StepsSpec, WarmUp  # noqa: E402
 
 DEFAULT: tuple[StepsSpec, StepsSpec] = (3, 10)
 SAME_PCT = 1.0
@@ -79,7 +83,38 @@ def main(folder: Path) -> int:
     return 0 if holds else 1
 
 
+def warmup_check(folders: list[Path]) -> int:
+    """`--warmup`: does the `auto` warm-up leave out enough? For every clean row with at least 5 steps after its own
+    warm-up, the steps `WarmUp` takes on its step times, and the median of the steps after them against the median of
+    the row's own measured steps. Prints one line per row, worst first; exits 1 if one is over SAME_PCT off."""
+    lines = []
+    for folder in folders:
+        for r in store.read_table(folder).to_pylist() if store.result_files(folder) else []:
+            times, own = r.get("step_times_s"), r["warmup_steps"]
+            if r["status"] != "ok" or not times or len(times) - own < 5:
+                continue
+            rule = WarmUp()
+            taken = next((i for i, t in enumerate(times, start=1) if rule.add(t)), len(times))
+            if len(times) - taken < 5:
+                continue
+            off = 100 * (statistics.median(times[taken:]) / statistics.median(times[own:]) - 1)
+            lines.append(
+                (
+                    off,
+                    f"{r['precision']} batch {r['batch_size']} ({folder.name}): warm-up {taken} steps "
+                    f"(the row's {own}), median {off:+.2f} %",
+                )
+            )
+    for _, line in sorted(lines, key=lambda x: -abs(x[0])):
+        print(line)
+    worst = max((abs(off) for off, _ in lines), default=0.0)
+    print(f"\n{len(lines)} rows: worst {worst:.2f} % (at most {SAME_PCT:g} %)")
+    return 2 if not lines else int(worst > SAME_PCT)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--warmup":
+        sys.exit(warmup_check([Path(a) for a in sys.argv[2:]]))
     if len(sys.argv) != 2:
-        sys.exit("usage: python3 benchmarks/steps_check.py RESULTS_DIR")
+        sys.exit("usage: python3 benchmarks/steps_check.py RESULTS_DIR | --warmup RESULTS_DIR...")
     sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,54 @@
+"""benchmarks/steps_check.py on folders of rows whose step times are known: the replay of the default and `auto`
+rules, and `--warmup`, which checks the `auto` warm-up alone against each row's own median."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import ROOT
+
+from clusters import load_profile
+from sweep.record import store
+from sweep.record.rows import base_row
+from sweep.spec.expand import expand
+from sweep.spec.grid import parse_grid
+
+# fp8-torchao-tensorwise batch 6 on one H200 (session 18, d-steps.yaml): the compile, then steady steps that alternate
+COMPILED = [14.218, 0.519, 0.549, 0.524, 0.547, 0.528, 0.542, 0.531, 0.543, 0.533, 0.543, 0.532, 0.544, 0.538, 0.54]
+COMPILED += [0.538, 0.539, 0.538, 0.534, 0.537, 0.535, 0.536, 0.537, 0.538, 0.538, 0.538, 0.537, 0.537, 0.536, 0.537]
+COMPILED += [0.536, 0.537, 0.538, 0.537, 0.537, 0.536, 0.539, 0.541, 0.542, 0.539]
+
+
+def _write(out, steps: list[float], warmup: int, batch: int = 4) -> None:
+    grid = {"models": ["llama3-8b"], "gpus": [1], "batch_sizes": [batch]}
+    (trial,) = expand(parse_grid(grid, "<t>"), cluster="h200")
+    row = base_row(trial, run_id=f"b{batch}", profile=load_profile("h200"), grid_name=None)
+    row.update(status="ok", step_times_s=steps, warmup_steps=warmup, measure_steps=len(steps) - warmup)
+    store.write_row(out, row)
+
+
+def _run(*args) -> subprocess.CompletedProcess:
+    command = [sys.executable, "benchmarks/steps_check.py", *map(str, args)]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_warmup_check_names_each_row_and_fails_a_warmup_that_keeps_slow_steps(tmp_path):
+    good = tmp_path / "good"
+    _write(good, COMPILED, warmup=10)
+    done = _run("--warmup", good)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warm-up 3 steps (the row's 10)" in done.stdout and "1 rows: worst" in done.stdout
+    # slow steps that each stay within 10 % of the one before: the warm-up ends among them, the median is off
+    ramp = tmp_path / "ramp"
+    _write(ramp, [14.2] + [1.5 - 0.05 * i for i in range(10)] + [1.0] * 6, warmup=11, batch=6)
+    bad = _run("--warmup", ramp)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+
+
+def test_the_replay_keeps_auto_opt_in_where_it_costs_more(tmp_path):
+    out = tmp_path / "rows"
+    _write(out, COMPILED, warmup=10)
+    done = _run(out)
+    assert done.returncode == 1, done.stdout + done.stderr  # auto's ±1 % needs more steps than 3 + 10 here
+    assert "auto stays opt-in" in done.stdout
