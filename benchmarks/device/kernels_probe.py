@@ -1,4 +1,4 @@
-"""Each kernel option of issue 34 alone, on one GPU, before any of them is a sweep option: a probe.
+"""A kernel option (issue 34) or a compile knob alone, on one GPU, before any of them is a sweep option: a probe.
 
     python3 benchmarks/device/kernels_probe.py --batch 4 --out $OUT/kernels.jsonl \
         bf16 bf16:attn=cudnn bf16:autotune fp8-torchao-tensorwise fp8-torchao-tensorwise:attn=cudnn ...
@@ -14,7 +14,7 @@ process-wide for that trial only (dynamo is reset between trials so each compile
   b=N                         batch N for this variant (else --batch)
   head                        FP8 recipes: the output head in FP8 too (the grid's fp8_lm_head)
   dyn                         a symbolic batch dimension (the trial option dynamic_batch, which sweep's grid folds to
-                              false for torchao: here it is not folded)
+                              false for torchao rowwise: here it is not folded)
   torchao-amax                torchao's own amax (tensor_to_amax) instead of trainer.precision.symbolic_amax's
   ind.NAME=VALUE              one inductor config entry (torch._inductor.config, dotted NAME, VALUE a Python literal)
 With --profile each variant also runs its profiled steps (trainer.profiling) and its record gets `kernels`: CUDA
@@ -23,8 +23,8 @@ steps differ.
 Run it with TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0: the caches' keys do not include the
 SDPA backend flags, so with them on an `attn=` variant loads the graph an earlier variant compiled (seen:
 compile 1.0 s, the same step time).
-The model is Llama3-8B's layer dims with 8 layers (issue 34's peer config) at T 4096, per-block compile, bf16
-autocast with fp32 masters, fused AdamW, clip 1.0. Prints and appends one JSON line per variant.
+The model is Llama3-8B's layer dims with 8 layers (issue 34's peer config; `--model held-out`: the cold sweep's
+2.5 B model) at T 4096, per-block compile, bf16 autocast with fp32 masters, fused AdamW, clip 1.0. Prints and appends one JSON line per variant.
 """
 
 from __future__ import annotations
