@@ -24,7 +24,8 @@ Run it with TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0: the c
 SDPA backend flags, so with them on an `attn=` variant loads the graph an earlier variant compiled (seen:
 compile 1.0 s, the same step time).
 The model is Llama3-8B's layer dims with 8 layers (issue 34's peer config; `--model held-out`: the cold sweep's
-2.5 B model) at T 4096, per-block compile, bf16 autocast with fp32 masters, fused AdamW, clip 1.0. Prints and appends one JSON line per variant.
+2.5 B model) at T 4096, per-block compile, bf16 autocast with fp32 masters, fused AdamW, clip 1.0. Prints and
+appends one JSON line per variant.
 """
 
 from __future__ import annotations
