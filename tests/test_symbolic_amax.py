@@ -38,12 +38,14 @@ def _step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.T
     return out.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])  # rowwise: torchao's own amax, still one graph
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_symbolic_batch_is_bitwise_torchaos_amax_in_one_graph(recipe: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    symbolic_amax.install(symbolic_batch=True)
+    """Tensorwise takes the two stages in the symbolic trace; rowwise keeps torchao's own amax (its column scales'
+    stages trained wrongly on the GPU); both train bitwise as torchao's eager code, on one graph for two batches."""
+    symbolic_amax.install()
     two_stage: list[set[int]] = []
-    dims = symbolic_amax._symbolic_dims
-    monkeypatch.setattr(symbolic_amax, "_symbolic_dims", lambda x: two_stage.append(dims(x)) or two_stage[-1])
+    stages = symbolic_amax._two_stage
+    monkeypatch.setattr(symbolic_amax, "_two_stage", lambda x, dims: two_stage.append(dims) or stages(x, dims))
     eager, compiled = _model(recipe), _model(recipe)
     compiled.compile(backend=BACKEND)
     torch._dynamo.reset()
@@ -52,22 +54,20 @@ def test_symbolic_batch_is_bitwise_torchaos_amax_in_one_graph(recipe: str, monke
         for batch in (2, 3):
             x = torch.randn(batch, 256, 64, generator=torch.Generator().manual_seed(batch))
             torch._dynamo.mark_dynamic(x, 0)
-            symbolic_amax.install(symbolic_batch=False)  # eager: torchao's own amax (no symbolic sizes anyway)
-            want = _step(eager, x)
-            symbolic_amax.install(symbolic_batch=True)
+            want = _step(eager, x)  # eager: no symbolic size, torchao's own amax
             got = _step(compiled, x)
             assert torch.equal(got[0], want[0])
             assert all(torch.equal(g, w) for g, w in zip(got[1], want[1]))
             graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
         assert graphs[1] == graphs[0], "batch 3 compiled anew instead of running batch 2's graphs"
-        assert any(two_stage), "no amax saw a symbolic size: the two stages never ran"
+        assert bool(two_stage) == (recipe == "tensorwise"), two_stage
+        assert all(0 in dims for dims in two_stage)  # the symbolic batch, flattened into the tokens
     finally:
-        symbolic_amax.install(symbolic_batch=False)
         torch._dynamo.reset()
 
 
 def test_static_shapes_and_eager_run_torchaos_own_amax(monkeypatch: pytest.MonkeyPatch) -> None:
-    symbolic_amax.install(symbolic_batch=False)
+    symbolic_amax.install()
     calls: list[int] = []
     original = symbolic_amax._original
     monkeypatch.setattr(symbolic_amax, "_original", lambda *a: calls.append(1) or original(*a))

@@ -184,9 +184,7 @@ def main() -> None:
     if any(v.startswith("fp8-torchao") for v in args.variants):
         from trainer.precision import symbolic_amax
 
-        symbolic_amax.install(
-            symbolic_batch=False
-        )  # before any variant, so that `torchao-amax` can undo it for its own
+        symbolic_amax.install()  # before any variant, so that `torchao-amax` can undo it for its own
     spec = ModelSpec(**(HELD_OUT if args.model == "held-out" else MODEL))
     for variant in args.variants:
         precision, _, knob_text = variant.partition(":")

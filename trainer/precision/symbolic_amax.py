@@ -11,9 +11,8 @@ maximum is exact, so the amax, the scales and the arithmetic are bitwise torchao
 
 Only tensorwise scaling, and only a tensor with a symbolic size, takes the two stages. torchao's casts run inside its
 autograd Function, which dynamo leaves to AOTAutograd, whose trace runs this code on fake tensors whose symbolic sizes
-are `torch.SymInt`s: there the dimensions are known. Where dynamo itself traces the code it hides them
-(`isinstance(size, int)` is True for a SymInt), so a trial whose batch is symbolic says so (`install(symbolic_batch=
-True)`) and dimension 0 counts as the tokens (torchao flattens inputs to tokens x features). Eager code, static-shape
+are `torch.SymInt`s: there the dimensions are known (dynamo itself would hide them: `isinstance(size, int)` is True
+for a SymInt in its trace, but it leaves this code to AOTAutograd, torch 2.11 and 2.13). Eager code, static-shape
 trials, the distributed reduction (`reduce_amax`, which torchao uses for weights) and rowwise (axiswise) scaling run
 torchao's own function: the same two stages over the tokens for rowwise's column scales trained wrongly on the H200
 (loss 11.7 against 7.9 after 11 steps), so rowwise recipes keep static shapes (trainer.recipes, `symbolic_batch`).
@@ -26,7 +25,6 @@ from typing import Any
 import torch
 
 _original: Any = None  # torchao's tensor_to_amax, once `install` replaced it
-_symbolic_batch = False  # the trial being traced has a symbolic batch (`install`)
 
 
 @torch.no_grad()  # as torchao's: scales carry no gradient
@@ -42,30 +40,25 @@ def symbolic_amax(
     from torchao.float8.config import ScalingGranularity
 
     granularity = ScalingGranularity.TENSORWISE if scaling_granularity is None else scaling_granularity
-    symbolic = _symbolic_dims(x)
+    symbolic = {d for d, size in enumerate(x.shape) if isinstance(size, torch.SymInt)}
     if reduce_amax or granularity is not ScalingGranularity.TENSORWISE or not symbolic:
         return _original(x, reduce_amax, device_mesh, granularity, axiswise_dim)
+    return _two_stage(x, symbolic)
+
+
+def _two_stage(x: torch.Tensor, symbolic: set[int]) -> torch.Tensor:
+    """max |x|: over the dimensions not in `symbolic` first, then over the rest."""
     static = tuple(d for d in range(x.dim()) if d not in symbolic)
     magnitude = torch.abs(x)
     return torch.max(torch.amax(magnitude, dim=static) if static else magnitude)
 
 
-def _symbolic_dims(x: torch.Tensor) -> set[int]:
-    """The dimensions of `x` whose size is symbolic: SymInts in AOTAutograd's trace, dimension 0 where dynamo traces
-    a symbolic-batch trial's code, none elsewhere."""
-    dims = {d for d, size in enumerate(x.shape) if isinstance(size, torch.SymInt)}
-    if not dims and _symbolic_batch and torch.compiler.is_dynamo_compiling() and x.dim() >= 2:
-        return {0}
-    return dims
-
-
-def install(*, symbolic_batch: bool) -> None:
-    """Replace torchao's `tensor_to_amax` with `symbolic_amax` (once per process: torchao's `tensor_to_scale` looks
-    it up in its module on every call), for a trial whose batch is symbolic or not."""
-    global _original, _symbolic_batch
+def install() -> None:
+    """Replace torchao's `tensor_to_amax` with `symbolic_amax`, once per process: torchao's `tensor_to_scale` looks
+    it up in its module on every call."""
+    global _original
     from torchao.float8 import float8_utils
 
     if _original is None:
         _original = float8_utils.tensor_to_amax
         float8_utils.tensor_to_amax = symbolic_amax
-    _symbolic_batch = symbolic_batch

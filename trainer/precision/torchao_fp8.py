@@ -55,7 +55,7 @@ def plan(
     fp8_lm_head = options.fp8_lm_head
 
     def convert(model: nn.Module) -> None:
-        symbolic_amax.install(symbolic_batch=options.dynamic_batch)  # amax in static-length stages: same bits
+        symbolic_amax.install()  # a symbolic batch's amax in static-length stages: the same bits
         convert_to_float8_training(
             model, config=config, module_filter_fn=functools.partial(fp8_module_filter, include_head=fp8_lm_head)
         )
