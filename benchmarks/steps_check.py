@@ -14,11 +14,13 @@ condition does not hold (auto stays opt-in), 2 when there are no rows.
 
     python3 benchmarks/steps_check.py --warmup RESULTS_DIR...
 
-checks the `auto` warm-up alone on any rows with enough steps (`warmup_check`).
+checks the `auto` warm-up alone on any rows with enough steps (`warmup_check`). ROWS is a results folder or a
+JSON-lines file that `--save OUT.jsonl DIR...` wrote from folders: benchmarks/history keeps the step times so.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -54,8 +56,30 @@ def _reading(
     return used, 100 * (statistics.median(measured) / reference - 1), sum(times[1:used]), len(measured)
 
 
+STEP_FIELDS = ("status", "precision", "batch_size", "warmup_steps", "step_times_s")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """A results folder's rows, or a JSON-lines file of rows' STEP_FIELDS (`--save`: what benchmarks/history keeps of
+    row folders that stay off the tree)."""
+    if path.is_file():
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+    return store.read_table(path).to_pylist() if store.result_files(path) else []
+
+
+def save(folders: list[Path], out: Path) -> int:
+    """`--save OUT DIR...`: the STEP_FIELDS of every clean row with step times, one JSON line each, `source` its
+    folder's name."""
+    with out.open("w") as f:
+        for folder in folders:
+            for r in read_rows(folder):
+                if r["status"] == "ok" and r.get("step_times_s"):
+                    f.write(json.dumps({"source": folder.name, **{k: r[k] for k in STEP_FIELDS}}) + "\n")
+    return 0
+
+
 def main(folder: Path) -> int:
-    rows = [r for r in store.read_table(folder).to_pylist() if r["status"] == "ok" and r.get("step_times_s")]
+    rows = [r for r in read_rows(folder) if r["status"] == "ok" and r.get("step_times_s")]
     if not rows:
         print(f"no clean rows with step_times_s in {folder}", file=sys.stderr)
         return 2
@@ -89,7 +113,7 @@ def warmup_check(folders: list[Path]) -> int:
     the row's own measured steps. Prints one line per row, worst first; exits 1 if one is over SAME_PCT off."""
     lines = []
     for folder in folders:
-        for r in store.read_table(folder).to_pylist() if store.result_files(folder) else []:
+        for r in read_rows(folder):
             times, own = r.get("step_times_s"), r["warmup_steps"]
             if r["status"] != "ok" or not times or len(times) - own < 5:
                 continue
@@ -101,7 +125,7 @@ def warmup_check(folders: list[Path]) -> int:
             lines.append(
                 (
                     off,
-                    f"{r['precision']} batch {r['batch_size']} ({folder.name}): warm-up {taken} steps "
+                    f"{r['precision']} batch {r['batch_size']} ({r.get('source', folder.name)}): warm-up {taken} steps "
                     f"(the row's {own}), median {off:+.2f} %",
                 )
             )
@@ -113,8 +137,10 @@ def warmup_check(folders: list[Path]) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 3 and sys.argv[1] == "--save":
+        sys.exit(save([Path(a) for a in sys.argv[3:]], Path(sys.argv[2])))
     if len(sys.argv) > 2 and sys.argv[1] == "--warmup":
         sys.exit(warmup_check([Path(a) for a in sys.argv[2:]]))
     if len(sys.argv) != 2:
-        sys.exit("usage: python3 benchmarks/steps_check.py RESULTS_DIR | --warmup RESULTS_DIR...")
+        sys.exit("usage: python3 benchmarks/steps_check.py ROWS | --warmup ROWS... | --save OUT.jsonl DIR...")
     sys.exit(main(Path(sys.argv[1])))

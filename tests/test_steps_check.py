@@ -52,3 +52,14 @@ def test_the_replay_keeps_auto_opt_in_where_it_costs_more(tmp_path):
     done = _run(out)
     assert done.returncode == 1, done.stdout + done.stderr  # auto's ±1 % needs more steps than 3 + 10 here
     assert "auto stays opt-in" in done.stdout
+
+
+def test_saved_step_times_replay_as_their_folder(tmp_path):
+    """`--save` keeps a folder's step times as JSON lines (what benchmarks/history holds); both modes read them back
+    to the verdict and the lines the folder gives."""
+    folder, saved = tmp_path / "rows", tmp_path / "steps.jsonl"
+    _write(folder, COMPILED, warmup=10)
+    assert _run("--save", saved, folder).returncode == 0
+    for mode in ((), ("--warmup",)):
+        from_folder, from_saved = _run(*mode, folder), _run(*mode, saved)
+        assert (from_saved.returncode, from_saved.stdout) == (from_folder.returncode, from_folder.stdout), mode
