@@ -79,14 +79,20 @@ def _shape(row: Row) -> Shape:
     )
 
 
+def _measured(row: Row) -> tuple[Shape, str, str, float] | None:
+    """An ok row's shape, precision, compile mode and peak in bytes, where it has a peak and its model's spec."""
+    peak, precision, compile = row.get("peak_mem_gib"), row.get("precision"), row.get("compile")
+    if row.get("status") != "ok" or not peak or not row.get("model_spec"):
+        return None
+    assert precision is not None and compile is not None  # an ok row records both
+    return _shape(row), precision, compile, peak * GiB
+
+
 def sample(row: Row) -> Sample | None:
     """A clean measured row as a calibration sample: ok, a peak, no allocator retries (a retried allocation
     freed the cache, so its peak says less than the step needed), and the spec of its model; else None."""
-    peak, precision, compile = row.get("peak_mem_gib"), row.get("precision"), row.get("compile")
-    if row.get("status") != "ok" or not peak or row.get("alloc_retries") or not row.get("model_spec"):
-        return None
-    assert precision is not None and compile is not None  # an ok row records both
-    return Sample.of(_shape(row), precision, compile, peak * GiB)
+    measured = None if row.get("alloc_retries") else _measured(row)
+    return None if measured is None else Sample.of(*measured)
 
 
 def one_time_cost(row: Row) -> str | None:
@@ -102,12 +108,10 @@ def one_time_cost(row: Row) -> str | None:
 def cpu_sample(row: Row) -> CpuSample | None:
     """A measured CPU row as a sample of sweep.memory.cpu: ok, a peak, its model's spec; else None. A clean one
     (`one_time_cost` None) is what the fits learn from."""
-    peak, precision, compile = row.get("peak_mem_gib"), row.get("precision"), row.get("compile")
-    if row.get("status") != "ok" or not peak or not row.get("model_spec"):
+    if (measured := _measured(row)) is None:
         return None
-    assert precision is not None and compile is not None  # an ok row records both
-    shape = _shape(row)
-    return CpuSample(config_of(shape, precision, compile), cpu_predicted_bytes(shape, precision), peak * GiB)
+    shape, precision, compile, peak = measured
+    return CpuSample(config_of(shape, precision, compile), cpu_predicted_bytes(shape, precision), peak)
 
 
 def cpu_calibration(rows: Iterable[Row]) -> CpuCalibration:
