@@ -3,8 +3,9 @@
 Writes synthetic result rows with the sweep schema (4 clusters × 6 models × 4 precisions × 3 compile modes ×
 2 AC modes × 7 batch sizes × 2 sequence lengths, run after run until N rows; OOM above a per-model limit, a
 few errors and timeouts, one precision unsupported on one cluster; loss curves from the later runs on, energy
-on the GPUs that measure it, the software stack, the model spec) as one Parquet file per (cluster, run): 10⁶
-rows are ~500 files. Each folder is written once under --data and reused (rewritten when the schema version it
+on the GPUs that measure it, the software stack, the model spec) as one Parquet file per (cluster, run), merged
+after each run as `sweep run` merges a cluster's files when a run ends (``sweep.record.compact``): 10⁶ rows are
+~500 runs and ~80 files. Each folder is written once under --data and reused (rewritten when the schema version it
 was written with is not the current one). Then runs each command as a user does, `python -m sweep results ...`
 in a fresh interpreter (process start and imports included), RUNS times, and prints a markdown table of the
 median wall time and the peak RSS (the child's own, from wait4) per command and row count, against the targets
@@ -53,6 +54,7 @@ COMPILES, ACS, BATCHES, SEQS = (
     (1, 2, 4, 8, 16, 32, 64),
     (2048, 8192),
 )
+LAYOUT = "merged"  # the files as `sweep run` leaves them since runs merge theirs (a folder written before: again)
 CURVES_FROM_RUN = 4  # the first runs predate loss curves (schema 1.9) and energy (1.10)
 TARGET_S, TARGET_BYTES, TARGET_RATIO = 2.0, 1 << 30, 3.0
 COMMANDS = {
@@ -234,12 +236,15 @@ def _rows_for_run(cluster: str, run: int, rng: random.Random, start: int) -> lis
 
 
 def write_dataset(out: Path, n_rows: int) -> int:
-    """Write exactly ``n_rows`` rows as one file per cluster and run; return the number of files."""
+    """Write exactly ``n_rows`` rows as one file per cluster and run, each cluster's files merged as `sweep run`
+    merges them when a run ends (``sweep.record.compact``); return the number of files."""
     import pyarrow.parquet as pq
 
+    from sweep.record.compact import compact
     from sweep.record.schema import to_table
+    from sweep.record.store import result_files
 
-    rng, written, files, run = random.Random(0), 0, 0, 0
+    rng, written, run = random.Random(0), 0, 0
     per_file = max(1, n_rows // 8)  # a small folder still spans every cluster (compare --by cluster)
     while written < n_rows:
         run += 1
@@ -250,8 +255,9 @@ def write_dataset(out: Path, n_rows: int) -> int:
             path = out / f"cluster={cluster}" / f"run={cluster}-{run}" / "part-0.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(to_table(rows), path)
-            written, files = written + len(rows), files + 1
-    return files
+            compact(out, [out / f"cluster={cluster}"])  # the run's end
+            written = written + len(rows)
+    return len(result_files(out))
 
 
 def folder(data: Path, n_rows: int) -> Path:
@@ -263,11 +269,11 @@ def folder(data: Path, n_rows: int) -> Path:
     from sweep.record.schema import SCHEMA_VERSION
 
     out, done = data / f"rows-{n_rows}", data / f"rows-{n_rows}" / ".done"
-    if not done.exists() or done.read_text().split()[1:] != [SCHEMA_VERSION]:
+    if not done.exists() or done.read_text().split()[1:] != [SCHEMA_VERSION, LAYOUT]:
         shutil.rmtree(out, ignore_errors=True)
         t = time.perf_counter()
         files = write_dataset(out, n_rows)
-        done.write_text(f"{files} {SCHEMA_VERSION}\n")
+        done.write_text(f"{files} {SCHEMA_VERSION} {LAYOUT}\n")
         print(f"wrote {n_rows:,} rows in {files} files to {out} ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
     return out
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import invoke
 
-from sweep.record import store
+from sweep.record import compact, store
 from sweep.record.schema import RESULT_SCHEMA, SCHEMA_VERSION, VERSION_KEY
 from trainer.models import REGISTRY
 
@@ -42,7 +42,9 @@ def demo_results(ray_session, tmp_path_factory):
 def test_every_trial_is_an_ok_row_with_the_declared_schema(demo_results):
     out, result = demo_results
     files = store.result_files(out)
-    assert len(files) == 4
+    # one file per attempt while the run ran, merged into one when it ended (sweep.record.compact)
+    assert [compact.level(f) for f in files] == [0] and pq.read_metadata(files[0]).num_rows == 4, files
+    assert not list(out.rglob(".*.tmp"))
     for f in files:
         assert pq.read_schema(f).metadata[VERSION_KEY] == SCHEMA_VERSION.encode()
         assert pq.read_schema(f).remove_metadata().equals(RESULT_SCHEMA.remove_metadata())

@@ -107,6 +107,22 @@ app.command()(compare)  # sweep.commands.results_compare
 
 @app.command()
 @user_errors
+def compact(directory: Directory) -> None:
+    """Merge the result files into fewer: each run's attempts into one file, then sixteen files of a level into one
+    (`sweep run` does this when a run ends). The same rows; every command reads fewer files. For folders written
+    before sweep merged them, or by runs that were killed before they ended."""
+    from sweep.record import compact as merging
+    from sweep.record.store import result_files
+
+    before = len(result_files(directory))
+    if not before:
+        raise UserError(f"{directory}: no sweep results found (expected *.parquet files written by `sweep run`)")
+    done = merging.compact(directory)
+    print(f"{directory}: {done}; {len(result_files(directory))} result file(s) now (were {before})")
+
+
+@app.command()
+@user_errors
 def verdicts(directory: Directory) -> None:
     """Print the verdicts the searches saved in the directory (_search/*.json), as each printed them when it ended.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 import signal
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -199,7 +200,22 @@ def execute(
             began = time.perf_counter()
             run.close()  # kill actors, remove placement groups, shut the embedded Ray: nothing is orphaned
             report.teardown_s = time.perf_counter() - began
+            _compact(output, report)
     return report
+
+
+def _compact(output: Path, report: RunReport) -> None:
+    """Merge the run's attempt files (``sweep.record.compact``); a failure leaves them as they are, and says so:
+    every row is on disk either way."""
+    from sweep.record.compact import compact
+
+    clusters = sorted({str(row["cluster"]) for row in report.rows if row.get("cluster")})
+    if not clusters:
+        return
+    try:
+        compact(output, [Path(output) / f"cluster={store.safe_part(c)}" for c in clusters])
+    except Exception as e:  # a full disk, an unreadable older file: the rows stay one file per attempt
+        print(f"warning: result files under {output} not merged ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 class _Execution:

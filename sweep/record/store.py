@@ -2,7 +2,9 @@
 
 Layout: ``<output>/cluster=<name>/run=<run_id>/<trial_id>.parquet``, one file per attempt, each
 written to a dot-prefixed temp file and renamed into place, so a crash never leaves a half file and
-a reader never sees one (pyarrow.dataset ignores names starting with '.' or '_'). The whole folder
+a reader never sees one (pyarrow.dataset ignores names starting with '.' or '_'). When a run ends its attempts
+are merged into fewer files (``sweep.record.compact``: ``run=<run_id>/merged-L0-*.parquet``, then
+``cluster=<name>/merged-L<n>-*.parquet``): the same rows. The whole folder
 reads as one ``pyarrow.dataset``; cluster and run_id are also real columns in every file.
 A max-batch search also leaves its verdicts in ``<output>/_search/<run_id>.json``, written the same way
 (the leading '_' keeps them out of the dataset). A profiled attempt's trace lies beside its row, in
@@ -24,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sweep.errors import UserError, one_line
+from sweep.record import journal
 from sweep.record.schema import RESULT_SCHEMA, SCHEMA_VERSION, TRAINING_DEFAULTS, VERSION_KEY, Row, to_table
 
 if TYPE_CHECKING:
@@ -88,12 +91,20 @@ def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
 
 
 def result_files(output: Path) -> list[Path]:
+    """The result files under ``output`` (a results folder, a cluster's or a run's), less the inputs of a merge
+    that is done (``sweep.record.compact``: the journal is read after the listing, so a merge in progress shows
+    either its inputs or its merged file, never both)."""
     root = Path(output)
     if not root.exists():
         return []
-    return sorted(
+    listed = {
         p for p in root.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts)
+    }
+    journals = [root, *root.glob("cluster=*")] + ([root.parent] if root.name.startswith("run=") else [])
+    gone = set().union(
+        *(journal.excluded(folder, listed) for folder in journals if (folder / journal.JOURNAL).exists())
     )
+    return sorted(listed - gone)
 
 
 def _footer(path: Path) -> tuple[str | None, frozenset[str]]:

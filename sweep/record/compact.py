@@ -1,0 +1,159 @@
+"""Fewer, larger result files: a run's attempts merged into one file when it ends, a cluster's runs merged
+sixteen at a time.
+
+``sweep run`` writes one file per attempt (``store.write_row``: nothing is lost on a crash). A year of sweeps is a
+million attempts, and every statement of ``sweep results`` pays per file it opens (DuckDB binds each file's 100
+columns: ~0.3 ms a file, so 0.15 s over 500 files and minutes over a million) whatever it reads. So, when a run
+ends, ``compact`` merges its attempt files into one file in the run's folder (level 0), and once a cluster holds
+FAN_IN files of one level, merges them into one file of the next level at the cluster's folder
+(``cluster=<name>/merged-L<level>-<digest>.parquet``). A cluster of n runs is then at most ~FAN_IN files a level,
+log₁₆ n levels: 500 runs are ~80 files. The rows are the same rows (the same columns, in the inputs' order);
+a file of an older minor schema is written with the current one, its missing columns null, which is how every
+reader reads a missing column.
+
+Crash and concurrency safety, in this order: the merged file is written to a dot-prefixed temp file and
+synced; the journal (``cluster=<name>/_merges.json``) records it with its inputs; the temp file is renamed into
+place; the inputs are deleted. A reader (``store.result_files``) lists the files first, then reads the journal,
+and leaves out the inputs of every merged file it listed: before the rename it reads the inputs, after it the
+merged file, never both. The journal's entries are dropped by the next compaction of the cluster. Compactions of
+one cluster take turns (an advisory lock; a second one skips). Files being written by a run still in progress
+are temp files or whole attempt files: a compaction that meets them merges the whole ones, and the run's own
+compaction at its end merges the rest.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sweep.record import journal
+
+MAX_LEVEL = 6  # FAN_IN⁶ = 16.7 million runs a cluster: no folder gets there
+FAN_IN = 16  # files of one level merged at once: few enough files to read, few enough rewrites of each row
+_LOCK = ".compact.lock"
+_MERGED = re.compile(r"^merged-L(\d+)-[0-9a-f]{16}\.parquet$")
+ROW_GROUP = 65_536  # rows per row group: DuckDB reads row groups in parallel and skips them by their statistics
+
+
+@dataclass
+class Compaction:
+    """What one ``compact`` did: files merged away and files written."""
+
+    merged: int = 0
+    written: list[Path] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"merged {self.merged} result file(s) into {len(self.written)}"
+
+
+def level(path: Path) -> int | None:
+    """The level of a merged file (``merged-L<level>-...``), None for any other (an attempt's) file."""
+    found = _MERGED.match(path.name)
+    return None if found is None else int(found.group(1))
+
+
+def compact(output: Path, cluster_folders: Iterable[Path] | None = None) -> Compaction:
+    """Merge the result files of each ``cluster=`` folder of ``output`` (all of them by default): every run folder
+    of more than one file into one, then FAN_IN files of a level into one of the next, while any level holds as
+    many. A cluster another process is compacting is skipped."""
+    done = Compaction()
+    folders = sorted(Path(output).glob("cluster=*")) if cluster_folders is None else list(cluster_folders)
+    for folder in folders:
+        if folder.is_dir():
+            with _turn(folder) as mine:
+                if mine:
+                    _compact_cluster(folder, done)
+    return done
+
+
+def _compact_cluster(folder: Path, done: Compaction) -> None:
+    from sweep.record.store import result_files
+
+    _forget(folder)  # the previous compaction's entries: their inputs are gone, no reader still needs them
+    for run in sorted(p for p in folder.glob("run=*") if p.is_dir()):
+        files = result_files(run)
+        if len(files) > 1:
+            _merge(folder, files, run, 0, done)
+    for at in range(MAX_LEVEL):
+        units = _units(folder, at)
+        for start in range(0, len(units) - FAN_IN + 1, FAN_IN):  # whole groups only: the rest waits for more
+            _merge(folder, units[start : start + FAN_IN], folder, at + 1, done)
+
+
+def _units(folder: Path, at: int) -> list[Path]:
+    """The files of level ``at``: a run folder's one file for 0, ``merged-L<at>`` files at the cluster's folder."""
+    from sweep.record.store import result_files
+
+    if at == 0:
+        runs = [result_files(run) for run in sorted(p for p in folder.glob("run=*") if p.is_dir())]
+        return [files[0] for files in runs if len(files) == 1]
+    return sorted(f for f in folder.glob("merged-L*.parquet") if level(f) == at)
+
+
+def _merge(folder: Path, inputs: list[Path], into: Path, to_level: int, done: Compaction) -> None:
+    """Write ``inputs``' rows as one file of ``to_level`` in ``into``, record it, then delete the inputs."""
+    import pyarrow.parquet as pq
+
+    from sweep.record.store import _read_dataset
+
+    names = [str(p.relative_to(folder)) for p in inputs]
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+    out = into / f"merged-L{to_level}-{digest}.parquet"
+    tmp = into / f".{out.name}.{os.getpid()}.tmp"
+    dataset = _read_dataset(inputs)
+    expected = sum(pq.read_metadata(p).num_rows for p in inputs)
+    written = 0
+    try:
+        with pq.ParquetWriter(tmp, dataset.schema) as writer:
+            for batch in dataset.to_batches(batch_size=ROW_GROUP):
+                writer.write_batch(batch, row_group_size=ROW_GROUP)
+                written += batch.num_rows
+        if written != expected:  # never delete a row: a short read keeps the inputs
+            raise RuntimeError(f"merging {len(inputs)} files under {folder}: read {written} of {expected} rows")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        journal.write(folder, [*journal.read(folder), {"output": str(out.relative_to(folder)), "inputs": names}])
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    for p in inputs:  # (an emptied run folder stays: a run still writing there may have just made it)
+        p.unlink(missing_ok=True)
+    done.merged += len(inputs)
+    done.written.append(out)
+
+
+def _forget(folder: Path) -> None:
+    """Finish the journal's merges (an input a crash left beside its merged file is deleted) and drop them;
+    an entry whose merged file never got its name is dropped (its inputs stay: they were never replaced), and so
+    is a temp file a killed merge left."""
+    for stale in [*folder.glob(".merged-*.tmp"), *folder.glob("run=*/.merged-*.tmp")]:
+        stale.unlink(missing_ok=True)  # a merge killed midway (ours are made under the lock this one holds)
+    entries = journal.read(folder)
+    for entry in entries:
+        if (folder / entry["output"]).exists():
+            for name in entry["inputs"]:
+                (folder / name).unlink(missing_ok=True)
+    if entries:
+        journal.write(folder, [])
+
+
+@contextmanager
+def _turn(folder: Path) -> Iterator[bool]:
+    """Whether this process holds the cluster's compaction lock (another compacting it: False, no wait)."""
+    with open(folder / _LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
