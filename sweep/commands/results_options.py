@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 
 Directory = Annotated[
     Path,
-    typer.Argument(help="Result directory written by `sweep run` (cluster=*/...*.parquet).", show_default=False),
+    typer.Argument(
+        help="Result directory written by `sweep run` (its cluster=*/ folders of Parquet files).", show_default=False
+    ),
 ]
 Where = Annotated[
     list[str] | None,

@@ -98,6 +98,7 @@ def _units(folder: Path, at: int) -> list[Path]:
 
 def _merge(folder: Path, inputs: list[Path], into: Path, to_level: int, done: Compaction) -> None:
     """Write ``inputs``' rows as one file of ``to_level`` in ``into``, record it, then delete the inputs."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from sweep.record.store import _read_dataset
@@ -108,12 +109,17 @@ def _merge(folder: Path, inputs: list[Path], into: Path, to_level: int, done: Co
     tmp = into / f".{out.name}.{os.getpid()}.tmp"
     dataset = _read_dataset(inputs)
     expected = sum(pq.read_metadata(p).num_rows for p in inputs)
-    written = 0
+    written, pending = 0, []
     try:
         with pq.ParquetWriter(tmp, dataset.schema) as writer:
-            for batch in dataset.to_batches(batch_size=ROW_GROUP):
-                writer.write_batch(batch, row_group_size=ROW_GROUP)
-                written += batch.num_rows
+            # each input's batches are its own size: gathered into row groups of ROW_GROUP rows
+            for batch in [*dataset.to_batches(batch_size=ROW_GROUP), None]:
+                if batch is not None:
+                    pending.append(batch)
+                if pending and (batch is None or sum(b.num_rows for b in pending) >= ROW_GROUP):
+                    group = pa.Table.from_batches(pending, dataset.schema)
+                    writer.write_table(group, row_group_size=ROW_GROUP)
+                    written, pending = written + group.num_rows, []
         if written != expected:  # never delete a row: a short read keeps the inputs
             raise RuntimeError(f"merging {len(inputs)} files under {folder}: read {written} of {expected} rows")
         with open(tmp, "rb") as f:
