@@ -27,6 +27,7 @@ source benchmarks/device/lib.sh
 job_begin $campaign 0
 [ -f .base-tree/COMMIT ] || { echo "job: carry .base-tree (bash benchmarks/device/prepare.sh base COMMIT)"; exit 2; }
 base_sha=$(cat .base-tree/COMMIT)
+root=$PWD profile=$(realpath "$profile")  # both read from inside a tree below
 echo "base tree: $base_sha; current tree: ${SWEEP_GIT_SHA:-unknown}"
 
 cached_profile() {  # cached_profile TREE: the profile with its own compile cache, /tmp/cc-TREE (Triton's under it)
@@ -49,8 +50,12 @@ sweep_run() {  # sweep_run TREE GRID OUTPUT: `sweep run` of TREE (base or curren
   began=$SECONDS
   echo "== $(date -u +%FT%TZ) $tree: sweep run $grid -> $out; load $(cut -d' ' -f1-3 /proc/loadavg); busiest:"
   ps -eo pcpu=,etimes=,comm= --sort=-pcpu | head -n 4
-  PYTHONPATH=$path:/tmp/site SWEEP_GIT_SHA=$sha timeout --signal=INT --kill-after=20 $left \
-    python3 -m sweep run "$grid" --cluster "$(cached_profile "$tree")" --output "$out" --no-progress
+  # run from inside the tree: `python3 -m` puts the working directory ahead of PYTHONPATH, and Ray puts the driver's
+  # working directory on every worker's path, so a run from the project root imports the root's sweep and trainer
+  # whatever PYTHONPATH says (every "base" run before session 20 was the current tree)
+  (cd "$path" && PYTHONPATH=$path:/tmp/site python3 -c 'import sweep, trainer; print("imports", sweep.__file__, trainer.__file__)' &&
+   PYTHONPATH=$path:/tmp/site SWEEP_GIT_SHA=$sha timeout --signal=INT --kill-after=20 $left \
+     python3 -m sweep run "$(cd "$root" && realpath "$grid")" --cluster "$(cached_profile "$tree")" --output "$out" --no-progress)
   local rc=$?
   echo "== $tree $grid: exit $rc after $((SECONDS - began)) s (driver wall, Ray start included)"
   [ $rc -eq 0 ] || [ $rc -eq 3 ] || status=$rc
