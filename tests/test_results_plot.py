@@ -127,8 +127,10 @@ def test_plot_names_what_varies_and_puts_the_rest_in_the_title_once(svg_texts):
     legend = {
         f"{p} · accum {a} · reduce {r}" for p in ("bf16", "fp8-te-delayed") for a in (1, 8) for r in ("fp32", "bf16")
     }
-    # each series named twice: in the legend and left of its row of max-batch bars (the row's three panels share it)
-    assert {t: svg_texts.count(t) for t in legend} == dict.fromkeys(legend, 2)
+    # each series named once: left of its row of max-batch bars, which the row's three panels share, beside a line
+    # of its style (the TFLOP/s panels' legend); the figure's legend has the failure markers only
+    assert {t: svg_texts.count(t) for t in legend} == dict.fromkeys(legend, 1)
+    assert svg_texts[-2:] == ["OOM", "error / timeout / unsupported"]
     # no bare value lists ("bf16 · 1024 · 1 · bf16"): each part a precision, a model, a number or a named value
     names = {"bf16", "fp8-te-delayed", *MODELS, "OOM"}
     for text in svg_texts:
@@ -200,8 +202,8 @@ def test_plot_text_fits_and_does_not_overprint(mixed, where):
 
 
 def test_plot_draws_every_median_min_max_and_failure(mixed):
-    """Each model's TFLOP/s panel: every ok config's median on a line, its min-max bar with a cap at each end (one
-    LineCollection), and every failed batch as a marker on the zero line."""
+    """Each model's TFLOP/s panel: every ok config's median on a line, its min-max bar with a cap at each end (an I
+    a point, one LineCollection), and every failed batch as a marker on the zero line."""
     configs, fig, _ = _drawn(mixed)
     rows = configs.to_pylist()
     for ax in fig.axes[::2]:  # a model's TFLOP/s panel, then its max-batch panel
@@ -211,34 +213,43 @@ def test_plot_draws_every_median_min_max_and_failure(mixed):
         points = [(x, y) for line in ax.get_lines() for x, y in zip(line.get_xdata(), line.get_ydata())]
         assert sorted(points) == sorted(ok) and len(ax.get_lines()) == 8  # a line per series
         data = [c for c in ax.collections if hasattr(c, "get_segments") and c.get_transform() is ax.transData]
-        segments = [tuple(map(tuple, s)) for s in data[0].get_segments()]
-        triples = [segments[i : i + 3] for i in range(0, len(segments), 3)]  # a bar, its low cap, its high cap
-        for (bottom, top), low, high in triples:
-            assert bottom[0] == top[0]
-            for (left, right), y in ((low, bottom[1]), (high, top[1])):
-                assert left[1] == right[1] == y and left[0] < bottom[0] < right[0]
-        bars = sorted((bottom[0], bottom[1], top[1]) for (bottom, top), _, _ in triples)
-        assert bars == sorted((r["batch_size"], r["tflops_min"], r["tflops_max"]) for r in mine if r["tflops_per_gpu"])
+        bars = []
+        for segment in data[0].get_segments():  # an I a point: low cap, bar, high cap
+            (left, low), (right, low_2), (x, low_3), (x_2, high), (left_2, high_2), (right_2, high_3) = segment
+            assert low == low_2 == low_3 and high == high_2 == high_3 and x == x_2
+            assert left == left_2 < x < right == right_2
+            bars.append((x, low, high))
+        assert sorted(bars) == sorted(
+            (r["batch_size"], r["tflops_min"], r["tflops_max"]) for r in mine if r["tflops_per_gpu"]
+        )
         failed = [o for c in ax.collections if not hasattr(c, "get_segments") for o in c.get_offsets()]
         assert len(failed) == sum(r["tflops_per_gpu"] is None for r in mine) > 0
         assert all(y == 0 for _, y in failed)
 
 
 def test_a_row_of_panels_shares_one_y_axis_numbered_once(mixed):
-    """The three TFLOP/s panels: one y range, numbered on the leftmost only; the three max-batch panels: a row per
-    series in the legend's order, named left of the leftmost only, a bar and a note each."""
+    """The three TFLOP/s panels: one y range, numbered on the leftmost only. The three max-batch panels: a row per
+    series, named left of the leftmost only beside a line of the series' own style, a bar and a note each."""
     _, fig, _ = _drawn(mixed)
     perf, bars = fig.axes[::2], fig.axes[1::2]
     assert len({ax.get_ylim() for ax in perf}) == 1 and len({ax.get_ylim() for ax in bars}) == 1
     assert [ax.yaxis.get_visible() for ax in perf] == [True, False, False]
     assert perf[0].get_ylabel() == "TFLOP/s/GPU (median)"
-    legend = [t.get_text() for t in fig.legends[0].get_texts()][:-2]  # less the OOM and error markers
-    assert [t.get_text() for t in bars[0].texts if t.get_ha() == "right"] == legend
+    labels = [t.get_text() for t in bars[0].texts if t.get_ha() == "right"]
+    assert len(labels) == 8 and labels == sorted(labels)
+    look = lambda line: (line.get_color(), line.get_linestyle(), line.get_marker())  # noqa: E731
+    handles = [look(line) for line in bars[0].get_lines()]
+    assert len(set(handles)) == len(labels) and set(handles) == {look(line) for line in perf[0].get_lines()}
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["OOM", "error / timeout / unsupported"]
+    from matplotlib.colors import to_rgba
+
+    row_colour = {p.get_y() + p.get_height() / 2: p.get_facecolor() for p in bars[0].patches}
+    assert all(to_rgba(line.get_color()) == row_colour[line.get_ydata()[0]] for line in bars[0].get_lines())
     for ax in bars:
         assert not ax.xaxis.get_visible() and not ax.yaxis.get_visible()
-        assert len(ax.patches) == len(legend) == len([t for t in ax.texts if t.get_ha() == "left"])
-        assert sorted(p.get_y() + p.get_height() / 2 for p in ax.patches) == list(range(len(legend)))
-    assert all(t.get_ha() == "left" for ax in bars[1:] for t in ax.texts)
+        assert len(ax.patches) == len(labels) == len([t for t in ax.texts if t.get_ha() == "left"])
+        assert sorted(p.get_y() + p.get_height() / 2 for p in ax.patches) == list(range(len(labels)))
+    assert all(t.get_ha() == "left" for ax in bars[1:] for t in ax.texts) and not any(ax.get_lines() for ax in bars[1:])
 
 
 def test_the_png_writer_keeps_every_pixel(tmp_path):

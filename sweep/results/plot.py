@@ -21,7 +21,9 @@ no pyplot global state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import gc
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +80,7 @@ def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool =
 
 def _import_matplotlib() -> None:
     """Import matplotlib and draw a tiny figure of every kind of artist the plot has, while DuckDB aggregates: the
-    fonts, the marker and hatch paths and the modules matplotlib imports at a first draw are loaded here, not in the
+    fonts, the marker paths and the modules matplotlib imports at a first draw are loaded here, not in the
     plot's draw."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.collections import LineCollection
@@ -90,7 +92,7 @@ def _import_matplotlib() -> None:
     ax.plot([1, 2], [1, 2], marker="o", linestyle="--")
     ax.add_collection(LineCollection([((1, 0.9), (1, 1.1))], colors=["C0"]))
     ax.scatter([1], [0], marker="x", color=["C1"], clip_on=False)
-    ax.add_artist(Rectangle((0, 0), 1, 1, facecolor="C0", edgecolor="white", hatch="//"))
+    ax.add_artist(Rectangle((0, 0), 1, 1, facecolor="C0", linewidth=0))
     ax.text(1, 1, "≥ 1 · OOM at 2", fontsize="small")
     ax.set_xscale("log", base=2)
     ax.set_xticks([1, 2], ["1", "2"])
@@ -126,7 +128,7 @@ def _wrap(parts: list[str], width: int) -> str:
 
 
 def _styles(rows: list[dict], varying: list[str], label: Label) -> dict[str, dict]:
-    """Colour by precision; line style, marker and bar hatch by the rest of the series key (cluster...)."""
+    """Colour by precision; line style and marker by the rest of the series key (cluster...)."""
     from matplotlib.colors import to_rgba
 
     precisions = sorted({str(r["precision"]) for r in rows})
@@ -139,7 +141,6 @@ def _styles(rows: list[dict], varying: list[str], label: Label) -> dict[str, dic
             "color": to_rgba(f"C{precisions.index(str(r['precision'])) % 10}"),  # once, not once an artist
             "linestyle": ("-", "--", ":", "-.")[i % 4],
             "marker": "osD^vP*X"[i % 8],
-            "hatch": ("", "//", "..", "xx", "\\\\", "++")[i % 6],
         }
     return dict(sorted(styles.items()))
 
@@ -152,7 +153,7 @@ def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path, metric: str =
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    with rc_context(TEXT):
+    with rc_context(TEXT), _no_cyclic_gc():
         fig = figure(configs, max_batch, metric)
         try:
             if out.suffix.lower() == ".png":  # drawn once, written without Pillow's row filters (plot_png)
@@ -164,6 +165,20 @@ def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path, metric: str =
         except (ValueError, OSError) as e:
             raise UserError(f"--out {out}: cannot write the plot ({e})") from None
     return out
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """The cyclic garbage collector off while the figure is made and drawn: it allocates ~10^6 objects, so the
+    collector would run ~1,500 times, traversing every object the process holds (the imports' included) at the
+    oldest generation's runs; the figure's few MB of cycles wait to the end instead."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops") -> Figure:
@@ -202,10 +217,10 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops") -> Fi
         bottom.set_title(titles[-1], y=1.0)
         perf_axes.append(top)
         bar_axes.append(bottom)
-    _shared_axes(perf_axes, bar_axes, series, rows, PLOT_METRICS[metric][2])
+    _shared_axes(perf_axes, bar_axes, style, rows, PLOT_METRICS[metric][2])
     y_ticks = perf_axes[0].yaxis.get_major_formatter().format_ticks(list(perf_axes[0].get_yticks()))
 
-    handles = _legend_handles(series, style)
+    handles = _failure_handles()
     title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
     suptitle = _wrap(title, int(len(models) * PANEL_WIDTH / (0.6 * widths.points("medium") / 72))) if title else ""
     place = layout(
@@ -241,7 +256,7 @@ def _place(fig: Figure, place: Layout, perf_axes: list, bar_axes: list) -> None:
         place_axis_labels(ax, place.x_label_below, place.y_label_left)
 
 
-def _shared_axes(perf_axes: list, bar_axes: list, series: list[str], rows: list[dict], high: str) -> None:
+def _shared_axes(perf_axes: list, bar_axes: list, style: dict[str, dict], rows: list[dict], high: str) -> None:
     """The y axes a kind of panel shares: the metric from just under 0 to above the highest maximum (``high``), a
     row per series; numbered and named on the leftmost column only."""
     from matplotlib.ticker import MaxNLocator
@@ -253,19 +268,14 @@ def _shared_axes(perf_axes: list, bar_axes: list, series: list[str], rows: list[
     ncols = columns(len(perf_axes))
     for i, (perf, bars) in enumerate(zip(perf_axes, bar_axes)):
         value_axis(perf, limits, ticks, i % ncols == 0)
-        series_axis(bars, series, i % ncols == 0)
+        series_axis(bars, list(style), style, i % ncols == 0)
 
 
-def _legend_handles(series: list[str], style: dict[str, dict[str, Any]]) -> list:
-    """A line per series, then the failure markers."""
+def _failure_handles() -> list:
+    """The figure legend: the failure markers (each series' line is named left of its max-batch row)."""
     from matplotlib.lines import Line2D
 
-    handles = [
-        Line2D([], [], color=style[s]["color"], linestyle=style[s]["linestyle"], marker=style[s]["marker"], label=s)
-        for s in series
-    ]
     return [
-        *handles,
         Line2D([], [], color="0.3", marker="x", linestyle="none", markersize=8, label="OOM"),
         Line2D(
             [],

@@ -106,7 +106,7 @@ def layout(
     y_label = tick_room + max(widths(t) for t in y_ticks) + 4 / 72
     left = 0.15 + max(
         y_label + 1.3 * em,  # perf: tick numbers and axis label
-        4 / 72 + max(widths(s, "small") for s in series_labels),  # bars: a label a row, 4 pt off (LABEL_PAD)
+        3 * 4 / 72 + 0.3 + max(widths(s, "small") for s in series_labels),  # bars: a series' line and label a row
     )
     width = left + ncols * PANEL_WIDTH + (ncols - 1) * GAP + 0.3
 

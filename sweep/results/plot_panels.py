@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sweep.results.plot_layout import PANEL_WIDTH, TextWidths, thinned
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.transforms import Affine2DBase
 
 Label = Callable[[dict[str, Any]], str]  # a series' legend text from one of its rows
 NOTE_OFFSET = 3 / 72  # inches between a bar's end and its note
-LABEL_PAD = 4 / 72  # inches between a max-batch panel and its series labels
+LABEL_PAD = 4 / 72  # inches between a max-batch panel, a series' line and its label
+HANDLE = 0.3  # inches, the line left of a series' label (matplotlib's legend: 2 em)
 CAP = 3 / 72  # inches, half a min-max bar's cap (errorbar's capsize=3)
 
 
@@ -39,8 +41,10 @@ def perf_panel(
                 failures[bool(r["n_oom"])].append((r["batch_size"] * nudge, style[s]["color"]))
     batches = sorted({r["batch_size"] for mine in rows.values() for r in mine})
     shift = batch_axis(ax, widths, batches, [x for points in failures.values() for x, _ in points])
-    bars: list[tuple[tuple[float, float], tuple[float, float]]] = []  # min-max bars and their caps, one collection
-    colours: list[str] = []
+    # each min-max bar and its two caps one polyline (an I, its caps half retraced), all of a panel one collection:
+    # a path is transformed to the log axis one at a time, so one a point, not three
+    bars: list[list[tuple[float, float]]] = []
+    colours: list[tuple[float, ...]] = []
     for s, look in style.items():
         ok = [r for r in rows.get(s, []) if r[key] is not None]
         if not ok:
@@ -49,12 +53,8 @@ def perf_panel(
         ax.plot(x, [r[key] for r in ok], color=look["color"], linestyle=look["linestyle"], marker=look["marker"])
         for b, r in zip(x, ok):
             left, right = shift(b, -CAP), shift(b, CAP)
-            bars += [
-                ((b, r[low]), (b, r[high])),
-                ((left, r[low]), (right, r[low])),
-                ((left, r[high]), (right, r[high])),
-            ]
-        colours += [look["color"]] * 3 * len(ok)
+            bars.append([(left, r[low]), (right, r[low]), (b, r[low]), (b, r[high]), (left, r[high]), (right, r[high])])
+        colours += [look["color"]] * len(ok)
     if bars:
         ax.add_collection(LineCollection(bars, colors=colours, linewidths=1.2, zorder=2.5), autolim=False)
     # one scatter a kind for the panel: an x where every attempt ran out of memory, a hollow triangle otherwise
@@ -97,8 +97,9 @@ def batch_axis(ax: Axes, widths: TextWidths, batches: list[int], marks: list[flo
 
 
 def bar_panel(ax: Axes, groups: list[dict], series: list[str], label: Label, style: dict, widths: TextWidths) -> None:
-    """The largest batch that fits, a horizontal bar per series in the figure's series order (the y axis is the
-    figure's: labels on the leftmost panel only), each with its note at its end."""
+    """The largest batch that fits, a horizontal bar per series in the figure's series order (``series_axis``:
+    labels on the leftmost panel only), in the series' colour (no hatch: the row is named; Agg's hatching cost
+    0.05 s a figure), each with its note at its end."""
     from matplotlib.patches import Rectangle
     from matplotlib.transforms import ScaledTranslation
 
@@ -107,11 +108,7 @@ def bar_panel(ax: Axes, groups: list[dict], series: list[str], label: Label, sty
     heights = [g["max_ok_batch"] or 0 for g in groups]
     for g, height in zip(groups, heights):  # add_artist, not barh: no data limits to update (the limits are set)
         look = style[label(g)]
-        ax.add_artist(
-            Rectangle(
-                (0, row[label(g)] - 0.35), height, 0.7, facecolor=look["color"], edgecolor="white", hatch=look["hatch"]
-            )
-        )  # white edges: the hatch is drawn in white on the colour
+        ax.add_artist(Rectangle((0, row[label(g)] - 0.35), height, 0.7, facecolor=look["color"], linewidth=0))
     notes = [_note(g) for g in groups]
     # the x limit leaves each note room right of its bar: bar / limit * width + offset + note <= width
     room = [PANEL_WIDTH - NOTE_OFFSET - widths(n, "small") - 0.1 for n in notes]
@@ -150,20 +147,38 @@ def value_axis(ax: Axes, limits: tuple[float, float], ticks: list[float], number
     grid_lines(ax, ticks)
 
 
-def series_axis(ax: Axes, series: list[str], named: bool) -> None:
-    """A max-batch panel's rows, the first series on top (the legend's order); the ``named`` panel (leftmost)
-    writes each series' label left of its row, as text: no axis, no ticks."""
+def series_axis(ax: Axes, series: list[str], style: dict, named: bool) -> None:
+    """A max-batch panel's rows, the first series on top; the ``named`` panel (leftmost) writes each series' label
+    left of its row with a short line of its style, as a legend's entry: the series legend of the TFLOP/s panels
+    above. No axis, no ticks."""
+    from matplotlib.lines import Line2D
     from matplotlib.ticker import NullLocator
-    from matplotlib.transforms import ScaledTranslation
+    from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
     ax.set_ylim(len(series) - 0.5, -0.5)
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_locator(NullLocator())
         axis.set_visible(False)
-    if named:
-        left = ax.get_yaxis_transform() + ScaledTranslation(-LABEL_PAD, 0, ax.figure.dpi_scale_trans)
-        for y, name in enumerate(series):
-            ax.text(0, y, name, transform=left, ha="right", va="center", fontsize="small")
+    if not named:
+        return
+    # x in inches from the panel's left edge (the axes' transform is affine: a box's), y a row
+    inches = ax.figure.dpi_scale_trans + ScaledTranslation(0, 0, cast("Affine2DBase", ax.transAxes))
+    left = blended_transform_factory(inches, ax.transData)
+    start, end = -LABEL_PAD - HANDLE, -LABEL_PAD
+    for y, name in enumerate(series):
+        look = style[name]
+        handle = Line2D(
+            [start, (start + end) / 2, end],
+            [y, y, y],
+            color=look["color"],
+            linestyle=look["linestyle"],
+            marker=look["marker"],
+            markevery=[1],  # one marker, in the middle, as a legend's handle
+            transform=left,
+            clip_on=False,
+        )
+        ax.add_artist(handle)  # not add_line: no data limits to update
+        ax.text(start - LABEL_PAD, y, name, transform=left, ha="right", va="center", fontsize="small")
 
 
 def grid_lines(ax: Axes, values: list[float]) -> None:
