@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 # Glyphs as FreeType outlines them, without running the font's hinting program on each (matplotlib's default): at
 # 100 dpi the same shapes, a touch softer; ~20 % less drawing time for the ~220 lines of text of a 12-panel figure.
 TEXT: dict[Any, Any] = {"text.hinting": "no_hinting"}
+SHARE_WITHIN = 3.0  # the TFLOP/s panels share one y range where the models' maxima are within this factor
 SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", *TRAINING_DEFAULTS, "memory_cap_gib")
 
 
@@ -217,8 +218,9 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops") -> Fi
         bottom.set_title(titles[-1], y=1.0)
         perf_axes.append(top)
         bar_axes.append(bottom)
-    _shared_axes(perf_axes, bar_axes, style, rows, PLOT_METRICS[metric][2])
-    y_ticks = perf_axes[0].yaxis.get_major_formatter().format_ticks(list(perf_axes[0].get_yticks()))
+    high = PLOT_METRICS[metric][2]
+    tops = [max((r[high] or 0 for s in by_series[m].values() for r in s), default=0) or 1.0 for m in models]
+    y_ticks, shared_y = _shared_axes(perf_axes, bar_axes, style, tops)
 
     handles = _failure_handles()
     title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
@@ -229,6 +231,7 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops") -> Fi
         series,
         [str(h.get_label()) for h in handles],
         y_ticks,
+        shared_y,
         suptitle.count("\n") + 1 if suptitle else 0,
         max(t.count("\n") + 1 for t in titles),
     )
@@ -256,19 +259,29 @@ def _place(fig: Figure, place: Layout, perf_axes: list, bar_axes: list) -> None:
         place_axis_labels(ax, place.x_label_below, place.y_label_left)
 
 
-def _shared_axes(perf_axes: list, bar_axes: list, style: dict[str, dict], rows: list[dict], high: str) -> None:
-    """The y axes a kind of panel shares: the metric from just under 0 to above the highest maximum (``high``), a
-    row per series; numbered and named on the leftmost column only."""
+def _shared_axes(perf_axes: list, bar_axes: list, style: dict[str, dict], tops: list[float]) -> tuple[list[str], bool]:
+    """The y axes of the panels: a row per series in the max-batch panels, named on the leftmost column only; the
+    metric from just under 0 to above the highest maximum (``tops``: each model's) in the others, one range for
+    all numbered on the leftmost column where the models' maxima are within SHARE_WITHIN of each other (TFLOP/s on
+    the same GPUs), else each panel its own (tokens per kWh of a 1B and a 70B model). Returns the tick labels
+    drawn and whether the range is shared."""
     from matplotlib.ticker import MaxNLocator
 
-    top = max((r[high] or 0 for r in rows), default=0) or 1.0
-    limits = (-0.04 * top, 1.1 * top)
-    ticks = [float(v) for v in MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(*limits)]
-    ticks = [v for v in ticks if limits[0] <= v <= limits[1]]
+    shared = max(tops) <= SHARE_WITHIN * min(tops)
     ncols = columns(len(perf_axes))
-    for i, (perf, bars) in enumerate(zip(perf_axes, bar_axes)):
-        value_axis(perf, limits, ticks, i % ncols == 0)
-        series_axis(bars, list(style), style, i % ncols == 0)
+    labels: list[str] = []
+    for i, (perf, bars, top) in enumerate(zip(perf_axes, bar_axes, tops)):
+        left = i % ncols == 0
+        limits = (-0.04 * max(tops), 1.1 * max(tops)) if shared else (-0.04 * top, 1.1 * top)
+        ticks = [float(v) for v in MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(*limits)]
+        ticks = [v for v in ticks if limits[0] <= v <= limits[1]]
+        value_axis(perf, limits, ticks, left or not shared)
+        if left or not shared:
+            labels += perf.yaxis.get_major_formatter().format_ticks(ticks)
+        if not left:
+            perf.set_ylabel("")
+        series_axis(bars, list(style), style, left)
+    return labels, shared
 
 
 def _failure_handles() -> list:

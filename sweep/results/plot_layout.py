@@ -86,13 +86,15 @@ def layout(
     series_labels: list[str],
     legend_labels: list[str],
     y_ticks: list[str],
+    shared_y: bool,
     title_lines: int,
     panel_title_lines: int,
 ) -> Layout:
     """Place ``models`` pairs of panels (TFLOP/s over max-batch) in rows of ``columns(models)``.
 
     The left margin holds the longer of the series labels of the max-batch panels and the TFLOP/s panels' tick
-    numbers with their axis label; only the leftmost column prints either (the panels of a kind share the y axis).
+    numbers (``y_ticks``) with their axis label; only the leftmost column prints either, but for the tick numbers
+    of panels that do not share their y range (not ``shared_y``): the gap between columns holds them then.
     """
     em = widths.points("medium") / 72
     title_em = widths.points("large") / 72
@@ -108,7 +110,8 @@ def layout(
         y_label + 1.3 * em,  # perf: tick numbers and axis label
         3 * 4 / 72 + 0.3 + max(widths(s, "small") for s in series_labels),  # bars: a series' line and label a row
     )
-    width = left + ncols * PANEL_WIDTH + (ncols - 1) * GAP + 0.3
+    gap = GAP if shared_y else max(GAP, y_label + 0.1)
+    width = left + ncols * PANEL_WIDTH + (ncols - 1) * gap + 0.3
 
     legend_columns, legend_rows = _legend_grid(widths, legend_labels, width - 0.4)
     legend_height = legend_rows * 1.6 * em + 0.9 * em  # a row: the text (1.17 em) and the 0.5 em between rows
@@ -119,7 +122,7 @@ def layout(
     perf, bars = [], []
     for i in range(models):
         row, col = divmod(i, ncols)
-        x = left + col * (PANEL_WIDTH + GAP)
+        x = left + col * (PANEL_WIDTH + gap)
         perf_top = height - top - row * group - above
         perf.append((x, perf_top - PERF_HEIGHT, PANEL_WIDTH, PERF_HEIGHT))
         bar_top = perf_top - PERF_HEIGHT - below - GAP - above

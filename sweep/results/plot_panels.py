@@ -133,9 +133,9 @@ def _note(group: dict) -> str:
 
 
 def value_axis(ax: Axes, limits: tuple[float, float], ticks: list[float], numbered: bool) -> None:
-    """The y axis a row of TFLOP/s panels shares without matplotlib's sharing (which shares the tick locator
-    too): each panel gets ``limits`` and a grid line at each of ``ticks``; only the ``numbered`` one (leftmost)
-    has the ticks, the others no y axis at all (a tick is six artists: ~1 ms to make and draw)."""
+    """A TFLOP/s panel's y axis, shared with its row without matplotlib's sharing (which shares the tick locator
+    too): ``limits`` and a grid line at each of ``ticks``; ``numbered``: the ticks too, else no y axis at all (a
+    tick is six artists: ~1 ms to make and draw)."""
     from matplotlib.ticker import NullLocator
 
     ax.set_ylim(*limits)
