@@ -252,13 +252,14 @@ def test_a_row_of_panels_shares_one_y_axis_numbered_once(mixed):
     assert all(t.get_ha() == "left" for ax in bars[1:] for t in ax.texts) and not any(ax.get_lines() for ax in bars[1:])
 
 
-def test_the_png_writer_keeps_every_pixel(tmp_path):
+@pytest.mark.parametrize("parts", [1, 3])
+def test_the_png_writer_keeps_every_pixel(tmp_path, parts):
     import numpy as np
     from PIL import Image
 
     from sweep.results.plot_png import write_png
 
-    pixels = np.random.default_rng(0).integers(0, 256, (7, 5, 4), dtype=np.uint8)
-    write_png(tmp_path / "p.png", pixels, 100, "test")
+    pixels = np.random.default_rng(0).integers(0, 256, (70, 50, 4), dtype=np.uint8)
+    write_png(tmp_path / "p.png", pixels, 100, "test", parts)
     with Image.open(tmp_path / "p.png") as image:
         assert np.array_equal(np.asarray(image), pixels) and image.info["Software"] == "test"
