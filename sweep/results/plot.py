@@ -4,18 +4,20 @@
   whichever of cluster, compile, ac, seq_len, world_size, the training options and the memory cap
   vary within a model), error bars min–max over repeats. A batch where every attempt hit OOM is an
   ``x`` on the zero line; one that failed otherwise (error, timeout, unsupported) is a hollow triangle.
-  Every such panel shares one y axis, numbered on the leftmost panel of a row.
-- Under it: the largest batch that fits per series (a horizontal bar, a row per series in the legend's
-  order, named on the leftmost panel; its note: the number, "OOM at n" where a larger batch ran out of
-  memory, "≥ n" where none did, "fastest n" when a smaller batch was faster).
+  These panels share one y range, numbered on the leftmost panel of a row (unless the models' maxima
+  are more than SHARE_WITHIN apart: then each its own).
+- Under it: the largest batch that fits per series (a horizontal bar, a row per series; the leftmost
+  panel of a row names each row beside a short line of the series' style, the legend of the lines
+  above; a bar's note: the number, "OOM at n" where a larger batch ran out of memory, "≥ n" where none
+  did, "fastest n" when a smaller batch was faster). The figure legend: the two failure markers.
 
 Series are labelled by the values that vary, each with its name ("bf16 · accum 8 · reduce bf16");
 what differs only between models goes in the panel titles ("gpt2-1.5b · seq 1024"), what is the same
 everywhere in the figure title, once.
 
 Drawn for speed (issue 31: ≤ 2 s on 10^6 rows, the process included): no layout engine (the panels are
-placed from text widths read off the font, ``plot_layout``), few artists a panel (``plot_panels``), text
-drawn once, PNG at zlib level 1. matplotlib is imported here only, through ``Figure`` and the Agg canvas:
+placed from text widths read off the font, ``plot_layout``), few artists a panel (``plot_panels``), drawn
+once, the PNG written by ``plot_png``. matplotlib is imported here only, through ``Figure`` and the Agg canvas:
 no pyplot global state.
 """
 
@@ -197,34 +199,30 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops") -> Fi
 
     fig = Figure(dpi=DPI)
     fig.set_layout_engine("none")  # a matplotlibrc asking for a layout by default gets a placeholder that does nothing
-    perf_axes, bar_axes = [], []
-    title_chars = int(PANEL_WIDTH / (0.6 * widths.points("large") / 72))
-    titles = []
     by_series: dict[str, dict[str, list[dict]]] = {m: {} for m in models}  # model -> series label -> rows
     for r in sorted(rows, key=lambda r: r["batch_size"]):
         by_series[r["model"]].setdefault(label(r), []).append(r)
+    perf_axes, bar_axes, titles = [], [], []
+    title_chars = int(PANEL_WIDTH / (0.6 * widths.points("large") / 72))
     for model in models:
-        mine = [r for s in by_series[model].values() for r in s]
-        top = fig.add_axes((0, 0, 1, 1))
-        perf_panel(top, by_series[model], style, PLOT_METRICS[metric], widths)
-        bottom = fig.add_axes((0, 0, 1, 1))
-        bar_panel(bottom, [g for g in groups if g["model"] == model], series, label, style, widths)
-        name = [model, *(_text(k, mine[0][k]) for k in per_model)]
+        first = next(iter(by_series[model].values()))[0]
+        name = [model, *(_text(k, first[k]) for k in per_model)]
         titles += [
             _wrap(name, title_chars),
             _wrap([*name[:-1], f"{name[-1]}: largest batch per GPU that fits"], title_chars),
         ]
-        top.set_title(titles[-2], y=1.0)  # a y of its own: matplotlib would measure the x axis to place it
-        bottom.set_title(titles[-1], y=1.0)
-        perf_axes.append(top)
-        bar_axes.append(bottom)
+        perf_axes.append(_panel(fig, titles[-2]))
+        perf_panel(perf_axes[-1], by_series[model], style, PLOT_METRICS[metric], widths)
+        bar_axes.append(_panel(fig, titles[-1]))
+        bar_panel(bar_axes[-1], [g for g in groups if g["model"] == model], series, label, style, widths)
     high = PLOT_METRICS[metric][2]
     tops = [max((r[high] or 0 for s in by_series[m].values() for r in s), default=0) or 1.0 for m in models]
     y_ticks, shared_y = _shared_axes(perf_axes, bar_axes, style, tops)
 
     handles = _failure_handles()
     title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
-    suptitle = _wrap(title, int(len(models) * PANEL_WIDTH / (0.6 * widths.points("medium") / 72))) if title else ""
+    room = columns(len(models)) * PANEL_WIDTH / (0.6 * widths.points("medium") / 72)  # characters
+    suptitle = _wrap(title, int(room)) if title else ""
     place = layout(
         widths,
         len(models),
@@ -248,8 +246,15 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops") -> Fi
     return fig
 
 
+def _panel(fig: Figure, title: str) -> Any:
+    """A new panel, placed later (``_place``), with its title."""
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_title(title, y=1.0)  # a y of its own: matplotlib would measure the x axis to place it
+    return ax
+
+
 def _place(fig: Figure, place: Layout, perf_axes: list, bar_axes: list) -> None:
-    """Size the figure and put each panel where ``place`` says; y tick labels on the leftmost column only."""
+    """Size the figure and put each panel where ``place`` says, the TFLOP/s panels' axis labels too."""
     width, height = place.size
     fig.set_size_inches(width, height)
     for ax, rect in [*zip(perf_axes, place.perf), *zip(bar_axes, place.bars)]:
