@@ -66,7 +66,6 @@ def perf_panel(
         ax.scatter(*_on_zero(other), marker="^", s=40, facecolors="none", edgecolors=edges, clip_on=False, zorder=3)
     ax.set_xlabel("batch size per GPU")
     ax.set_ylabel(axis_label)
-    ax.grid(axis="x", alpha=0.3)
 
 
 def _on_zero(points: list[tuple[float, Any]]) -> tuple[list[float], list[float]]:
@@ -89,7 +88,10 @@ def batch_axis(ax: Axes, widths: TextWidths, batches: list[int], marks: list[flo
     inches = [PANEL_WIDTH * (at(b) - start) / (end - start) for b in batches]
     keep = thinned(widths, inches, [str(b) for b in batches])
     ax.set_xticks([batches[i] for i in keep], [str(batches[i]) for i in keep])
-    ax.set_xticks([b for i, b in enumerate(batches) if i not in keep], minor=True)
+    thinned_out = [b for i, b in enumerate(batches) if i not in keep]
+    if thinned_out:  # setting none would still make a minor tick object
+        ax.set_xticks(thinned_out, minor=True)
+    grid_lines(ax, [batches[i] for i in keep], "x")
     per_inch = (end - start) / PANEL_WIDTH
     if log:
         return lambda x, d: x * 2 ** (d * per_inch)
@@ -181,19 +183,20 @@ def series_axis(ax: Axes, series: list[str], style: dict, named: bool) -> None:
         ax.text(start - LABEL_PAD, y, name, transform=left, ha="right", va="center", fontsize="small")
 
 
-def grid_lines(ax: Axes, values: list[float]) -> None:
-    """The horizontal grid of a panel, one LineCollection at ``values`` (the y ticks of its row, which it may not
-    have itself), looking like matplotlib's grid at alpha 0.3."""
+def grid_lines(ax: Axes, values: list[float], axis: str = "y") -> None:
+    """A panel's grid across one axis, one LineCollection at ``values`` (not a line a tick; for the y axis the
+    ticks of its row, which the panel may not have itself), looking like matplotlib's grid at alpha 0.3."""
     from matplotlib import rcParams
     from matplotlib.collections import LineCollection
 
+    across = [((0, v), (1, v)) for v in values] if axis == "y" else [((v, 0), (v, 1)) for v in values]
     lines = LineCollection(
-        [((0, v), (1, v)) for v in values],
+        across,
         colors=rcParams["grid.color"],
         linewidths=rcParams["grid.linewidth"],
         alpha=0.3,
         zorder=0.5,  # under the data, as the axes' own grid
-        transform=ax.get_yaxis_transform(),  # x across the axes, y in data
+        transform=ax.get_yaxis_transform() if axis == "y" else ax.get_xaxis_transform(),  # across, at data values
     )
     ax.add_collection(lines, autolim=False)
 
