@@ -143,8 +143,18 @@ def _figure_data(fig) -> dict:
                 # every marker's place, pooled over the axes' collections: how they are grouped into collections
                 # (one per series or one per panel) is not what the figure shows
                 "points": sorted([repr(float(x)), repr(float(y))] for c in ax.collections for x, y in c.get_offsets()),
-                "bars": [[repr(float(p.get_height())), str(p.get_facecolor()), p.get_hatch()] for p in ax.patches],
+                "bars": [  # width and height: the max-batch bars are horizontal
+                    [repr(float(p.get_width())), repr(float(p.get_height())), str(p.get_facecolor()), p.get_hatch()]
+                    for p in ax.patches
+                ],
                 "texts": [t.get_text() for t in ax.texts],
+                # the line collections' segments (min-max bars and their caps, grid lines), "x0 y0 x1 y1" each
+                "segments": [
+                    " ".join(repr(float(v)) for v in segment.ravel())
+                    for c in ax.collections
+                    if hasattr(c, "get_segments")
+                    for segment in c.get_segments()
+                ],
             }
         )
     legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]

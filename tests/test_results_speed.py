@@ -46,22 +46,22 @@ def test_a_folder_with_a_foreign_file_gets_the_pyarrow_check(folder, tmp_path):
 
 
 def test_plot_lays_the_figure_out_once_and_draws_it_once(folder, tmp_path, monkeypatch):
-    """One constrained layout serves every panel's tick thinning and the saved image (then fixed: no layout engine
-    left), and saving draws the figure once: no draw to measure, none to lay out again. (The one other figure drawn
-    is the tiny one that loads the fonts while DuckDB aggregates, `plot._import_matplotlib`: never laid out.)"""
+    """No layout engine runs (the panels are placed from text widths, `plot_layout`), and saving draws the figure
+    once: no draw to measure, none to lay out. (The one other figure drawn is the tiny one that loads the fonts
+    while DuckDB aggregates, `plot._import_matplotlib`.)"""
     from matplotlib.figure import Figure
-    from matplotlib.layout_engine import ConstrainedLayoutEngine
+    from matplotlib.layout_engine import LayoutEngine
 
     layouts, draws = [], []
-    execute, draw = ConstrainedLayoutEngine.execute, Figure.draw
-    monkeypatch.setattr(ConstrainedLayoutEngine, "execute", lambda self, fig: layouts.append(fig) or execute(self, fig))
+    draw = Figure.draw
+    for engine in LayoutEngine.__subclasses__():
+        monkeypatch.setattr(engine, "execute", lambda self, fig: layouts.append(fig))
     monkeypatch.setattr(Figure, "draw", lambda fig, renderer: draws.append(fig) or draw(fig, renderer))
     res = invoke("results", "plot", folder, "--out", tmp_path / "fig.png")
     assert res.exit_code == 0, res.output
-    panels = [ax for ax in layouts[0].axes if ax.get_visible()]
-    assert len(panels) == 6 and len(layouts) == 1  # three models, a speed and a max-batch panel each
-    assert [f for f in draws if f is layouts[0]] == layouts and layouts[0].get_layout_engine() is None
-    assert len(draws) == 2 and draws[0] is not layouts[0]  # the warm-up figure, drawn first
+    assert layouts == [] and len(draws) == 2  # the warm-up figure, drawn first, then the plot
+    panels = [ax for ax in draws[1].axes if ax.get_visible()]
+    assert len(panels) == 6 and draws[1].get_layout_engine() is None  # three models, a speed and a max-batch panel each
 
 
 def test_a_results_command_imports_neither_the_grid_nor_the_catalog(sweep_env):

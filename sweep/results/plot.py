@@ -1,43 +1,54 @@
-"""``sweep results plot``: one image, two rows of panels, one panel per model in each row.
+"""``sweep results plot``: one image, a pair of panels per model, in rows of up to three models.
 
-- Top row(s): median TFLOP/s/GPU vs per-GPU batch size, one line per series (precision, plus
+- Top of a pair: median TFLOP/s/GPU vs per-GPU batch size, one line per series (precision, plus
   whichever of cluster, compile, ac, seq_len, world_size, the training options and the memory cap
   vary within a model), error bars min–max over repeats. A batch where every attempt hit OOM is an
   ``x`` on the zero line; one that failed otherwise (error, timeout, unsupported) is a hollow triangle.
-- Bottom row(s): the largest batch that fits per series (bar, number on top, "OOM at n" where a
-  larger batch ran out of memory, "≥ n" where none did, "fastest n" when a smaller batch was faster).
+  These panels share one y range, numbered on the leftmost panel of a row (unless the models' maxima
+  are more than SHARE_WITHIN apart: then each its own).
+- Under it: the largest batch that fits per series (a horizontal bar, a row per series; the leftmost
+  panel of a row names each row beside a short line of the series' style, the legend of the lines
+  above; a bar's note: the number, "OOM at n" where a larger batch ran out of memory, "≥ n" where none
+  did, "fastest n" when a smaller batch was faster). The figure legend: the two failure markers.
 
 Series are labelled by the values that vary, each with its name ("bf16 · accum 8 · reduce bf16");
 what differs only between models goes in the panel titles ("gpt2-1.5b · seq 1024"), what is the same
 everywhere in the figure title, once.
 
-matplotlib is imported here only, through ``Figure`` and the Agg canvas: no pyplot global state.
+Drawn for speed (issue 31: ≤ 2 s on 10^6 rows, the process included): no layout engine (the panels are
+placed from text widths read off the font, ``plot_layout``), few artists a panel (``plot_panels``), drawn
+once, the PNG written by ``plot_png``. matplotlib is imported here only, through ``Figure`` and the Agg canvas:
+no pyplot global state.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+import contextlib
+import gc
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from sweep.errors import UserError
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.results import aggregate
 from sweep.results.energy import PLOT_METRICS
+from sweep.results.plot_layout import DPI, PANEL_WIDTH, Layout, TextWidths, columns, layout
+from sweep.results.plot_panels import Label, bar_panel, perf_panel, place_axis_labels, series_axis, value_axis
+from sweep.results.plot_png import write_png
 from sweep.results.render import CONFIG_HEADERS, says_nothing, setting
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-Label = Callable[[dict[str, Any]], str]  # a series' legend text from one of its rows
-
+# Glyphs as FreeType outlines them, without running the font's hinting program on each (matplotlib's default): at
+# 100 dpi the same shapes, a touch softer; ~20 % less drawing time for the ~220 lines of text of a 12-panel figure.
+TEXT: dict[Any, Any] = {"text.hinting": "no_hinting"}
+SHARE_WITHIN = 3.0  # the TFLOP/s panels share one y range where the models' maxima are within this factor
 SERIES_KEYS = ("cluster", "precision", "compile", "ac", "seq_len", "world_size", *TRAINING_DEFAULTS, "memory_cap_gib")
-DPI = 110  # the tick thinning measures text at this resolution: the saved image must use the same
-MAX_WIDTH = 22.0  # inches: wider panels wrap onto more rows
 
 
 def _text(key: str, value: Any) -> str:  # a cell of any column
@@ -72,18 +83,22 @@ def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool =
 
 def _import_matplotlib() -> None:
     """Import matplotlib and draw a tiny figure of every kind of artist the plot has, while DuckDB aggregates: the
-    fonts, their glyph caches and the marker and hatch paths are loaded here, not in the first draw of the plot
-    (~0.25 s of a 12-panel figure)."""
+    fonts, the marker paths and the modules matplotlib imports at a first draw are loaded here, not in the
+    plot's draw."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
 
-    fig = Figure(figsize=(2, 2), dpi=DPI)  # no layout engine: the plot's one layout stays the only one
-    ax = fig.subplots()
-    ax.errorbar([1, 2], [1, 2], yerr=[[0.1, 0.1], [0.1, 0.1]], capsize=3, marker="o", linestyle="--")
+    fig = Figure(figsize=(2, 2), dpi=DPI)
+    ax = fig.add_axes((0.2, 0.2, 0.7, 0.7))
+    ax.plot([1, 2], [1, 2], marker="o", linestyle="--")
+    ax.add_collection(LineCollection([((1, 0.9), (1, 1.1))], colors=["C0"]))
     ax.scatter([1], [0], marker="x", color=["C1"], clip_on=False)
-    ax.bar([1], [1], hatch="//", edgecolor="white")
-    ax.annotate("≥ 1\nOOM at 2", (1, 1), xytext=(0, 3), textcoords="offset points", fontsize="small")
-    ax.set_xticks([1, 2], ["cluster\nbf16", "2"], fontsize="small")
+    ax.add_artist(Rectangle((0, 0), 1, 1, facecolor="C0", linewidth=0))
+    ax.text(1, 1, "≥ 1 · OOM at 2", fontsize="small")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 2], ["1", "2"])
     ax.set_title("warm-up · 0123456789")
     fig.legend(handles=ax.get_lines()[:1], labels=["bf16"], loc="lower center", frameon=False)
     FigureCanvasAgg(fig).draw()
@@ -116,7 +131,9 @@ def _wrap(parts: list[str], width: int) -> str:
 
 
 def _styles(rows: list[dict], varying: list[str], label: Label) -> dict[str, dict]:
-    """Colour by precision; line style, marker and bar hatch by the rest of the series key (cluster...)."""
+    """Colour by precision; line style and marker by the rest of the series key (cluster...)."""
+    from matplotlib.colors import to_rgba
+
     precisions = sorted({str(r["precision"]) for r in rows})
     rest = lambda r: tuple(_text(k, r[k]) for k in varying if k != "precision")  # noqa: E731
     others = sorted({rest(r) for r in rows})
@@ -124,10 +141,9 @@ def _styles(rows: list[dict], varying: list[str], label: Label) -> dict[str, dic
     for r in rows:
         i = others.index(rest(r))
         styles[label(r)] = {
-            "color": f"C{precisions.index(str(r['precision'])) % 10}",
+            "color": to_rgba(f"C{precisions.index(str(r['precision'])) % 10}"),  # once, not once an artist
             "linestyle": ("-", "--", ":", "-.")[i % 4],
             "marker": "osD^vP*X"[i % 8],
-            "hatch": ("", "//", "..", "xx", "\\\\", "++")[i % 6],
         }
     return dict(sorted(styles.items()))
 
@@ -136,19 +152,41 @@ def plot_tables(configs: pa.Table, max_batch: pa.Table, out: Path, metric: str =
     """Write ``figure`` to ``out`` (format from the suffix; none: .png, added to the name that is returned)."""
     if not out.suffix:  # matplotlib would write out + ".png" and the caller would name the wrong file
         out = out.with_name(out.name + ".png")
-    fig = figure(configs, max_batch, metric)
+    from matplotlib import __version__, rc_context
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    # zlib level 3, not PIL's 6: the same pixels in ~8 % more bytes, encoded in 0.25 s less (a 2,150 x 5,350 px figure)
-    options = {"pil_kwargs": {"compress_level": 3}} if out.suffix.lower() == ".png" else {}
-    try:
-        fig.savefig(out, dpi=DPI, **options)
-    except (ValueError, OSError) as e:
-        raise UserError(f"--out {out}: cannot write the plot ({e})") from None
+    with rc_context(TEXT), _no_cyclic_gc():
+        fig = figure(configs, max_batch, metric)
+        try:
+            if out.suffix.lower() == ".png":  # drawn once, written without Pillow's row filters (plot_png)
+                canvas = FigureCanvasAgg(fig)
+                canvas.draw()
+                write_png(out, np.asarray(canvas.buffer_rgba()), DPI, f"sweep results plot, matplotlib {__version__}")
+            else:
+                fig.savefig(out, dpi=DPI)
+        except (ValueError, OSError) as e:
+            raise UserError(f"--out {out}: cannot write the plot ({e})") from None
     return out
 
 
-def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
-    """The matplotlib Figure of ``configs`` (from ``aggregate.configs``) and their ``max_batch_table``."""
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """The cyclic garbage collector off while the figure is made and drawn: it allocates ~10^6 objects, so the
+    collector would run ~1,500 times, traversing every object the process holds (the imports' included) at the
+    oldest generation's runs; the figure's few MB of cycles wait to the end instead."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops") -> Figure:
+    """The matplotlib Figure of ``configs`` (from ``aggregate.configs``) and their ``max_batch_table``, laid out
+    as saved (no layout engine: drawing it draws it once)."""
     from matplotlib.figure import Figure
 
     rows, groups = configs.to_pylist(), max_batch.to_pylist()
@@ -157,45 +195,105 @@ def figure(configs: pa.Table, max_batch: pa.Table, metric: str = "tflops"):
     style = _styles(rows, varying, label)
     series = list(style)
     models = sorted({r["model"] for r in rows})
-    # a max-batch panel is as wide as its bars need: each holds "OOM at 121" and its longest label line
-    most_bars = max(sum(g["model"] == m for g in groups) for m in models)
-    longest = max(len(part) for s in series for part in s.split(" · "))
-    panel = max(5.4, most_bars * max(0.8, 0.065 * longest + 0.25) + 1.0)
-    ncols = max(1, min(len(models), 3, int(MAX_WIDTH // panel)))
-    nrows = math.ceil(len(models) / ncols)
+    widths = TextWidths(DPI)
 
-    fig = Figure(figsize=(panel * ncols, 4.0 * 2 * nrows + 0.6), dpi=DPI, layout="constrained")
-    axes = fig.subplots(2 * nrows, ncols, squeeze=False)
-    perf_axes = []
-    for i, model in enumerate(models):
-        top, bottom = axes[i // ncols][i % ncols], axes[nrows + i // ncols][i % ncols]
-        mine = [r for r in rows if r["model"] == model]
-        _perf_panel(top, mine, label, style, PLOT_METRICS[metric])
-        _bar_panel(bottom, [g for g in groups if g["model"] == model], label, style)
-        name = " · ".join([model, *(_text(k, mine[0][k]) for k in per_model)])
-        top.set_title(name)
-        bottom.set_title(f"{name}: largest batch that fits")
-        perf_axes.append((top, sorted({r["batch_size"] for r in mine})))
-    for ax in [*axes[:nrows].flat[len(models) :], *axes[nrows:].flat[len(models) :]]:
-        ax.set_visible(False)
+    fig = Figure(dpi=DPI)
+    fig.set_layout_engine("none")  # a matplotlibrc asking for a layout by default gets a placeholder that does nothing
+    by_series: dict[str, dict[str, list[dict]]] = {m: {} for m in models}  # model -> series label -> rows
+    for r in sorted(rows, key=lambda r: r["batch_size"]):
+        by_series[r["model"]].setdefault(label(r), []).append(r)
+    perf_axes, bar_axes, titles = [], [], []
+    title_chars = int(PANEL_WIDTH / (0.6 * widths.points("large") / 72))
+    for model in models:
+        first = next(iter(by_series[model].values()))[0]
+        name = [model, *(_text(k, first[k]) for k in per_model)]
+        titles += [
+            _wrap(name, title_chars),
+            _wrap([*name[:-1], f"{name[-1]}: largest batch per GPU that fits"], title_chars),
+        ]
+        perf_axes.append(_panel(fig, titles[-2]))
+        perf_panel(perf_axes[-1], by_series[model], style, PLOT_METRICS[metric], widths)
+        bar_axes.append(_panel(fig, titles[-1]))
+        bar_panel(bar_axes[-1], [g for g in groups if g["model"] == model], series, label, style, widths)
+    high = PLOT_METRICS[metric][2]
+    tops = [max((r[high] or 0 for s in by_series[m].values() for r in s), default=0) or 1.0 for m in models]
+    y_ticks, shared_y = _shared_axes(perf_axes, bar_axes, style, tops)
 
-    _legend(fig, series, style)
+    handles = _failure_handles()
     title = [_text(k, rows[0][k]) for k in constant if not says_nothing(k, rows[0][k])]
-    if title:
-        fig.suptitle(_wrap(title, int(fig.get_figwidth() * fig.dpi // 8)), fontsize="medium")
-    _batch_ticks(fig, perf_axes)
+    room = columns(len(models)) * PANEL_WIDTH / (0.6 * widths.points("medium") / 72)  # characters
+    suptitle = _wrap(title, int(room)) if title else ""
+    place = layout(
+        widths,
+        len(models),
+        series,
+        [str(h.get_label()) for h in handles],
+        y_ticks,
+        shared_y,
+        suptitle.count("\n") + 1 if suptitle else 0,
+        max(t.count("\n") + 1 for t in titles),
+    )
+    _place(fig, place, perf_axes, bar_axes)
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        bbox_to_anchor=(0.5, place.legend_bottom / place.size[1]),
+        ncols=place.legend_columns,
+        frameon=False,
+    )
+    if suptitle:
+        fig.suptitle(suptitle, y=place.title_top / place.size[1], va="top", fontsize="medium")
     return fig
 
 
-def _legend(fig: Figure, series: list[str], style: dict[str, dict[str, Any]]) -> None:
-    """One legend under the panels: a line per series, then the failure markers."""
+def _panel(fig: Figure, title: str) -> Any:
+    """A new panel, placed later (``_place``), with its title."""
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_title(title, y=1.0)  # a y of its own: matplotlib would measure the x axis to place it
+    return ax
+
+
+def _place(fig: Figure, place: Layout, perf_axes: list, bar_axes: list) -> None:
+    """Size the figure and put each panel where ``place`` says, the TFLOP/s panels' axis labels too."""
+    width, height = place.size
+    fig.set_size_inches(width, height)
+    for ax, rect in [*zip(perf_axes, place.perf), *zip(bar_axes, place.bars)]:
+        left, bottom, w, h = rect
+        ax.set_position((left / width, bottom / height, w / width, h / height))
+    for ax in perf_axes:
+        place_axis_labels(ax, place.x_label_below, place.y_label_left)
+
+
+def _shared_axes(perf_axes: list, bar_axes: list, style: dict[str, dict], tops: list[float]) -> tuple[list[str], bool]:
+    """The y axes of the panels: a row per series in the max-batch panels, named on the leftmost column only; the
+    metric from just under 0 to above the highest maximum (``tops``: each model's) in the others, one range for
+    all numbered on the leftmost column where the models' maxima are within SHARE_WITHIN of each other (TFLOP/s on
+    the same GPUs), else each panel its own (tokens per kWh of a 1B and a 70B model). Returns the tick labels
+    drawn and whether the range is shared."""
+    from matplotlib.ticker import MaxNLocator
+
+    shared = max(tops) <= SHARE_WITHIN * min(tops)
+    ncols = columns(len(perf_axes))
+    labels: list[str] = []
+    for i, (perf, bars, top) in enumerate(zip(perf_axes, bar_axes, tops)):
+        left = i % ncols == 0
+        limits = (-0.04 * max(tops), 1.1 * max(tops)) if shared else (-0.04 * top, 1.1 * top)
+        ticks = [float(v) for v in MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(*limits)]
+        ticks = [v for v in ticks if limits[0] <= v <= limits[1]]
+        value_axis(perf, limits, ticks, left or not shared)
+        if left or not shared:
+            labels += perf.yaxis.get_major_formatter().format_ticks(ticks)
+        if not left:
+            perf.set_ylabel("")
+        series_axis(bars, list(style), style, left)
+    return labels, shared
+
+
+def _failure_handles() -> list:
+    """The figure legend: the failure markers (each series' line is named left of its max-batch row)."""
     from matplotlib.lines import Line2D
 
-    handles = [
-        Line2D([], [], color=style[s]["color"], linestyle=style[s]["linestyle"], marker=style[s]["marker"], label=s)
-        for s in series
-    ]
-    handles += [
+    return [
         Line2D([], [], color="0.3", marker="x", linestyle="none", markersize=8, label="OOM"),
         Line2D(
             [],
@@ -207,139 +305,3 @@ def _legend(fig: Figure, series: list[str], style: dict[str, dict[str, Any]]) ->
             label="error / timeout / unsupported",
         ),
     ]
-    # as many columns as the figure's width holds for the longest label (~7 px per character)
-    width_px = fig.get_figwidth() * fig.dpi
-    longest = max(len(str(h.get_label())) for h in handles) * 7 + 40
-    fig.legend(
-        handles=handles,
-        loc="outside lower center",
-        ncols=max(1, min(len(handles), int(width_px // longest))),
-        frameon=False,
-    )
-
-
-def _batch_ticks(fig: Figure, panels: list[tuple[Any, list[int]]]) -> None:
-    """Every batch tried gets a tick; a number only where it does not run into its neighbour's.
-
-    The first and last batch are always numbered. Overlap is measured on the laid-out figure: batches a
-    search probed close together (113, 117, 118, 119) would otherwise print as one smudge. One layout serves
-    every panel: a panel's numbers keep their height when another's are thinned, the first and last stay, so no
-    panel moves. That layout is the figure's: it is run once here (measuring every tick number, not drawing the
-    artists) and then fixed, so saving draws the figure once, not twice more (~1 s of a 12-panel figure).
-    """
-    from matplotlib.ticker import FixedLocator, ScalarFormatter
-
-    for ax, batches in panels:
-        if batches[-1] >= 4 * batches[0]:
-            ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(batches))
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-    engine = fig.get_layout_engine()
-    if engine is not None:  # the figure is made with layout="constrained"
-        engine.execute(fig)
-    for ax, batches in panels:
-        _thin(fig, ax, batches)
-    # no engine: the axes stay where the layout put them, and savefig draws once (a placeholder engine, "none",
-    # would still cost a draw to lay out); a matplotlibrc that asks for a layout by default gets the placeholder
-    fig.set_layout_engine(None)
-    if fig.get_layout_engine() is not None:
-        fig.set_layout_engine("none")
-
-
-def _thin(fig: Figure, ax: Axes, batches: list[int]) -> None:
-    from matplotlib.ticker import FixedLocator, NullFormatter
-
-    labels = ax.get_xticklabels()
-    boxes = [t.get_window_extent() for t in labels]
-    # half an em between two numbers: closer, "510 926" reads as one number, or as two printed over each other
-    gap, last = 0.5 * float(labels[0].get_fontsize()) * fig.dpi / 72, len(batches) - 1
-    keep = [0]
-    for i in range(1, last + 1):
-        clear = boxes[i].x0 >= boxes[keep[-1]].x1 + gap
-        if clear and (i == last or boxes[i].x1 + gap <= boxes[last].x0):  # leave room for the last one
-            keep.append(i)
-    ax.xaxis.set_major_locator(FixedLocator([batches[i] for i in keep]))
-    ax.xaxis.set_minor_locator(FixedLocator([b for i, b in enumerate(batches) if i not in keep]))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-
-
-def _perf_panel(
-    ax: Axes, rows: list[dict], label: Label, style: dict, metric: tuple[str, str, str, str] = PLOT_METRICS["tflops"]
-) -> None:
-    key, low, high, axis_label = metric
-    top = max((r[high] or 0 for r in rows), default=0) or 1.0
-    series = list(style)
-    oom: list[tuple[float, str]] = []  # (batch nudged, colour): every series' markers, drawn as one set a kind
-    other: list[tuple[float, str]] = []
-    for n, s in enumerate(series):
-        mine = sorted((r for r in rows if label(r) == s), key=lambda r: r["batch_size"])
-        ok = [r for r in mine if r[key] is not None]
-        if ok:
-            y = [r[key] for r in ok]
-            err = [[v - r[low] for v, r in zip(y, ok)], [r[high] - v for v, r in zip(y, ok)]]
-            ax.errorbar(
-                [r["batch_size"] for r in ok],
-                y,
-                yerr=err,
-                capsize=3,
-                color=style[s]["color"],
-                linestyle=style[s]["linestyle"],
-                marker=style[s]["marker"],
-            )
-        # Failure markers sit on the zero line, nudged sideways per series so they do not hide each other.
-        nudge = 2 ** (0.07 * (n - (len(series) - 1) / 2))
-        failed = [r for r in mine if r["tflops_per_gpu"] is None]
-        oom += [(r["batch_size"] * nudge, style[s]["color"]) for r in failed if r["n_oom"]]
-        other += [(r["batch_size"] * nudge, style[s]["color"]) for r in failed if not r["n_oom"]]
-    # one scatter a kind for the whole panel, not two per series (192 collections of a 6-panel figure: ~0.3 s)
-    kinds: tuple[tuple[list, dict[str, Any]], ...] = (
-        (oom, {"marker": "x", "s": 60, "linewidths": 2, "color": [c for _, c in oom]}),
-        (other, {"marker": "^", "s": 50, "facecolors": "none", "edgecolors": [c for _, c in other]}),
-    )
-    for points, kind in kinds:
-        if points:
-            marks = ax.scatter([x for x, _ in points], [0] * len(points), clip_on=False, zorder=3, **kind)
-            marks.set_in_layout(False)  # on the zero line, inside the axes: nothing for the layout to measure
-    ax.set_ylim(-0.04 * top, 1.1 * top)
-    ax.set_xlabel("batch size per GPU")
-    ax.set_ylabel(axis_label)
-    ax.grid(alpha=0.3)
-
-
-def _bar_panel(ax: Axes, groups: list[dict], label: Label, style: dict) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    groups = sorted(groups, key=label)
-    top = max((g["max_ok_batch"] or 0 for g in groups), default=0) or 1
-    # one bar call for the panel (a container of its own per bar costs ~10 ms a panel)
-    looks = [style[label(g)] for g in groups]
-    ax.bar(
-        range(len(groups)),
-        [g["max_ok_batch"] or 0 for g in groups],
-        width=0.7,
-        color=[s["color"] for s in looks],
-        hatch=[s["hatch"] for s in looks],
-        edgecolor="white",
-    )
-    for x, g in enumerate(groups):
-        height = g["max_ok_batch"] or 0
-        if g["max_ok_batch"] is None:
-            text = g["status"]
-        elif g["oom_batch"] is None:
-            text = f"≥ {height}"  # nothing larger ran out of memory: the limit was not found
-        else:
-            text = f"{height}\nOOM at {g['oom_batch']}"
-        if g["fastest_batch"] is not None and g["fastest_batch"] != g["max_ok_batch"]:
-            text += f"\nfastest {g['fastest_batch']}"
-        note = ax.annotate(
-            text, (x, height), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize="small"
-        )
-        # inside the axes (the y limit leaves 30 % above the tallest bar): the layout need not measure it
-        note.set_in_layout(False)
-    ax.set_xticks(range(len(groups)), [label(g).replace(" · ", "\n") for g in groups], fontsize="small")
-    ax.set_ylim(0, top * 1.3)
-    ax.yaxis.set_major_locator(
-        MaxNLocator(integer=True, steps=[1, 2, 5, 10])
-    )  # a batch is whole: no 0.2 ticks when the largest is 1
-    ax.set_ylabel("largest ok batch per GPU")
-    ax.grid(axis="y", alpha=0.3)
