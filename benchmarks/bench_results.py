@@ -13,8 +13,8 @@ of issue 31: ≤ 2 s, ≤ 1 GB, and ≤ 3× the command's time at 10³.
 
 A command keeps its slow answers under the folder (``sweep/results/memo.py``, ``<folder>/_cache/``), so a run
 after the first on unchanged files reads them back. Each command's first run therefore starts with that cache
-removed (it builds the cache: what a user pays once after a sweep adds rows) and is reported in a table of its
-own; the RUNS runs after it are the first table's.
+removed (it builds the cache: what a user pays once after a sweep adds rows), RUNS times, and is reported in a
+table of its own; the RUNS runs after the last of them are the first table's.
 
     PYTHONPATH=. python benchmarks/bench_results.py [--data /tmp/sweep-bench] [--rows 1000 100000 1000000]
 """
@@ -308,8 +308,8 @@ Found = dict[tuple[str, int], tuple[float, int, float]]  # (command, rows) -> (w
 
 
 def measure(data: Path, sizes: list[int], runs: int, loads: list[float]) -> tuple[Found, Found]:
-    """(the runs after the first: median wall, largest peak RSS, median CPU; the first run, on a folder without
-    the kept answers: its wall, RSS and CPU); ``loads`` gets the 1-minute load average after each command (the
+    """(the runs after the first: median wall, largest peak RSS, median CPU; the first runs, each on a folder
+    without the kept answers: the same); ``loads`` gets the 1-minute load average after each command (the
     machine is shared: a figure means little without it)."""
     import shutil
 
@@ -320,18 +320,24 @@ def measure(data: Path, sizes: list[int], runs: int, loads: list[float]) -> tupl
         out = folder(data, n)
         for name, argv in COMMANDS.items():
             argv = [a.format(dir=out, tmp=data) for a in argv]
-            shutil.rmtree(out / FOLDER.parts[0], ignore_errors=True)  # nothing kept: this run keeps its answers
-            wall, rss, _, cpu = run_once(argv)
-            first[name, n] = (wall, rss, cpu)
-            samples = [run_once(argv) for _ in range(runs)]
-            found[name, n] = (
-                statistics.median(s[0] for s in samples),
-                max(s[1] for s in samples),
-                statistics.median(s[3] for s in samples),
-            )
+            firsts = []
+            for _ in range(runs):  # a first run RUNS times, each with nothing kept (it keeps its answers)
+                shutil.rmtree(out / FOLDER.parts[0], ignore_errors=True)
+                firsts.append(run_once(argv))
+            first[name, n] = _summary(firsts)
+            found[name, n] = _summary([run_once(argv) for _ in range(runs)])  # on the answers the last first run kept
             loads.append(os.getloadavg()[0])
             print(f"{name:<22} {n:>9,} rows: {_cell(first[name, n])} first, {_cell(found[name, n])}", file=sys.stderr)
     return found, first
+
+
+def _summary(samples: list[tuple[float, int, int, float]]) -> tuple[float, int, float]:
+    """Runs of one command as (median wall, largest peak RSS, median CPU)."""
+    return (
+        statistics.median(s[0] for s in samples),
+        max(s[1] for s in samples),
+        statistics.median(s[3] for s in samples),
+    )
 
 
 def _cell(measured: tuple[float, int, float]) -> str:
@@ -381,7 +387,7 @@ def main() -> None:
         f"{min(loads):.1f}–{max(loads):.1f}, median {statistics.median(loads):.1f})\n"
     )
     print(table(found, sorted(args.rows)), end="")
-    print("\nThe first run of each command (no answers kept yet: it keeps them), one run each:\n")
+    print(f"\nThe first run of each command (no answers kept yet: it keeps them), median of {args.runs}:\n")
     print(table(first, sorted(args.rows)), end="")
 
 
