@@ -150,15 +150,33 @@ def test_compact_through_the_cli(tmp_path, fan_in_2):
 
 def test_merged_files_are_ordinary_result_files(tmp_path):
     """What every reader relies on: a merged file is a sweep result file of the current schema with its inputs'
-    rows in their order, and an emptied run folder stays (a run still writing may have just made it)."""
+    rows sorted by config (compact.SORTED_BY: a statement after a few configs skips the other row groups), in
+    row groups of ROW_GROUP rows, and an emptied run folder stays (a run still writing may have just made it)."""
     out = _folder(tmp_path)
     folder = out / "cluster=b200"
     inputs = compact._units(folder, 0)[:3]
-    rows = pa.concat_tables([store._read([f]) for f in inputs]).column("trial_id").to_pylist()
+    rows = pa.concat_tables([store._read([f]) for f in inputs]).to_pylist()
     done = compact.Compaction()
     compact._merge(folder, inputs, folder, 1, done)
     (merged,) = done.written
     assert compact.level(merged) == 1 and merged.parent == folder and merged in store.result_files(out)
-    assert pq.read_table(merged).column("trial_id").to_pylist() == rows
+    back = pq.read_table(merged).to_pylist()
+    order = lambda r: tuple(r[k] for k in compact.SORTED_BY)  # noqa: E731
+    assert back == sorted(rows, key=order)  # (a stable sort: ties keep the inputs' order)
     assert pq.read_schema(merged).metadata[VERSION_KEY] == store.SCHEMA_VERSION.encode()
     assert all(not f.exists() and f.parent.is_dir() for f in inputs)
+
+
+def test_a_big_merge_streams_its_inputs_in_row_groups(tmp_path, monkeypatch):
+    out = _folder(tmp_path)
+    folder = out / "cluster=h200"
+    inputs = compact._units(folder, 0)[:3]
+    rows = pa.concat_tables([store._read([f]) for f in inputs]).column("trial_id").to_pylist()
+    monkeypatch.setattr(compact, "SORT_ROWS", 10)  # too many to sort: streamed in the inputs' order
+    monkeypatch.setattr(compact, "ROW_GROUP", 16)
+    done = compact.Compaction()
+    compact._merge(folder, inputs, folder, 1, done)
+    meta = pq.read_metadata(done.written[0])
+    assert pq.read_table(done.written[0]).column("trial_id").to_pylist() == rows
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert max(sizes) <= 16 and sum(sizes) == len(rows) and len(sizes) > 2, sizes
