@@ -54,7 +54,8 @@ COMPILES, ACS, BATCHES, SEQS = (
     (1, 2, 4, 8, 16, 32, 64),
     (2048, 8192),
 )
-LAYOUT = "merged-sorted"  # the files as `sweep run` leaves them since runs merge theirs (a folder written before: again)
+# the files as `sweep run` leaves them since runs merge theirs (a folder written before: written again)
+LAYOUT = "merged-sorted-16k"
 CURVES_FROM_RUN = 4  # the first runs predate loss curves (schema 1.9) and energy (1.10)
 TARGET_S, TARGET_BYTES, TARGET_RATIO = 2.0, 1 << 30, 3.0
 COMMANDS = {

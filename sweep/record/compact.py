@@ -44,9 +44,11 @@ MAX_LEVEL = 6  # FAN_IN⁶ = 16.7 million runs a cluster: no folder gets there
 FAN_IN = 16  # files of one level merged at once: few enough files to read, few enough rewrites of each row
 _LOCK = ".compact.lock"
 _MERGED = re.compile(r"^merged-L(\d+)-[0-9a-f]{16}\.parquet$")
-# rows per row group: DuckDB skips a row group by its statistics, so a group holds few configs (0.33 s of curves read
-# for a table's first 100 pairs at 10⁶ rows in 65,536-row groups, unsorted; 0.17 s sorted in 4,096-row groups)
-ROW_GROUP = 4_096
+# rows per row group: DuckDB skips a row group by its statistics, so a group should hold few configs, and parses
+# every group's statistics in each file's footer, so not too many groups. At 10⁶ sorted rows, a first `compare --by
+# cluster` / `plot` / `export -f csv` took 1.81 / 2.25 / 1.94 s in 4,096-row groups, 1.34 / 1.72 / 1.56 in 16,384,
+# 1.46 / 1.73 / 1.89 in 65,536 (medians of 3, 2 cores)
+ROW_GROUP = 16_384
 SORT_ROWS = 1 << 20  # a merge of at most so many rows is sorted in memory (a 16-file level 2: ~0.5 million)
 SORTED_BY = ("cluster", "model", "precision", "compile", "ac", "batch_size", "seq_len", "started_at")
 
