@@ -45,6 +45,12 @@ def _folder(tmp_path: Path) -> Path:
     return out
 
 
+def _runs_files(folder: Path) -> list[Path]:
+    """A cluster's level-0 files: the one file of each run folder that holds one."""
+    runs = [store.result_files(run) for run in sorted(folder.glob("run=*"))]
+    return [files[0] for files in runs if len(files) == 1]
+
+
 @pytest.fixture
 def fan_in_2(monkeypatch):
     monkeypatch.setattr(compact, "FAN_IN", 2)
@@ -71,7 +77,7 @@ def _interrupted_merge(out: Path, renamed: bool) -> tuple[Path, list[Path]]:
     """The state a merge of h200's runs leaves when stopped after the journal was written: merged file renamed
     into place with the inputs not yet deleted (``renamed``), or still a temp file."""
     folder = out / "cluster=h200"
-    inputs = compact._units(folder, 0)[:2]
+    inputs = _runs_files(folder)[:2]
     done = compact.Compaction()
     real_unlink = Path.unlink
 
@@ -86,14 +92,14 @@ def _interrupted_merge(out: Path, renamed: bool) -> tuple[Path, list[Path]]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Path, "unlink", stop)
         if not renamed:  # the journal is written (renamed into place too), the merged file is not renamed
-            real_replace = compact.os.replace
+            real_replace = store.os.replace
 
             def replace(src, dst):
                 if str(dst).endswith(".parquet"):
                     raise Stop
                 real_replace(src, dst)
 
-            mp.setattr(compact.os, "replace", replace)
+            mp.setattr(store.os, "replace", replace)
         with pytest.raises(Stop):
             compact._merge(folder, inputs, folder, 1, done)
     merged = folder / json.loads((folder / journal.JOURNAL).read_text())["merges"][-1]["output"]
@@ -129,7 +135,7 @@ def test_a_cluster_being_compacted_elsewhere_is_skipped(tmp_path, fan_in_2):
 def test_a_short_read_keeps_the_inputs(tmp_path, monkeypatch):
     out = _folder(tmp_path)
     folder = out / "cluster=h200"
-    inputs = compact._units(folder, 0)[:2]
+    inputs = _runs_files(folder)[:2]
     monkeypatch.setattr(pq, "read_metadata", lambda p: type("M", (), {"num_rows": 10**9})())
     with pytest.raises(RuntimeError, match="read .* of 2000000000 rows"):
         compact._merge(folder, inputs, folder, 1, compact.Compaction())
@@ -154,7 +160,7 @@ def test_merged_files_are_ordinary_result_files(tmp_path):
     row groups of ROW_GROUP rows, and an emptied run folder stays (a run still writing may have just made it)."""
     out = _folder(tmp_path)
     folder = out / "cluster=b200"
-    inputs = compact._units(folder, 0)[:3]
+    inputs = _runs_files(folder)[:3]
     rows = pa.concat_tables([store._read([f]) for f in inputs]).to_pylist()
     done = compact.Compaction()
     compact._merge(folder, inputs, folder, 1, done)
@@ -170,7 +176,7 @@ def test_merged_files_are_ordinary_result_files(tmp_path):
 def test_a_big_merge_streams_its_inputs_in_row_groups(tmp_path, monkeypatch):
     out = _folder(tmp_path)
     folder = out / "cluster=h200"
-    inputs = compact._units(folder, 0)[:3]
+    inputs = _runs_files(folder)[:3]
     rows = pa.concat_tables([store._read([f]) for f in inputs]).column("trial_id").to_pylist()
     monkeypatch.setattr(compact, "SORT_ROWS", 10)  # too many to sort: streamed in the inputs' order
     monkeypatch.setattr(compact, "ROW_GROUP", 16)

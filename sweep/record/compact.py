@@ -26,7 +26,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import itertools
-import os
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -85,44 +84,37 @@ def compact(output: Path, cluster_folders: Iterable[Path] | None = None) -> Comp
 
 
 def _compact_cluster(folder: Path, done: Compaction) -> None:
-    from sweep.record.store import result_files
+    from sweep.record.store import _parquet_files
 
     _forget(folder)  # the previous compaction's entries: their inputs are gone, no reader still needs them
-    for run in sorted(p for p in folder.glob("run=*") if p.is_dir()):
-        files = result_files(run)
+    # listed once, without the journal: _forget finished every merge it names, so no listed file is a merge's input
+    runs = {run: sorted(_parquet_files(run)) for run in sorted(p for p in folder.glob("run=*") if p.is_dir())}
+    for run, files in runs.items():
         if len(files) > 1:
-            _merge(folder, files, run, 0, done)
+            runs[run] = [_merge(folder, files, run, 0, done)]
+    units = [files[0] for files in runs.values() if len(files) == 1]  # level 0: a run folder's one file
     for at in range(MAX_LEVEL):
-        units = _units(folder, at)
+        if at > 0:
+            units = sorted(f for f in folder.glob("merged-L*.parquet") if level(f) == at)
         for start in range(0, len(units) - FAN_IN + 1, FAN_IN):  # whole groups only: the rest waits for more
             _merge(folder, units[start : start + FAN_IN], folder, at + 1, done)
 
 
-def _units(folder: Path, at: int) -> list[Path]:
-    """The files of level ``at``: a run folder's one file for 0, ``merged-L<at>`` files at the cluster's folder."""
-    from sweep.record.store import result_files
-
-    if at == 0:
-        runs = [result_files(run) for run in sorted(p for p in folder.glob("run=*") if p.is_dir())]
-        return [files[0] for files in runs if len(files) == 1]
-    return sorted(f for f in folder.glob("merged-L*.parquet") if level(f) == at)
-
-
-def _merge(folder: Path, inputs: list[Path], into: Path, to_level: int, done: Compaction) -> None:
-    """Write ``inputs``' rows as one file of ``to_level`` in ``into``, record it, then delete the inputs."""
+def _merge(folder: Path, inputs: list[Path], into: Path, to_level: int, done: Compaction) -> Path:
+    """Write ``inputs``' rows as one file of ``to_level`` in ``into``, record it, then delete the inputs; the file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sweep.record.store import _read_dataset
+    from sweep.record.store import _read_dataset, _write_atomically
 
     names = [str(p.relative_to(folder)) for p in inputs]
     digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
     out = into / f"merged-L{to_level}-{digest}.parquet"
-    tmp = into / f".{out.name}.{os.getpid()}.tmp"
     dataset = _read_dataset(inputs)
     expected = sum(pq.read_metadata(p).num_rows for p in inputs)
-    written, pending = 0, []
-    try:
+
+    def write(tmp: Path) -> None:  # then synced and renamed into place (store's temp file, the store's way)
+        written, pending = 0, []
         with pq.ParquetWriter(tmp, dataset.schema) as writer:
             # gathered into row groups of ROW_GROUP rows (each input's batches are its own size)
             for batch in itertools.chain(_batches(dataset, expected), [None]):
@@ -134,17 +126,28 @@ def _merge(folder: Path, inputs: list[Path], into: Path, to_level: int, done: Co
                     written, pending = written + group.num_rows, []
         if written != expected:  # never delete a row: a short read keeps the inputs
             raise RuntimeError(f"merging {len(inputs)} files under {folder}: read {written} of {expected} rows")
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        journal.write(folder, [*journal.read(folder), {"output": str(out.relative_to(folder)), "inputs": names}])
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        # recorded before the rename: a reader that lists the merged file finds what it replaced
+        _write_journal(folder, [*journal.read(folder), {"output": str(out.relative_to(folder)), "inputs": names}])
+
+    _write_atomically(out, write)
     for p in inputs:  # (an emptied run folder stays: a run still writing there may have just made it)
         p.unlink(missing_ok=True)
     done.merged += len(inputs)
     done.written.append(out)
+    return out
+
+
+def _write_journal(folder: Path, entries: list[dict]) -> None:
+    """``folder``'s journal as ``entries`` (none: no journal), replaced whole (``store._write_atomically``)."""
+    import json
+
+    from sweep.record.store import _write_atomically
+
+    path = folder / journal.JOURNAL
+    if not entries:
+        path.unlink(missing_ok=True)
+        return
+    _write_atomically(path, lambda tmp: tmp.write_text(json.dumps({"merges": entries}, indent=1)))
 
 
 def _batches(dataset: ds.Dataset, rows: int) -> Iterator[pa.RecordBatch]:
@@ -169,7 +172,7 @@ def _forget(folder: Path) -> None:
             for name in entry["inputs"]:
                 (folder / name).unlink(missing_ok=True)
     if entries:
-        journal.write(folder, [])
+        _write_journal(folder, [])
 
 
 @contextmanager

@@ -1,11 +1,10 @@
 """The journal of result-file merges (``sweep.record.compact``), one per ``cluster=`` folder: which merged file
 replaced which files. ``store.result_files`` reads it after listing a folder, to leave out the inputs of a merge
-that is done; ``compact`` writes it (and here, so that ``store`` needs nothing of ``compact``)."""
+that is done; ``compact`` writes it (read here, so that ``store`` needs nothing of ``compact``)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 JOURNAL = "_merges.json"
@@ -25,15 +24,3 @@ def read(folder: Path) -> list[dict]:
         return json.loads((folder / JOURNAL).read_text())["merges"]
     except FileNotFoundError:
         return []
-
-
-def write(folder: Path, entries: list[dict]) -> None:
-    path = folder / JOURNAL
-    if not entries:
-        path.unlink(missing_ok=True)
-        return
-    tmp = folder / f".{JOURNAL}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"merges": entries}, indent=1))
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
