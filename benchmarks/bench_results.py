@@ -379,11 +379,22 @@ def main() -> None:
     )
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000, 100_000, 1_000_000])
     parser.add_argument("--runs", type=int, default=3, help="runs of each command (the median wall is shown)")
+    parser.add_argument(
+        "--row-group",
+        type=int,
+        help="rows per row group of the merged files (sweep.record.compact.ROW_GROUP), in folders of their own "
+        "under --data/row-group-N",
+    )
     args = parser.parse_args()
+    if args.row_group:
+        from sweep.record import compact
+
+        compact.ROW_GROUP, args.data = args.row_group, args.data / f"row-group-{args.row_group}"
     loads: list[float] = []
     found, first = measure(args.data, sorted(args.rows), args.runs, loads)
     print(
-        f"{dt.date.today()}, {machine()}: `PYTHONPATH=. python benchmarks/bench_results.py` "
+        f"{dt.date.today()}, {machine()}: `PYTHONPATH=. python benchmarks/bench_results.py`"
+        f"{f' --row-group {args.row_group}' if args.row_group else ''} "
         f"(median of {args.runs} runs after the first, a fresh interpreter each; 1-minute load average "
         f"{min(loads):.1f}–{max(loads):.1f}, median {statistics.median(loads):.1f})\n"
     )

@@ -44,9 +44,9 @@ FAN_IN = 16  # files of one level merged at once: few enough files to read, few 
 _LOCK = ".compact.lock"
 _MERGED = re.compile(r"^merged-L(\d+)-[0-9a-f]{16}\.parquet$")
 # rows per row group: DuckDB skips a row group by its statistics, so a group should hold few configs, and parses
-# every group's statistics in each file's footer, so not too many groups. At 10⁶ sorted rows, a first `compare --by
-# cluster` / `plot` / `export -f csv` took 1.81 / 2.25 / 1.94 s in 4,096-row groups, 1.34 / 1.72 / 1.56 in 16,384,
-# 1.46 / 1.73 / 1.89 in 65,536 (medians of 3, 2 cores)
+# every group's statistics in each file's footer, so not too many groups. First runs at 10⁶ rows of `compare --by
+# cluster` / `export -f csv` / `plot`: 1.94 / 1.74 / 2.11 s in 4,096-row groups, 1.49 / 1.47 / 1.79 in 16,384,
+# 2.18 / 2.32 / 2.98 in 65,536 (`benchmarks/bench_results.py --rows 1000000 --row-group N`, RESULTS.md)
 ROW_GROUP = 16_384
 SORT_ROWS = 1 << 20  # a merge of at most so many rows is sorted in memory (a 16-file level 2: ~0.5 million)
 SORTED_BY = ("cluster", "model", "precision", "compile", "ac", "batch_size", "seq_len", "started_at")
