@@ -38,6 +38,7 @@ GiB = 1024**3
 THREAD_STACK_BYTES = 1024**2
 """Default stack of the threads a process starts once it has run under a CPU cap (see the module's docstring)."""
 _thread_stacks_set = False
+_first_use_done = False
 
 
 def _proc_status_kib(key: str) -> int:
@@ -85,6 +86,37 @@ def _small_thread_stacks() -> None:
         libc.pthread_attr_destroy(attr)
 
 
+def _start_first_use() -> None:
+    """Run one tiny training step on the CPU before this process's first capped trial (once per process, ~0.05 s).
+
+    A process's first matmul starts OpenMP's worker threads (a stack and a malloc arena each), and its first
+    fp32/bf16 kernels of each family allocate MKL's and oneDNN's buffers that stay for the process's life. Paid
+    inside a fresh process's first cap, they took ~16 MiB of it on an AVX-512 Xeon (gpt-tiny bf16 at T 1024: a fresh
+    process's batch 8 needed a 97-99 MiB cap, a warm one's 95), and a fresh `sweep max-batch` found 7 where a warm
+    one found 8. Paid here, before the cap is measured from the process's size, they leave a fresh process's cap
+    within ~1 MiB of a warm one's (batch 8: 96 against 95 MiB)."""
+    global _first_use_done
+    if _first_use_done:
+        return
+    for dtype in (torch.float32, torch.bfloat16):  # the BLAS and oneDNN keep first-use buffers per kernel family
+        table = torch.randn(128, 64, dtype=dtype, requires_grad=True)
+        weight = torch.randn(64, 64, dtype=dtype, requires_grad=True)
+        x = torch.nn.functional.embedding(torch.randint(0, 128, (4, 128)), table)
+        x = torch.nn.functional.layer_norm(x, (64,)) @ weight
+        q = x.view(4, 128, 2, 32).transpose(1, 2)
+        x = (
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            .transpose(1, 2)
+            .reshape(4, 128, 64)
+        )
+        loss = torch.nn.functional.cross_entropy(
+            (x @ table.t()).flatten(0, 1).float(), torch.zeros(512, dtype=torch.long)
+        )
+        loss.backward()
+        torch.optim.AdamW([table, weight]).step()
+    _first_use_done = True
+
+
 def _trim_heap() -> None:
     """Give glibc's free heap pages back to the kernel (malloc_trim(3), every arena): see the module's docstring."""
     libc = _libc()
@@ -106,6 +138,7 @@ def memory_cap(cap_bytes: int | None, device: torch.device) -> Iterator[None]:
             torch.cuda.set_per_process_memory_fraction(1.0, device)
         return
     _small_thread_stacks()
+    _start_first_use()
     _trim_heap()
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     limit = _proc_status_kib("VmData") * 1024 + cap_bytes

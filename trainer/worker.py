@@ -144,7 +144,11 @@ class RankWorker:
             if job.world_size == 1:
                 self._leave()
             return RankResult(
-                status=classify_failure(type(e).__name__, message),
+                status=classify_failure(
+                    type(e).__name__,
+                    message,
+                    cpu_capped=job.device_type == "cpu" and bool(job.trial.memory_cap_bytes),
+                ),
                 error=message[:2000],
                 traceback=traceback.format_exc()[-4000:],
             )
