@@ -66,8 +66,8 @@ COMMANDS = {
     "compare --best": ["compare", "{dir}", "--best"],
     "export md": ["export", "{dir}"],
     "export csv": ["export", "{dir}", "-f", "csv"],
-    # a figure one can read: 16 series a panel (precision × cluster); on all 8,064 configs matplotlib alone draws
-    # 192 series and bars a panel, a minute and 4 GB whatever the rows
+    # a figure one can read: 16 series a panel (precision × cluster); all 8,064 configs are 192 series a panel,
+    # which `plot` refuses (over --max-series 32) in ~1 s, naming a --where that narrows them
     "plot": ["plot", "{dir}", "--out", "{tmp}/plot.png", "-w", "seq_len=2048", "-w", "ac=none", "-w", "compile=none"],
 }
 

@@ -263,3 +263,20 @@ def test_the_png_writer_keeps_every_pixel(tmp_path, parts):
     write_png(tmp_path / "p.png", pixels, 100, "test", parts)
     with Image.open(tmp_path / "p.png") as image:
         assert np.array_equal(np.asarray(image), pixels) and image.info["Software"] == "test"
+
+
+def test_plot_refuses_more_series_than_max_series_and_says_what_narrows_them(mixed, tmp_path):
+    """The mixed folder has 8 series a model (precision x accum x reduce): over --max-series 4 the command says
+    so in one line (exit 2, nothing written) and names a --where that narrows it; that --where, or a larger
+    --max-series, draws."""
+    res = sweep_results("plot", mixed, "--out", tmp_path / "fig.png", "--max-series", "4")
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == (
+        "error: plot: 8 series in the gpt2-1.5b panels, more than --max-series 4 (values per key: precision 2, "
+        "grad_accum 2, reduce_dtype 2): narrow them with --where, e.g. -w grad_accum=1, or raise --max-series "
+        "(0: no limit)"
+    )
+    assert not (tmp_path / "fig.png").exists()
+    for options in (("--max-series", "4", "-w", "grad_accum=1"), ("--max-series", "8"), ("--max-series", "0")):
+        res = sweep_results("plot", mixed, "--out", tmp_path / "fig.png", *options)
+        assert res.exit_code == 0, (options, res.output)

@@ -30,6 +30,7 @@ from sweep.commands.results_options import (
     emit,
 )
 from sweep.errors import UserError
+from sweep.results.plot_layout import MAX_SERIES
 
 app = typer.Typer(no_args_is_help=True, help="Aggregate, compare, export and plot result datasets.")
 
@@ -203,17 +204,25 @@ def plot(
             "where rows measured energy).",
         ),
     ] = PlotMetric.tflops,
+    max_series: Annotated[
+        int,
+        typer.Option(
+            "--max-series",
+            min=0,
+            help="The most series a model's panels may have (more: narrow them with --where; 0: no limit).",
+        ),
+    ] = MAX_SERIES,
 ) -> None:
-    """Plot TFLOP/s/GPU (or tokens per kWh: --metric) vs batch size per precision and, below it, the largest batch
+    """Plot TFLOP/s/GPU (or tokens per kWh: --metric) vs batch size per series and, below it, the largest batch
     that fits.
 
-    One image, one column of panels per model: the top panel marks OOM batches with an x on the zero
-    line; the bottom panel is the max-batch bar chart.
+    One image, a pair of panels per model in rows of up to three: the top panel marks OOM batches with an x on
+    the zero line; the bottom panel is the max-batch bar chart, a bar per series.
     """
     from sweep.results import plot as plotting
 
     _out_file(out, "plot.png")
-    path = plotting.plot(directory, out, where or (), skip_bad, metric=metric.value)
+    path = plotting.plot(directory, out, where or (), skip_bad, metric=metric.value, max_series=max_series)
     typer.echo(f"wrote {path}", err=True)
 
 

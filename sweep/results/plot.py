@@ -36,7 +36,7 @@ from sweep.errors import UserError
 from sweep.record.schema import TRAINING_DEFAULTS
 from sweep.results import aggregate
 from sweep.results.energy import PLOT_METRICS
-from sweep.results.plot_layout import DPI, PANEL_WIDTH, Layout, TextWidths, columns, layout
+from sweep.results.plot_layout import DPI, MAX_SERIES, PANEL_WIDTH, Layout, TextWidths, columns, layout
 from sweep.results.plot_panels import Label, bar_panel, perf_panel, place_axis_labels, series_axis, value_axis
 from sweep.results.plot_png import write_png
 from sweep.results.render import CONFIG_HEADERS, says_nothing, setting
@@ -62,9 +62,17 @@ def _text(key: str, value: Any) -> str:  # a cell of any column
     return f"{CONFIG_HEADERS[key]} {value}"
 
 
-def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool = False, metric: str = "tflops") -> Path:
+def plot(
+    directory: Path,
+    out: Path,
+    where: Iterable[str] = (),
+    skip_bad: bool = False,
+    metric: str = "tflops",
+    max_series: int = MAX_SERIES,
+) -> Path:
     """Aggregate ``directory`` and write the figure; returns the path written (``out`` + .png without a suffix).
-    ``metric``: the top panels' y (a key of ``energy.PLOT_METRICS``)."""
+    ``metric``: the top panels' y (a key of ``energy.PLOT_METRICS``); ``max_series``: the most series a model's
+    panels may have (0: any number; more is a UserError that says what to narrow)."""
     import threading
 
     # matplotlib's import (~0.3 s) runs while DuckDB aggregates, which holds no GIL
@@ -72,6 +80,8 @@ def plot(directory: Path, out: Path, where: Iterable[str] = (), skip_bad: bool =
     importing.start()
     inputs = ("status", *PLOT_METRICS[metric][:3], "tflops_min", "tflops_max", *aggregate.MAX_BATCH_INPUTS)
     configs = aggregate.config_table(aggregate.load_rows(directory, where, skip_bad), inputs)
+    if max_series:
+        _check_series(configs.select(["model", *SERIES_KEYS]).to_pylist(), max_series)
     importing.join()
     y = PLOT_METRICS[metric][0]
     if metric != "tflops" and configs.column(y).null_count == configs.num_rows:
@@ -102,6 +112,25 @@ def _import_matplotlib() -> None:
     ax.set_title("warm-up · 0123456789")
     fig.legend(handles=ax.get_lines()[:1], labels=["bf16"], loc="lower center", frameon=False)
     FigureCanvasAgg(fig).draw()
+
+
+def _check_series(rows: list[dict], most: int) -> None:
+    """A UserError when a model's panels would have more than ``most`` series, naming what varies and a --where
+    that narrows it (one value of the key with the most values)."""
+    varying, _, _ = _split_keys(rows)
+    series: dict[str, set[tuple]] = {}
+    for r in rows:
+        series.setdefault(r["model"], set()).add(tuple(r[k] for k in varying))
+    model, drawn = max(series.items(), key=lambda item: len(item[1]))
+    if len(drawn) <= most:
+        return
+    values = {k: sorted({str(r[k]) for r in rows if r["model"] == model}) for k in varying}
+    key = max(values, key=lambda k: (k != "precision", len(values[k])))  # precision last: it is what a plot compares
+    spread = ", ".join(f"{k} {len(v)}" for k, v in values.items())
+    raise UserError(
+        f"plot: {len(drawn)} series in the {model} panels, more than --max-series {most} (values per key: {spread}):"
+        f" narrow them with --where, e.g. -w {key}={values[key][0]}, or raise --max-series (0: no limit)"
+    )
 
 
 def _split_keys(rows: list[dict]) -> tuple[list[str], list[str], list[str]]:

@@ -18,6 +18,10 @@ PANEL_WIDTH = 5.6  # inches, a TFLOP/s panel and the max-batch panel under it
 PERF_HEIGHT = 3.0
 BAR_PITCH = 0.22  # inches per series in a max-batch panel: one line of small text and a gap
 MAX_COLUMNS = 3
+MAX_SERIES = 32
+"""Series a model's panels may have (``sweep results plot --max-series``): past it the lines are a tangle and the
+max-batch panel pages long (a 10^6-row folder of 8,064 configs has 192 series a panel: a 2,257 x 9,523 px figure,
+3.5 s to draw)."""
 GAP = 0.35  # between columns (only the leftmost column prints y tick labels) and below a panel's x label
 
 
