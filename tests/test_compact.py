@@ -186,3 +186,26 @@ def test_a_big_merge_streams_its_inputs_in_row_groups(tmp_path, monkeypatch):
     assert pq.read_table(done.written[0]).column("trial_id").to_pylist() == rows
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     assert max(sizes) <= 16 and sum(sizes) == len(rows) and len(sizes) > 2, sizes
+
+
+def test_a_folder_of_many_unmerged_files_notes_that_compact_merges_them(tmp_path, fan_in_2, monkeypatch):
+    """Over scan.UNMERGED_NOTE attempt files (here 10; the folder has 40 of one killed run and 10 of others) a
+    command prints its output and one note naming `sweep results compact`; after it, no note."""
+    from sweep.results import scan
+
+    monkeypatch.setattr(scan, "UNMERGED_NOTE", 10)
+    monkeypatch.setattr(scan, "_noted", set())
+    out = _folder(tmp_path)
+    shown = invoke("results", "compare", out, "--baseline", "bf16")  # a command that selects twice notes once
+    assert shown.exit_code == 0, shown.output
+    unmerged = sum(compact.level(f) is None for f in store.result_files(out))
+    assert [line for line in shown.stderr.splitlines() if line.startswith("note:")] == [
+        (
+            f"note: {unmerged:,} result files in {out} are not merged (each slows every command); "
+            f"`sweep results compact {out}` merges them, keeping every row"
+        )
+    ]
+    assert invoke("results", "compact", out).exit_code == 0
+    monkeypatch.setattr(scan, "_noted", set())  # a new process
+    again = invoke("results", "compare", out, "--baseline", "bf16")
+    assert again.exit_code == 0 and "note:" not in again.stderr and again.stdout == shown.stdout

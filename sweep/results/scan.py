@@ -40,6 +40,10 @@ _SQL_TYPES = {
     pa.list_(pa.int64()): "BIGINT[]",
     pa.list_(pa.string()): "VARCHAR[]",
 }
+UNMERGED_NOTE = 1_000
+"""More attempt files than this in a folder (not merged: written before `sweep run` merged them, or by runs killed
+before their end) and a command notes that `sweep results compact` would merge them: each costs every statement
+~0.3 ms (sweep.record.compact), so 10^5 of them cost ~30 s a statement."""
 ROW_ID = ("filename", "file_row_number")  # one attempt's place: which file, which row (for its curves, later)
 
 
@@ -264,7 +268,25 @@ def select(
 
     root, con = Path(directory), connect()
     files = checked(con, root, skip_bad)  # the footers, parsed once, stay in the connection's cache
+    _note_unmerged(root, files)
     return Rows(root, _pruned(files, root, wheres), list(dict.fromkeys(columns)), wheres, row_id, skip_bad, con)
+
+
+_noted: set[Path] = set()
+
+
+def _note_unmerged(root: Path, files: Iterable[Path]) -> None:
+    """On stderr: a folder of more than UNMERGED_NOTE attempt files can be merged (`sweep results compact`)."""
+    from sweep.record.compact import level
+
+    unmerged = sum(1 for f in files if level(f) is None)
+    if unmerged > UNMERGED_NOTE and root not in _noted:  # once a process: a command may select more than once
+        _noted.add(root)
+        print(
+            f"note: {unmerged:,} result files in {root} are not merged (each slows every command); "
+            f"`sweep results compact {root}` merges them, keeping every row",
+            file=sys.stderr,
+        )
 
 
 def _damaged(files: dict[Path, frozenset[str]], columns: Sequence[str], error: Exception) -> dict[Path, str]:
