@@ -38,7 +38,6 @@ GiB = 1024**3
 THREAD_STACK_BYTES = 1024**2
 """Default stack of the threads a process starts once it has run under a CPU cap (see the module's docstring)."""
 _thread_stacks_set = False
-_first_use_done = False
 
 
 def _proc_status_kib(key: str) -> int:
@@ -86,6 +85,7 @@ def _small_thread_stacks() -> None:
         libc.pthread_attr_destroy(attr)
 
 
+@functools.cache  # once a process
 def _start_first_use() -> None:
     """Run one tiny training step on the CPU before this process's first capped trial (once per process, ~0.05 s).
 
@@ -95,9 +95,6 @@ def _start_first_use() -> None:
     process's batch 8 needed a 97-99 MiB cap, a warm one's 95), and a fresh `sweep max-batch` found 7 where a warm
     one found 8. Paid here, before the cap is measured from the process's size, they leave a fresh process's cap
     within ~1 MiB of a warm one's (batch 8: 96 against 95 MiB)."""
-    global _first_use_done
-    if _first_use_done:
-        return
     for dtype in (torch.float32, torch.bfloat16):  # the BLAS and oneDNN keep first-use buffers per kernel family
         table = torch.randn(128, 64, dtype=dtype, requires_grad=True)
         weight = torch.randn(64, 64, dtype=dtype, requires_grad=True)
@@ -114,7 +111,6 @@ def _start_first_use() -> None:
         )
         loss.backward()
         torch.optim.AdamW([table, weight]).step()
-    _first_use_done = True
 
 
 def _trim_heap() -> None:

@@ -147,7 +147,7 @@ class RankWorker:
                 status=classify_failure(
                     type(e).__name__,
                     message,
-                    cpu_capped=job.device_type == "cpu" and bool(job.trial.memory_cap_bytes),
+                    cpu_capped=job.device_type == "cpu" and bool(_this_ranks_share(job).memory_cap_bytes),
                 ),
                 error=message[:2000],
                 traceback=traceback.format_exc()[-4000:],
