@@ -17,9 +17,11 @@ process-wide for that trial only (dynamo is reset between trials so each compile
                               false for torchao rowwise: here it is not folded)
   torchao-amax                torchao's own amax (tensor_to_amax) instead of trainer.precision.symbolic_amax's
   ind.NAME=VALUE              one inductor config entry (torch._inductor.config, dotted NAME, VALUE a Python literal)
-With --profile each variant also runs its profiled steps (trainer.profiling) and its record gets `kernels`: CUDA
-time per step of each kernel name (trailing _N numbering dropped), the largest first, to see where two variants'
-steps differ.
+Each record has `compile_phases` (dynamo's compile times by phase, summed: where the first step's compile went) and
+`release` (what giving the trial back costs: a full garbage collection, the caching allocator's empty_cache, and a
+collection after `gc.freeze()`). With --profile each variant also runs its profiled steps (trainer.profiling) and
+its record gets `kernels`: CUDA time per step of each kernel name (trailing _N numbering dropped), the largest
+first, to see where two variants' steps differ.
 Run it with TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0: the caches' keys do not include the
 SDPA backend flags, so with them on an `attn=` variant loads the graph an earlier variant compiled (seen:
 compile 1.0 s, the same step time).
@@ -153,6 +155,46 @@ def kernel_times(trace_gz: bytes, steps: int, top: int = 60) -> list[tuple[str, 
     return [(n, round(total[n] / 1000 / steps, 3), count[n] // steps) for n in ranked]
 
 
+def compile_phases(top: int = 24) -> dict[str, float]:
+    """Dynamo's compile times by phase (`dynamo_timed`), each summed over the variant's compiles, largest first."""
+    from torch._dynamo import utils
+
+    headers, values = utils.compile_times(repr="csv", aggregate=True)
+    phases = {h: round(float(v), 3) for h, v in zip(headers, values) if v not in ("", None)}
+    utils.counters.clear()
+    utils.compilation_time_metrics.clear()  # the next variant's alone
+    return dict(sorted(phases.items(), key=lambda kv: -kv[1])[:top])
+
+
+def release_costs() -> dict[str, float]:
+    """Seconds of what a warm rank does between trials (trainer.release): a full collection, empty_cache, and a
+    full collection once the surviving objects are frozen (gc.freeze), with the objects each traversed."""
+    import gc
+
+    import torch
+
+    t0 = time.perf_counter()
+    gc.collect()
+    t1 = time.perf_counter()
+    tracked = len(gc.get_objects())
+    torch.cuda.empty_cache()
+    t2 = time.perf_counter()
+    gc.collect()
+    t3 = time.perf_counter()
+    gc.freeze()
+    t4 = time.perf_counter()
+    gc.collect()
+    t5 = time.perf_counter()
+    gc.unfreeze()
+    return {
+        "gc_s": round(t1 - t0, 4),
+        "gc_objects": tracked,
+        "empty_cache_s": round(t2 - t1, 4),
+        "gc_again_s": round(t3 - t2, 4),
+        "gc_frozen_s": round(t5 - t4, 4),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("variants", nargs="+")
@@ -238,7 +280,8 @@ def main() -> None:
         except Exception as e:  # a knob the stack refuses (e.g. a backend that cannot run this shape)
             record.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
         record["wall_s"] = time.perf_counter() - began
-        torch.cuda.empty_cache()
+        record["compile_phases"] = compile_phases()
+        record["release"] = release_costs()
         line = json.dumps(record)
         print({k: v for k, v in record.items() if k != "losses"}, flush=True)
         with open(args.out, "a") as f:
