@@ -4,8 +4,10 @@ the state the first started from, except for compiled code a later trial can run
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
@@ -64,6 +66,22 @@ def release(device: torch.device, *, keep_for: TrialConfig | None = None) -> Non
             clear()
         torch.cuda.empty_cache()
         torch.cuda.reset_accumulated_memory_stats(device)  # num_alloc_retries counts from process start
+
+
+@contextlib.contextmanager
+def thawed() -> Iterator[None]:
+    """A warm rank's release and count between trials (`trainer.worker`): what an earlier one froze back in the
+    garbage collector's sight for the block, and every object that survives it frozen after (`gc.freeze`, CPython's
+    permanent generation). The process's imports (torch, dynamo, inductor once a trial compiled: ~470 k objects) and
+    the compiled code it keeps then stay out of the other full collections of a trial (`release` at its start,
+    `trainer.train.time_steps` before its first step), which traverse only what the trial made: 0.18-0.29 s each on an
+    H200 host before, ~0 after (benchmarks/RESULTS.md "Cold sweep"). What became garbage while frozen (compiled code
+    a static-shape trial dropped) is collected here, at the trial's end, before its memory is counted."""
+    gc.unfreeze()
+    try:
+        yield
+    finally:
+        gc.freeze()
 
 
 def _reset_te() -> None:

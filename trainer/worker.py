@@ -199,7 +199,7 @@ class RankWorker:
         import torch._dynamo  # noqa: F401 - every trial's release() resets it: the process's import, not a build's
         import torch.distributed as dist
 
-        from trainer.release import held_bytes, release
+        from trainer.release import held_bytes, release, thawed
         from trainer.train import run_trial
 
         imported = time.perf_counter()
@@ -207,8 +207,9 @@ class RankWorker:
         rank = self._joined(job)
         if self.keep_group and self.baseline_bytes is None:
             dist.barrier()  # what the process group keeps for itself (a communicator's barrier tensor) is baseline
-            release(rank.device)
-            self.baseline_bytes = held_bytes(rank.device)
+            with thawed():  # and out of every later trial's collections
+                release(rank.device)
+                self.baseline_bytes = held_bytes(rank.device)
         joined = time.perf_counter()
         measured = run_trial(_this_ranks_share(job), rank, started_at=started_at)
         if job.rank == 0 and os.environ.get("SWEEP_COMPILE_REPORT"):
@@ -228,8 +229,9 @@ class RankWorker:
         )
         if self.keep_group:  # what the trial left behind, once its model, optimizer and graphs are gone
             del measured
-            release(rank.device, keep_for=job.trial)  # its compiled code stays for a next trial that can run it
-            result.baseline_bytes, result.held_bytes = self.baseline_bytes, held_bytes(rank.device)
+            with thawed():
+                release(rank.device, keep_for=job.trial)  # its compiled code stays for a next trial that can run it
+                result.baseline_bytes, result.held_bytes = self.baseline_bytes, held_bytes(rank.device)
         return result
 
 

@@ -2,7 +2,7 @@
 # Where a cold compile's seconds go, and what an inductor knob saves of them (issue 28), on the lent one-H200
 # machine (kind nvidia-h200), from the project root, carrying .whl:
 #
-#   bash benchmarks/device/compile_probe.sh [VARIANT ...]
+#   [PROBE_ARGS=--profile] bash benchmarks/device/compile_probe.sh [VARIANT ...]
 #
 # Each VARIANT (kernels_probe.py's PRECISION[:KNOB,...]) runs in its own process on its own empty compile cache
 # (inductor's and Triton's), so each pays a cold compile as a first sweep of a new model does; the held-out model of
@@ -23,6 +23,6 @@ for variant in "$@"; do
   echo "== $(date -u +%FT%TZ) $variant (cache $cache, load $(cut -d' ' -f1-3 /proc/loadavg))"
   TORCHINDUCTOR_CACHE_DIR=$cache TRITON_CACHE_DIR=$cache/triton MASTER_PORT=$((29600 + i)) \
     timeout $left python3 benchmarks/device/kernels_probe.py --model held-out --batch 4 --warmup 3 --measure 10 \
-    --out "$OUT/compile-probe.jsonl" "$variant"
+    --out "$OUT/compile-probe.jsonl" ${PROBE_ARGS:-} "$variant"
 done
 echo "job: records in \$OUT/compile-probe.jsonl"
