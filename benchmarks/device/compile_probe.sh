@@ -10,7 +10,7 @@
 # (compile_time_s, step time, compile_phases, release) in $OUT/compile-probe.jsonl.
 set -uo pipefail
 source benchmarks/device/lib.sh
-job_begin compile-probe 0
+JOB_NEEDS_RESULTS=0 job_begin compile-probe 0  # no rows: no results wheels needed
 [ $# -gt 0 ] || set -- bf16 bf16:ind.triton.autotune_pointwise=False fp8-torchao-rowwise \
   fp8-torchao-rowwise:ind.triton.autotune_pointwise=False
 i=0

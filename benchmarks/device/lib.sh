@@ -44,7 +44,7 @@ job_begin() {  # job_begin NAME NEEDS_TE (0/1): a campaign script's start on the
   carry_in "$results"
   deadline=$((${JOB_LIMIT_S:-570} + SECONDS))
   bash benchmarks/device/install.sh || exit 1
-  next=$(next_carry 1 "$2")
+  next=$(next_carry "${JOB_NEEDS_RESULTS:-1}" "$2")  # a probe that writes no rows: JOB_NEEDS_RESULTS=0
   if [ -n "$next" ]; then
     echo "job: $1 cannot run yet; call this again carrying $next (a fresh machine starts from .whl)"
     exit 0
