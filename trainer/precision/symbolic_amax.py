@@ -14,8 +14,10 @@ autograd Function, which dynamo leaves to AOTAutograd, whose trace runs this cod
 are `torch.SymInt`s: there the dimensions are known (dynamo itself would hide them: `isinstance(size, int)` is True
 for a SymInt in its trace, but it leaves this code to AOTAutograd, torch 2.11 and 2.13). Eager code, static-shape
 trials, the distributed reduction (`reduce_amax`, which torchao uses for weights) and rowwise (axiswise) scaling run
-torchao's own function: the same two stages over the tokens for rowwise's column scales trained wrongly on the H200
-(loss 11.7 against 7.9 after 11 steps), so rowwise recipes keep static shapes (trainer.recipes, `symbolic_batch`).
+torchao's own function: rowwise recipes keep static shapes (trainer.recipes, `symbolic_batch`). Its column scales (over
+the tokens) reduced in static blocks of one sequence train right (session 22; session 19's stages trained wrongly) but
+the step stays 30 % slower than static on one H200: inductor's fused amax-scale-cast kernels, not the reductions
+alone, lose their speed with a symbolic token count (benchmarks/RESULTS.md "Cold sweep", session 22).
 """
 
 from __future__ import annotations
@@ -35,19 +37,15 @@ def symbolic_amax(
     scaling_granularity: Any = None,
     axiswise_dim: int | None = None,
 ) -> torch.Tensor:
-    """`tensor_to_amax` with torchao's signature. In a symbolic trace: tensorwise, the maximum over the static
-    dimensions first, then over the symbolic ones; axiswise over a symbolic dimension (rowwise's column scales, over
-    the tokens), the maximum within static blocks of it first, then over the blocks' maxima."""
+    """`tensor_to_amax` with torchao's signature: tensorwise in a symbolic trace, the maximum over the static
+    dimensions first, then over the symbolic ones."""
     from torchao.float8.config import ScalingGranularity
 
     granularity = ScalingGranularity.TENSORWISE if scaling_granularity is None else scaling_granularity
     symbolic = {d for d, size in enumerate(x.shape) if isinstance(size, torch.SymInt)}
-    if not reduce_amax and symbolic:
-        if granularity is ScalingGranularity.TENSORWISE:
-            return _two_stage(x, symbolic)
-        if axiswise_dim is not None and (block := _static_block(x, axiswise_dim % x.dim())):
-            return _in_blocks(x, axiswise_dim % x.dim(), block)
-    return _original(x, reduce_amax, device_mesh, granularity, axiswise_dim)
+    if reduce_amax or granularity is not ScalingGranularity.TENSORWISE or not symbolic:
+        return _original(x, reduce_amax, device_mesh, granularity, axiswise_dim)
+    return _two_stage(x, symbolic)
 
 
 def _two_stage(x: torch.Tensor, symbolic: set[int]) -> torch.Tensor:
@@ -55,23 +53,6 @@ def _two_stage(x: torch.Tensor, symbolic: set[int]) -> torch.Tensor:
     static = tuple(d for d in range(x.dim()) if d not in symbolic)
     magnitude = torch.abs(x)
     return torch.max(torch.amax(magnitude, dim=static) if static else magnitude)
-
-
-def _static_block(x: torch.Tensor, dim: int) -> int | None:
-    """The static factor of `x`'s symbolic size along `dim` (4096 for torchao's flattened tokens, batch x 4096), or
-    None where the size is static or has none (then torchao's own reduction is as good)."""
-    size = x.shape[dim]
-    if not isinstance(size, torch.SymInt):
-        return None
-    coefficient, _ = size.node.expr.as_coeff_Mul()  # sympy: 4096*s0 -> (4096, s0)
-    return int(coefficient) if coefficient.is_Integer and coefficient > 1 else None
-
-
-def _in_blocks(x: torch.Tensor, dim: int, block: int) -> torch.Tensor:
-    """max |x| over `dim` (kept, as torchao's keepdim): within blocks of `block` consecutive entries of it first (a
-    reduction of static length), then over the blocks' maxima (as many as the batch: a few). The maximum is exact."""
-    blocks = torch.abs(x).unflatten(dim, (-1, block))  # dim -> (blocks, block)
-    return torch.amax(torch.amax(blocks, dim=dim + 1), dim=dim, keepdim=True)
 
 
 def install() -> None:
