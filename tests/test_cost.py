@@ -144,3 +144,25 @@ def test_a_search_is_told_against_one_fresh_trial_of_its_answer():
     assert fresh_trial_s(probes[0], probes) == 24.3  # it ran fresh: its own wall
     assert fresh_trial_s(probes[1], probes[1:]) is None  # no fresh start-up seen: no estimate
     assert fresh_trial_s({"trial_wall_s": None}, probes) is None
+
+
+def test_a_warm_answer_that_compiled_nothing_is_told_against_the_compile_a_fresh_trial_pays():
+    """The held-out model's torchao max-batch on one H200 (RESULTS.md "Cold sweep", session 22): the first probe
+    compiled the graphs (symbolic batch) on a fresh group, the answer ran them warm in 0.08 s; measured once on fresh
+    processes it compiles again."""
+    from sweep.record.cost import fresh_trial_s
+
+    graphs = {"model": "held-out-2.5b", "precision": "fp8-torchao-tensorwise", "compile": "regional", "seq_len": 4096}
+    first = {**graphs, "status": "ok", "batch_size": 12, "group_trial_index": 0, "init_time_s": 11.7}
+    answer = {**graphs, "status": "ok", "batch_size": 14, "group_trial_index": 1, "init_time_s": 0.11}
+    first.update(trial_wall_s=42.7, compile_time_s=20.4)
+    answer.update(trial_wall_s=9.0, compile_time_s=0.08)
+    assert fresh_trial_s(answer, [first, answer]) == pytest.approx(9.0 - 0.11 + 11.7 - 0.08 + 20.4)
+    # a fresh attempt of other graphs (bf16) says nothing of this one's compile; an answer that compiled longer
+    # than the fresh attempts keeps its own
+    bf16 = {**first, "precision": "bf16", "compile_time_s": 13.3, "init_time_s": 11.7}
+    assert fresh_trial_s(answer, [bf16, answer]) == pytest.approx(9.0 - 0.11 + 11.7)
+    slow = {**answer, "compile_time_s": 30.0, "trial_wall_s": 40.0}
+    assert fresh_trial_s(slow, [first, slow]) == pytest.approx(40.0 - 0.11 + 11.7)
+    # a tune's cost cap keeps the answer's own compile
+    assert fresh_trial_s(answer, [first, answer], recompile=False) == pytest.approx(9.0 - 0.11 + 11.7)

@@ -92,22 +92,32 @@ def summary_line(rows: Iterable[Row]) -> str | None:
     return f"GPU time: {held} held — " + ", ".join(f"{p} {shares[p]} %" for p in named)
 
 
-def fresh_trial_s(answer: Row, rows: Iterable[Row]) -> float | None:
+def fresh_trial_s(answer: Row, rows: Iterable[Row], *, recompile: bool = True) -> float | None:
     """What measuring `answer` (a search's answer row) once on fresh rank processes costs, in driver wall
-    seconds: its own wall if it ran on a fresh group. Run on a warm group, its wall with its model build swapped
-    for the start-up a fresh group's processes paid in the same search (torch imports, CUDA and process-group
-    set-up, model build: the median init_time_s of the search's ok attempts on fresh groups; placement and the
-    process spawn before it are left out, so the estimate is low and the cost it divides, if anything, high).
-    A search's cost is told against this: against a warm attempt's wall, which has no start-up, any search
-    would look dear."""
+    seconds: its own wall if it ran on a fresh group. Run on a warm group, its wall with two parts swapped for what
+    a fresh group's processes paid in the same search (its ok attempts on fresh groups, the median of each):
+    its model build for their start-up (torch imports, CUDA and process-group set-up, model build: init_time_s;
+    placement and the process spawn before it are left out, so the estimate is low and the cost it divides, if
+    anything, high), and its compile, where theirs of the same graphs (model, precision, compile, sequence) took
+    longer: a warm group may have run graphs an earlier probe compiled (a symbolic batch: 0.1 s where the first
+    probe took 25 s on one H200), which a fresh process compiles again. A search's cost is told against this:
+    against a warm attempt's wall, which has no start-up and may have no compile, any search would look dear.
+    `recompile=False` keeps the answer's own compile (a tune's cost cap: the budget its replays were set on)."""
     wall = answer.get("trial_wall_s")
     if not wall:
         return None
     if not answer.get("group_trial_index"):
         return wall
-    fresh = [
-        init
-        for r in rows
-        if r.get("status") == "ok" and not r.get("group_trial_index") and (init := r.get("init_time_s")) is not None
-    ]
-    return wall - (answer.get("init_time_s") or 0.0) + statistics.median(fresh) if fresh else None
+    fresh = [r for r in rows if r.get("status") == "ok" and not r.get("group_trial_index")]
+    inits = [init for r in fresh if (init := r.get("init_time_s")) is not None]
+    if not inits:
+        return None
+    own_compile = answer.get("compile_time_s") or 0.0
+    compiles = [r.get("compile_time_s") or 0.0 for r in fresh if recompile and _same_graphs(r, answer)]
+    compile_s = max(own_compile, statistics.median(compiles)) if compiles else own_compile
+    return wall - (answer.get("init_time_s") or 0.0) + statistics.median(inits) - own_compile + compile_s
+
+
+def _same_graphs(row: Row, other: Row) -> bool:
+    """Whether two attempts compile the same graphs but for the batch size."""
+    return all(row.get(k) == other.get(k) for k in ("model", "precision", "compile", "seq_len", "ac", "compile_mode"))

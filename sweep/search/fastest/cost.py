@@ -50,7 +50,9 @@ def _steps(steps: Steps, auto: tuple[int, int] = AUTO_LEAST) -> int:
 
 def one_trial_s(leader: Row | None, rows: Iterable[Row], final_steps: Steps) -> float | None:
     """Seconds to measure the leader's row once on fresh processes at the finals' steps; None if unknown."""
-    fresh: float | None = fresh_trial_s(leader, rows) if leader else None
+    # the leader's own compile, not a fresh process's: the cap the recorded searches were replayed on
+    # (tests/test_tune_replay.py); a verdict tells its cost against the fresh estimate, compile included
+    fresh: float | None = fresh_trial_s(leader, rows, recompile=False) if leader else None
     if fresh is None or not leader:
         return None
     step, warmup = leader.get("step_time_s"), leader.get("warmup_steps")
