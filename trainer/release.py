@@ -74,7 +74,7 @@ def thawed() -> Iterator[None]:
     garbage collector's sight for the block, and every object that survives it frozen after (`gc.freeze`, CPython's
     permanent generation). The process's imports (torch, dynamo, inductor once a trial compiled: ~470 k objects) and
     the compiled code it keeps then stay out of the other full collections of a trial (`release` at its start,
-    `trainer.train.time_steps` before its first step), which traverse only what the trial made: 0.18-0.29 s each on an
+    `trainer.train.time_steps` before its first step), which traverse only what the trial made: 0.18-0.33 s each on an
     H200 host before, ~0 after (benchmarks/RESULTS.md "Cold sweep"). What became garbage while frozen (compiled code
     a static-shape trial dropped) is collected here, at the trial's end, before its memory is counted."""
     gc.unfreeze()
