@@ -120,8 +120,8 @@ def search_checks(rows: list[dict], tree: str) -> list[tuple[bool, str]]:
             (
                 one is not None and spent <= MAX_BATCH_COST * one,
                 f"max-batch, {tree}: {spent:.1f} GPU-s for {len(probes)} probes ({path}) = "
-                f"{spent / one:.2f}x one fresh trial of its fastest batch {fastest['batch_size']} ({one:.1f} s; "
-                f"at most {MAX_BATCH_COST:g}x)"
+                f"{spent / one:.2f}x one fresh trial of its fastest batch {fastest['batch_size']} (estimated from "
+                f"the search's rows, {one:.1f} s; at most {MAX_BATCH_COST:g}x; `max-batch alone` measures one)"
                 if one
                 else f"max-batch, {tree}: no fresh trial to compare with",
             )
