@@ -240,11 +240,22 @@ def _compile_report() -> None:
     and missed in inductor's caches and where its seconds went; the counters restart for the next trial."""
     import sys
 
-    from torch._dynamo.utils import compile_times, counters
+    from torch._dynamo.utils import counters
 
     caches = {group: dict(counters[group]) for group in ("aot_autograd", "inductor", "stats", "recompiles")}
-    print(f"sweep compile report: {caches}\n{compile_times(repr='str', aggregate=True)}", file=sys.stderr, flush=True)
-    counters.clear()
+    print(f"sweep compile report: {caches}\n{compile_phases()}", file=sys.stderr, flush=True)
+
+
+def compile_phases(top: int = 24) -> dict[str, float]:
+    """Dynamo's compile seconds by phase (`dynamo_timed`) since the last call, each summed over the compiles, largest
+    first; dynamo's counters and timings restart (benchmarks/device/kernels_probe.py records them per variant)."""
+    from torch._dynamo import utils
+
+    headers, values = utils.compile_times(repr="csv", aggregate=True)
+    phases = {h: round(float(str(v)), 3) for h, v in zip(headers, values) if v not in ("", None)}  # csv: strings
+    utils.counters.clear()
+    utils.compilation_time_metrics.clear()
+    return dict(sorted(phases.items(), key=lambda kv: -kv[1])[:top])
 
 
 def _device(device_type: str) -> torch.device:

@@ -155,17 +155,6 @@ def kernel_times(trace_gz: bytes, steps: int, top: int = 60) -> list[tuple[str, 
     return [(n, round(total[n] / 1000 / steps, 3), count[n] // steps) for n in ranked]
 
 
-def compile_phases(top: int = 24) -> dict[str, float]:
-    """Dynamo's compile times by phase (`dynamo_timed`), each summed over the variant's compiles, largest first."""
-    from torch._dynamo import utils
-
-    headers, values = utils.compile_times(repr="csv", aggregate=True)
-    phases = {h: round(float(v), 3) for h, v in zip(headers, values) if v not in ("", None)}
-    utils.counters.clear()
-    utils.compilation_time_metrics.clear()  # the next variant's alone
-    return dict(sorted(phases.items(), key=lambda kv: -kv[1])[:top])
-
-
 def release_costs() -> dict[str, float]:
     """Seconds of what a warm rank does between trials (trainer.release): a full collection, empty_cache, and a
     full collection once the surviving objects are frozen (gc.freeze), with the objects each traversed."""
@@ -217,6 +206,7 @@ def main() -> None:
     from trainer.options import TrainingOptions
     from trainer.profiling import recorded_steps
     from trainer.train import Rank, run_trial
+    from trainer.worker import compile_phases
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
@@ -280,7 +270,7 @@ def main() -> None:
         except Exception as e:  # a knob the stack refuses (e.g. a backend that cannot run this shape)
             record.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
         record["wall_s"] = time.perf_counter() - began
-        record["compile_phases"] = compile_phases()
+        record["compile_phases"] = compile_phases()  # trainer.worker's, as SWEEP_COMPILE_REPORT prints them
         record["release"] = release_costs()
         line = json.dumps(record)
         print({k: v for k, v in record.items() if k != "losses"}, flush=True)
