@@ -181,6 +181,7 @@ def run_plan(
     max_concurrent: int | None = None,
     progress: bool = True,
     reuse_actors: bool = True,
+    precompile: bool = True,
 ) -> RunReport:
     """Run `plan` on `profile`'s cluster under a new run id, one row per attempt under `output`
     (sweep.execution.runner.execute says how)."""
@@ -197,6 +198,7 @@ def run_plan(
         max_concurrent=max_concurrent,
         progress=progress,
         reuse_actors=reuse_actors,
+        precompile=precompile,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -50,6 +51,38 @@ class RankJob:
     master_port: int
     device_type: str  # "cpu" (gloo) or "cuda" (nccl; ROCm builds of torch also say cuda)
     pg_timeout_s: float = PG_TIMEOUT_S
+    # a fresh group's first trial: the graphs of the trials the group will run, compiled beside this one's start
+    # into the shared compile cache (`trainer.precompile`; `compile_ahead` picks them)
+    precompile: tuple[TrialConfig, ...] = ()
+
+
+def graph_key(config: TrialConfig) -> tuple:
+    """What a trial's compiled graphs depend on beyond the batch size (symbolic with `dynamic_batch`)."""
+    return (config.model_spec_json, config.precision, config.compile, config.ac, config.seq_len, config.options)
+
+
+def _compiled_graphs(config: TrialConfig) -> tuple:
+    """The graphs a trial compiles: its graph key, and its batch size unless the batch is symbolic."""
+    return (graph_key(config), None if config.options.dynamic_batch else config.batch_size)
+
+
+MAX_AHEAD_GRAPHS = 8  # graphs compiled ahead for one group: a grid's precisions x static batches, not a whole sweep
+
+
+def compile_ahead(first: TrialConfig, later: Iterable[TrialConfig], world_size: int) -> tuple[TrialConfig, ...]:
+    """The trials whose graphs a fresh group compiles ahead (`trainer.precompile`): one trial per distinct set of
+    graphs among `first` (the group's first trial, always first) and `later` (the queued trials the group may run, in
+    the order it would), at most MAX_AHEAD_GRAPHS. Only `regional` compile on one rank: every block of a model is one
+    graph there, so a reduced copy of the model compiles it (`full` compiles the whole model as one graph, and on
+    several ranks FSDP2's mixed precision changes the graphs). Nothing when there is a single set of graphs: the first
+    trial would wait for a side process to compile what it compiles itself as fast."""
+    if world_size != 1:
+        return ()
+    picked: dict[tuple, TrialConfig] = {}
+    for config in (first, *later):
+        if config.compile == "regional" and len(picked) < MAX_AHEAD_GRAPHS:
+            picked.setdefault(_compiled_graphs(config), config)
+    return tuple(picked.values()) if len(picked) > 1 else ()
 
 
 OOM_MARKERS = (  # allocator messages only: anything else stays 'error'

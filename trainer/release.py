@@ -12,21 +12,17 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
-from trainer.job import TrialConfig
+from trainer.job import TrialConfig, graph_key
 
-# How many trials' compiled code a process keeps, by `_graph_key`, oldest first. A warm group runs trials smallest
-# first (sweep.execution.groups.footprint), so a grid's precisions alternate at each batch size: keeping only the last
-# trial's code would recompile every one. Static-shape trials drop it all, so a group runs them after the others.
+# How many trials' compiled code a process keeps, by `trainer.job.graph_key`, oldest first. A warm group runs trials
+# smallest first (sweep.execution.groups.footprint), so a grid's precisions alternate at each batch size: keeping only
+# the last trial's code would recompile every one. Static-shape trials drop it all, so a group runs them after the
+# others.
 # Each graph kept is one more entry in dynamo's cache of the same block
 # code, under its recompile_limit (8; past it dynamo runs the block uncompiled): 4 graphs and their batch-1
 # variants stay within it.
 KEPT_GRAPHS = 4
 _kept: list[tuple] = []
-
-
-def _graph_key(config: TrialConfig) -> tuple:
-    """What a trial's compiled graphs depend on beyond the batch size (symbolic with `dynamic_batch`)."""
-    return (config.model_spec_json, config.precision, config.compile, config.ac, config.seq_len, config.options)
 
 
 def _release_compiled(keep_for: TrialConfig | None) -> None:
@@ -42,7 +38,7 @@ def _release_compiled(keep_for: TrialConfig | None) -> None:
         return
     if keep_for.compile == "none":
         return
-    key = _graph_key(keep_for)
+    key = graph_key(keep_for)
     if not keep_for.options.dynamic_batch or (key not in _kept and len(_kept) >= KEPT_GRAPHS):
         torch.compiler.reset()  # `dynamic_batch: false` compiles afresh, as every trial did before it existed
         _kept = []

@@ -64,6 +64,15 @@ class RankResult:
     """The process's own imports before its first trial (torch, torch.distributed); None on a warm trial."""
     process_setup_s: float | None = None
     """Joining the device and the process group before the first trial; None on a warm trial."""
+    precompile_s: float | None = None
+    """A fresh group's first trial: waiting for its side processes compiling the group's graphs ahead
+    (`trainer.precompile`), after its imports and process group; None when there were none."""
+    precompiled_graphs: int | None = None
+    """Of the group's sets of graphs given to those side processes, how many compiled; None as precompile_s."""
+    compile_cache_hits: int | None = None
+    """Graphs this trial loaded from inductor's FX graph cache instead of generating them."""
+    compile_cache_misses: int | None = None
+    """Graphs this trial generated (not in the cache, or not cacheable)."""
     torch_version: str | None = None
     """torch.__version__ in the rank's process."""
     te_version: str | None = None

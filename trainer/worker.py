@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import socket
+import sys
 import time
 import traceback
 from datetime import timedelta
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
+    from trainer.precompile import PrecompileReport, Sides
     from trainer.train import Rank
 
 
@@ -115,6 +117,7 @@ class RankWorker:
         self.rank: Rank | None = None  # the device and process group, once joined (kept with keep_group)
         self.trials = 0  # trials this process started
         self.baseline_bytes: int | None = None  # tensor memory held before the first trial
+        self.sides: Sides | None = None  # the first trial's side processes compiling ahead (`trainer.precompile`)
 
     def node_info(self) -> dict[str, Any]:
         """Where this rank runs, and a port it holds listening on its address (rank 0's becomes MASTER_PORT)."""
@@ -134,10 +137,17 @@ class RankWorker:
     def run(self, job: RankJob) -> RankResult:
         # A warm process's trial starts here: its init_time_s is the model build alone, not the process start.
         started_at = self.created_at if self.trials == 0 else time.perf_counter()
+        if self.trials == 0 and job.precompile:  # before this process's imports: the side processes import beside them
+            from trainer.precompile import start
+
+            self.sides = start(job.precompile, job.device_type)
         self.trials += 1
         try:
             result = self._train(job, started_at)
         except BaseException as e:  # noqa: BLE001 - every failure becomes a row, with its class
+            if self.sides is not None:
+                self.sides.stop()
+                self.sides = None
             message = f"{type(e).__name__}: {e}".strip()
             # Report at once, without destroying a shared process group: peers may be inside a collective,
             # and tearing down a communicator they still use can block. The driver kills every rank now.
@@ -210,8 +220,11 @@ class RankWorker:
             with thawed():  # and out of every later trial's collections
                 release(rank.device)
                 self.baseline_bytes = held_bytes(rank.device)
+        ahead = self._wait_for_sides()
         joined = time.perf_counter()
+        hits, misses = _cache_counts()
         measured = run_trial(_this_ranks_share(job), rank, started_at=started_at)
+        hits, misses = (after - before for after, before in zip(_cache_counts(), (hits, misses)))
         if job.rank == 0 and os.environ.get("SWEEP_COMPILE_REPORT"):
             _compile_report()
         torch_version, te_version, torchao_version = _versions()
@@ -219,7 +232,11 @@ class RankWorker:
         result = dataclasses.replace(
             measured.report(),
             import_s=imported - began if joins else None,
-            process_setup_s=joined - imported if joins else None,
+            process_setup_s=joined - imported - (ahead.waited_s if ahead else 0.0) if joins else None,
+            precompile_s=ahead.waited_s if ahead else None,
+            precompiled_graphs=ahead.compiled if ahead else None,
+            compile_cache_hits=hits,
+            compile_cache_misses=misses,
             torch_version=torch_version,
             te_version=te_version,
             torchao_version=torchao_version,
@@ -234,12 +251,27 @@ class RankWorker:
                 result.baseline_bytes, result.held_bytes = self.baseline_bytes, held_bytes(rank.device)
         return result
 
+    def _wait_for_sides(self) -> PrecompileReport | None:
+        """The side processes' report, once they are done (None when there were none); failures on stderr."""
+        sides, self.sides = self.sides, None
+        if sides is None:
+            return None
+        report = sides.wait()
+        for error in report.errors:  # the trial compiles those graphs itself: slower, not wrong
+            print(f"sweep: compiling ahead: {error}", file=sys.stderr, flush=True)
+        return report
+
+
+def _cache_counts() -> tuple[int, int]:
+    """Inductor's FX graph cache hits and misses in this process so far (dynamo's counters)."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+
 
 def _compile_report() -> None:
     """SWEEP_COMPILE_REPORT=1 (a benchmark's diagnosis, on rank 0's stderr): what this trial's compilation hit
     and missed in inductor's caches and where its seconds went; the counters restart for the next trial."""
-    import sys
-
     from torch._dynamo.utils import counters
 
     caches = {group: dict(counters[group]) for group in ("aot_autograd", "inductor", "stats", "recompiles")}

@@ -68,6 +68,14 @@ NoPredictOpt = Annotated[
         "rank's memory (else recorded unsupported without GPU time).",
     ),
 ]
+NoPrecompileOpt = Annotated[
+    bool,
+    flag(
+        "--no-precompile",
+        help="Compile each trial's graphs when it is reached, instead of a new group compiling the graphs of "
+        "the trials it will run at once, in side processes, while it starts.",
+    ),
+]
 StartOpt = Annotated[int, typer.Option(min=1, help="First batch to probe.")]
 
 
@@ -139,6 +147,7 @@ def run(
     fresh_actors: FreshOpt = False,
     profile_steps: ProfileOpt = False,
     no_predict: NoPredictOpt = False,
+    no_precompile: NoPrecompileOpt = False,
     yes: Annotated[bool, flag("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False,
 ) -> None:
     """Run a grid of trials and write one Parquet row per attempt."""
@@ -164,6 +173,7 @@ def run(
         max_concurrent=max_concurrent,
         progress=progress,
         reuse_actors=spec.reuse_actors and not fresh_actors,
+        precompile=spec.precompile and not no_precompile,
     )
 
 

@@ -66,12 +66,9 @@ def rank_env(profile: ClusterProfile) -> dict[str, str]:
     return env
 
 
-def rank_jobs(
-    trial: Trial, nodes: list[dict[str, Any]], *, device_type: str, pg_timeout_s: float = PG_TIMEOUT_S
-) -> list[RankJob]:
-    """What each rank of `trial` is sent, given where its ranks run (`nodes`: node_info per rank, rank 0's
-    address and held port becoming the rendezvous). Pure: no Ray."""
-    config = TrialConfig(
+def trial_config(trial: Trial) -> TrialConfig:
+    """What every rank of `trial` trains."""
+    return TrialConfig(
         model_spec_json=trial.model.to_json(),
         precision=trial.precision,
         compile=trial.compile,
@@ -85,6 +82,20 @@ def rank_jobs(
         profiled=trial.profiled,
         auto_max=trial.auto_max,
     )
+
+
+def rank_jobs(
+    trial: Trial,
+    nodes: list[dict[str, Any]],
+    *,
+    device_type: str,
+    pg_timeout_s: float = PG_TIMEOUT_S,
+    precompile: tuple[TrialConfig, ...] = (),
+) -> list[RankJob]:
+    """What each rank of `trial` is sent, given where its ranks run (`nodes`: node_info per rank, rank 0's
+    address and held port becoming the rendezvous); `precompile`: the graphs a fresh group compiles ahead
+    (`trainer.job.compile_ahead`). Pure: no Ray."""
+    config = trial_config(trial)
     seen: dict[str, int] = {}
     jobs = []
     for rank, info in enumerate(nodes):  # local rank = index among the ranks on the same node
@@ -99,6 +110,7 @@ def rank_jobs(
                 master_port=nodes[0]["port"],
                 device_type=device_type,
                 pg_timeout_s=pg_timeout_s,
+                precompile=precompile,
             )
         )
         seen[key] = seen.get(key, 0) + 1

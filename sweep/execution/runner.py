@@ -8,6 +8,7 @@ the first run would have, and those that are recorded too are skipped in turn.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import signal
 import sys
@@ -163,12 +164,15 @@ def execute(
     max_concurrent: int | None = None,
     progress: bool = True,
     reuse_actors: bool = True,
+    precompile: bool = True,
     predictor: Predictor | None = None,
     scheduler: SchedulerFactory | None = None,
 ) -> RunReport:
     """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
     `reuse_actors` (the default) rank processes run one trial after another (`sweep.execution.scheduler`); without
-    it (`--fresh-actors`) every trial starts processes of its own. `predictor` (sweep.memory.predictor): the memory
+    it (`--fresh-actors`) every trial starts processes of its own; with `precompile` (the default) a new group compiles
+    its trials' graphs at once as it starts (`trainer.precompile`), without (`--no-precompile`) each trial as reached.
+    `predictor` (sweep.memory.predictor): the memory
     model's calibration, refined by each clean row the run records. `scheduler`: what makes the scheduler,
     called as `scheduler(profile, max_concurrent=, reuse=)` (its submit / poll / busy / running / shutdown); None:
     connect to Ray and use `sweep.execution.scheduler.Scheduler` (a test passes a simulated one: no Ray)."""
@@ -189,6 +193,7 @@ def execute(
             grid_name=grid_name,
             max_concurrent=max_concurrent,
             reuse_actors=reuse_actors,
+            precompile=precompile,
             predictor=predictor,
             make_scheduler=scheduler,
         )
@@ -234,6 +239,7 @@ class _Execution:
         grid_name: str | None,
         max_concurrent: int | None,
         reuse_actors: bool,
+        precompile: bool = True,
         predictor: Predictor | None = None,
         make_scheduler: SchedulerFactory | None = None,
     ) -> None:
@@ -247,7 +253,7 @@ class _Execution:
         )
         self.predictor, self.make_scheduler = predictor, make_scheduler
         self.base = {"run_id": report.run_id, "profile": profile, "grid_name": grid_name}
-        self.max_concurrent, self.reuse_actors = max_concurrent, reuse_actors
+        self.max_concurrent, self.reuse_actors, self.precompile = max_concurrent, reuse_actors, precompile
         self.queue: deque[Trial] = deque(plan.initial())
         self.seen: set[str] = set()
         self.scheduler: Scheduler | None = None
@@ -275,7 +281,7 @@ class _Execution:
 
         make: SchedulerFactory
         if self.make_scheduler is None:
-            self.started_ray, make = connect(self.profile), Scheduler
+            self.started_ray, make = connect(self.profile), functools.partial(Scheduler, precompile=self.precompile)
         else:  # no Ray to reach: the caller's scheduler
             make = self.make_scheduler
         self.scheduler = make(self.profile, max_concurrent=self.max_concurrent, reuse=self.reuse_actors)

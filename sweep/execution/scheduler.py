@@ -43,10 +43,10 @@ from clusters.schema import ClusterProfile
 from sweep.execution.attempt import Attempt, AttemptEnd, AttemptState
 from sweep.execution.groups import fits, kept_note, opener, pick, returned_to_baseline, stack_stage
 from sweep.execution.outcome import INFRA_PREFIX, Outcome, deaths
-from sweep.execution.placement import rank_jobs
+from sweep.execution.placement import rank_jobs, trial_config
 from sweep.execution.rank_group import WAITING, GroupState, Placer, RankGroup, StartFailure
 from sweep.spec.grid import Trial
-from trainer.job import PG_TIMEOUT_S
+from trainer.job import PG_TIMEOUT_S, TrialConfig, compile_ahead
 
 
 class Scheduler:
@@ -59,6 +59,7 @@ class Scheduler:
         max_concurrent: int | None = None,
         pg_timeout_s: float = PG_TIMEOUT_S,
         reuse: bool = True,
+        precompile: bool = True,
     ) -> None:
         import ray
         from ray.exceptions import ObjectLostError, RayActorError
@@ -69,6 +70,7 @@ class Scheduler:
         self.max_concurrent = max_concurrent or 10**9
         self.pg_timeout_s = pg_timeout_s
         self.reuse = reuse
+        self.precompile = precompile and reuse  # fresh processes for every trial: no group runs what it compiled
         self.placer = Placer(ray, profile, reuse=reuse)
         self.queue: list[Trial] = []
         self.groups: list[RankGroup] = []
@@ -189,11 +191,15 @@ class Scheduler:
 
     def _launch(self, g: RankGroup, trial: Trial) -> None:
         """`trial` on every rank of `g`, now."""
+        fresh = g.trials == 0  # the first trial's time counts from placement: it waited for the processes
         jobs = rank_jobs(
-            trial, g.nodes, device_type="cuda" if self.profile.is_gpu else "cpu", pg_timeout_s=self.pg_timeout_s
+            trial,
+            g.nodes,
+            device_type="cuda" if self.profile.is_gpu else "cpu",
+            pg_timeout_s=self.pg_timeout_s,
+            precompile=self._ahead(g, trial) if fresh else (),
         )
         now = time.monotonic()
-        fresh = g.trials == 0  # the first trial's time counts from placement: it waited for the processes
         refs = [actor.run.remote(job) for actor, job in zip(g.actors, jobs)]
         since = g.placed_at if fresh and g.placed_at is not None else now
         started = g.started_at if fresh and g.started_at is not None else datetime.now(timezone.utc)
@@ -212,6 +218,22 @@ class Scheduler:
         g.stage = max(g.stage, stack_stage(trial))
         g.first = None
         g.state = GroupState.RUNNING
+
+    def _ahead(self, g: RankGroup, first: Trial) -> tuple[TrialConfig, ...]:
+        """The graphs a fresh group compiles beside its first trial's start (`trainer.precompile`): its own and
+        those of the waiting trials it may run after it, in the order it would pick them."""
+        if not self.precompile:
+            return ()
+        stage = max(g.stage, stack_stage(first))
+        # a trial whose own group waits for placement comes back to the queue should this group idle first: on a
+        # one-GPU node, always
+        waiting = [w.first for w in self.groups if w.state is GroupState.PLACING and w.first]
+        later, queue = [], [t for t in waiting + self.queue if fits(g.key, stage, t)]
+        while (t := pick(g.key, stage, queue)) is not None:
+            later.append(trial_config(t))
+            queue.remove(t)
+            stage = max(stage, stack_stage(t))
+        return compile_ahead(trial_config(first), later, first.gpus)
 
     def _finish(self, a: Attempt, end: AttemptEnd) -> Outcome:
         error = INFRA_PREFIX + (end.error or "") if end.infrastructure else end.error

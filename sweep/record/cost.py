@@ -6,7 +6,8 @@ An ok attempt's wall splits into
 
     measured steps  steps_time_s, less compile_time_s when there was no warm-up step to carry it
     warm-up         warmup_steps × step_time_s (the median measured step: warm-up steps' own times are not kept)
-    compile         compile_time_s (the first step's time beyond a steady step)
+    compile         compile_time_s (the first step's time beyond a steady step), and precompile_s (a fresh
+                    group's first trial waiting for the group's graphs compiled ahead: trainer.precompile)
     start-up        the rest: placement, process start and imports, model build and sharding, teardown (and
                     a profiled trial's extra steps after the measured ones)
 
@@ -37,7 +38,7 @@ def attempt_seconds(row: Row) -> dict[str, float]:
     elif status == "ok":
         compile_s = row.get("compile_time_s") or 0.0
         warmup_steps = row.get("warmup_steps") or 0
-        parts["compile"] = compile_s
+        parts["compile"] = compile_s + (row.get("precompile_s") or 0.0)
         parts["warm-up"] = warmup_steps * (row.get("step_time_s") or 0.0)
         # with no warm-up step, the first measured step compiled: its excess is counted once, as compile
         parts["measured steps"] = max(0.0, (row.get("steps_time_s") or 0.0) - (compile_s if warmup_steps == 0 else 0.0))
@@ -109,11 +110,16 @@ def fresh_trial_s(answer: Row, rows: Iterable[Row], *, recompile: bool = True) -
     if not answer.get("group_trial_index"):
         return wall
     fresh = [r for r in rows if r.get("status") == "ok" and not r.get("group_trial_index")]
-    inits = [init for r in fresh if (init := r.get("init_time_s")) is not None]
+    # a fresh group that compiled ahead waited inside its start-up for its graphs: that wait is its compile
+    inits = [init - (r.get("precompile_s") or 0.0) for r in fresh if (init := r.get("init_time_s")) is not None]
     if not inits:
         return None
     own_compile = answer.get("compile_time_s") or 0.0
-    compiles = [r.get("compile_time_s") or 0.0 for r in fresh if recompile and _same_graphs(r, answer)]
+    compiles = [
+        (r.get("compile_time_s") or 0.0) + (r.get("precompile_s") or 0.0)
+        for r in fresh
+        if recompile and _same_graphs(r, answer)
+    ]
     compile_s = max(own_compile, statistics.median(compiles)) if compiles else own_compile
     return wall - (answer.get("init_time_s") or 0.0) + statistics.median(inits) - own_compile + compile_s
 

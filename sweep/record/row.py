@@ -97,6 +97,10 @@ class Row(TypedDict, total=False):
     import_s: float | None
     process_setup_s: float | None
     model_build_s: float | None
+    precompile_s: float | None
+    precompiled_graphs: int | None
+    compile_cache_hits: int | None
+    compile_cache_misses: int | None
     profile_gemm_pct: float | None
     profile_attention_pct: float | None
     profile_comm_exposed_pct: float | None

@@ -199,6 +199,10 @@ def measured_columns(trial: Trial, ranks: list[RankResult], *, peak_tflops: floa
         import_s=rank0.import_s,
         process_setup_s=rank0.process_setup_s,
         model_build_s=rank0.model_build_s,
+        precompile_s=max_of(lambda r: r.precompile_s),  # the slowest rank's wait held every rank
+        precompiled_graphs=rank0.precompiled_graphs,
+        compile_cache_hits=rank0.compile_cache_hits,
+        compile_cache_misses=rank0.compile_cache_misses,
         torch_version=rank0.torch_version,
         te_version=rank0.te_version,
         torchao_version=rank0.torchao_version,

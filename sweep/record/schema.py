@@ -15,7 +15,7 @@ import pyarrow as pa
 from sweep.record.row import Row as Row  # re-exported: the rows' Python type, held to RESULT_SCHEMA by tests
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.13"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.14"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
 #                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
 #                          1.8: + process_start_s, import_s, process_setup_s, model_build_s;
@@ -23,7 +23,8 @@ SCHEMA_VERSION = "1.13"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + gr
 #                          1.10: + energy_j ... energy_source (energy), power_cost_per_kwh, pue, profile_power_limit_w;
 #                          1.11: + dynamic_batch; 1.12: + dp_replicate, tp, cp, dp_shard (the parallel layout);
 #                          1.13: + attention, fp8_attention, compile_mode, fp8_pow2_scales, attention_kernel, loss,
-#                                 step_times_s
+#                                 step_times_s;
+#                          1.14: + precompile_s, precompiled_graphs, compile_cache_hits, compile_cache_misses
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -231,6 +232,25 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
         pa.float64(),
         "rank 0: the trial's own set-up in the trainer, fresh or warm: model built, "
         "converted, wrapped for compile, sharded, optimizer made, ranks ready to step",
+    ),
+    # compiling ahead (trainer.precompile) and the compile cache (null before schema 1.14)
+    (
+        "precompile_s",
+        pa.float64(),
+        "a fresh group's first trial: waiting, after its imports and process group, for the side processes that "
+        "compiled the group's graphs ahead (inside init_time_s; counted as compile); null when there were none",
+    ),
+    (
+        "precompiled_graphs",
+        pa.int32(),
+        "of the group's sets of graphs (one per precision, and per batch size unless symbolic) compiled ahead, "
+        "how many compiled; null as precompile_s",
+    ),
+    ("compile_cache_hits", pa.int32(), "rank 0: graphs this trial loaded from inductor's FX graph cache"),
+    (
+        "compile_cache_misses",
+        pa.int32(),
+        "rank 0: graphs this trial generated itself (not in inductor's FX graph cache)",
     ),
     # where the time goes (`profile: true`): shares of the profiled steps' wall time, adding up to 100
     # (trainer.profiling)

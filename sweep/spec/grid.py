@@ -31,6 +31,7 @@
     timeout_s: 1800                   # per trial
     memory_cap: 80GiB                 # optional per-rank cap (a real allocation failure past it)
     reuse_actors: true                # false: fresh rank processes for every trial (as --fresh-actors)
+    precompile: true                  # a group's graphs compiled at once as it starts; false: each as reached
 
 The cartesian product of the list axes gives the trials; each has a stable `trial_id`.
 """
@@ -272,6 +273,12 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
         default=True,
         description="run trials of one kind one after the other on warm rank "
         "processes (sweep.execution.scheduler); false: fresh ones for each",
+    )
+    precompile: bool = Field(
+        default=True,
+        description="a new group of warm one-rank processes compiles the regional graphs of the trials it will run "
+        "at once, in side processes, while it starts (trainer.precompile); false: each when its trial "
+        "is reached (as --no-precompile)",
     )
 
     _as_list = field_validator(
