@@ -7,13 +7,14 @@
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
 # every run has fresh rank processes; a run is cold when its compile cache (inductor's, Triton's kernels in it)
 # starts empty, warm when it is the cache the same tree's cold run filled.
-#   cold   benchmarks/campaigns/cold-sweep/a-grid.yaml with the current tree, then the base tree, each on an empty
-#          cache, into /tmp/sweep-results/cold-sweep/{current,base}-cold (the order alternates with the warm part's,
-#          and the log says what each run started beside: load, the busiest processes, the imports' seconds)
+#   cold   benchmarks/campaigns/cold-sweep/a-grid.yaml with the current tree, then the base tree, then the current
+#          tree with --no-precompile (its graphs compiled as each trial is reached), each on an empty cache, into
+#          /tmp/sweep-results/cold-sweep/{current,base,nopre}-cold (the order alternates with the warm part's, and the
+#          log says what each run started beside: load, the busiest processes, the imports' seconds)
 #   warm   (the next call, while the machine is warm) the grid again, base first, on the caches the cold part
-#          filled, into .../{base,current}-warm; then the OOM-retry grid (b-oom.yaml) and the max-batch
-#          search (c-max-batch.yaml) with the current tree and the OOM grid with the base one, on their own
-#          empty caches, into .../{current,base}-searches
+#          filled, into .../{base,current,nopre}-warm
+#   searches  the OOM-retry grid (b-oom.yaml) and the max-batch search (c-max-batch.yaml) with the current tree and
+#          the OOM grid with the base one, on their own empty caches, into .../{current,base}-searches
 #   max-batch  c-max-batch.yaml alone on an empty cache into .../max-batch-search, then one `sweep run` of the batch
 #          it found fastest (static shapes, fresh processes, its own empty cache) into .../max-batch-one-trial
 # then benchmarks/cold_sweep_check.py over what is there, and packs the rows into $OUT/cold-sweep.tgz (a warm part
@@ -30,7 +31,7 @@ base_sha=$(cat .base-tree/COMMIT)
 root=$PWD profile=$(realpath "$profile")  # both read from inside a tree below
 echo "base tree: $base_sha; current tree: ${SWEEP_GIT_SHA:-unknown}"
 
-cached_profile() {  # cached_profile TREE: the profile with its own compile cache, /tmp/cc-TREE (Triton's under it)
+cached_profile() {  # cached_profile LABEL: the profile with its own compile cache, /tmp/cc-LABEL (Triton's under it)
   python3 - "$profile" "/tmp/cc-$1" "/tmp/$campaign-$1.yaml" <<'PY'
 import sys, yaml
 p = yaml.safe_load(open(sys.argv[1]))
@@ -42,8 +43,10 @@ PY
 }
 
 status=0
-sweep_run() {  # sweep_run TREE GRID OUTPUT: `sweep run` of TREE (base or current), stopped with SIGINT at the deadline
-  local tree=$1 grid=$2 out=$3 path sha left began
+sweep_run() {  # sweep_run TREE GRID OUTPUT [LABEL [FLAG...]]: `sweep run` of TREE (base or current) with its compile
+  # cache /tmp/cc-LABEL (LABEL: TREE unless given) and FLAGs, stopped with SIGINT at the deadline
+  local tree=$1 grid=$2 out=$3 label=${4:-$1} path sha left began
+  shift $(($# < 4 ? $# : 4))
   if [ "$tree" = base ]; then path=$PWD/.base-tree sha=$base_sha; else path=$PWD sha=${SWEEP_GIT_SHA:-}; fi
   left=$((deadline - SECONDS))
   [ $left -gt 30 ] || { echo "job: no time left for $tree $grid"; status=124; return; }
@@ -55,7 +58,8 @@ sweep_run() {  # sweep_run TREE GRID OUTPUT: `sweep run` of TREE (base or curren
   # whatever PYTHONPATH says (every "base" run before session 20 was the current tree)
   (cd "$path" && PYTHONPATH=$path:/tmp/site python3 -c 'import sweep, trainer; print("imports", sweep.__file__, trainer.__file__)' &&
    PYTHONPATH=$path:/tmp/site SWEEP_GIT_SHA=$sha timeout --signal=INT --kill-after=20 $left \
-     python3 -m sweep run "$(cd "$root" && realpath "$grid")" --cluster "$(cached_profile "$tree")" --output "$out" --no-progress)
+     python3 -m sweep run "$(cd "$root" && realpath "$grid")" --cluster "$(cached_profile "$label")" --output "$out" \
+       --no-progress "$@")
   local rc=$?
   echo "== $tree $grid: exit $rc after $((SECONDS - began)) s (driver wall, Ray start included)"
   [ $rc -eq 0 ] || [ $rc -eq 3 ] || status=$rc
@@ -66,14 +70,17 @@ case $part in
     # what a rank's first trial imports (import_s), by module: where a fresh process's seconds go
     python3 -X importtime -c 'import torch._dynamo, torch.distributed; import trainer.train' 2>&1 |
       sort -t'|' -k2 -n | tail -n 12
-    rm -rf /tmp/cc-base /tmp/cc-current "$results"/*-cold
+    rm -rf /tmp/cc-base /tmp/cc-current /tmp/cc-nopre "$results"/*-cold
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    sweep_run base $grids/a-grid.yaml "$results/base-cold" ;;
+    sweep_run base $grids/a-grid.yaml "$results/base-cold"
+    sweep_run current $grids/a-grid.yaml "$results/nopre-cold" nopre --no-precompile ;;
   warm)
     [ -d /tmp/cc-current ] && [ -d /tmp/cc-base ] || {
       echo "job: no compile caches of a cold part on this machine (released since?): run the cold part first"; exit 2; }
     sweep_run base $grids/a-grid.yaml "$results/base-warm"
     sweep_run current $grids/a-grid.yaml "$results/current-warm"
+    [ ! -d /tmp/cc-nopre ] || sweep_run current $grids/a-grid.yaml "$results/nopre-warm" nopre --no-precompile ;;
+  searches)
     rm -rf /tmp/cc-base /tmp/cc-current
     sweep_run current $grids/b-oom.yaml "$results/current-searches"
     sweep_run current $grids/c-max-batch.yaml "$results/current-searches"
@@ -91,7 +98,7 @@ print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$r
       $grids/c-max-batch.yaml >/tmp/one-trial.yaml
     rm -rf /tmp/cc-current  # the one trial: its own empty cache
     sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
-  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|max-batch [PROFILE]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|searches|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
 for d in "$results"/*/; do

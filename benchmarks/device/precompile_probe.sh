@@ -2,7 +2,7 @@
 # Compiling ahead (trainer.precompile) against compiling each trial as reached, on the lent one-H200 machine (kind
 # nvidia-h200), from the project root, carrying .whl:
 #
-#   bash benchmarks/device/precompile_probe.sh [PRECISION:BATCH ...]
+#   [PROBE_VARIANTS=--ahead] bash benchmarks/device/precompile_probe.sh [PRECISION:BATCH ...]
 #
 # Each variant (--ahead, --no-ahead) runs benchmarks/device/precompile_probe.py in its own process on its own empty
 # compile cache (inductor's and Triton's): a fresh rank running the held-out model's trials one after the other.
@@ -12,7 +12,7 @@ source benchmarks/device/lib.sh
 JOB_NEEDS_RESULTS=0 job_begin precompile-probe 0  # no rows: no results wheels needed
 nproc
 i=0
-for variant in --ahead --no-ahead; do
+for variant in ${PROBE_VARIANTS:---ahead --no-ahead}; do
   i=$((i + 1))
   left=$((deadline - SECONDS))
   [ $left -gt 40 ] || { echo "job: no time left for $variant"; break; }
