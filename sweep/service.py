@@ -181,7 +181,7 @@ def run_plan(
     max_concurrent: int | None = None,
     progress: bool = True,
     reuse_actors: bool = True,
-    precompile: bool = True,
+    precompile: bool = False,
 ) -> RunReport:
     """Run `plan` on `profile`'s cluster under a new run id, one row per attempt under `output`
     (sweep.execution.runner.execute says how)."""

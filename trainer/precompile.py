@@ -104,6 +104,9 @@ class Sides:
                 errors += [result["error"]] if result["error"] else []
             if proc.returncode not in (0, -signal.SIGKILL):
                 errors.append(f"a side process exited {proc.returncode}: {_tail(log)}")
+            if os.environ.get("SWEEP_DEBUG"):  # what the side printed, in the rank's log
+                log.seek(0)
+                sys.stderr.write(log.read().decode(errors="replace"))
             log.close()
         return PrecompileReport(time.perf_counter() - began, self.graphs, compiled, tuple(errors))
 

@@ -8,11 +8,11 @@
 # every run has fresh rank processes; a run is cold when its compile cache (inductor's, Triton's kernels in it)
 # starts empty, warm when it is the cache the same tree's cold run filled.
 #   cold   benchmarks/campaigns/cold-sweep/a-grid.yaml with the current tree, then the base tree, then the current
-#          tree with --no-precompile (its graphs compiled as each trial is reached), each on an empty cache, into
-#          /tmp/sweep-results/cold-sweep/{current,base,nopre}-cold (the order alternates with the warm part's, and the
-#          log says what each run started beside: load, the busiest processes, the imports' seconds)
+#          tree with --precompile (a group's graphs compiled at once, in side processes, as it starts), each on an empty
+#          cache, into /tmp/sweep-results/cold-sweep/{current,base,pre}-cold (the order alternates with the warm part's,
+#          and the log says what each run started beside: load, the busiest processes, the imports' seconds)
 #   warm   (the next call, while the machine is warm) the grid again, base first, on the caches the cold part
-#          filled, into .../{base,current,nopre}-warm
+#          filled, into .../{base,current,pre}-warm
 #   searches  the OOM-retry grid (b-oom.yaml) and the max-batch search (c-max-batch.yaml) with the current tree and
 #          the OOM grid with the base one, on their own empty caches, into .../{current,base}-searches
 #   max-batch  c-max-batch.yaml alone on an empty cache into .../max-batch-search, then one `sweep run` of the batch
@@ -70,16 +70,16 @@ case $part in
     # what a rank's first trial imports (import_s), by module: where a fresh process's seconds go
     python3 -X importtime -c 'import torch._dynamo, torch.distributed; import trainer.train' 2>&1 |
       sort -t'|' -k2 -n | tail -n 12
-    rm -rf /tmp/cc-base /tmp/cc-current /tmp/cc-nopre "$results"/*-cold
+    rm -rf /tmp/cc-base /tmp/cc-current /tmp/cc-pre "$results"/*-cold
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
-    sweep_run current $grids/a-grid.yaml "$results/nopre-cold" nopre --no-precompile ;;
+    sweep_run current $grids/a-grid.yaml "$results/pre-cold" pre --precompile ;;
   warm)
     [ -d /tmp/cc-current ] && [ -d /tmp/cc-base ] || {
       echo "job: no compile caches of a cold part on this machine (released since?): run the cold part first"; exit 2; }
     sweep_run base $grids/a-grid.yaml "$results/base-warm"
     sweep_run current $grids/a-grid.yaml "$results/current-warm"
-    [ ! -d /tmp/cc-nopre ] || sweep_run current $grids/a-grid.yaml "$results/nopre-warm" nopre --no-precompile ;;
+    [ ! -d /tmp/cc-pre ] || sweep_run current $grids/a-grid.yaml "$results/pre-warm" pre --precompile ;;
   searches)
     rm -rf /tmp/cc-base /tmp/cc-current
     sweep_run current $grids/b-oom.yaml "$results/current-searches"

@@ -164,14 +164,14 @@ def execute(
     max_concurrent: int | None = None,
     progress: bool = True,
     reuse_actors: bool = True,
-    precompile: bool = True,
+    precompile: bool = False,
     predictor: Predictor | None = None,
     scheduler: SchedulerFactory | None = None,
 ) -> RunReport:
     """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
     `reuse_actors` (the default) rank processes run one trial after another (`sweep.execution.scheduler`); without
-    it (`--fresh-actors`) every trial starts processes of its own; with `precompile` (the default) a new group compiles
-    its trials' graphs at once as it starts (`trainer.precompile`), without (`--no-precompile`) each trial as reached.
+    it (`--fresh-actors`) every trial starts processes of its own; with `precompile` (`--precompile`) a new group
+    compiles its trials' graphs at once as it starts (`trainer.precompile`), without it each trial as it is reached.
     `predictor` (sweep.memory.predictor): the memory
     model's calibration, refined by each clean row the run records. `scheduler`: what makes the scheduler,
     called as `scheduler(profile, max_concurrent=, reuse=)` (its submit / poll / busy / running / shutdown); None:
@@ -239,7 +239,7 @@ class _Execution:
         grid_name: str | None,
         max_concurrent: int | None,
         reuse_actors: bool,
-        precompile: bool = True,
+        precompile: bool = False,
         predictor: Predictor | None = None,
         make_scheduler: SchedulerFactory | None = None,
     ) -> None:

@@ -59,7 +59,7 @@ class Scheduler:
         max_concurrent: int | None = None,
         pg_timeout_s: float = PG_TIMEOUT_S,
         reuse: bool = True,
-        precompile: bool = True,
+        precompile: bool = False,
     ) -> None:
         import ray
         from ray.exceptions import ObjectLostError, RayActorError
