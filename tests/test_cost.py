@@ -27,6 +27,12 @@ def test_an_ok_attempt_splits_its_wall_and_the_rest_is_start_up():
     assert sum(parts.values()) == 10.0
 
 
+def test_a_fresh_groups_wait_for_its_graphs_compiled_ahead_is_compile_not_start_up():
+    """precompile_s (trainer.precompile) lies inside the first trial's start-up on the worker's clock: it is compile."""
+    parts = attempt_seconds(_ok(trial_wall_s=14.0, precompile_s=4.0))
+    assert (parts["compile"], parts["start-up"], parts["measured steps"]) == (5.0, 5.0, 3.0)
+
+
 def test_without_warm_up_the_first_measured_step_carries_compile_and_it_is_counted_once():
     parts = attempt_seconds(_ok(warmup_steps=0, steps_time_s=4.0))
     assert (parts["measured steps"], parts["warm-up"], parts["compile"], parts["start-up"]) == (3.0, 0.0, 1.0, 6.0)

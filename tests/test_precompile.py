@@ -1,0 +1,197 @@
+"""Compiling ahead (trainer.precompile): which graphs a fresh group compiles at once (trainer.job.compile_ahead, pure),
+the side processes, a cache key that is the same in every process, and `sweep run --precompile` through the CLI on
+real Ray ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+import yaml
+from conftest import ROOT, invoke
+
+from trainer.job import MAX_AHEAD_GRAPHS, TrialConfig, compile_ahead
+from trainer.models.specs import REGISTRY, ModelSpec
+from trainer.options import TrainingOptions
+
+
+def config(precision: str = "bf16", batch: int = 2, compile: str = "regional", dynamic: bool = True) -> TrialConfig:
+    return TrialConfig(
+        model_spec_json=REGISTRY["llama-tiny"].to_json(),
+        precision=precision,
+        compile=compile,  # type: ignore[arg-type]
+        ac="none",
+        batch_size=batch,
+        seq_len=32,
+        warmup_steps="auto",
+        measure_steps="auto",
+        options=TrainingOptions(dynamic_batch=dynamic),
+    )
+
+
+def test_a_group_compiles_ahead_one_trial_per_set_of_graphs_its_own_first():
+    first, later = config("fp32", 2), [config("bf16", 2), config("fp32", 4), config("bf16", 4)]
+    assert compile_ahead(first, later, 1) == (first, later[0])  # a symbolic batch: one set of graphs a precision
+
+
+def test_static_batches_are_graphs_of_their_own():
+    first, later = config(batch=2, dynamic=False), [config(batch=4, dynamic=False), config(batch=2, dynamic=False)]
+    assert compile_ahead(first, later, 1) == (first, later[0])
+
+
+@pytest.mark.parametrize(
+    "first, later, world_size",
+    [
+        (config("fp32"), [config("bf16"), config("fp32", 4)], 2),  # several ranks: FSDP2 changes the graphs
+        (config("fp32"), [config("fp32", 4)], 1),  # one set of graphs: the trial would wait for its own compile
+        (config("fp32", compile="full"), [config("bf16", compile="full")], 1),  # one graph of the whole model
+        (config("fp32", compile="none"), [config("bf16", compile="none")], 1),
+    ],
+)
+def test_nothing_is_compiled_ahead_where_it_cannot_pay(first, later, world_size):
+    assert compile_ahead(first, later, world_size) == ()
+
+
+def test_at_most_max_ahead_graphs_and_a_first_trial_without_compile_leaves_the_others():
+    later = [config(batch=b, dynamic=False) for b in range(1, 20)]
+    ahead = compile_ahead(config(compile="none"), later, 1)
+    assert ahead == tuple(later[:MAX_AHEAD_GRAPHS])
+
+
+def test_the_reduced_copy_keeps_what_the_graphs_depend_on():
+    from trainer.precompile import REDUCED_LAYERS, reduced
+
+    big = dataclasses.replace(
+        config(), model_spec_json=REGISTRY["llama-tiny"].model_copy(update={"n_layers": 6}).to_json()
+    )
+    small = reduced(dataclasses.replace(big, memory_cap_bytes=2**30, auto_max=(3, 5), profiled=True))
+    spec, full = (
+        ModelSpec.model_validate_json(small.model_spec_json),
+        ModelSpec.model_validate_json(big.model_spec_json),
+    )
+    assert spec.n_layers == REDUCED_LAYERS and spec.model_copy(update={"n_layers": 6}) == full  # the vocabulary too
+    assert (small.warmup_steps, small.measure_steps, small.memory_cap_bytes, small.auto_max, small.profiled) == (
+        1,
+        1,
+        None,
+        None,
+        False,
+    )
+    assert dataclasses.replace(
+        small, model_spec_json="", warmup_steps="auto", measure_steps="auto"
+    ) == dataclasses.replace(big, model_spec_json="")
+
+
+def test_side_processes_one_per_four_cores_none_below_two_and_the_env_decides(monkeypatch):
+    from trainer import precompile
+
+    monkeypatch.delenv(precompile.SIDES_ENV, raising=False)
+    monkeypatch.setattr(precompile, "_cpus", lambda: 16)
+    assert (precompile.side_count(8), precompile.side_count(3)) == (4, 3)
+    monkeypatch.setattr(precompile, "_cpus", lambda: 7)
+    assert precompile.side_count(8) == 0  # one side process compiling everything: slower than the trial itself
+    monkeypatch.setenv(precompile.SIDES_ENV, "1")
+    assert precompile.side_count(8) == 1
+    monkeypatch.setenv(precompile.SIDES_ENV, "0")
+    assert precompile.start((config(),), "cpu") is None
+
+
+def test_a_side_process_that_fails_is_reported_and_costs_only_its_time(monkeypatch):
+    from trainer import precompile
+
+    monkeypatch.setenv(precompile.SIDES_ENV, "1")
+    sides = precompile.start((config("no-such-recipe"),), "cpu")
+    assert sides is not None
+    report = sides.wait(limit_s=120)
+    assert (report.graphs, report.compiled) == (1, 0)
+    assert len(report.errors) == 1 and "no-such-recipe" in report.errors[0]
+
+
+_PICKLE_MEMORY_FORMAT = """
+import sys, types, pickle
+if {shim}:  # a module that reaches torch, imported before it (as Ray imports cython.cimports.libc in its workers)
+    shim = types.ModuleType("a_shim")
+    sys.modules["a_shim"] = shim
+import torch
+if {shim}:
+    shim.torch = torch
+if {ours}:
+    import trainer.parallelize
+print(pickle.dumps(torch.contiguous_format).hex())
+"""
+
+
+def _pickled(shim: bool, ours: bool) -> str:
+    code = _PICKLE_MEMORY_FORMAT.format(shim=shim, ours=ours)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    return out.stdout.strip()
+
+
+def test_a_memory_format_pickles_the_same_whatever_the_process_imported():
+    """Inductor's FX graph cache key pickles each input's memory format: without trainer.parallelize's reducer, pickle
+    names it by the first module in sys.modules that reaches it, so two processes keyed the same graph apart."""
+    assert _pickled(shim=True, ours=False) != _pickled(shim=False, ours=False)  # the bug, as torch has it
+    assert _pickled(shim=True, ours=True) == _pickled(shim=False, ours=True)
+
+
+GRID = {
+    "models": ["llama-tiny"],
+    "precisions": ["fp32", "bf16"],
+    "batch_sizes": [2],
+    "seq_len": 32,
+    "gpus": 1,
+    "compile": "regional",
+    "steps": {"warmup": 1, "measure": 2},
+}
+
+
+def _run(folder: Path, name: str, *options: str, cache: str, **grid) -> list[dict]:
+    """`sweep run` of GRID (+ `grid`) on one-rank CPU ranks with the compile cache `cache` (one side process each),
+    one trial at a time: both on one group (the session's Ray would give each its own group, compiling its own)."""
+    profile = folder / f"{name}-profile.yaml"
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ahead",
+                "accelerator": "cpu",
+                "ray_address": "local",
+                "nodes": 1,
+                "gpus_per_node": 1,
+                "cpus_per_rank": 1,
+                "compile_cache": str(folder / cache),
+                "env": {"SWEEP_PRECOMPILE_SIDES": "1"},  # this 2-core host would run none by default
+            }
+        )
+    )
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({**GRID, **grid}))
+    result = invoke(
+        "run", path, "--cluster", profile, "--output", folder / name, "--no-progress", "--max-concurrent", "1", *options
+    )
+    assert result.exit_code == 0, result.output
+    return sorted(ds.dataset(folder / name, format="parquet").to_table().to_pylist(), key=lambda r: r["started_at"])
+
+
+@pytest.mark.integration
+def test_a_group_compiles_its_graphs_ahead_and_each_trial_finds_them_training_as_without(ray_session, tmp_path):
+    ahead = _run(tmp_path, "ahead", cache="cache", precompile=True)  # the grid key
+    first, second = ahead
+    assert all(r["status"] == "ok" for r in ahead), [r["error"] for r in ahead]
+    assert first["precompile_s"] > 0 and first["precompiled_graphs"] == 2  # its own graphs and the other precision's
+    assert second["precompile_s"] is None and second["actor_reused"]
+    # every graph each trial ran (blocks and loss, forward and backward) came from the cache
+    assert [(r["compile_cache_hits"], r["compile_cache_misses"]) for r in ahead] == [(4, 0), (4, 0)]
+
+    # --precompile on the cache that run filled: the side processes find every graph too, the trials as well
+    again = _run(tmp_path, "again", "--precompile", cache="cache")
+    assert again[0]["precompiled_graphs"] == 2 and all(r["compile_cache_misses"] == 0 for r in again)
+
+    # without it (the default) on an empty cache: each trial compiles its own graphs and trains the same
+    alone = _run(tmp_path, "alone", cache="empty")
+    assert all(r["precompile_s"] is None and r["compile_cache_misses"] == 4 for r in alone)
+    for a, b in zip(ahead, alone):
+        assert (a["precision"], a["loss_curve"]) == (b["precision"], b["loss_curve"])
