@@ -177,7 +177,7 @@ def _run(folder: Path, name: str, *options: str, cache: str, **grid) -> list[dic
 
 
 @pytest.mark.integration
-def test_a_group_compiles_its_graphs_ahead_and_each_trial_finds_them_training_as_without(ray_session, tmp_path):
+def test_a_group_compiles_its_graphs_ahead_and_trains_as_without(ray_session, tmp_path):
     ahead = _run(tmp_path, "ahead", cache="cache", precompile=True)  # the grid key
     first, second = ahead
     assert all(r["status"] == "ok" for r in ahead), [r["error"] for r in ahead]

@@ -173,10 +173,10 @@ def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None
     from torch.distributed.device_mesh import init_device_mesh
 
     from trainer.release import release
+    from trainer.sync import rank_device
     from trainer.train import Rank, run_trial
-    from trainer.worker import _device
 
-    device = _device(device_type)  # as the rank makes it current (TF32 switches included: graphs depend on them)
+    device = rank_device(device_type)  # as the rank makes it current (TF32 switches included: graphs depend on them)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # run_trial's barriers: one rank
     rank = Rank(device=device, mesh=init_device_mesh(device.type, (1,)))
     for config in configs:

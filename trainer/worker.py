@@ -186,10 +186,11 @@ class RankWorker:
 
     def _joined(self, job: RankJob) -> Rank:
         """This rank's device and process group: joined for the first trial, the same one after."""
+        from trainer.sync import rank_device
         from trainer.train import Rank
 
         if self.rank is None:
-            device = _device(job.device_type)
+            device = rank_device(job.device_type)
             self.rank = Rank(device=device, mesh=_join(job, device, self._take_listener(job)), rank=job.rank)
         elif (job.rank, job.world_size, job.device_type) != (
             self.rank.rank,
@@ -288,19 +289,6 @@ def compile_phases(top: int = 24) -> dict[str, float]:
     utils.counters.clear()
     utils.compilation_time_metrics.clear()
     return dict(sorted(phases.items(), key=lambda kv: -kv[1])[:top])
-
-
-def _device(device_type: str) -> torch.device:
-    """This rank's device, made current."""
-    import torch
-
-    if device_type != "cuda":
-        return torch.device("cpu")
-    device = torch.device("cuda", torch.cuda.current_device())  # Ray set CUDA/HIP_VISIBLE_DEVICES
-    torch.cuda.set_device(device)
-    # fp32 recipes use TF32 tensor cores: the catalog's NVIDIA fp32 peak (the MFU divisor) is TF32's
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    return device
 
 
 def _join(job: RankJob, device: torch.device, listener: socket.socket | None) -> DeviceMesh:
