@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import yaml
-from conftest import ROOT, invoke
+from conftest import ROOT, invoke, tiny_trial
 
 from trainer.job import MAX_AHEAD_GRAPHS, TrialConfig, compile_ahead
 from trainer.models.specs import REGISTRY, ModelSpec
@@ -60,6 +60,31 @@ def test_at_most_max_ahead_graphs_and_a_first_trial_without_compile_leaves_the_o
     later = [config(batch=b, dynamic=False) for b in range(1, 20)]
     ahead = compile_ahead(config(compile="none"), later, 1)
     assert ahead == tuple(later[:MAX_AHEAD_GRAPHS])
+
+
+def test_a_fresh_group_compiles_ahead_the_graphs_of_the_cold_sweep_grid_in_the_order_it_runs_them():
+    """The cold-sweep grid's six trials on one GPU: bf16 4 is placed first; the others wait, bf16 6 for a placement of
+    its own (which a one-GPU node never grants while the group holds the GPU: it comes back to the group), the rest in
+    the queue. The group compiles bf16, tensorwise (symbolic batches) and rowwise 4 and 6 (static) ahead; a TE trial
+    needs a group of its own and is left out."""
+    from sweep.execution.groups import run_order, stack_stage, warm_group_key
+    from sweep.execution.placement import trial_config
+
+    def trial(precision: str, batch: int):
+        static = precision == "fp8-torchao-rowwise"
+        return tiny_trial(precision=precision, batch_size=batch, gpus=1, compile="regional", dynamic_batch=not static)
+
+    first, placing = trial("bf16", 4), trial("bf16", 6)
+    queue = [trial(p, b) for b in (4, 6) for p in ("fp8-torchao-tensorwise", "fp8-torchao-rowwise")]
+    queue.append(trial("fp8-te-delayed", 4))
+    later = run_order(warm_group_key(first), stack_stage(first), [placing, *queue])
+    ahead = compile_ahead(trial_config(first), [trial_config(t) for t in later], 1)
+    assert [(c.precision, c.batch_size) for c in ahead] == [
+        ("bf16", 4),
+        ("fp8-torchao-tensorwise", 4),
+        ("fp8-torchao-rowwise", 4),
+        ("fp8-torchao-rowwise", 6),
+    ]
 
 
 def test_the_reduced_copy_keeps_what_the_graphs_depend_on():

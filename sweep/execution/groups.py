@@ -71,6 +71,17 @@ def pick(key: WarmGroupKey, stage: int, queue: Iterable[Trial]) -> Trial | None:
     return min((t for t in queue if fits(key, stage, t)), key=lambda t: (stack_stage(t), footprint(t)), default=None)
 
 
+def run_order(key: WarmGroupKey, stage: int, waiting: Iterable[Trial]) -> list[Trial]:
+    """The trials of `waiting` a group of `key` at `stage` would run, in the order it would pick them (`pick`, its
+    stage advancing with each): what a fresh group compiles ahead (trainer.precompile)."""
+    order, left = [], [t for t in waiting if fits(key, stage, t)]
+    while (t := pick(key, stage, left)) is not None:
+        order.append(t)
+        left.remove(t)
+        stage = max(stage, stack_stage(t))
+    return order
+
+
 def opener(first: Trial, queue: Iterable[Trial]) -> Trial:
     """The trial a new group runs first: the one it was placed for (the oldest waiting: placement keeps
     submission order), unless a queued trial it may run comes at an earlier stage; then the oldest of the

@@ -41,7 +41,7 @@ from typing import Any
 
 from clusters.schema import ClusterProfile
 from sweep.execution.attempt import Attempt, AttemptEnd, AttemptState
-from sweep.execution.groups import fits, kept_note, opener, pick, returned_to_baseline, stack_stage
+from sweep.execution.groups import fits, kept_note, opener, pick, returned_to_baseline, run_order, stack_stage
 from sweep.execution.outcome import INFRA_PREFIX, Outcome, deaths
 from sweep.execution.placement import rank_jobs, trial_config
 from sweep.execution.rank_group import WAITING, GroupState, Placer, RankGroup, StartFailure
@@ -224,15 +224,10 @@ class Scheduler:
         those of the waiting trials it may run after it, in the order it would pick them."""
         if not self.precompile:
             return ()
-        stage = max(g.stage, stack_stage(first))
         # a trial whose own group waits for placement comes back to the queue should this group idle first: on a
         # one-GPU node, always
         waiting = [w.first for w in self.groups if w.state is GroupState.PLACING and w.first]
-        later, queue = [], [t for t in waiting + self.queue if fits(g.key, stage, t)]
-        while (t := pick(g.key, stage, queue)) is not None:
-            later.append(trial_config(t))
-            queue.remove(t)
-            stage = max(stage, stack_stage(t))
+        later = [trial_config(t) for t in run_order(g.key, max(g.stage, stack_stage(first)), waiting + self.queue)]
         return compile_ahead(trial_config(first), later, first.gpus)
 
     def _finish(self, a: Attempt, end: AttemptEnd) -> Outcome:
