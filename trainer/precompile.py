@@ -99,7 +99,10 @@ class Sides:
                 out, _ = proc.communicate()
                 errors.append(f"a side process still compiling after {limit_s:.0f} s was stopped")
             for line in out.decode(errors="replace").splitlines():
-                result = json.loads(line)
+                try:
+                    result = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by the side's death: its exit status says so below
+                    continue
                 compiled += result["ok"]
                 errors += [result["error"]] if result["error"] else []
             if proc.returncode not in (0, -signal.SIGKILL):
