@@ -115,9 +115,9 @@ def test_side_processes_one_per_four_cores_none_below_two_and_the_env_decides(mo
     from trainer import precompile
 
     monkeypatch.delenv(precompile.SIDES_ENV, raising=False)
-    monkeypatch.setattr(precompile, "_cpus", lambda: 16)
+    monkeypatch.setattr(precompile, "usable_cpus", lambda: 16)
     assert (precompile.side_count(8), precompile.side_count(3)) == (4, 3)
-    monkeypatch.setattr(precompile, "_cpus", lambda: 7)
+    monkeypatch.setattr(precompile, "usable_cpus", lambda: 7)
     assert precompile.side_count(8) == 0  # one side process compiling everything: slower than the trial itself
     monkeypatch.setenv(precompile.SIDES_ENV, "1")
     assert precompile.side_count(8) == 1

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from clusters.schema import usable_cpus
 from trainer.job import TrialConfig
 
 REDUCED_LAYERS = 2
@@ -73,13 +74,6 @@ def reduced(config: TrialConfig) -> TrialConfig:
         profiled=False,
         auto_max=None,
     )
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class Sides:
@@ -131,7 +125,7 @@ def side_count(graphs: int) -> int:
     compiling everything ahead, then the trial loading it, takes longer than the trial compiling it: 60 against 46 s
     for two graphs on a 2-core host); never more than `graphs`."""
     given = os.environ.get(SIDES_ENV)
-    n = int(given) if given else _cpus() // CPUS_PER_SIDE
+    n = int(given) if given else usable_cpus() // CPUS_PER_SIDE
     return min(graphs, n if given or n >= 2 else 0)
 
 
@@ -141,11 +135,11 @@ def start(configs: tuple[TrialConfig, ...], device_type: str) -> Sides | None:
     n = side_count(len(configs))
     if n <= 0:
         return None
-    root = str(Path(__file__).resolve().parents[1])  # where `trainer` is imported from, wherever the rank's cwd is
+    root = str(Path(__file__).parents[1])  # where the rank imported `trainer` from, spelt as it did
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
-        "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, _cpus() // n)),
+        "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, usable_cpus() // n)),
     }
     procs: list[tuple[subprocess.Popen, IO[bytes]]] = []
     for share in (configs[i::n] for i in range(n)):

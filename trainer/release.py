@@ -17,10 +17,8 @@ from trainer.job import TrialConfig, graph_key
 # How many trials' compiled code a process keeps, by `trainer.job.graph_key`, oldest first. A warm group runs trials
 # smallest first (sweep.execution.groups.footprint), so a grid's precisions alternate at each batch size: keeping only
 # the last trial's code would recompile every one. Static-shape trials drop it all, so a group runs them after the
-# others.
-# Each graph kept is one more entry in dynamo's cache of the same block
-# code, under its recompile_limit (8; past it dynamo runs the block uncompiled): 4 graphs and their batch-1
-# variants stay within it.
+# others. Each graph kept is one more entry in dynamo's cache of the same block code, under its recompile_limit (8;
+# past it dynamo runs the block uncompiled): 4 graphs and their batch-1 variants stay within it.
 KEPT_GRAPHS = 4
 _kept: list[tuple] = []
 

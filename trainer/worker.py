@@ -221,11 +221,11 @@ class RankWorker:
             with thawed():  # and out of every later trial's collections
                 release(rank.device)
                 self.baseline_bytes = held_bytes(rank.device)
-        ahead = self._wait_for_sides()
         joined = time.perf_counter()
-        hits, misses = _cache_counts()
+        ahead = self._wait_for_sides()
+        before = _cache_counts()
         measured = run_trial(_this_ranks_share(job), rank, started_at=started_at)
-        hits, misses = (after - before for after, before in zip(_cache_counts(), (hits, misses)))
+        hits, misses = (now - then for now, then in zip(_cache_counts(), before))
         if job.rank == 0 and os.environ.get("SWEEP_COMPILE_REPORT"):
             _compile_report()
         torch_version, te_version, torchao_version = _versions()
@@ -233,7 +233,7 @@ class RankWorker:
         result = dataclasses.replace(
             measured.report(),
             import_s=imported - began if joins else None,
-            process_setup_s=joined - imported - (ahead.waited_s if ahead else 0.0) if joins else None,
+            process_setup_s=joined - imported if joins else None,
             precompile_s=ahead.waited_s if ahead else None,
             precompiled_graphs=ahead.compiled if ahead else None,
             compile_cache_hits=hits,
