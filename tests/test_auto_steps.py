@@ -84,9 +84,10 @@ def assert_step_times(row: dict) -> None:
 
 
 def _uneven_rank(jobs: list, queue) -> None:
-    """One rank of a 2-rank gloo group timing a step that is uneven on rank 0 (1 or 4 matmuls, alternately:
-    never stable, so rank 0's rules run to both caps) and even on rank 1 (always 2: its own rules would stop
-    early)."""
+    """One rank of a 2-rank gloo group timing a step that is uneven on rank 0 (8 or 64 matmuls, alternately:
+    never stable, so rank 0's rules run to both caps) and even on rank 1 (always 16: its own rules would stop
+    early). The steps are long enough and far enough apart (8x) that a scheduling stall on a loaded 2-core host
+    cannot make two of rank 0's in a row agree within warm-up's 10 % (with 1 or 4 matmuls it did once, at step 47)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -101,7 +102,7 @@ def _uneven_rank(jobs: list, queue) -> None:
         x = torch.randn(256, 256)
 
         def step(i: int) -> torch.Tensor:
-            for _ in range((1 if i % 2 else 4) if rank == 0 else 2):
+            for _ in range((8 if i % 2 else 64) if rank == 0 else 16):
                 x @ x
             return torch.zeros(())
 
