@@ -2,9 +2,9 @@
 
     python3 benchmarks/cold_sweep_check.py RESULTS_DIR
 
-RESULTS_DIR holds what benchmarks/device/cold_sweep.sh writes: {base,current,pre}-{cold,warm} (the campaign's grid
-run by the base tree, by the current one and by the current one with --precompile, with an empty and then a filled
-compile cache) and
+RESULTS_DIR holds what benchmarks/device/cold_sweep.sh writes: {base,current,each}-{cold,warm} (the campaign's grid
+run by the base tree, by the current one and by the current one with --no-precompile, with an empty and then a
+filled compile cache) and
 {base,current}-searches (the OOM-retry grid and the max-batch search). For each pair that is there: the GPU-s
 held (current at most half of base's), the mean seconds a trial holds beyond its measured steps (at most 8 cold,
 4 warm), the compile a new batch of an already compiled graph pays (under 2 s), TFLOP/s per trial against base's
@@ -101,20 +101,20 @@ def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple
     return out
 
 
-def precompile_lines(pre: list[dict], current: list[dict], phase: str) -> list[tuple[bool, str]]:
-    """What compiling ahead changed (trainer.precompile): the current tree with --precompile against without it, by
-    part of the GPU-s, and the graphs its trials found in the cache; figures, not checks (issue 28's targets are
-    against the base)."""
-    parts = {tree: gpu_seconds(rows) for tree, rows in (("pre", pre), ("current", current))}
-    held = {tree: sum(p.values()) for tree, p in parts.items()}
-    by_part = ", ".join(f"{k} {parts['pre'][k]:.1f} / {parts['current'][k]:.1f}" for k in parts["current"])
-    waited = [r["precompile_s"] for r in pre if r.get("precompile_s") is not None]
-    found = sum(r.get("compile_cache_hits") or 0 for r in pre), sum(r.get("compile_cache_misses") or 0 for r in pre)
+def precompile_lines(ahead: list[dict], each: list[dict], phase: str) -> list[tuple[bool, str]]:
+    """What compiling ahead changed (trainer.precompile): the current tree (it compiles ahead by default) against
+    the same with --no-precompile, by part of the GPU-s, and the graphs its trials found in the cache; figures, not
+    checks (issue 28's targets are against the base)."""
+    parts = {name: gpu_seconds(rows) for name, rows in (("ahead", ahead), ("each", each))}
+    held = {name: sum(p.values()) for name, p in parts.items()}
+    by_part = ", ".join(f"{k} {parts['ahead'][k]:.1f} / {parts['each'][k]:.1f}" for k in parts["each"])
+    waited = [r["precompile_s"] for r in ahead if r.get("precompile_s") is not None]
+    found = sum(r.get("compile_cache_hits") or 0 for r in ahead), sum(r.get("compile_cache_misses") or 0 for r in ahead)
     return [
         (
             True,
-            f"{phase}: --precompile: GPU-s held {held['pre']:.1f} against {held['current']:.1f} without "
-            f"({held['pre'] / held['current']:.2f}x; {by_part}); the first trial waited "
+            f"{phase}: compiling ahead: GPU-s held {held['ahead']:.1f} against {held['each']:.1f} with "
+            f"--no-precompile ({held['ahead'] / held['each']:.2f}x; {by_part}); the first trial waited "
             f"{', '.join(f'{w:.1f}' for w in waited) or 'never'} s for its side processes; its trials found "
             f"{found[0]} graphs in the cache and compiled {found[1]}",
         )
@@ -205,8 +205,8 @@ def main() -> int:
         base, current = folders.get(f"base-{phase}"), folders.get(f"current-{phase}")
         if base and current:
             checks += grid_checks(base, current, phase)
-        if current and (pre := folders.get(f"pre-{phase}")):
-            checks += precompile_lines(pre, current, phase)
+        if current and (each := folders.get(f"each-{phase}")):
+            checks += precompile_lines(current, each, phase)
     for tree in ("base", "current"):
         checks += search_checks(folders.get(f"{tree}-searches") or [], tree)
     checks += max_batch_cost_check(folders.get("max-batch-search") or [], folders.get("max-batch-one-trial") or [])

@@ -86,7 +86,7 @@ COVERAGE = {
     "--resume": "test_faults.py::test_a_killed_driver_loses_only_running_trials_and_resume_finishes_the_grid",
     "--no-predict": "test_memory_predict.py::test_no_predict_and_the_grid_key_run_it_anyway",
     "--fresh-actors": "test_warm_groups.py::test_max_batch_finds_the_same_limit_on_warm_and_on_fresh_processes",
-    "--precompile": "test_precompile.py::test_a_group_compiles_its_graphs_ahead_and_trains_as_without",
+    "--no-precompile": "test_precompile.py::test_a_group_compiles_its_graphs_ahead_and_trains_as_without",
     "--profile": "test_profile.py::test_profile_run_writes_a_trace_beside_its_row",
     # options of `sweep tune` the README shows (the `tuned` fixture runs them)
     "--vary": "test_tune_cli.py::test_numerics_changing_options_stay_fixed_unless_named",

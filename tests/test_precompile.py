@@ -1,10 +1,11 @@
 """Compiling ahead (trainer.precompile): which graphs a fresh group compiles at once (trainer.job.compile_ahead, pure),
-the side processes, a cache key that is the same in every process, and `sweep run --precompile` through the CLI on
-real Ray ranks."""
+the side processes, the marks of what is in the cache, a cache key that is the same in every process, and `sweep run`
+(on by default; `--no-precompile`) through the CLI on real Ray ranks."""
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,21 @@ def test_a_fresh_group_compiles_ahead_the_graphs_of_the_cold_sweep_grid_in_the_o
     ]
 
 
+def test_graphs_marked_as_in_the_cache_are_not_compiled_ahead_again(monkeypatch, tmp_path):
+    from trainer.precompile import mark, unmarked
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    bf16, fp32, fp32_static = config("bf16"), config("fp32"), config("fp32", 4, dynamic=False)
+    assert unmarked((bf16, fp32, fp32_static)) == (bf16, fp32, fp32_static)
+    mark(config("bf16", 8))  # a symbolic batch: one mark for every batch size of the graphs
+    assert unmarked((bf16, fp32, fp32_static)) == (fp32, fp32_static)
+    mark(config("fp32", 8, dynamic=False))  # a static batch marks its own size only
+    assert unmarked((fp32, fp32_static)) == (fp32, fp32_static)
+    mark(fp32)
+    assert unmarked((bf16, fp32, fp32_static)) == ()  # one set left: the trial compiles it as fast itself
+    assert sorted(p.parent.name for p in tmp_path.rglob("*") if p.is_file()) == ["sweep-compiled"] * 3
+
+
 def test_the_reduced_copy_keeps_what_the_graphs_depend_on():
     from trainer.precompile import REDUCED_LAYERS, reduced
 
@@ -125,15 +141,17 @@ def test_side_processes_one_per_four_cores_none_below_two_and_the_env_decides(mo
     assert precompile.start((config(),), "cpu") is None
 
 
-def test_a_side_process_that_fails_is_reported_and_costs_only_its_time(monkeypatch):
+def test_a_side_process_that_fails_is_reported_and_costs_only_its_time(monkeypatch, tmp_path):
     from trainer import precompile
 
     monkeypatch.setenv(precompile.SIDES_ENV, "1")
-    sides = precompile.start((config("no-such-recipe"),), "cpu")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    sides = precompile.start((config("no-such-recipe"), config("no-such-recipe", 4, dynamic=False)), "cpu")
     assert sides is not None
     report = sides.wait(limit_s=120)
-    assert (report.graphs, report.compiled) == (1, 0)
-    assert len(report.errors) == 1 and "no-such-recipe" in report.errors[0]
+    assert (report.graphs, report.compiled) == (2, 0)
+    assert len(report.errors) == 2 and all("no-such-recipe" in e for e in report.errors)
+    assert not (tmp_path / precompile.MARKS).exists()  # nothing compiled, nothing marked
 
 
 _PICKLE_MEMORY_FORMAT = """
@@ -203,7 +221,7 @@ def _run(folder: Path, name: str, *options: str, cache: str, **grid) -> list[dic
 
 @pytest.mark.integration
 def test_a_group_compiles_its_graphs_ahead_and_trains_as_without(ray_session, tmp_path):
-    ahead = _run(tmp_path, "ahead", cache="cache", precompile=True)  # the grid key
+    ahead = _run(tmp_path, "ahead", cache="cache")  # the default
     first, second = ahead
     assert all(r["status"] == "ok" for r in ahead), [r["error"] for r in ahead]
     assert first["precompile_s"] > 0 and first["precompiled_graphs"] == 2  # its own graphs and the other precision's
@@ -211,12 +229,16 @@ def test_a_group_compiles_its_graphs_ahead_and_trains_as_without(ray_session, tm
     # every graph each trial ran (blocks and loss, forward and backward) came from the cache
     assert [(r["compile_cache_hits"], r["compile_cache_misses"]) for r in ahead] == [(4, 0), (4, 0)]
 
-    # --precompile on the cache that run filled: the side processes find every graph too, the trials as well
-    again = _run(tmp_path, "again", "--precompile", cache="cache")
-    assert again[0]["precompiled_graphs"] == 2 and all(r["compile_cache_misses"] == 0 for r in again)
+    # again on that cache: its marks say every graph is there, so no side process starts; the trials find them
+    again = _run(tmp_path, "again", cache="cache")
+    assert all(r["precompile_s"] is None and r["compile_cache_misses"] == 0 for r in again)
+    # without the marks, --no-precompile is what starts none
+    shutil.rmtree(tmp_path / "cache" / "sweep-compiled")
+    off = _run(tmp_path, "off", "--no-precompile", cache="cache")
+    assert all(r["precompile_s"] is None and r["compile_cache_misses"] == 0 for r in off)
 
-    # without it (the default) on an empty cache: each trial compiles its own graphs and trains the same
-    alone = _run(tmp_path, "alone", cache="empty")
+    # the grid key turns it off too, here on an empty cache: each trial compiles its own graphs and trains the same
+    alone = _run(tmp_path, "alone", cache="empty", precompile=False)
     assert all(r["precompile_s"] is None and r["compile_cache_misses"] == 4 for r in alone)
     for a, b in zip(ahead, alone):
         assert (a["precision"], a["loss_curve"]) == (b["precision"], b["loss_curve"])

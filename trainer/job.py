@@ -61,7 +61,7 @@ def graph_key(config: TrialConfig) -> tuple:
     return (config.model_spec_json, config.precision, config.compile, config.ac, config.seq_len, config.options)
 
 
-def _compiled_graphs(config: TrialConfig) -> tuple:
+def compiled_graphs(config: TrialConfig) -> tuple:
     """The graphs a trial compiles: its graph key, and its batch size unless the batch is symbolic."""
     return (graph_key(config), None if config.options.dynamic_batch else config.batch_size)
 
@@ -81,7 +81,7 @@ def compile_ahead(first: TrialConfig, later: Iterable[TrialConfig], world_size: 
     picked: dict[tuple, TrialConfig] = {}
     for config in (first, *later):
         if config.compile == "regional" and len(picked) < MAX_AHEAD_GRAPHS:
-            picked.setdefault(_compiled_graphs(config), config)
+            picked.setdefault(compiled_graphs(config), config)
     return tuple(picked.values()) if len(picked) > 1 else ()
 
 

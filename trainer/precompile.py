@@ -21,15 +21,23 @@ model: they never share the GPU's memory with a trial, nor its time with a measu
 the first trial's wall (its row's precompile_s, counted as compile by `sweep.record.cost`). A side process that
 fails costs only its time: each trial compiles what it does not find. Run as `python -m trainer.precompile
 DEVICE_TYPE` with the pickled configs on stdin, one JSON line per config on stdout.
+
+A set of graphs already in the cache is not compiled again: a side process or a trial that compiled it leaves a
+mark beside inductor's cache (`mark`), and `start` leaves out what is marked, so a rerun of a grid on a warm cache
+starts no side process (it would import torch and trace every graph again, ~10 s, for nothing).
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import getpass
+import hashlib
+import importlib.metadata
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -40,12 +48,13 @@ from pathlib import Path
 from typing import IO
 
 from clusters.schema import usable_cpus
-from trainer.job import TrialConfig
+from trainer.job import TrialConfig, compiled_graphs
 
 REDUCED_LAYERS = 2
 CPUS_PER_SIDE = 4  # one side process per 4 of the host's cores: its own code generation and Triton's workers
 SIDES_ENV = "SWEEP_PRECOMPILE_SIDES"  # side processes per rank, when set (a profile's env): 0 turns them off
 WAIT_LIMIT_S = 900.0  # past this the rank stops waiting, kills them and compiles what is missing itself
+MARKS = "sweep-compiled"  # beside inductor's caches: one empty file per set of graphs compiled into them
 
 
 @dataclass(frozen=True)
@@ -129,9 +138,44 @@ def side_count(graphs: int) -> int:
     return min(graphs, n if given or n >= 2 else 0)
 
 
+def _inductor_cache_dir() -> str:
+    """Inductor's on-disk cache folder as inductor resolves it (torch._inductor.runtime.cache_dir_utils), read
+    without importing torch: the side processes start before the rank's imports."""
+    if given := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return given
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def _mark_path(config: TrialConfig) -> Path:
+    """Where the mark of `config`'s graphs lies: beside inductor's caches, named by the graphs and torch's version
+    (which those caches' keys hold)."""
+    key = repr((compiled_graphs(config), importlib.metadata.version("torch"))).encode()
+    return Path(_inductor_cache_dir()) / MARKS / hashlib.sha256(key).hexdigest()[:32]
+
+
+def mark(config: TrialConfig) -> None:
+    """Say that `config`'s graphs are in the cache now (a side process or a trial compiled them)."""
+    path = _mark_path(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def unmarked(configs: tuple[TrialConfig, ...]) -> tuple[TrialConfig, ...]:
+    """The configs whose graphs no mark says are in the cache; none when only one is left (compiling a single set
+    ahead saves nothing: the first trial would wait for it as long as its trial takes to compile it)."""
+    left = tuple(c for c in configs if not _mark_path(c).exists())
+    return left if len(left) > 1 else ()
+
+
 def start(configs: tuple[TrialConfig, ...], device_type: str) -> Sides | None:
-    """Side processes compiling `configs`' graphs (`reduced`), `side_count` of them, each given every n-th config:
-    the first config, the rank's own first trial, goes first. None when there are to be none."""
+    """Side processes compiling the graphs of `configs` (`reduced`) that are not `unmarked` in the cache, `side_count`
+    of them, each given every n-th config: the first config, the rank's own first trial, goes first. None when there
+    are to be none."""
+    configs = unmarked(configs)
     n = side_count(len(configs))
     if n <= 0:
         return None
@@ -182,6 +226,8 @@ def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None
             run_trial(reduced(config), rank)
         except Exception as e:  # noqa: BLE001 - reported; the trial compiles it itself
             error = f"{config.precision} batch {config.batch_size}: {type(e).__name__}: {e}"[:500]
+        else:
+            mark(config)
         release(device)
         print(json.dumps({"ok": error is None, "error": error}), file=out, flush=True)
 

@@ -210,6 +210,7 @@ class RankWorker:
         import torch._dynamo  # noqa: F401 - every trial's release() resets it: the process's import, not a build's
         import torch.distributed as dist
 
+        from trainer.precompile import mark
         from trainer.release import held_bytes, release, thawed
         from trainer.train import run_trial
 
@@ -224,7 +225,10 @@ class RankWorker:
         joined = time.perf_counter()
         ahead = self._wait_for_sides()
         before = _cache_counts()
-        measured = run_trial(_this_ranks_share(job), rank, started_at=started_at)
+        config = _this_ranks_share(job)
+        measured = run_trial(config, rank, started_at=started_at)
+        if job.world_size == 1 and config.compile == "regional":
+            mark(config)  # its graphs are in the cache now: no group compiles them ahead again
         hits, misses = (now - then for now, then in zip(_cache_counts(), before))
         if job.rank == 0 and os.environ.get("SWEEP_COMPILE_REPORT"):
             _compile_report()

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The cold-sweep campaign on the lent one-H200 machine (kind nvidia-h200), from the project root:
 #
-#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm [PROFILE]
+#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|searches|max-batch [PROFILE]
 #
 # Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
 # every run has fresh rank processes; a run is cold when its compile cache (inductor's, Triton's kernels in it)
 # starts empty, warm when it is the cache the same tree's cold run filled.
-#   cold   benchmarks/campaigns/cold-sweep/a-grid.yaml with the current tree, then the base tree, then the current
-#          tree with --precompile (a group's graphs compiled at once, in side processes, as it starts), each on an empty
-#          cache, into /tmp/sweep-results/cold-sweep/{current,base,pre}-cold (the order alternates with the warm part's,
-#          and the log says what each run started beside: load, the busiest processes, the imports' seconds)
+#   cold   benchmarks/campaigns/cold-sweep/a-grid.yaml with the current tree (which compiles a group's graphs at
+#          once, in side processes, as it starts), then the base tree, then the current tree with --no-precompile
+#          (each trial compiles its own), each on an empty cache, into /tmp/sweep-results/cold-sweep/
+#          {current,base,each}-cold (the order alternates with the warm part's, and the log says what each run
+#          started beside: load, the busiest processes, the imports' seconds)
 #   warm   (the next call, while the machine is warm) the grid again, base first, on the caches the cold part
-#          filled, into .../{base,current,pre}-warm
+#          filled, into .../{base,current,each}-warm
+#   cold-warm  in one call, carrying .whl and .base-tree only (JOB_NEEDS_RESULTS=0: no tables, the rows come back
+#          packed): cold current then base, warm base then current (a machine taken back between two calls loses
+#          the cold part's caches)
 #   searches  the OOM-retry grid (b-oom.yaml) and the max-batch search (c-max-batch.yaml) with the current tree and
 #          the OOM grid with the base one, on their own empty caches, into .../{current,base}-searches
 #   max-batch  c-max-batch.yaml alone on an empty cache into .../max-batch-search, then one `sweep run` of the batch
@@ -22,6 +26,7 @@
 set -uo pipefail
 campaign=cold-sweep
 part=${1:-cold}
+[ "$part" != cold-warm ] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
@@ -70,16 +75,22 @@ case $part in
     # what a rank's first trial imports (import_s), by module: where a fresh process's seconds go
     python3 -X importtime -c 'import torch._dynamo, torch.distributed; import trainer.train' 2>&1 |
       sort -t'|' -k2 -n | tail -n 12
-    rm -rf /tmp/cc-base /tmp/cc-current /tmp/cc-pre "$results"/*-cold
+    rm -rf /tmp/cc-base /tmp/cc-current /tmp/cc-each "$results"/*-cold
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
-    sweep_run current $grids/a-grid.yaml "$results/pre-cold" pre --precompile ;;
+    sweep_run current $grids/a-grid.yaml "$results/each-cold" each --no-precompile ;;
   warm)
     [ -d /tmp/cc-current ] && [ -d /tmp/cc-base ] || {
       echo "job: no compile caches of a cold part on this machine (released since?): run the cold part first"; exit 2; }
     sweep_run base $grids/a-grid.yaml "$results/base-warm"
     sweep_run current $grids/a-grid.yaml "$results/current-warm"
-    [ ! -d /tmp/cc-pre ] || sweep_run current $grids/a-grid.yaml "$results/pre-warm" pre --precompile ;;
+    [ ! -d /tmp/cc-each ] || sweep_run current $grids/a-grid.yaml "$results/each-warm" each --no-precompile ;;
+  cold-warm)
+    rm -rf /tmp/cc-base /tmp/cc-current "$results"/*-cold "$results"/*-warm
+    sweep_run current $grids/a-grid.yaml "$results/current-cold"
+    sweep_run base $grids/a-grid.yaml "$results/base-cold"
+    sweep_run base $grids/a-grid.yaml "$results/base-warm"
+    sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
   searches)
     rm -rf /tmp/cc-base /tmp/cc-current
     sweep_run current $grids/b-oom.yaml "$results/current-searches"
@@ -98,10 +109,10 @@ print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$r
       $grids/c-max-batch.yaml >/tmp/one-trial.yaml
     rm -rf /tmp/cc-current  # the one trial: its own empty cache
     sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
-  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|searches|max-batch [PROFILE]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|searches|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
-for d in "$results"/*/; do
+python3 -c 'import duckdb' 2>/dev/null && for d in "$results"/*/; do  # `sweep results` needs .whl-results
   echo "== $(basename "$d")"
   $SWEEP results export "$d" --format md
 done

@@ -68,12 +68,13 @@ NoPredictOpt = Annotated[
         "rank's memory (else recorded unsupported without GPU time).",
     ),
 ]
-PrecompileOpt = Annotated[
+NoPrecompileOpt = Annotated[
     bool,
     flag(
-        "--precompile",
-        help="A new group of one-rank processes compiles the graphs of the trials it will run at once, in side "
-        "processes, while it starts (regional compile; needs 8+ CPU cores), instead of each as its trial is reached.",
+        "--no-precompile",
+        help="Compile each trial's graphs as its trial is reached, instead of a new group of one-rank processes "
+        "compiling those of every trial it will run at once, in side processes, while it starts (regional compile; "
+        "8+ CPU cores).",
     ),
 ]
 StartOpt = Annotated[int, typer.Option(min=1, help="First batch to probe.")]
@@ -147,7 +148,7 @@ def run(
     fresh_actors: FreshOpt = False,
     profile_steps: ProfileOpt = False,
     no_predict: NoPredictOpt = False,
-    precompile: PrecompileOpt = False,
+    no_precompile: NoPrecompileOpt = False,
     yes: Annotated[bool, flag("--yes", "-y", help="Run a grid of more than 1,000 trials.")] = False,
 ) -> None:
     """Run a grid of trials and write one Parquet row per attempt."""
@@ -173,7 +174,7 @@ def run(
         max_concurrent=max_concurrent,
         progress=progress,
         reuse_actors=spec.reuse_actors and not fresh_actors,
-        precompile=spec.precompile or precompile,
+        precompile=spec.precompile and not no_precompile,
     )
 
 

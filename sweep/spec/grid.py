@@ -31,7 +31,7 @@
     timeout_s: 1800                   # per trial
     memory_cap: 80GiB                 # optional per-rank cap (a real allocation failure past it)
     reuse_actors: true                # false: fresh rank processes for every trial (as --fresh-actors)
-    precompile: false                 # true: a new group compiles its trials' graphs at once as it starts
+    precompile: true                  # a new group compiles its trials' graphs at once as it starts
 
 The cartesian product of the list axes gives the trials; each has a stable `trial_id`.
 """
@@ -275,10 +275,10 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
         "processes (sweep.execution.scheduler); false: fresh ones for each",
     )
     precompile: bool = Field(
-        default=False,
-        description="true (as --precompile): a new group of warm one-rank processes compiles the regional graphs of "
-        "the trials it will run at once, in side processes, while it starts (trainer.precompile); false: each "
-        "when its trial is reached",
+        default=True,
+        description="a new group of warm one-rank processes compiles the regional graphs of the trials it will run "
+        "at once, in side processes, while it starts (trainer.precompile; 8+ CPU cores); false (as --no-precompile): "
+        "each when its trial is reached",
     )
 
     _as_list = field_validator(
