@@ -15,7 +15,7 @@ import pytest
 import yaml
 from conftest import ROOT, invoke, tiny_trial
 
-from trainer.job import MAX_AHEAD_GRAPHS, TrialConfig, compile_ahead
+from trainer.job import MAX_AHEAD_GRAPHS, TrialConfig, compile_ahead, compiled_graphs
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.options import TrainingOptions
 
@@ -86,6 +86,49 @@ def test_a_fresh_group_compiles_ahead_the_graphs_of_the_cold_sweep_grid_in_the_o
         ("fp8-torchao-rowwise", 4),
         ("fp8-torchao-rowwise", 6),
     ]
+
+
+def test_a_set_of_graphs_another_group_of_the_node_compiles_ahead_is_left_to_it():
+    first, later = config("fp32"), [config("bf16"), config("fp32", 4, dynamic=False), config("bf16", 4)]
+    taken = {compiled_graphs(config("bf16", 8))}
+    assert compile_ahead(first, later, 1, taken) == (first, later[1])
+    assert compile_ahead(later[0], later[1:], 1, taken) == (later[0], later[1])  # a group's own first set is its own
+
+
+def test_two_groups_of_one_node_compile_ahead_no_set_of_graphs_twice_and_share_its_cores(monkeypatch):
+    """A 2-GPU node, three precisions queued: the first group compiles the sets of the trials it may run after its
+    own (its queue), the second only what the first left, and each rank's side processes get half the node's cores;
+    a group on another node compiles what it runs itself."""
+    from clusters.schema import ClusterProfile
+    from sweep.execution.groups import warm_group_key
+    from sweep.execution.rank_group import GroupState, RankGroup
+    from sweep.execution.scheduler import Scheduler
+    from trainer import precompile
+
+    profile = ClusterProfile.model_validate(
+        {"name": "two", "accelerator": "cpu", "ray_address": "auto", "nodes": 2, "gpus_per_node": 2}
+    )
+    scheduler = Scheduler(profile, precompile=True)
+    tw = "fp8-torchao-tensorwise"
+    trials = [tiny_trial(precision=p, compile="regional", gpus=1) for p in ("fp32", "bf16", tw, "fp32")]
+    scheduler.queue = trials[2:]
+
+    def group(first, node: str) -> RankGroup:
+        node_info = {"node_id": node, "ip": "10.0.0.1", "port": 1, "hostname": node, "pid": 1}
+        return RankGroup(key=warm_group_key(first), pg=None, ready_ref=None, first=first, nodes=[node_info])
+
+    one, two = group(trials[0], "a"), group(trials[1], "a")  # one starting its first trial, two waiting for placement
+    one.state = GroupState.STARTING
+    scheduler.groups = [one, two]
+    assert [c.precision for c in scheduler._ahead(one, trials[0])] == ["fp32", "bf16", tw]
+    two.state, scheduler.queue = GroupState.STARTING, []
+    assert scheduler._ahead(two, trials[1]) == ()  # its own set alone is left: it compiles it as its trial starts
+    scheduler.queue = trials[2:3]
+    assert [c.precision for c in scheduler._ahead(group(trials[0], "b"), trials[0])] == ["fp32", tw]
+
+    monkeypatch.delenv(precompile.SIDES_ENV, raising=False)
+    monkeypatch.setattr(precompile, "usable_cpus", lambda: 32)
+    assert (precompile.side_count(8), precompile.side_count(8, node_groups=2), precompile.side_count(8, 8)) == (8, 4, 0)
 
 
 def test_graphs_marked_as_in_the_cache_are_not_compiled_ahead_again(monkeypatch, tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -54,6 +54,8 @@ class RankJob:
     # a fresh group's first trial: the graphs of the trials the group will run, compiled beside this one's start
     # into the shared compile cache (`trainer.precompile`; `compile_ahead` picks them)
     precompile: tuple[TrialConfig, ...] = ()
+    # the one-rank groups this rank's node may run at once: they share its cores for compiling ahead
+    node_groups: int = 1
 
 
 def graph_key(config: TrialConfig) -> tuple:
@@ -69,19 +71,23 @@ def compiled_graphs(config: TrialConfig) -> tuple:
 MAX_AHEAD_GRAPHS = 8  # graphs compiled ahead for one group: a grid's precisions x static batches, not a whole sweep
 
 
-def compile_ahead(first: TrialConfig, later: Iterable[TrialConfig], world_size: int) -> tuple[TrialConfig, ...]:
+def compile_ahead(
+    first: TrialConfig, later: Iterable[TrialConfig], world_size: int, taken: Collection[tuple] = ()
+) -> tuple[TrialConfig, ...]:
     """The trials whose graphs a fresh group compiles ahead (`trainer.precompile`): one trial per distinct set of
     graphs among `first` (the group's first trial, always first) and `later` (the queued trials the group may run, in
-    the order it would), at most MAX_AHEAD_GRAPHS. Only `regional` compile on one rank: every block of a model is one
-    graph there, so a reduced copy of the model compiles it (`full` compiles the whole model as one graph, and on
-    several ranks FSDP2's mixed precision changes the graphs). Nothing when there is a single set of graphs: the first
-    trial would wait for a side process to compile what it compiles itself as fast."""
+    the order it would), at most MAX_AHEAD_GRAPHS, leaving out the sets in `taken` (`compiled_graphs`: other groups
+    of the node compile them ahead into the cache it shares) but `first`'s. Only `regional` compile on one rank: every
+    block of a model is one graph there, so a reduced copy of the model compiles it (`full` compiles the whole model
+    as one graph, and on several ranks FSDP2's mixed precision changes the graphs). Nothing when there is a single set
+    of graphs: the first trial would wait for a side process to compile what it compiles itself as fast."""
     if world_size != 1:
         return ()
     picked: dict[tuple, TrialConfig] = {}
     for config in (first, *later):
-        if config.compile == "regional" and len(picked) < MAX_AHEAD_GRAPHS:
-            picked.setdefault(compiled_graphs(config), config)
+        graphs = compiled_graphs(config)
+        if config.compile == "regional" and len(picked) < MAX_AHEAD_GRAPHS and (config is first or graphs not in taken):
+            picked.setdefault(graphs, config)
     return tuple(picked.values()) if len(picked) > 1 else ()
 
 

@@ -128,13 +128,18 @@ def _tail(log: IO[bytes], chars: int = 600) -> str:
     return log.read().decode(errors="replace")[-chars:].strip().replace("\n", " | ")
 
 
-def side_count(graphs: int) -> int:
+def _cores(node_groups: int) -> int:
+    """This rank's share of its host's cores: the one-rank groups of the node (`node_groups`) may compile at once."""
+    return max(1, usable_cpus() // max(1, node_groups))
+
+
+def side_count(graphs: int, node_groups: int = 1) -> int:
     """How many side processes compile `graphs` sets of graphs: SIDES_ENV if set, else one per CPUS_PER_SIDE of this
-    host's cores, and none below two (fewer cores than 2 x CPUS_PER_SIDE: compiling is CPU work, and one process
-    compiling everything ahead, then the trial loading it, takes longer than the trial compiling it: 60 against 46 s
-    for two graphs on a 2-core host); never more than `graphs`."""
+    rank's share of the host's cores (`_cores`), and none below two (fewer cores than 2 x CPUS_PER_SIDE: compiling is
+    CPU work, and one process compiling everything ahead, then the trial loading it, takes longer than the trial
+    compiling it: 60 against 46 s for two graphs on a 2-core host); never more than `graphs`."""
     given = os.environ.get(SIDES_ENV)
-    n = int(given) if given else usable_cpus() // CPUS_PER_SIDE
+    n = int(given) if given else _cores(node_groups) // CPUS_PER_SIDE
     return min(graphs, n if given or n >= 2 else 0)
 
 
@@ -171,19 +176,19 @@ def unmarked(configs: tuple[TrialConfig, ...]) -> tuple[TrialConfig, ...]:
     return left if len(left) > 1 else ()
 
 
-def start(configs: tuple[TrialConfig, ...], device_type: str) -> Sides | None:
+def start(configs: tuple[TrialConfig, ...], device_type: str, node_groups: int = 1) -> Sides | None:
     """Side processes compiling the graphs of `configs` (`reduced`) that are not `unmarked` in the cache, `side_count`
     of them, each given every n-th config: the first config, the rank's own first trial, goes first. None when there
-    are to be none."""
+    are to be none. `node_groups`: the one-rank groups of this node, whose side processes share its cores."""
     configs = unmarked(configs)
-    n = side_count(len(configs))
+    n = side_count(len(configs), node_groups)
     if n <= 0:
         return None
     root = str(Path(__file__).parents[1])  # where the rank imported `trainer` from, spelt as it did
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
-        "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, usable_cpus() // n)),
+        "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, _cores(node_groups) // n)),
     }
     procs: list[tuple[subprocess.Popen, IO[bytes]]] = []
     for share in (configs[i::n] for i in range(n)):

@@ -140,7 +140,7 @@ class RankWorker:
         if self.trials == 0 and job.precompile:  # before this process's imports: the side processes import beside them
             from trainer.precompile import start
 
-            self.sides = start(job.precompile, job.device_type)
+            self.sides = start(job.precompile, job.device_type, job.node_groups)
         self.trials += 1
         try:
             result = self._train(job, started_at)

@@ -91,10 +91,12 @@ def rank_jobs(
     device_type: str,
     pg_timeout_s: float = PG_TIMEOUT_S,
     precompile: tuple[TrialConfig, ...] = (),
+    node_groups: int = 1,
 ) -> list[RankJob]:
     """What each rank of `trial` is sent, given where its ranks run (`nodes`: node_info per rank, rank 0's
     address and held port becoming the rendezvous); `precompile`: the graphs a fresh group compiles ahead
-    (`trainer.job.compile_ahead`). Pure: no Ray."""
+    (`trainer.job.compile_ahead`), `node_groups` the one-rank groups of its node that may do so at once. Pure: no
+    Ray."""
     config = trial_config(trial)
     seen: dict[str, int] = {}
     jobs = []
@@ -111,6 +113,7 @@ def rank_jobs(
                 device_type=device_type,
                 pg_timeout_s=pg_timeout_s,
                 precompile=precompile,
+                node_groups=node_groups,
             )
         )
         seen[key] = seen.get(key, 0) + 1

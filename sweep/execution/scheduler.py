@@ -46,7 +46,7 @@ from sweep.execution.outcome import INFRA_PREFIX, Outcome, deaths
 from sweep.execution.placement import rank_jobs, trial_config
 from sweep.execution.rank_group import WAITING, GroupState, Placer, RankGroup, StartFailure
 from sweep.spec.grid import Trial
-from trainer.job import PG_TIMEOUT_S, TrialConfig, compile_ahead
+from trainer.job import PG_TIMEOUT_S, TrialConfig, compile_ahead, compiled_graphs
 
 
 class Scheduler:
@@ -75,6 +75,7 @@ class Scheduler:
         self.queue: list[Trial] = []
         self.groups: list[RankGroup] = []
         self.attempts: list[Attempt] = []
+        self._taken: dict[str, set[tuple]] = {}  # by node: the sets of graphs a group of it compiles ahead
 
     # -- public --------------------------------------------------------------------------------
     @property
@@ -198,6 +199,7 @@ class Scheduler:
             device_type="cuda" if self.profile.is_gpu else "cpu",
             pg_timeout_s=self.pg_timeout_s,
             precompile=self._ahead(g, trial) if fresh else (),
+            node_groups=min(self.profile.ranks_per_node, self.max_concurrent),
         )
         now = time.monotonic()
         refs = [actor.run.remote(job) for actor, job in zip(g.actors, jobs)]
@@ -221,14 +223,18 @@ class Scheduler:
 
     def _ahead(self, g: RankGroup, first: Trial) -> tuple[TrialConfig, ...]:
         """The graphs a fresh group compiles beside its first trial's start (`trainer.precompile`): its own and
-        those of the waiting trials it may run after it, in the order it would pick them."""
+        those of the waiting trials it may run after it, in the order it would pick them, but those another group
+        of its node compiles ahead already (the node's compile cache is one)."""
         if not self.precompile:
             return ()
         # a trial whose own group waits for placement comes back to the queue should this group idle first: on a
         # one-GPU node, always
         waiting = [w.first for w in self.groups if w.state is GroupState.PLACING and w.first]
         later = [trial_config(t) for t in run_order(g.key, max(g.stage, stack_stage(first)), waiting + self.queue)]
-        return compile_ahead(trial_config(first), later, first.gpus)
+        taken = self._taken.setdefault(g.nodes[0]["node_id"] or g.nodes[0]["ip"], set()) if g.nodes else set()
+        ahead = compile_ahead(trial_config(first), later, first.gpus, taken)
+        taken.update(compiled_graphs(c) for c in ahead)
+        return ahead
 
     def _finish(self, a: Attempt, end: AttemptEnd) -> Outcome:
         error = INFRA_PREFIX + (end.error or "") if end.infrastructure else end.error
