@@ -158,15 +158,23 @@ def _inductor_cache_dir() -> str:
 def _mark_path(config: TrialConfig) -> Path:
     """Where the mark of `config`'s graphs lies: beside inductor's caches, named by the graphs and torch's version
     (which those caches' keys hold)."""
-    key = repr((compiled_graphs(config), importlib.metadata.version("torch"))).encode()
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a torch run from a source tree
+        torch_version = None
+    key = repr((compiled_graphs(config), torch_version)).encode()
     return Path(_inductor_cache_dir()) / MARKS / hashlib.sha256(key).hexdigest()[:32]
 
 
 def mark(config: TrialConfig) -> None:
-    """Say that `config`'s graphs are in the cache now (a side process or a trial compiled them)."""
+    """Say that `config`'s graphs are in the cache now (a side process or a trial compiled them). A cache folder
+    that cannot be written costs only the marks: the next group compiles those graphs ahead again."""
     path = _mark_path(config)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:
+        pass
 
 
 def unmarked(configs: tuple[TrialConfig, ...]) -> tuple[TrialConfig, ...]:
