@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import getpass
 import hashlib
 import importlib.metadata
@@ -155,14 +156,18 @@ def _inductor_cache_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
+@functools.cache  # once per process: read from torch's installed metadata, before torch is imported
+def _torch_version() -> str | None:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a torch run from a source tree
+        return None
+
+
 def _mark_path(config: TrialConfig) -> Path:
     """Where the mark of `config`'s graphs lies: beside inductor's caches, named by the graphs and torch's version
     (which those caches' keys hold)."""
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:  # a torch run from a source tree
-        torch_version = None
-    key = repr((compiled_graphs(config), torch_version)).encode()
+    key = repr((compiled_graphs(config), _torch_version())).encode()
     return Path(_inductor_cache_dir()) / MARKS / hashlib.sha256(key).hexdigest()[:32]
 
 

@@ -227,9 +227,9 @@ class RankWorker:
         before = _cache_counts()
         config = _this_ranks_share(job)
         measured = run_trial(config, rank, started_at=started_at)
-        if job.world_size == 1 and config.compile == "regional":
-            mark(config)  # its graphs are in the cache now: no group compiles them ahead again
         hits, misses = (now - then for now, then in zip(_cache_counts(), before))
+        if (hits or misses) and job.world_size == 1 and config.compile == "regional":
+            mark(config)  # its graphs went through the cache: no group compiles them ahead again
         if job.rank == 0 and os.environ.get("SWEEP_COMPILE_REPORT"):
             _compile_report()
         torch_version, te_version, torchao_version = _versions()

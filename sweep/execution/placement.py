@@ -84,6 +84,11 @@ def trial_config(trial: Trial) -> TrialConfig:
     )
 
 
+def node_key(info: dict[str, Any]) -> str:
+    """Which node a rank runs on, from its node_info: Ray's node id, else its address."""
+    return str(info["node_id"] or info["ip"])
+
+
 def rank_jobs(
     trial: Trial,
     nodes: list[dict[str, Any]],
@@ -101,7 +106,7 @@ def rank_jobs(
     seen: dict[str, int] = {}
     jobs = []
     for rank, info in enumerate(nodes):  # local rank = index among the ranks on the same node
-        key = info["node_id"] or info["ip"]
+        key = node_key(info)
         jobs.append(
             RankJob(
                 trial=config,

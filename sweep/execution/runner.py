@@ -170,8 +170,9 @@ def execute(
 ) -> RunReport:
     """Run `plan`'s trials and their follow-ups on `profile`'s cluster, one row each under `output`. With
     `reuse_actors` (the default) rank processes run one trial after another (`sweep.execution.scheduler`); without
-    it (`--fresh-actors`) every trial starts processes of its own; with `precompile` (`--precompile`) a new group
-    compiles its trials' graphs at once as it starts (`trainer.precompile`), without it each trial as it is reached.
+    it (`--fresh-actors`) every trial starts processes of its own; with `precompile` (`sweep run`'s default; off with
+    `--no-precompile`) a new group compiles its trials' graphs at once as it starts (`trainer.precompile`), without it
+    each trial as it is reached.
     `predictor` (sweep.memory.predictor): the memory model's calibration, refined by each clean row the run records.
     `scheduler`: what makes the scheduler, called as `scheduler(profile, max_concurrent=, reuse=)` (its submit / poll
     / busy / running / shutdown); None: connect to Ray and use `sweep.execution.scheduler.Scheduler` (a test passes a

@@ -43,7 +43,7 @@ from clusters.schema import ClusterProfile
 from sweep.execution.attempt import Attempt, AttemptEnd, AttemptState
 from sweep.execution.groups import fits, kept_note, opener, pick, returned_to_baseline, run_order, stack_stage
 from sweep.execution.outcome import INFRA_PREFIX, Outcome, deaths
-from sweep.execution.placement import rank_jobs, trial_config
+from sweep.execution.placement import node_key, rank_jobs, trial_config
 from sweep.execution.rank_group import WAITING, GroupState, Placer, RankGroup, StartFailure
 from sweep.spec.grid import Trial
 from trainer.job import PG_TIMEOUT_S, TrialConfig, compile_ahead, compiled_graphs
@@ -231,7 +231,7 @@ class Scheduler:
         # one-GPU node, always
         waiting = [w.first for w in self.groups if w.state is GroupState.PLACING and w.first]
         later = [trial_config(t) for t in run_order(g.key, max(g.stage, stack_stage(first)), waiting + self.queue)]
-        taken = self._taken.setdefault(g.nodes[0]["node_id"] or g.nodes[0]["ip"], set()) if g.nodes else set()
+        taken = self._taken.setdefault(node_key(g.nodes[0]), set())
         ahead = compile_ahead(trial_config(first), later, first.gpus, taken)
         taken.update(compiled_graphs(c) for c in ahead)
         return ahead

@@ -26,6 +26,12 @@ PARTS = ("measured steps", "warm-up", "compile", "start-up", "OOM attempts", "fa
 _ALWAYS = PARTS[:5]  # the summary line names these even at 0 %; failed attempts only when there were some
 
 
+def compile_seconds(row: Row) -> float:
+    """What an ok attempt spent compiling: its first step's excess (compile_time_s) and, on a fresh group that
+    compiled ahead, its wait for those graphs (precompile_s)."""
+    return (row.get("compile_time_s") or 0.0) + (row.get("precompile_s") or 0.0)
+
+
 def attempt_seconds(row: Row) -> dict[str, float]:
     """Wall-clock seconds of one attempt, by part (PARTS; per rank, not yet × world_size)."""
     parts = dict.fromkeys(PARTS, 0.0)
@@ -38,7 +44,7 @@ def attempt_seconds(row: Row) -> dict[str, float]:
     elif status == "ok":
         compile_s = row.get("compile_time_s") or 0.0
         warmup_steps = row.get("warmup_steps") or 0
-        parts["compile"] = compile_s + (row.get("precompile_s") or 0.0)
+        parts["compile"] = compile_seconds(row)
         parts["warm-up"] = warmup_steps * (row.get("step_time_s") or 0.0)
         # with no warm-up step, the first measured step compiled: its excess is counted once, as compile
         parts["measured steps"] = max(0.0, (row.get("steps_time_s") or 0.0) - (compile_s if warmup_steps == 0 else 0.0))
@@ -115,11 +121,7 @@ def fresh_trial_s(answer: Row, rows: Iterable[Row], *, recompile: bool = True) -
     if not inits:
         return None
     own_compile = answer.get("compile_time_s") or 0.0
-    compiles = [
-        (r.get("compile_time_s") or 0.0) + (r.get("precompile_s") or 0.0)
-        for r in fresh
-        if recompile and _same_graphs(r, answer)
-    ]
+    compiles = [compile_seconds(r) for r in fresh if recompile and _same_graphs(r, answer)]
     compile_s = max(own_compile, statistics.median(compiles)) if compiles else own_compile
     return wall - (answer.get("init_time_s") or 0.0) + statistics.median(inits) - own_compile + compile_s
 
