@@ -1,4 +1,7 @@
-"""The persistent inductor cache a profile names (`compile_cache:`), through the real CLI and real ranks."""
+"""The persistent inductor cache a profile names (`compile_cache:`), through the real CLI and real ranks.
+
+The grid's precision is torchao's (emulated FP8 on CPU ranks): its graphs are the ones torch alone left out of
+AOTAutograd's cache (trainer.compile_keys), so a later run that finds everything there traces nothing again."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from conftest import invoke
 
 GRID = {
     "models": ["llama-tiny"],
-    "precisions": ["bf16"],
+    "precisions": ["fp8-torchao-rowwise"],
     "batch_sizes": [2],
     "seq_len": 32,
     "gpus": 1,
@@ -64,6 +67,7 @@ def test_ranks_compile_into_the_profile_cache_a_later_run_reuses_it_and_a_profil
     assert first["status"] == "ok" and first["compile"] == "regional"
     graphs, autograd = entries(cache / "fxgraph"), entries(cache / "aotautograd")
     assert graphs and autograd  # the compiled blocks and loss, forward and backward, on disk
+    assert len(graphs) == 2 * len(autograd)  # every graph's forward and backward under an AOTAutograd entry
 
     # A second run, in fresh rank processes, compiles the same graphs: each is a hit, so no entry is written
     # (a miss writes its entry, a new one or the same one again).

@@ -28,11 +28,12 @@ so a later trial at another batch size runs the same compiled code (`trainer.rel
 
 from __future__ import annotations
 
-import copyreg
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn as nn
+
+from trainer import compile_keys
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -40,17 +41,7 @@ if TYPE_CHECKING:
     from trainer.precision import PrecisionPlan
 
 
-def memory_format(name: str) -> torch.memory_format:
-    """torch.contiguous_format for 'contiguous_format': how a pickled memory format is rebuilt (below)."""
-    return cast(torch.memory_format, getattr(torch, name))
-
-
-# Inductor's FX graph cache key pickles each graph input's memory format. torch registers no reducer for
-# torch.memory_format (it does for torch.layout), so pickle names one by the first module in sys.modules through which
-# it is reachable: `torch._utils` in a plain process, `cython.cimports.libc` in a Ray worker (on an H200, torch 2.11),
-# so the same graph had one key in a rank and another in the side process that compiled it ahead (trainer.precompile),
-# and every trial missed what was compiled for it. By name, the key is the same in every process that imports this.
-copyreg.pickle(torch.memory_format, lambda f: (memory_format, (str(f).removeprefix("torch."),)))
+compile_keys.install()  # one graph, one cache key in every process (ranks and side processes import this module)
 
 
 def _blocks(model: nn.Module) -> nn.ModuleList:

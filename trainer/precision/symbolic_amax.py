@@ -55,6 +55,11 @@ def _two_stage(x: torch.Tensor, symbolic: set[int]) -> torch.Tensor:
     return torch.max(torch.amax(magnitude, dim=static) if static else magnitude)
 
 
+def installed() -> bool:
+    """Whether this process's torchao computes its amax here (a cached graph's key says which: trainer.compile_keys)."""
+    return _original is not None
+
+
 def install() -> None:
     """Replace torchao's `tensor_to_amax` with `symbolic_amax`, once per process: torchao's `tensor_to_scale` looks
     it up in its module on every call."""

@@ -1,0 +1,115 @@
+"""One graph, one cache key in every process (trainer.compile_keys): torchao's FP8 graphs in AOTAutograd's cache.
+
+Real processes on a shared inductor cache, as a side process compiling ahead and the rank after it are: torchao's
+emulated FP8 (CPU) through torch.compile, per block as `compile: regional` compiles. The second process finds the
+first one's AOTAutograd entry (it traces nothing again) and computes the same gradients; with torch alone it bypasses
+that cache for the same graph. Whether it saves seconds on a GPU is measured there (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchao")
+
+from trainer import compile_keys  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_STEP = """
+import json, sys, torch, torch.nn as nn
+from torch._dynamo.utils import counters
+if {ours}:
+    import trainer.parallelize  # installs trainer.compile_keys, as in every rank and side process
+from trainer.precision import precision_plan
+
+class Block(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.norm, self.up, self.down = nn.RMSNorm(d), nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+    def forward(self, x):
+        return x + self.down(nn.functional.silu(self.up(self.norm(x))))
+
+torch.manual_seed(0)
+model = nn.Sequential(Block(), Block())
+precision_plan("{recipe}", device_type="cpu", sharded=False).convert(model)
+for block in model:
+    block.compile()
+x = torch.randn(2, 16, 64, requires_grad=True)
+model(x).square().mean().backward()
+grads = [x.grad] + [p.grad for p in model.parameters()]
+print(json.dumps({{"aot": dict(counters["aot_autograd"]), "grads": [g.double().sum().item() for g in grads]}}))
+"""
+
+
+def _step(cache: Path, recipe: str, ours: bool) -> dict:
+    code = _STEP.format(ours=ours, recipe=recipe)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.integration
+def test_a_torchao_graph_compiled_in_one_process_is_found_whole_by_the_next(tmp_path):
+    first = _step(tmp_path / "cache", "fp8-torchao-rowwise", ours=True)
+    assert first["aot"].get("autograd_cache_saved") == 1, first  # the blocks' one graph, keyed and stored
+    second = _step(tmp_path / "cache", "fp8-torchao-rowwise", ours=True)
+    assert second["aot"].get("autograd_cache_hit") == 1 and not second["aot"].get("autograd_cache_miss"), second
+    assert second["grads"] == first["grads"]
+
+    alone = _step(tmp_path / "torch-alone", "fp8-torchao-rowwise", ours=False)  # torch's keys: no entry to find
+    assert alone["aot"].get("autograd_cache_bypass") == 1, alone
+    assert alone["grads"] == first["grads"]
+
+
+def _trampoline(function: type):
+    """What dynamo puts in a graph for an allow_in_graph autograd Function (torch._dynamo.variables.misc)."""
+    from torch._dynamo.variables.misc import produce_trampoline_autograd_apply
+
+    return produce_trampoline_autograd_apply(function)
+
+
+def test_the_key_of_a_torchao_function_names_it_torchaos_version_and_the_amax_it_traces(monkeypatch):
+    from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
+
+    from trainer.precision import symbolic_amax
+
+    monkeypatch.setattr(symbolic_amax, "_original", None)
+    key = compile_keys.function_key("fn", _trampoline(matmul_with_hp_or_float8_args))
+    assert key is not None
+    assert "torchao.float8.float8_linear.matmul_with_hp_or_float8_args.apply" in key
+    assert compile_keys.torchao_fingerprint() in key and "torchao's amax" in key
+    monkeypatch.setattr(symbolic_amax, "_original", object())  # sweep's amax replaced torchao's: another trace
+    assert compile_keys.function_key("fn", _trampoline(matmul_with_hp_or_float8_args)) != key
+
+
+def test_other_globals_are_left_to_torch():
+    import torch
+
+    class Mine(torch.autograd.Function):
+        pass
+
+    assert compile_keys.function_key("fn", _trampoline(Mine)) is None  # not torchao's: torch bypasses it, as before
+    assert compile_keys.function_key("relu", torch.relu) is None
+    assert compile_keys.function_key("f", lambda: None) is None
+
+
+def test_install_is_idempotent_and_keeps_what_others_marked():
+    import torch._inductor.config as inductor_config
+    import torch.fx.graph_module as graph_module
+
+    with inductor_config.patch(unsafe_marked_cacheable_functions={"my.function": "1"}):
+        compile_keys.install()
+        compile_keys.install()
+        marked = inductor_config.unsafe_marked_cacheable_functions
+        assert marked["my.function"] == "1"
+        assert all(marked[name] == compile_keys.torchao_fingerprint() for name in compile_keys.TORCHAO_IN_GRAPH)
+    wrapper = graph_module._format_import_statement
+    assert hasattr(wrapper, "sweep_original") and not hasattr(wrapper.sweep_original, "sweep_original")  # wrapped once
