@@ -3,14 +3,13 @@
 Real processes on a shared inductor cache, as a side process compiling ahead and the rank after it are: torchao's
 emulated FP8 (CPU) through torch.compile, per block as `compile: regional` compiles. The second process finds the
 first one's AOTAutograd entry (it traces nothing again) and computes the same gradients; with torch alone it bypasses
-that cache for the same graph. Whether it saves seconds on a GPU is measured there (benchmarks/RESULTS.md).
+that cache for the same graph. Each process is benchmarks/compile_keys_probe.py's step, whose seconds RESULTS.md
+has for CPU; what it saves on a GPU is measured there.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -22,38 +21,18 @@ from trainer import compile_keys  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_STEP = """
-import json, sys, torch, torch.nn as nn
-from torch._dynamo.utils import counters
-if {ours}:
-    import trainer.parallelize  # installs trainer.compile_keys, as in every rank and side process
-from trainer.precision import precision_plan
 
-class Block(nn.Module):
-    def __init__(self, d=64):
-        super().__init__()
-        self.norm, self.up, self.down = nn.RMSNorm(d), nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
-    def forward(self, x):
-        return x + self.down(nn.functional.silu(self.up(self.norm(x))))
-
-torch.manual_seed(0)
-model = nn.Sequential(Block(), Block())
-precision_plan("{recipe}", device_type="cpu", sharded=False).convert(model)
-for block in model:
-    block.compile()
-x = torch.randn(2, 16, 64, requires_grad=True)
-model(x).square().mean().backward()
-grads = [x.grad] + [p.grad for p in model.parameters()]
-print(json.dumps({{"aot": dict(counters["aot_autograd"]), "grads": [g.double().sum().item() for g in grads]}}))
-"""
+def _probe():
+    """benchmarks/compile_keys_probe.py: its `run` is one fresh process's step on a cache."""
+    spec = importlib.util.spec_from_file_location("compile_keys_probe", ROOT / "benchmarks" / "compile_keys_probe.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _step(cache: Path, recipe: str, ours: bool) -> dict:
-    code = _STEP.format(ours=ours, recipe=recipe)
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _probe().run(cache, recipe, "cpu", ours)
 
 
 @pytest.mark.integration
