@@ -1,7 +1,8 @@
 """The persistent inductor cache a profile names (`compile_cache:`), through the real CLI and real ranks.
 
-The grid's precision is torchao's (emulated FP8 on CPU ranks): its graphs are the ones torch alone left out of
-AOTAutograd's cache (trainer.compile_keys), so a later run that finds everything there traces nothing again."""
+The grid is torchao's FP8 (emulated on CPU ranks) over 2 ranks, its weights all-gathered in FP8: its graphs are the
+ones torch alone left out of AOTAutograd's cache (trainer.compile_keys), so a later run that finds everything there
+traces nothing again, and trains the same."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from conftest import invoke
 
 GRID = {
     "models": ["llama-tiny"],
-    "precisions": ["fp8-torchao-rowwise"],
+    "precisions": ["fp8-torchao-tensorwise"],
     "batch_sizes": [2],
     "seq_len": 32,
-    "gpus": 1,
+    "gpus": 2,
     "compile": "regional",
     "steps": {"warmup": 1, "measure": 1},
 }
@@ -34,7 +35,7 @@ def write_profile(folder: Path, **keys) -> Path:
                 "accelerator": "cpu",
                 "ray_address": "local",
                 "nodes": 1,
-                "gpus_per_node": 1,
+                "gpus_per_node": 2,
                 "cpus_per_rank": 1,
                 **keys,
             }
@@ -67,28 +68,29 @@ def test_ranks_compile_into_the_profile_cache_a_later_run_reuses_it_and_a_profil
     assert first["status"] == "ok" and first["compile"] == "regional"
     graphs, autograd = entries(cache / "fxgraph"), entries(cache / "aotautograd")
     assert graphs and autograd  # the compiled blocks and loss, forward and backward, on disk
-    assert len(graphs) == 2 * len(autograd)  # every graph's forward and backward under an AOTAutograd entry
+    keys = {name: {str(Path(entry).parent) for entry in found} for name, found in (("fx", graphs), ("aot", autograd))}
+    assert len(keys["fx"]) == 2 * len(keys["aot"])  # every graph's forward and backward under an AOTAutograd key
 
     # A second run, in fresh rank processes, compiles the same graphs: each is a hit, so no entry is written
     # (a miss writes its entry, a new one or the same one again).
     (second,) = run(tmp_path, profile, "second")
-    assert second["status"] == "ok"
+    assert second["status"] == "ok" and second["loss_curve"] == first["loss_curve"]
     assert entries(cache / "fxgraph") == graphs and entries(cache / "aotautograd") == autograd
+    assert (second["compile_cache_hits"], second["compile_cache_misses"]) == (4, 0)
 
     # A profile's env overrides the cache dir. Its folder, a copy of that cache with one compiled graph taken
     # out (a cold cache would compile every graph again): the ranks compile that graph into it, and the
     # profile's compile_cache folder is never made.
     mine = tmp_path / "mine"
     shutil.copytree(cache, mine)
-    gone = mine / "fxgraph" / min(graphs)
-    gone.unlink()
-    assert not any(gone.parent.iterdir())  # its graph's only entry
+    gone = (mine / "fxgraph" / min(graphs)).parent  # a graph's key: its entries (one a rank that wrote it)
+    shutil.rmtree(gone)
     profile = write_profile(
         tmp_path, compile_cache=str(tmp_path / "unused"), env={"TORCHINDUCTOR_CACHE_DIR": str(mine)}
     )
     (env,) = run(tmp_path, profile, "env")
     assert env["status"] == "ok"
-    assert any(gone.parent.iterdir()), "the graph taken out was not compiled into the env's cache dir"
+    assert gone.is_dir() and any(gone.iterdir()), "the graph taken out was not compiled into the env's cache dir"
     assert not (tmp_path / "unused").exists()
 
 
