@@ -2,7 +2,7 @@
 
 The grid is torchao's FP8 (emulated on CPU ranks) over 2 ranks, its weights all-gathered in FP8: its graphs are the
 ones torch alone left out of AOTAutograd's cache (trainer.compile_keys), so a later run that finds everything there
-traces nothing again, and trains the same."""
+skips their forward and backward trace, and trains the same."""
 
 from __future__ import annotations
 

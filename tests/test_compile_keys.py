@@ -2,9 +2,9 @@
 
 Real processes on a shared inductor cache, as a side process compiling ahead and the rank after it are: torchao's
 emulated FP8 (CPU) through torch.compile, per block as `compile: regional` compiles. The second process finds the
-first one's AOTAutograd entry (it traces nothing again) and computes the same gradients; with torch alone it bypasses
-that cache for the same graph. Each process is benchmarks/compile_keys_probe.py's step, whose seconds RESULTS.md
-has for CPU; what it saves on a GPU is measured there.
+first one's AOTAutograd entry (it does not trace the forward and backward again) and computes the same gradients; with
+torch alone it bypasses that cache for the same graph. Each process is benchmarks/compile_keys_probe.py's step, whose
+seconds RESULTS.md has for CPU; what it saves on a GPU is measured there.
 """
 
 from __future__ import annotations
