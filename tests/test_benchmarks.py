@@ -16,14 +16,28 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 CAMPAIGNS = sorted(p for p in (BENCH / "campaigns").iterdir() if p.is_dir())
 H200X2 = BENCH / "profiles" / "h200x2.yaml"
-# multinode runs its grid on both profiles (benchmarks/device/job.sh multinode)
-PROFILES = {"multinode": [H200X2, BENCH / "profiles" / "h200-2nodes.yaml"]}
+# multinode runs its grid on both profiles (benchmarks/device/job.sh multinode); layouts each grid on its own
+# (benchmarks/device/layouts.sh)
+PROFILES = {
+    "multinode": [H200X2, BENCH / "profiles" / "h200-2nodes.yaml"],
+    "layouts/a-two-gpus": [H200X2],
+    "layouts/b-two-nodes": [BENCH / "profiles" / "h200-2nodes.yaml"],
+    "layouts/c-four-gpus": [BENCH / "profiles" / "h200x4.yaml"],
+    "layouts/d-four-gpus-two-nodes": [BENCH / "profiles" / "h200x4-2nodes.yaml"],
+}
 GRIDS = [
     (grid, profile)
     for campaign in CAMPAIGNS
     for grid in sorted(campaign.glob("*.yaml"))
-    for profile in PROFILES.get(campaign.name, [H200X2])
+    for profile in PROFILES.get(f"{campaign.name}/{grid.stem}", PROFILES.get(campaign.name, [H200X2]))
 ]
+
+
+def test_the_layouts_script_runs_every_grid_of_its_campaign_on_the_profile_its_test_plans_it_on():
+    script = (BENCH / "device" / "layouts.sh").read_text()
+    for grid in sorted((BENCH / "campaigns" / "layouts").glob("*.yaml")):
+        (profile,) = PROFILES[f"layouts/{grid.stem}"]
+        assert f"layout_grid {grid.stem} benchmarks/profiles/{profile.name}" in script, grid.name
 
 
 def test_there_are_campaigns_and_each_has_a_grid():

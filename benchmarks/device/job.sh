@@ -8,7 +8,8 @@
 # $OUT/CAMPAIGN.tgz (Parquet partition folders are named cluster=.../run=..., which do not come back as
 # files). Until then it says which folder to carry next: call it again with that folder. The log is
 # $OUT/CAMPAIGN.log. The campaign `multinode` runs twice: on PROFILE (one Ray node holding both GPUs),
-# then on benchmarks/profiles/h200-2nodes.yaml over two Ray nodes of one GPU each, started here.
+# then on benchmarks/profiles/h200-2nodes.yaml over two Ray nodes of one GPU each, started here. The campaign
+# `layouts` runs each grid on its own profile (benchmarks/device/layouts.sh; PROFILE is not used).
 set -uo pipefail
 [ $# -ge 1 ] && [ $# -le 2 ] || { echo "usage: bash benchmarks/device/job.sh CAMPAIGN [PROFILE]" >&2; exit 2; }
 campaign=$(basename "$1")
@@ -30,15 +31,15 @@ run() {  # run PROFILE: the campaign, stopped with SIGINT past the deadline
 
 if [ "$campaign" = multinode ]; then
   run "$profile"
-  export RAY_AUTH_MODE=disabled  # the driver joins with the auth mode the nodes were started with
-  ray=(python3 -m ray.scripts.scripts)
-  CUDA_VISIBLE_DEVICES=0 "${ray[@]}" start --head --port 6380 --num-gpus 1 --num-cpus 8 --include-dashboard=false
-  CUDA_VISIBLE_DEVICES=1 "${ray[@]}" start --address 127.0.0.1:6380 --num-gpus 1 --num-cpus 8
-  "${ray[@]}" status
+  ray_nodes_start 1
   run benchmarks/profiles/h200-2nodes.yaml
   status=$?
-  "${ray[@]}" stop --force 2>&1 | tail -n 1  # it lists every process it kills
+  ray_nodes_stop
   $SWEEP results compare "$results" --by cluster --baseline "$(awk '/^name:/ {print $2}' "$profile")" --format md
+elif [ "$campaign" = layouts ]; then
+  source benchmarks/device/layouts.sh  # each grid on its profile, as many as the machine's GPUs allow
+  layouts
+  status=$?
 else
   run "$profile"
   status=$?

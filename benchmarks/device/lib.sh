@@ -56,3 +56,19 @@ job_begin() {  # job_begin NAME NEEDS_TE (0/1): a campaign script's start on the
     --format=csv
   python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
 }
+
+ray_nodes_start() {  # ray_nodes_start GPUS_PER_NODE: this host's GPUs as two Ray nodes (the first GPUS_PER_NODE GPUs
+  # the head, the next ones a worker), 8 CPUs per GPU; a profile with ray_address: auto joins them
+  local n=$1 first second
+  first=$(seq -s, 0 $((n - 1))) second=$(seq -s, "$n" $((2 * n - 1)))
+  export RAY_AUTH_MODE=disabled  # the driver joins with the auth mode the nodes were started with
+  CUDA_VISIBLE_DEVICES=$first python3 -m ray.scripts.scripts start --head --port 6380 --num-gpus "$n" \
+    --num-cpus $((8 * n)) --include-dashboard=false
+  CUDA_VISIBLE_DEVICES=$second python3 -m ray.scripts.scripts start --address 127.0.0.1:6380 --num-gpus "$n" \
+    --num-cpus $((8 * n))
+  python3 -m ray.scripts.scripts status
+}
+
+ray_nodes_stop() {
+  python3 -m ray.scripts.scripts stop --force 2>&1 | tail -n 1  # it lists every process it kills
+}
