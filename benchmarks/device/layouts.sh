@@ -7,14 +7,17 @@
 # one result folder: with 2 GPUs a-two-gpus (FSDP 2 against TP 2, one Ray node) and b-two-nodes (FSDP 2 against HSDP
 # 2 x 1 over two Ray nodes of one GPU, started here; and `sweep plan` must refuse TP 2 across them, exit 2); with 4
 # GPUs c-four-gpus (FSDP 4, FSDP 2 x TP 2) and d-four-gpus-two-nodes (HSDP 2 x 2 over two Ray nodes of two GPUs)
-# instead. Then `sweep results compare --by tp` and `--by dp_replicate`: each layout's TFLOP/s/GPU over FSDP's, with
+# instead (LAYOUTS_GPUS=2 runs the 2-GPU ones there). A campaign cut by the job's limit goes on in the next job from
+# the rows it packed, as job.sh says (--resume). Then `sweep results compare --by tp` and `--by dp_replicate`: each layout's TFLOP/s/GPU over FSDP's, with
 # both losses at the same tokens. Needs from job.sh: $SWEEP, $results, $deadline; lib.sh's ray_nodes_start/stop.
 
 layout_grid() {  # layout_grid GRID PROFILE: one grid of the campaign on one profile, stopped with SIGINT at the deadline
   local left=$((deadline - SECONDS)) grid=benchmarks/campaigns/layouts/$1.yaml
   [ $left -gt 30 ] || { echo "job: no time left for $1"; return 124; }
   echo "== $(date -u +%FT%TZ) $SWEEP run $grid --cluster $2"
-  timeout --signal=INT --kill-after=20 $left $SWEEP run "$grid" --cluster "$2" --output "$results" --no-progress
+  # shellcheck disable=SC2086 # SWEEP_RUN_ARGS: job.sh's --resume when an earlier job's rows were carried in
+  timeout --signal=INT --kill-after=20 $left $SWEEP run "$grid" --cluster "$2" --output "$results" --no-progress \
+    ${SWEEP_RUN_ARGS:-}
   local rc=$?
   [ $rc -eq 3 ] && rc=0  # a grid whose every trial was refused (unsupported) still says why in its rows
   return $rc
@@ -22,7 +25,7 @@ layout_grid() {  # layout_grid GRID PROFILE: one grid of the campaign on one pro
 
 layouts() {
   local gpus status=0
-  gpus=$(nvidia-smi -L | wc -l)
+  gpus=${LAYOUTS_GPUS:-$(nvidia-smi -L | wc -l)}  # LAYOUTS_GPUS=2 runs the 2-GPU grids on a 4-GPU machine
   echo "layouts: $gpus GPUs"
   if [ "$gpus" -ge 4 ]; then
     layout_grid c-four-gpus benchmarks/profiles/h200x4.yaml || status=$?
