@@ -8,8 +8,8 @@
 # 2 x 1 over two Ray nodes of one GPU, started here; and `sweep plan` must refuse TP 2 across them, exit 2); with 4
 # GPUs c-four-gpus (FSDP 4, FSDP 2 x TP 2) and d-four-gpus-two-nodes (HSDP 2 x 2 over two Ray nodes of two GPUs)
 # instead (LAYOUTS_GPUS=2 runs the 2-GPU ones there). A campaign cut by the job's limit goes on in the next job from
-# the rows it packed, as job.sh says (--resume). Then `sweep results compare --by tp` and `--by dp_replicate`: each layout's TFLOP/s/GPU over FSDP's, with
-# both losses at the same tokens. Needs from job.sh: $SWEEP, $results, $deadline; lib.sh's ray_nodes_start/stop.
+# the rows it packed, as job.sh says (--resume). Then `sweep results compare --by tp` and `--by dp_replicate`: each
+# layout's TFLOP/s/GPU over FSDP's, with both losses at the same tokens. Needs from job.sh: $SWEEP, $results, $deadline; lib.sh's ray_nodes_start/stop.
 
 layout_grid() {  # layout_grid GRID PROFILE: one grid of the campaign on one profile, stopped with SIGINT at the deadline
   local left=$((deadline - SECONDS)) grid=benchmarks/campaigns/layouts/$1.yaml
