@@ -236,12 +236,14 @@ AXES = {
 @pytest.mark.parametrize("path", SHIPPED_GRIDS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_shipped_grids_plan_as_written(path, cli):
     """The example grids and those that reproduce benchmarks/RESULTS.md plan through the CLI on the profile
-    the benchmark jobs use, and every value they list reaches a trial: none lost to a fold or a merge."""
-    result = cli("plan", path, "--cluster", PROFILE)
-    assert result.exit_code == 0, result.output
+    the benchmark jobs use (4-GPU grids on the 4-GPU one), and every value they list reaches a trial: none lost to a
+    fold or a merge."""
     grid = load_grid(path)
-    trials = expand(grid, cluster="h200x2")
-    assert f"{len(trials)} trial{'s' * (len(trials) != 1)} on h200x2" in result.stdout
+    profile = PROFILE if max(grid.gpus) <= 2 else PROFILE.with_name("h200x4.yaml")  # the layouts campaign's 4 GPUs
+    result = cli("plan", path, "--cluster", profile)
+    assert result.exit_code == 0, result.output
+    trials = expand(grid, cluster=profile.stem)
+    assert f"{len(trials)} trial{'s' * (len(trials) != 1)} on {profile.stem}" in result.stdout
     for axis, field in AXES.items():
         assert {getattr(t, field) for t in trials} == set(getattr(grid, axis)), axis
     assert len({t.model.label for t in trials}) == len(set(grid.models))  # one label per distinct spec
