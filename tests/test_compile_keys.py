@@ -9,6 +9,7 @@ seconds RESULTS.md has for CPU; what it saves on a GPU is measured there.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from trainer import compile_keys  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@functools.cache
 def _probe():
     """benchmarks/compile_keys_probe.py: its `run` is one fresh process's step on a cache."""
     spec = importlib.util.spec_from_file_location("compile_keys_probe", ROOT / "benchmarks" / "compile_keys_probe.py")

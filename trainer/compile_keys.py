@@ -98,14 +98,14 @@ def install() -> None:
     """Both mends, once per process (idempotent)."""
     copyreg.pickle(torch.memory_format, lambda f: (memory_format, (str(f).removeprefix("torch."),)))
     fingerprint = torchao_fingerprint()
+    if not fingerprint:  # no torchao: none of its graphs to key
+        return
     try:
         import torch._inductor.config as inductor_config
         import torch.fx.graph_module as graph_module
 
         original = graph_module._format_import_statement  # how a graph's globals are written for its key
     except (ImportError, AttributeError):  # another torch: its caches key (or bypass) these graphs themselves
-        return
-    if not fingerprint:
         return
     if not hasattr(original, "sweep_original"):
         graph_module._format_import_statement = _keyed_imports(original)
