@@ -116,7 +116,10 @@ def test_max_batch_search_finds_the_limit_in_log_probes(ray_session, cli, write_
     assert all(s == "ok" for b, s in status.items() if b <= best) and all(
         s == "oom" for b, s in status.items() if b > best
     )
-    assert len(rows) == verdict["probes"] <= 2 * math.ceil(math.log2(best + 1)) + 1
+    # the bound sweep.search.probe_budget keeps on any memory curve (this test's first bound, + 1, was plain
+    # doubling and bisection's; the guided search spends up to one more where a CPU peak's noise misleads its line:
+    # on 2026-12-05, 1 and 2 fit, the line through them said 37, which failed, and the limit 19 took 12 probes)
+    assert len(rows) == verdict["probes"] <= 2 * math.ceil(math.log2(best)) + 2
     assert verdict["fastest_batch"] in status and status[verdict["fastest_batch"]] == "ok"
     assert {r["search_id"] for r in rows} == {verdict["search_id"]}
     assert "max-batch verdicts" in result.stdout
