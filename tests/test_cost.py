@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import result_row
+from conftest import result_row, rows_folder
 
 from sweep.record import store
 from sweep.record.cost import attempt_seconds, gpu_seconds, measured_share, percents, summary_line
@@ -76,6 +76,84 @@ def test_summary_line():
     assert "failed attempts 50 %" in summary_line([_ok(), {"status": "timeout", "world_size": 2, "trial_wall_s": 10.0}])
     assert summary_line([_ok(world_size=8, trial_wall_s=3600.0)]).startswith("GPU time: 8.0 GPU-h held")
     assert summary_line([{"status": "unsupported"}]) is None
+
+
+# -- `results show`: the same line over the rows a folder holds, summed in DuckDB (sweep.results.gpu_time) ----------
+
+
+def _attempts_of_every_kind() -> list[dict]:
+    """Attempts of every status, each edge of cost.attempt_seconds among them (trial ids tell which)."""
+    return [
+        _ok(trial_id="warm"),  # the warm-up step carried compile: measured steps are steps_time_s
+        _ok(trial_id="cold", warmup_steps=0, steps_time_s=4.0),  # the first measured step compiled: less compile
+        _ok(trial_id="short", warmup_steps=0, steps_time_s=0.5, compile_time_s=2.0),  # measured clamped at 0
+        _ok(trial_id="ahead", trial_wall_s=14.0, precompile_s=4.0),  # waited for graphs compiled ahead: compile
+        _ok(trial_id="over", trial_wall_s=4.9),  # the workers' clocks past the driver's wall: start-up clamped at 0
+        # nulls count as 0, an unknown world size as one rank, and so does 0
+        _ok(trial_id="nulls", compile_time_s=None, warmup_steps=None, step_time_s=None, world_size=None),
+        _ok(trial_id="zero-ranks", world_size=0),
+        result_row(trial_id="oom", status="oom", world_size=4, trial_wall_s=5.0, step_time_s=None),
+        result_row(trial_id="error", status="error", world_size=2, trial_wall_s=7.0, step_time_s=None),
+        result_row(trial_id="timeout", status="timeout", world_size=1, trial_wall_s=9.0, step_time_s=None),
+        result_row(trial_id="unsupported", status="unsupported", world_size=8, trial_wall_s=3.0, step_time_s=None),
+    ]
+
+
+def _write_old_file(folder, row: dict) -> None:
+    """`row` as schema 1.13 wrote it: without precompile_s and the columns that came with it."""
+    import pyarrow.parquet as pq
+
+    from sweep.record.schema import VERSION_KEY, to_table
+
+    added = ["precompile_s", "precompiled_graphs", "compile_cache_hits", "compile_cache_misses"]
+    old = to_table([row]).drop_columns(added).replace_schema_metadata({VERSION_KEY: b"1.13"})
+    path = folder / "cluster=local" / "run=old" / "old.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(old, path)
+
+
+def test_results_show_sums_the_gpu_time_in_sql_as_cost_gpu_seconds_does(tmp_path_factory):
+    from sweep.results import aggregate, gpu_time
+
+    rows = _attempts_of_every_kind()
+    folder = rows_folder(tmp_path_factory, "kinds", rows)
+    old = _ok(run_id="old", trial_id="old", precompile_s=None)  # a file older than precompile_s reads it as null
+    _write_old_file(folder, old)
+    summed = gpu_time.gpu_seconds(aggregate.load_rows(folder, extra=gpu_time.COLUMNS))
+    assert summed == pytest.approx(gpu_seconds([*rows, old]), rel=1e-12)
+    assert all(summed.values()), summed  # every part has time: none agrees by being 0 on both sides
+    assert gpu_time.summary_line(aggregate.load_rows(folder, extra=gpu_time.COLUMNS)) == summary_line([*rows, old])
+    only_unsupported = aggregate.load_rows(folder, ["status=unsupported"], extra=gpu_time.COLUMNS)
+    assert gpu_time.summary_line(only_unsupported) is None
+
+
+def test_results_show_ends_with_where_the_selected_rows_gpu_time_went(cli, tmp_path_factory):
+    """Over every row --where selects, --limit or not: bf16 and fp8-te ok attempts of 20 GPU-s each (measured 6,
+    warm-up 2, compile 2, start-up 10), a bf16 OOM of 10 GPU-s, an unsupported attempt that cost nothing."""
+    folder = rows_folder(
+        tmp_path_factory,
+        "show",
+        [
+            _ok(trial_id="bf16"),
+            _ok(trial_id="fp8", precision="fp8-te"),
+            result_row(trial_id="oom", status="oom", batch_size=8, world_size=2, trial_wall_s=5.0, step_time_s=None),
+            result_row(trial_id="unsupported", status="unsupported", precision="fp8-te", batch_size=64, world_size=2),
+        ],
+    )
+    every = cli("results", "show", folder)
+    assert every.exit_code == 0, every.output
+    assert every.stdout.splitlines()[-1] == (
+        "GPU time: 50 GPU-s held — measured steps 24 %, warm-up 8 %, compile 8 %, start-up 40 %, OOM attempts 20 %"
+    )
+    bf16 = cli("results", "show", folder, "--where", "precision=bf16", "--limit", "1")
+    assert bf16.exit_code == 0, bf16.output
+    assert "1 of 2 rows" in bf16.stdout  # the OOM row is not printed, and counts
+    assert bf16.stdout.splitlines()[-1] == (
+        "GPU time: 30 GPU-s held — measured steps 20 %, warm-up 7 %, compile 7 %, start-up 33 %, OOM attempts 33 %"
+    )
+    never_ran = cli("results", "show", folder, "--where", "status=unsupported")
+    assert never_ran.exit_code == 0, never_ran.output
+    assert "GPU time" not in never_ran.stdout
 
 
 # -- through the CLI: a real 2-rank sweep on CPU ranks ----------------------------------------------------

@@ -45,8 +45,11 @@ def show(
     skip_bad: SkipBad = False,
 ) -> None:
     """Print result rows (one per attempt): config, status, TFLOP/s/GPU, MFU, step time and its interval, memory,
-    energy where measured, loss (first → last, and at the tokens trained every ok row reached), error."""
-    from sweep.results import aggregate, energy_view, intervals, loss_at, recount, render
+    energy where measured, loss (first → last, and at the tokens trained every ok row reached), error.
+
+    Then where the selected rows' GPU time went (every row --where selects, not only those printed), as `sweep run`
+    says it: measured steps, warm-up, compile, start-up, OOM and failed attempts."""
+    from sweep.results import aggregate, energy_view, gpu_time, intervals, loss_at, recount, render
 
     cols = energy_view.with_energy(render.SHOW_COLS, energy_view.SHOW_COLS, before="loss_last")
     columns = [c.key for c in cols if c is not render.LOSS_AT] + [
@@ -54,6 +57,7 @@ def show(
         "started_at",
         "run_id",
         *aggregate.LOSS_CURVES,
+        *gpu_time.COLUMNS,
     ]
     table = aggregate.load_rows(directory, where or (), skip_bad, columns, flops.value, row_id=True)
     rows, tokens, total, configs = aggregate.show_rows(table, limit)  # tokens, total, configs: every selected row
@@ -68,6 +72,8 @@ def show(
         note=" · ".join(p for p in notes if p),
         selected=configs,
     )
+    if gpu_time_line := gpu_time.summary_line(table):  # None: no selected row ran (all unsupported)
+        typer.echo(gpu_time_line)
 
 
 @app.command("max-batch")

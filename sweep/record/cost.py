@@ -83,7 +83,12 @@ def measured_share(row: Row) -> float | None:
 
 def summary_line(rows: Iterable[Row]) -> str | None:
     """'GPU time: 412 GPU-s held — measured steps 31 %, warm-up 9 %, ...', or None when nothing ran."""
-    seconds = gpu_seconds(rows)
+    return seconds_line(gpu_seconds(rows))
+
+
+def seconds_line(seconds: dict[str, float]) -> str | None:
+    """``summary_line`` of GPU-seconds by part: ``gpu_seconds``' answer, or the same sums made elsewhere (`results
+    show` sums a million rows in DuckDB, ``sweep.results.gpu_time``): one wording for both."""
     shares = percents(seconds)
     if not shares:
         return None
