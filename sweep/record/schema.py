@@ -225,7 +225,8 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
         "process_setup_s",
         pa.float64(),
         "rank 0, a trial that started its process group: device (CUDA context), "
-        "rendezvous, process group (NCCL or gloo), baseline barrier; null when warm",
+        "rendezvous, process group (NCCL or gloo), baseline barrier and release (a compiled first trial's "
+        "on CUDA imports inductor there); null when warm",
     ),
     (
         "model_build_s",
