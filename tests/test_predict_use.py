@@ -220,8 +220,8 @@ def test_a_max_batch_verdict_prints_predicted_against_measured_peak(tmp_path, sw
     )
     assert proc.returncode == 3, proc.stderr  # nothing measured
     assert (
-        "predicted / measured peak, llama3-8b bf16 (compile regional, 1 rank): batch 1 160 GiB / predicted OOM"
-        in proc.stdout
+        "predicted (calibrated on 1 row) / measured peak, llama3-8b bf16 (compile regional, 1 rank): batch 1 160 GiB / "
+        "predicted OOM" in proc.stdout
     ), proc.stdout
 
 
@@ -242,10 +242,20 @@ def test_probe_peaks_compare_the_prediction_the_run_began_with_against_the_measu
     from sweep.memory.capacity import size
 
     assert line == (
-        "predicted / measured peak, llama3-8b bf16 (compile regional, 2 ranks): "
+        "predicted (uncalibrated) / measured peak, llama3-8b bf16 (compile regional, 2 ranks): "
         f"batch 4 129 GiB / 103 GiB (+25.0 %) · batch 5 {size(NO_ROWS.predict_trial(_trial(5)).raw)} / oom"
     )
     assert predictor.calibration.ratio("bf16", "regional") == pytest.approx(0.8)
+    # a run that began on a folder with a clean row of the kind: its probes' predictions rest on it, and say so
+    from sweep.memory.calibration import calibrate
+    from sweep.memory.predictor import sample
+
+    calibrated = Predictor(profile=load_profile("h200"), prior=calibrate([sample(ok)]))
+    (peak,) = calibrated.probe_peaks([ok])
+    assert peak.basis == "calibrated on 1 row" and peak.predicted == pytest.approx(ok["peak_mem_gib"] * GiB)
+    assert peak_line({"model": "llama3-8b", "precision": "bf16", "compile": "regional", "gpus": 2}, [peak]).startswith(
+        "predicted (calibrated on 1 row) / measured peak, "
+    )
 
 
 HELD_OUT = {

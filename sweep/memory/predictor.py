@@ -136,6 +136,7 @@ class ProbePeak:
     measured_gib: float | None
     status: str
     predicted_oom: bool  # recorded without GPU time: the prediction stands in for the measurement
+    basis: str = "uncalibrated"  # what the prediction rests on (Prediction.short): a fresh folder's is the raw model
 
 
 @dataclass
@@ -231,13 +232,15 @@ class Predictor:
                 continue
             precision, compile, batch, status = row["precision"], row["compile"], row["batch_size"], row["status"]
             assert precision is not None and compile is not None and batch is not None and status is not None
+            prediction = self.prior.predict(_shape(row), precision, compile)
             out.append(
                 ProbePeak(
                     batch=batch,
-                    predicted=self.prior.predict(_shape(row), precision, compile).bytes,
+                    predicted=prediction.bytes,
                     measured_gib=row.get("peak_mem_gib") if status == "ok" else None,
                     status=status,
                     predicted_oom=is_predicted_oom(row),
+                    basis=prediction.short(),
                 )
             )
         return out
@@ -322,8 +325,10 @@ def predicted_reason(trial: Trial, memory: tuple[float, str] | None, calibration
 
 
 def peak_line(v: Mapping[str, Any], peaks: Sequence[ProbePeak]) -> str:
-    """Under a max-batch verdict `v`, its probes' predicted against measured peak (the prediction's error):
-    `predicted / measured peak, llama3-8b bf16 (...): batch 5 129 GiB / 130 GiB (-0.8 %) · batch 6 150 GiB / oom`."""
+    """Under a max-batch verdict `v`, its probes' predicted against measured peak (the prediction's error), saying
+    what the predictions rest on as the run began (a fresh folder: the raw model; a probe predicted not to fit was
+    decided by the calibration of that moment, which its row's error gives): `predicted (calibrated on 2 rows) /
+    measured peak, llama3-8b bf16 (...): batch 5 129 GiB / 130 GiB (-0.8 %) · batch 6 150 GiB / oom`."""
     from sweep.memory.capacity import size
 
     parts = []
@@ -334,6 +339,7 @@ def peak_line(v: Mapping[str, Any], peaks: Sequence[ProbePeak]) -> str:
             measured = "predicted OOM" if p.predicted_oom else p.status
         parts.append(f"batch {p.batch} {size(p.predicted)} / {measured}")
     return (
-        f"predicted / measured peak, {v['model']} {v['precision']} (compile {v['compile']}, {v['gpus']} "
+        f"predicted{f' ({peaks[0].basis})' if peaks else ''} / measured peak, {v['model']} {v['precision']} "
+        f"(compile {v['compile']}, {v['gpus']} "
         f"rank{'s' * (v['gpus'] != 1)}): " + (" · ".join(parts) or "no probes")
     )
