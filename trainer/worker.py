@@ -221,8 +221,8 @@ class RankWorker:
             dist.barrier()  # what the process group keeps for itself (a communicator's barrier tensor) is baseline
             with thawed():  # and out of every later trial's collections
                 # a fresh process has compiled nothing: dynamo's reset would only import inductor (its CUDA graph
-                # trees: 3.4 s on an H200 host, torch 2.11), which a trial without compile never needs; a compiled
-                # trial imports it here, beside its side processes compiling ahead, not inside its first step
+                # trees, torch 2.11; benchmarks/RESULTS.md "Cold sweep"), which a trial without compile never needs;
+                # a compiled trial imports it here, beside its side processes compiling ahead, not in its first step
                 release(rank.device, keep_for=job.trial if job.trial.compile == "none" else None)
                 self.baseline_bytes = held_bytes(rank.device)
         joined = time.perf_counter()
