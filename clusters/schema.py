@@ -162,6 +162,13 @@ class ClusterProfile(BaseModel):
     """Inductor's persistent cache directory (FX graph and AOTAutograd caches) on each node, shared by every
     trial and run there: a trial that compiles graphs an earlier one compiled loads them. `~` and `${VAR}` are
     expanded on each node. The profile's `env` wins if it sets TORCHINDUCTOR_CACHE_DIR itself."""
+    prestarted_ranks: int | Literal["auto"] = "auto"
+    """Rank processes that Ray starts, torch and the trainer imported in them (`trainer.preload`), as sweep starts
+    Ray (`ray_address: local`) and before any group is placed: a group placed later takes them, so its GPUs are not
+    held while they import. `auto`: two groups' worth of a node's ranks on a GPU profile (a run's first group and
+    one more, such as Transformer Engine's after torch's), one on a CPU profile (whose cores are its ranks); 0: each
+    rank starts and imports once placed. At least a node's ranks when on. Only in the Ray that sweep starts: on a
+    running cluster each rank starts once placed."""
     description: str | None = None
 
     @model_validator(mode="before")
@@ -211,6 +218,21 @@ class ClusterProfile(BaseModel):
         count: int = value
         return count
 
+    @field_validator("prestarted_ranks", mode="plain")
+    @classmethod
+    def _prestart_count(cls, value: Any, info: ValidationInfo) -> int | str:
+        if value == "auto":
+            return "auto"
+        if type(value) is not int or value < 0:
+            raise ValueError("expected a whole number >= 0, or 'auto'")
+        if value and info.data.get("ray_address", "local") != "local":
+            raise ValueError(
+                "rank processes are started ahead only by the Ray that sweep starts (ray_address: local); "
+                "on a running cluster each rank starts once placed: remove the key or set it to 0"
+            )
+        count: int = value
+        return count
+
     @field_validator("compile_cache")
     @classmethod
     def _absolute_cache(cls, value: str) -> str:
@@ -252,6 +274,15 @@ class ClusterProfile(BaseModel):
         if self.gpus_per_node == "auto":
             return max(1, usable_cpus() // self.cpus_per_rank)
         return self.gpus_per_node
+
+    @property
+    def prestart_count(self) -> int:
+        """`prestarted_ranks` resolved: 0 where sweep does not start Ray; else at least a node's ranks, or none."""
+        if not self.is_embedded or self.prestarted_ranks == 0:
+            return 0
+        if self.prestarted_ranks == "auto":
+            return (2 if self.is_gpu else 1) * self.ranks_per_node
+        return max(self.prestarted_ranks, self.ranks_per_node)
 
     @property
     def compile_cache_env(self) -> str:

@@ -132,7 +132,18 @@ class RankWorker:
                 node_id, ip = None, "127.0.0.1"
         self.listener = _listen(ip, 0)
         port = self.listener.getsockname()[1]
-        return {"ip": ip, "port": port, "hostname": socket.gethostname(), "node_id": node_id, "pid": os.getpid()}
+        # when Ray's worker pool imported torch and the trainer in this process (trainer.preload), if it did: the
+        # driver compares it with its group's placement (imported_before_placement); importing the module here
+        # would run the preload
+        preloaded = getattr(sys.modules.get("trainer.preload"), "DONE", None)
+        return {
+            "ip": ip,
+            "port": port,
+            "hostname": socket.gethostname(),
+            "node_id": node_id,
+            "pid": os.getpid(),
+            "preloaded_at": preloaded.finished_at if preloaded else None,
+        }
 
     def run(self, job: RankJob) -> RankResult:
         # A warm process's trial starts here: its init_time_s is the model build alone, not the process start.
@@ -190,6 +201,9 @@ class RankWorker:
         from trainer.train import Rank
 
         if self.rank is None:
+            preloaded = sys.modules.get("trainer.preload")  # imported by Ray ahead of this actor, if at all
+            if preloaded is not None and job.device_type != "cpu":
+                preloaded.check()  # its GPU must be the one Ray assigned
             device = rank_device(job.device_type)
             self.rank = Rank(device=device, mesh=_join(job, device, self._take_listener(job)), rank=job.rank)
         elif (job.rank, job.world_size, job.device_type) != (

@@ -31,11 +31,21 @@ class Outcome:
     traceback: str | None = None  # the failing rank's Python traceback
     group_trial_index: int = 0  # trials its group ran before this one (0: a fresh group's processes)
     process_start_s: float | None = None  # a fresh group's first trial: its placement to every rank process up
+    imported_before_placement: bool | None = None  # a fresh group's first trial: `imported_before`
     note: str | None = None  # why an ok trial's group was retired (memory not back to its baseline)
 
     @property
     def actor_reused(self) -> bool:
         return self.group_trial_index > 0
+
+
+def imported_before(nodes: list[dict[str, Any]], placed_at: datetime | None) -> bool | None:
+    """Whether every rank process had imported torch and the trainer (`trainer.preload`, in Ray's worker pool)
+    before its group was placed: its GPUs were not held while they imported. None before it was placed."""
+    if placed_at is None or not nodes:
+        return None
+    placed = placed_at.timestamp()
+    return all(n.get("preloaded_at") is not None and n["preloaded_at"] <= placed for n in nodes)
 
 
 def is_infrastructure_error(error: str | None) -> bool:

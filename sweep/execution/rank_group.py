@@ -95,9 +95,12 @@ class StartFailure:
 class Placer:
     """Places, starts and retires rank groups on Ray for one cluster profile."""
 
-    def __init__(self, ray: Any, profile: ClusterProfile, *, reuse: bool) -> None:
+    def __init__(self, ray: Any, profile: ClusterProfile, *, reuse: bool, env_in_ray: bool = False) -> None:
         self.ray = ray
         self.profile = profile
+        # the ranks' environment is already Ray's (sweep.execution.prestart): an actor with a runtime_env of its own
+        # never gets one of the rank processes Ray started ahead
+        self.env_in_ray = env_in_ray
         self.reuse = reuse  # the actors keep their process group for a next trial (RankWorker's keep_group)
         self._remote_worker: Any = None
         self._requests = 0  # placement groups requested
@@ -185,7 +188,7 @@ class Placer:
                 num_gpus=1 if self.profile.is_gpu else 0,
                 max_restarts=0,
                 scheduling_strategy=where,
-                runtime_env={"env_vars": env},
+                **({} if self.env_in_ray else {"runtime_env": {"env_vars": env}}),
             ).remote(keep_group=self.reuse)
             g.actors.append(actor)
         g.info_refs = [actor.node_info.remote() for actor in g.actors]

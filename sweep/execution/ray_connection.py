@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from clusters.schema import ClusterProfile
     from sweep.errors import UserError
+    from sweep.execution.prestart import Prestart
 
 # On Linux, Ray turns `_node_ip_address="127.0.0.1"` into the machine's routable address and binds its
 # gRPC servers (GCS, raylet, every worker) and agents to all interfaces. It keeps 127.0.0.1 only where it
@@ -29,8 +30,9 @@ if TYPE_CHECKING:
 _LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
-def connect(profile: ClusterProfile) -> bool:
-    """Connect for `profile`; returns True if this call started Ray (and so should shut it down).
+def connect(profile: ClusterProfile, prestart: Prestart | None = None) -> bool:
+    """Connect for `profile`; returns True if this call started Ray (and so should shut it down). The Ray it starts
+    starts `prestart`'s rank processes ahead (`sweep.execution.prestart`); one it joins was started by its owner.
 
     A Ctrl-C or SIGTERM while Ray starts is held until the start is complete, then Ray is shut down and
     `Interrupted` raised: interrupting `ray.init` halfway leaves its agent processes running.
@@ -48,8 +50,10 @@ def connect(profile: ClusterProfile) -> bool:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     with signals_held() as interrupted:  # ray.init sets a SIGTERM handler of its own: the block's end puts ours back
         if profile.is_embedded:
-            num_cpus = None if profile.is_gpu else profile.ranks_per_node * profile.cpus_per_rank
-            with loopback_only():
+            from sweep.execution.prestart import embedded_cpus
+
+            num_cpus = embedded_cpus(profile)
+            with loopback_only(), _environ(prestart.env() if prestart else {}):
                 # address="local": always a new instance, never a cluster found in /tmp/ray or $RAY_ADDRESS
                 ray.init(
                     address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **common
@@ -60,6 +64,21 @@ def connect(profile: ClusterProfile) -> bool:
         ray.shutdown()
         raise Interrupted(interrupted[0])
     return True
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """`values` in os.environ for the block (Ray's processes, started in it, inherit them), then as they were."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def join(profile: ClusterProfile, quiet: bool, common: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from trainer.recipes import RECIPES, unsupported_reason
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from sweep.execution.prestart import Prestart
     from sweep.execution.scheduler import Scheduler
     from sweep.memory.calibration import Calibration
     from sweep.memory.predictor import Predictor
@@ -149,8 +150,11 @@ class _Progress:
         Console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
 
     def running(self, trials: list[Trial]) -> None:
+        self.status(", ".join(t.describe() for t in trials[:3]))
+
+    def status(self, text: str) -> None:
         if self.bar:
-            self.bar.update(self.task, description=", ".join(t.describe() for t in trials[:3]))
+            self.bar.update(self.task, description=text)
 
 
 def execute(
@@ -259,12 +263,15 @@ class _Execution:
         self.seen: set[str] = set()
         self.scheduler: Scheduler | None = None
         self.started_ray = False
+        self.prestart: Prestart | None = None  # rank processes the Ray it starts starts ahead
+        self.ctrl_c: list[int] = []  # the stop signals received (execute's signals_held)
         self.warnings: set[str] = set()  # said once a run, however many rows repeat them
         bar.add(len(self.queue))
 
     def loop(self, ctrl_c: list[int]) -> None:
         from sweep.execution.ray_connection import Interrupted
 
+        self.ctrl_c = ctrl_c
         # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
         # (exit 2, no rows), not a run with only its unsupported rows written.
         if any(t.trial_id not in self.recorded and self.unsupported(t) is None for t in self.queue):
@@ -277,12 +284,19 @@ class _Execution:
                 self.collect()
 
     def start(self) -> Scheduler:
+        from sweep.execution.prestart import Prestart
         from sweep.execution.ray_connection import connect
         from sweep.execution.scheduler import Scheduler
 
         make: SchedulerFactory
         if self.make_scheduler is None:
-            self.started_ray, make = connect(self.profile), functools.partial(Scheduler, precompile=self.precompile)
+            self.prestart = Prestart.of(self.profile)
+            self.started_ray = connect(self.profile, self.prestart)
+            if self.prestart and self.started_ray:  # no group is placed (no GPU held) while its processes import
+                self.bar.status(f"starting {self.prestart.expected} rank processes ahead (importing torch)")
+                self.prestart.wait(stopped=lambda: bool(self.ctrl_c))
+            env_in_ray = bool(self.prestart and self.started_ray)  # the ranks' environment: Ray's own
+            make = functools.partial(Scheduler, precompile=self.precompile, env_in_ray=env_in_ray)
         else:  # no Ray to reach: the caller's scheduler
             make = self.make_scheduler
         self.scheduler = make(self.profile, max_concurrent=self.max_concurrent, reuse=self.reuse_actors)
@@ -351,6 +365,8 @@ class _Execution:
         if self.scheduler is not None:
             self.scheduler.shutdown()
         disconnect(self.started_ray)
+        if self.prestart:
+            self.prestart.close()
 
 
 def _was_infrastructure(row: Row) -> bool:

@@ -42,7 +42,7 @@ from typing import Any
 from clusters.schema import ClusterProfile
 from sweep.execution.attempt import Attempt, AttemptEnd, AttemptState
 from sweep.execution.groups import fits, kept_note, opener, pick, returned_to_baseline, run_order, stack_stage
-from sweep.execution.outcome import INFRA_PREFIX, Outcome, deaths
+from sweep.execution.outcome import INFRA_PREFIX, Outcome, deaths, imported_before
 from sweep.execution.placement import node_key, rank_jobs, trial_config
 from sweep.execution.rank_group import WAITING, GroupState, Placer, RankGroup, StartFailure
 from sweep.spec.grid import Trial
@@ -60,6 +60,7 @@ class Scheduler:
         pg_timeout_s: float = PG_TIMEOUT_S,
         reuse: bool = True,
         precompile: bool = False,
+        env_in_ray: bool = False,
     ) -> None:
         import ray
         from ray.exceptions import ObjectLostError, RayActorError
@@ -71,7 +72,7 @@ class Scheduler:
         self.pg_timeout_s = pg_timeout_s
         self.reuse = reuse
         self.precompile = precompile and reuse  # fresh processes for every trial: no group runs what it compiled
-        self.placer = Placer(ray, profile, reuse=reuse)
+        self.placer = Placer(ray, profile, reuse=reuse, env_in_ray=env_in_ray)
         self.queue: list[Trial] = []
         self.groups: list[RankGroup] = []
         self.attempts: list[Attempt] = []
@@ -264,6 +265,7 @@ class Scheduler:
             traceback=end.traceback,
             group_trial_index=a.index,
             process_start_s=process_start,
+            imported_before_placement=imported_before(g.nodes, g.started_at) if a.index == 0 else None,
             note=kept_note(a.trial, ranks) if warm and g.state is GroupState.RETIRED else None,
         )
 

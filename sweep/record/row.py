@@ -94,6 +94,7 @@ class Row(TypedDict, total=False):
     actor_reused: bool | None
     group_trial_index: int | None
     process_start_s: float | None
+    imported_before_placement: bool | None
     import_s: float | None
     process_setup_s: float | None
     model_build_s: float | None

@@ -144,6 +144,7 @@ def _attempt_columns(outcome: Outcome) -> dict[str, Any]:
         actor_reused=outcome.actor_reused,
         group_trial_index=outcome.group_trial_index,
         process_start_s=outcome.process_start_s,
+        imported_before_placement=outcome.imported_before_placement,
     )
     if outcome.nodes:
         columns.update(

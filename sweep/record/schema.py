@@ -15,7 +15,7 @@ import pyarrow as pa
 from sweep.record.row import Row as Row  # re-exported: the rows' Python type, held to RESULT_SCHEMA by tests
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.14"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.15"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
 #                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
 #                          1.8: + process_start_s, import_s, process_setup_s, model_build_s;
@@ -24,7 +24,8 @@ SCHEMA_VERSION = "1.14"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + gr
 #                          1.11: + dynamic_batch; 1.12: + dp_replicate, tp, cp, dp_shard (the parallel layout);
 #                          1.13: + attention, fp8_attention, compile_mode, fp8_pow2_scales, attention_kernel, loss,
 #                                 step_times_s;
-#                          1.14: + precompile_s, precompiled_graphs, compile_cache_hits, compile_cache_misses
+#                          1.14: + precompile_s, precompiled_graphs, compile_cache_hits, compile_cache_misses;
+#                          1.15: + imported_before_placement
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -215,6 +216,13 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
         pa.float64(),
         "driver's clock, a fresh group's first trial: placement ready to every rank "
         "process up (Ray spawns them, they import trainer.worker); null on a warm group",
+    ),
+    (
+        "imported_before_placement",
+        pa.bool_(),
+        "a fresh group's first trial: every rank process had imported torch and the trainer before the group was "
+        "placed (started ahead by Ray with trainer.preload: profile prestarted_ranks), so no GPU was held while "
+        "they imported; null on a warm group and before schema 1.15",
     ),
     (
         "import_s",

@@ -1,0 +1,94 @@
+"""Rank processes started ahead: the Ray that sweep starts (`ray_address: local`) starts them as it starts, each
+importing torch and the trainer (`trainer.preload`), and the first group is placed once they are ready, so no GPU
+is held while they import. No Ray, no torch here: `sweep.execution.ray_connection` starts Ray with `env()`, the
+run waits with `wait()`.
+
+Ray 2.60 starts min(its CPUs, RAY_worker_maximum_startup_concurrency) idle Python workers as it starts, imports the
+modules of RAY_preload_python_modules in every worker it starts, and gives a rank actor placed later one of those
+idle workers; it kills idle workers beyond RAY_num_workers_soft_limit, which by default (its CPUs) counts the ranks
+running beside them. A worker started for an actor with an environment of its own (Ray's runtime_env) is never one
+of those idle ones: the ranks' environment (`sweep.execution.placement.rank_env`) goes into Ray's own as it starts,
+and its rank actors have none of their own (`Placer`'s `env_in_ray`). Ray does not say when a worker's imports are
+done: each writes a mark (its pid) into `marks`.
+tests/test_prestart.py checks it on this machine's Ray; benchmarks/RESULTS.md "Cold sweep" has what it saves.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clusters.schema import ClusterProfile, usable_cpus
+from sweep.execution.placement import rank_env
+from trainer.preload import MARKS_ENV
+
+# A rank process imports in 9-13 s on an H200 host and ~5 s on a 2-core CPU (RESULTS.md "Cold sweep"); past this the
+# first group is placed anyway, and waits for its processes inside its placement as it would without them.
+WAIT_LIMIT_S = 90.0
+
+
+def embedded_cpus(profile: ClusterProfile) -> int | None:
+    """The CPUs of the Ray that sweep starts for `profile`: its ranks' on a CPU profile (the cores are the ranks),
+    None (all of this machine's) on a GPU one."""
+    return None if profile.is_gpu else profile.ranks_per_node * profile.cpus_per_rank
+
+
+@dataclass
+class Prestart:
+    """The rank processes one embedded Ray starts ahead, and the folder where each says its imports are done."""
+
+    count: int
+    """How many (ClusterProfile.prestart_count)."""
+    ray_cpus: int
+    """The CPUs the Ray it starts has: Ray starts no more idle workers than these."""
+    rank_env: dict[str, str]
+    """The rank processes' environment, `${VAR}` expanded here (sweep starts Ray on this machine)."""
+    marks: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sweep-prestart-")))
+    """One file per process that finished trainer.preload (named by its pid)."""
+
+    @classmethod
+    def of(cls, profile: ClusterProfile) -> Prestart | None:
+        """For the Ray that `profile` has sweep start; None where nothing is started ahead (a joined cluster, or
+        `prestarted_ranks: 0`)."""
+        count = profile.prestart_count
+        if not count:
+            return None
+        env = {name: os.path.expandvars(value) for name, value in rank_env(profile).items()}
+        return cls(count=count, ray_cpus=embedded_cpus(profile) or usable_cpus(), rank_env=env)
+
+    def env(self) -> dict[str, str]:
+        """What Ray's processes must find in their environment as Ray starts: the ranks' and Ray's settings."""
+        return self.rank_env | {
+            "RAY_preload_python_modules": "trainer.preload",
+            "RAY_worker_maximum_startup_concurrency": str(self.count),
+            "RAY_num_workers_soft_limit": str(self.ray_cpus + self.count),
+            MARKS_ENV: str(self.marks),
+        }
+
+    @property
+    def expected(self) -> int:
+        """How many marks to wait for: Ray starts at most its CPUs' worth."""
+        return min(self.count, self.ray_cpus)
+
+    def ready(self) -> int:
+        """How many processes have finished their imports."""
+        try:
+            return sum(1 for _ in self.marks.iterdir())
+        except OSError:
+            return 0
+
+    def wait(self, stopped: Callable[[], bool], limit_s: float = WAIT_LIMIT_S) -> float:
+        """Until every expected process is ready, `stopped()` is true, or `limit_s` passed; the seconds waited."""
+        began = time.monotonic()
+        while self.ready() < self.expected and not stopped() and time.monotonic() - began < limit_s:
+            time.sleep(0.05)
+        return time.monotonic() - began
+
+    def close(self) -> None:
+        """Remove the marks (a process that finishes later finds no folder and writes nothing)."""
+        shutil.rmtree(self.marks, ignore_errors=True)

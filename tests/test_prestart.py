@@ -1,0 +1,188 @@
+"""Rank processes started ahead (`prestarted_ranks`, sweep.execution.prestart, trainer.preload).
+
+The profile key and what the Ray that sweep starts is given (pure); the preload itself in a process that imports it
+as Ray's worker does; then `sweep run` as its own process, as a user starts it, with the key on (the local profile's
+default) and off: a real embedded Ray, real FSDP2 ranks on gloo. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import tiny_grid
+
+from clusters import load_profile
+from clusters.errors import ProfileError
+from sweep.execution.outcome import imported_before
+from sweep.execution.prestart import Prestart
+from sweep.record import store
+from trainer import preload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _profile(tmp_path: Path, **keys) -> Path:
+    body = {"name": "mine", "accelerator": "cpu", "ray_address": "local", "nodes": 1, "gpus_per_node": 2, **keys}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+# -- the profile key ---------------------------------------------------------------------------------------------
+def test_auto_is_one_group_of_ranks_on_cpu_and_two_on_gpu_and_zero_is_off(tmp_path):
+    assert load_profile(str(_profile(tmp_path))).prestart_count == 2
+    gpu = _profile(tmp_path, accelerator="h200", gpus_per_node=4)
+    assert load_profile(str(gpu)).prestart_count == 8
+    assert load_profile(str(_profile(tmp_path, prestarted_ranks=0))).prestart_count == 0
+    assert load_profile(str(_profile(tmp_path, prestarted_ranks=5))).prestart_count == 5
+    # fewer than a node's ranks would leave every group one process short: a node's ranks at least
+    assert load_profile(str(_profile(tmp_path, prestarted_ranks=1))).prestart_count == 2
+    # a cluster sweep joins was started by its owner: nothing to start ahead, auto says so quietly
+    joined = _profile(tmp_path, accelerator="h200", ray_address="auto", gpus_per_node=8)
+    assert load_profile(str(joined)).prestart_count == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [(-1, "whole number >= 0"), ("2", "whole number >= 0"), (True, "whole number >= 0")],
+)
+def test_a_count_that_is_not_one_is_refused(tmp_path, value, said):
+    with pytest.raises(ProfileError, match=said):
+        load_profile(str(_profile(tmp_path, prestarted_ranks=value)))
+
+
+def test_a_count_on_a_running_cluster_says_it_cannot_be_done_there(tmp_path):
+    joined = _profile(tmp_path, accelerator="h200", ray_address="auto", gpus_per_node=8, prestarted_ranks=4)
+    with pytest.raises(ProfileError, match="only by the Ray that sweep starts"):
+        load_profile(str(joined))
+
+
+def test_the_plan_of_a_profile_with_a_bad_count_is_one_line_and_exit_2(cli, write_grid, tmp_path):
+    grid = write_grid(tiny_grid())
+    result = cli("plan", grid, "--cluster", _profile(tmp_path, prestarted_ranks=-3))
+    assert result.exit_code == 2 and "prestarted_ranks" in result.output and "Traceback" not in result.output
+
+
+# -- what Ray is given -----------------------------------------------------------------------------------------
+def test_ray_is_given_the_preload_the_counts_and_the_ranks_environment_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/someone")
+    prestart = Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=3))))
+    assert prestart is not None
+    try:
+        env = prestart.env()
+        assert env["RAY_preload_python_modules"] == "trainer.preload"
+        assert env["RAY_worker_maximum_startup_concurrency"] == "3"
+        # its CPUs (2 ranks x 1) plus the processes kept idle: Ray's default limit would kill those
+        assert prestart.ray_cpus == 2 and env["RAY_num_workers_soft_limit"] == "5"
+        assert prestart.expected == 2, "Ray starts no more idle workers than its CPUs"
+        # what a rank actor's own environment carried before: Ray gives such an actor a new process
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == "/home/someone/.cache/sweep/inductor"
+        assert env["OMP_NUM_THREADS"] == "1" and env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1"
+        assert env[preload.MARKS_ENV] == str(prestart.marks) and prestart.marks.is_dir()
+    finally:
+        prestart.close()
+    assert not prestart.marks.exists()
+    assert Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=0)))) is None
+
+
+def test_the_wait_ends_on_the_marks_on_a_stop_or_at_its_limit(tmp_path):
+    prestart = Prestart.of(load_profile(str(_profile(tmp_path))))
+    assert prestart is not None and prestart.expected == 2
+    try:
+        assert prestart.wait(stopped=lambda: False, limit_s=0.2) >= 0.2  # nothing ready: the limit
+        assert prestart.wait(stopped=lambda: True, limit_s=60) < 1  # Ctrl-C: at once
+        for pid in ("101", "102"):
+            (prestart.marks / pid).touch()
+        assert prestart.ready() == 2 and prestart.wait(stopped=lambda: False, limit_s=60) < 1
+    finally:
+        prestart.close()
+
+
+def test_a_group_was_ready_before_placement_only_if_every_rank_had_imported_by_then():
+    placed = datetime(2026, 12, 5, 8, 0, 10, tzinfo=timezone.utc)
+    at = placed.timestamp()
+    assert imported_before([{"preloaded_at": at - 3}, {"preloaded_at": at - 1}], placed) is True
+    assert imported_before([{"preloaded_at": at - 3}, {"preloaded_at": at + 0.5}], placed) is False
+    assert imported_before([{"preloaded_at": at - 3}, {"preloaded_at": None}], placed) is False
+    assert imported_before([{"pid": 7}], placed) is False  # a process Ray started without the preload
+    assert imported_before([], placed) is None and imported_before([{"preloaded_at": at}], None) is None
+
+
+# -- the preload ---------------------------------------------------------------------------------------------
+def test_the_preload_stops_at_the_first_module_that_fails_and_says_which(tmp_path, monkeypatch):
+    (tmp_path / "first_ok.py").write_text("VALUE = 1\n")
+    (tmp_path / "broken_one.py").write_text("raise ImportError('its own reason')\n")
+    (tmp_path / "never_reached.py").write_text("VALUE = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    done = preload.preload(["first_ok", "broken_one", "never_reached"])
+    assert done.failed == "broken_one: ImportError: its own reason"
+    assert "first_ok" in sys.modules and "never_reached" not in sys.modules
+    assert done.device_started is False
+
+
+def test_a_process_that_started_its_device_while_importing_ahead_may_not_train(monkeypatch):
+    preload.check()  # nothing preloaded in this process: nothing to say
+    started = preload.Preloaded(finished_at=0.0, seconds=1.0, failed=None, device_started=True)
+    monkeypatch.setattr(preload, "DONE", started)
+    with pytest.raises(RuntimeError, match="prestarted_ranks: 0"):
+        preload.check()
+
+
+def test_a_worker_imports_the_trainer_without_starting_a_device_and_leaves_its_mark(tmp_path, sweep_env):
+    """As Ray's default_worker.py imports it: everything a rank's first trial imports, no Transformer Engine, no
+    device, and the mark the driver waits for."""
+    code = (
+        "import sys; sys.argv = ['/x/ray/_private/workers/default_worker.py']\n"
+        "import json, torch, trainer.preload as p\n"
+        "print(json.dumps({'failed': p.DONE.failed, 'device': p.DONE.device_started, 'seconds': p.DONE.seconds,\n"
+        "  'missing': [m for m in p.MODULES if m not in sys.modules], 'cuda': torch.cuda.is_initialized(),\n"
+        "  'te': 'transformer_engine' in sys.modules, 'pid': __import__('os').getpid()}))\n"
+    )
+    env = {**sweep_env(), preload.MARKS_ENV: str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["failed"] is None and seen["missing"] == [] and seen["seconds"] > 0
+    assert seen["device"] is False and seen["cuda"] is False and seen["te"] is False
+    assert [p.name for p in tmp_path.iterdir()] == [str(seen["pid"])]
+
+
+def test_importing_the_module_elsewhere_preloads_nothing():
+    # the driver imports it for its constants: only a worker Ray started runs the imports
+    assert preload.DONE is None and os.path.basename(sys.argv[0]) != "default_worker.py"
+
+
+# -- through `sweep run`, its own embedded Ray -----------------------------------------------------------------
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("prestarted", [None, 0])
+def test_a_run_places_its_first_group_on_ranks_imported_ahead_unless_told_not_to(
+    prestarted, write_grid, tmp_path, sweep_env
+):
+    """The local profile's default starts its two ranks ahead; `prestarted_ranks: 0` starts them once placed, as
+    before. Either way the trials train and the rows say which it was."""
+    grid = write_grid(tiny_grid(precisions=["fp32"], gpus=2, batch_sizes=[2, 4]))
+    profile = "local" if prestarted is None else _profile(tmp_path, prestarted_ranks=prestarted)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", out, "--no-progress"],
+        cwd=ROOT,
+        env=sweep_env(),
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = sorted(store.read_table(out).to_pylist(), key=lambda r: r["group_trial_index"])
+    assert [(r["status"], r["group_trial_index"]) for r in rows] == [("ok", 0), ("ok", 1)]
+    first, warm = rows
+    assert first["imported_before_placement"] is (prestarted is None)
+    assert first["import_s"] is not None and first["process_start_s"] is not None
+    assert warm["imported_before_placement"] is None  # a warm group's trial started no processes

@@ -1,0 +1,114 @@
+"""What a rank process imports before it is a rank: run by Ray's worker pool as it starts a worker, ahead of any actor.
+
+A fresh rank's first trial spends seconds importing torch, dynamo, inductor and the trainer (9-13 s on an H200 host,
+benchmarks/RESULTS.md "Cold sweep"), after its group is placed: GPU time. Ray runs the modules named in
+RAY_preload_python_modules in every Python worker it starts, before the worker takes any work; the Ray that sweep
+starts names this one and starts rank processes ahead with it (`sweep.execution.prestart`), so their imports happen
+before any GPU is held. A worker that Ray starts later, on demand, imports here too, before its actor's constructor:
+the imports a rank makes in its first trial, earlier.
+
+Nothing here may start a device: Ray tells a worker its GPU (CUDA_VISIBLE_DEVICES) only when an actor is placed on
+it, and CUDA reads that once, as it starts. torch's import starts none (a forked DataLoader worker depends on it);
+`device_started` says whether these imports did anyway, and `check` stops such a process from training.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# What a rank's first trial imports before its model (trainer.worker's `_train`) and what its first compile
+# imports (inductor, whose CUDA graph trees torch 2.11's dynamo reset imports on a CUDA host). Not Transformer
+# Engine or torchao: a TE import queries the device, and torchao is loaded only by a trial of its recipes.
+MODULES = (
+    "torch._dynamo",
+    "torch.distributed",
+    "torch.distributed.fsdp",
+    "torch._inductor.compile_fx",
+    "torch._inductor.cudagraph_trees",
+    "trainer.train",
+    "trainer.precompile",
+    "trainer.release",
+    "trainer.worker",
+)
+MARKS_ENV = "SWEEP_PRELOAD_MARKS"  # a folder where each preloaded process leaves its pid (sweep.execution.prestart)
+_NOT_INITIALIZED = 3  # CUDA_ERROR_NOT_INITIALIZED: the driver API's answer before anything called cuInit
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """What `preload` did in this process."""
+
+    finished_at: float
+    """Wall clock (time.time()) when the imports ended: the driver compares it with its group's placement."""
+    seconds: float
+    """How long they took."""
+    failed: str | None
+    """The first module that failed to import ('name: error'), where one did; the rank's own imports decide then."""
+    device_started: bool
+    """The imports started the CUDA runtime: the GPU Ray assigns later would not be the one it uses (`check`)."""
+
+
+DONE: Preloaded | None = None  # set once, by the import of this module in a worker Ray started
+
+
+def preload(modules: Sequence[str] = MODULES) -> Preloaded:
+    """Import `modules` in order, up to the first that fails (Python keeps what it imported before the failure, as
+    after any failed import; the rank imports the rest itself)."""
+    began = time.perf_counter()
+    failed = None
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # a module this install lacks, or a broken one: the rank's own import says what
+            failed = f"{name}: {type(e).__name__}: {e}"
+            break
+    return Preloaded(time.time(), time.perf_counter() - began, failed, device_started())
+
+
+def device_started() -> bool:
+    """Whether this process has started its CUDA runtime: torch's record of it (its lazy init, its cached device
+    count), or the driver API's device count (CUDA_ERROR_NOT_INITIALIZED until something calls cuInit)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if torch.cuda.is_initialized() or getattr(torch.cuda, "_cached_device_count", None) is not None:
+        return True
+    if not torch.version.cuda:  # a CPU or ROCm build: nothing more to ask
+        return False
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no driver on this machine: no device to start
+        return False
+    count = ctypes.c_int()
+    return bool(libcuda.cuDeviceGetCount(ctypes.byref(count)) != _NOT_INITIALIZED)
+
+
+def check() -> None:
+    """Raise where this process's imports ahead started the device before Ray assigned it a GPU."""
+    if DONE is not None and DONE.device_started:
+        raise RuntimeError(
+            "this rank process started CUDA while it imported ahead (trainer.preload), before Ray gave it its GPU: "
+            "set prestarted_ranks: 0 in the cluster profile (or unset RAY_preload_python_modules) and report it"
+        )
+
+
+def write_mark() -> None:
+    """This process's mark, for the driver that started Ray and waits for its rank processes (best effort)."""
+    folder = os.environ.get(MARKS_ENV)
+    if folder:
+        try:
+            with open(os.path.join(folder, str(os.getpid())), "x"):
+                pass
+        except OSError:  # the run has moved on (its folder removed): nobody waits for this one
+            pass
+
+
+if sys.argv and sys.argv[0].endswith("default_worker.py"):  # a worker Ray started (RAY_preload_python_modules)
+    DONE = preload()
+    write_mark()
