@@ -2,9 +2,9 @@
 
     python3 benchmarks/cold_sweep_check.py RESULTS_DIR
 
-RESULTS_DIR holds what benchmarks/device/cold_sweep.sh writes: {base,current,each}-{cold,warm} (the campaign's grid
-run by the base tree, by the current one and by the current one with --no-precompile, with an empty and then a
-filled compile cache) and
+RESULTS_DIR holds what benchmarks/device/cold_sweep.sh writes: {base,current,each,late}-{cold,warm} (the campaign's
+grid run by the base tree, by the current one, by the current one with --no-precompile and with its rank processes
+started once placed (prestarted_ranks 0), with an empty and then a filled compile cache) and
 {base,current}-searches (the OOM-retry grid and the max-batch search). For each pair that is there: the GPU-s
 held (current at most half of base's), the mean seconds a trial holds beyond its measured steps (at most 8 cold,
 4 warm), the compile a new batch of an already compiled graph pays (under 2 s), TFLOP/s per trial against base's
@@ -121,6 +121,32 @@ def precompile_lines(ahead: list[dict], each: list[dict], phase: str) -> list[tu
     ]
 
 
+def prestart_lines(ahead: list[dict], late: list[dict], phase: str) -> list[tuple[bool, str]]:
+    """What starting rank processes ahead changed (profile prestarted_ranks, sweep.execution.prestart): the current
+    tree against the same with `prestarted_ranks: 0`, GPU-s held and the first trial's start-up; figures, not checks."""
+    held = {name: sum(gpu_seconds(rows).values()) for name, rows in (("ahead", ahead), ("late", late))}
+
+    def first(rows: list[dict]) -> str:
+        r = min((r for r in rows if r["status"] == "ok"), key=lambda r: r["started_at"], default=None)
+        if r is None:
+            return "no ok trial"
+        phases = ("process_start_s", "import_s", "process_setup_s")
+        return (
+            f"{_beyond_measured(r):.1f} s beyond its measured steps (spawn, import, set-up "
+            f"{' / '.join(f'{r.get(k) or 0:.1f}' for k in phases)} s; ready before placement: "
+            f"{r.get('imported_before_placement')})"
+        )
+
+    return [
+        (
+            True,
+            f"{phase}: ranks started ahead: GPU-s held {held['ahead']:.1f} against {held['late']:.1f} with "
+            f"prestarted_ranks 0 ({held['ahead'] / held['late']:.2f}x); first trial {first(ahead)} against "
+            f"{first(late)}",
+        )
+    ]
+
+
 def search_checks(rows: list[dict], tree: str) -> list[tuple[bool, str]]:
     out = []
     oom = [r for r in rows if r.get("grid_name") == "cold-sweep/b-oom"]
@@ -207,6 +233,8 @@ def main() -> int:
             checks += grid_checks(base, current, phase)
         if current and (each := folders.get(f"each-{phase}")):
             checks += precompile_lines(current, each, phase)
+        if current and (late := folders.get(f"late-{phase}")):
+            checks += prestart_lines(current, late, phase)
     for tree in ("base", "current"):
         checks += search_checks(folders.get(f"{tree}-searches") or [], tree)
     checks += max_batch_cost_check(folders.get("max-batch-search") or [], folders.get("max-batch-one-trial") or [])

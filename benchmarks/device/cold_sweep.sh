@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cold-sweep campaign on the lent one-H200 machine (kind nvidia-h200), from the project root:
 #
-#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|current-cold-warm|searches|max-batch [PROFILE]
+#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|current-cold-warm|prestart|searches|max-batch [PROFILE]
 #
 # Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
@@ -17,6 +17,8 @@
 #   cold-warm  in one call, carrying .whl and .base-tree only (JOB_NEEDS_RESULTS=0: no tables, the rows come back
 #          packed): cold current then base, warm base then current (a machine taken back between two calls loses
 #          the cold part's caches)
+#   prestart  the current tree alone (JOB_NEEDS_RESULTS=0, .whl only): cold, then warm with its rank processes started
+#          once placed (prestarted_ranks 0, into .../late-warm) and warm as it is (started ahead, .../current-warm)
 #   searches  the OOM-retry grid (b-oom.yaml) and the max-batch search (c-max-batch.yaml) with the current tree and
 #          the OOM grid with the base one, on their own empty caches, into .../{current,base}-searches
 #   max-batch  c-max-batch.yaml alone on an empty cache into .../max-batch-search, then one `sweep run` of the batch
@@ -26,7 +28,7 @@
 set -uo pipefail
 campaign=cold-sweep
 part=${1:-cold}
-[[ $part != *cold-warm ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
+[[ $part != *cold-warm && $part != prestart ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
@@ -36,12 +38,15 @@ base_sha=$(cat .base-tree/COMMIT)
 root=$PWD profile=$(realpath "$profile")  # both read from inside a tree below
 echo "base tree: $base_sha; current tree: ${SWEEP_GIT_SHA:-unknown}"
 
+prestarted=""  # set: the profile's prestarted_ranks (a key the base tree does not know)
 cached_profile() {  # cached_profile LABEL: the profile with its own compile cache, /tmp/cc-LABEL (Triton's under it)
-  python3 - "$profile" "/tmp/cc-$1" "/tmp/$campaign-$1.yaml" <<'PY'
+  python3 - "$profile" "/tmp/cc-$1" "/tmp/$campaign-$1.yaml" "$prestarted" <<'PY'
 import sys, yaml
 p = yaml.safe_load(open(sys.argv[1]))
 p["compile_cache"] = sys.argv[2]
 p.setdefault("env", {})["TRITON_CACHE_DIR"] = sys.argv[2] + "/triton"
+if sys.argv[4]:
+    p["prestarted_ranks"] = int(sys.argv[4])
 yaml.safe_dump(p, open(sys.argv[3], "w"))
 PY
   echo "/tmp/$campaign-$1.yaml"
@@ -95,6 +100,11 @@ case $part in
     rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
     sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
+  prestart)  # rank processes started ahead against started once placed: the same tree, the same warm cache
+    rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
+    sweep_run current $grids/a-grid.yaml "$results/current-cold"
+    prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-warm"
+    sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
   searches)
     rm -rf /tmp/cc-base /tmp/cc-current
     sweep_run current $grids/b-oom.yaml "$results/current-searches"
@@ -113,7 +123,7 @@ print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$r
       $grids/c-max-batch.yaml >/tmp/one-trial.yaml
     rm -rf /tmp/cc-current  # the one trial: its own empty cache
     sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
-  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|current-cold-warm|searches|max-batch [PROFILE]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|current-cold-warm|prestart|searches|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
 python3 -c 'import duckdb' 2>/dev/null && for d in "$results"/*/; do  # `sweep results` needs .whl-results
