@@ -5,12 +5,16 @@ item 4). Run on the lent H200 from the project root (benchmarks/device/startup_p
 
 Each sample is a new process doing what a rank's first trial does before its model (trainer.worker `_train`):
 import torch, dynamo and the trainer; make its device current (trainer.sync.rank_device); join a one-rank NCCL
-process group with its device (trainer.worker `_join`: the communicator is made eagerly); a barrier. The variants:
+process group with its device (trainer.worker `_join`: the communicator is made eagerly); a barrier; the baseline
+release (trainer.release: dynamo's reset, which imports inductor's CUDA graph trees on a CUDA host). The variants:
 
     today             that order
     ctx-thread        first, a thread creates the CUDA primary context through the driver API (ctypes: the call
                       lets go of the GIL, so the imports go on beside it); torch then finds the context made
     cuda-init-thread  torch's own CUDA init in a thread as soon as torch is imported (does it let go of the GIL?)
+    preload           trainer.preload's imports first, as Ray's worker runs them before a rank is placed (the
+                      sample's "imports" is their end); `device started` says whether they started CUDA (they must
+                      not: Ray assigns the GPU later)
 
 A sample prints one JSON line: seconds from the process's start (as the parent saw it) to each phase's end. The
 variants alternate, so a drifting host shows in both. Pure measurement: nothing here changes the trainer.
@@ -28,7 +32,7 @@ import sys
 import threading
 import time
 
-VARIANTS = ("today", "ctx-thread", "cuda-init-thread")
+VARIANTS = ("today", "ctx-thread", "cuda-init-thread", "preload")
 
 
 def _primary_context() -> None:
@@ -42,6 +46,12 @@ def _primary_context() -> None:
 
 def sample(variant: str, began: float) -> dict[str, float]:
     marks: dict[str, float] = {"python": time.time() - began}
+    if variant == "preload":
+        import trainer.preload
+
+        done = trainer.preload.preload()
+        marks["device started"] = float(done.device_started)  # 0.0 or 1.0: a median above 0 is a failure
+        assert done.failed is None, done.failed
     helper = None
     if variant == "ctx-thread":
         helper = threading.Thread(target=_primary_context)
@@ -73,6 +83,10 @@ def sample(variant: str, began: float) -> dict[str, float]:
     dist.barrier()
     torch.cuda.synchronize()
     marks["barrier"] = time.time() - began
+    from trainer.release import release
+
+    release(device)
+    marks["release"] = time.time() - began
     dist.destroy_process_group()
     return marks
 
