@@ -22,21 +22,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# What a rank's first trial imports before its model (trainer.worker's `_train`) and what its first compile
-# imports (inductor, whose CUDA graph trees torch 2.11's dynamo reset imports on a CUDA host). Not Transformer
-# Engine or torchao: a TE import queries the device, and torchao is loaded only by a trial of its recipes.
+# What a rank's first trial imports before its model (trainer.worker's `_train`), then what its first compile
+# imports (inductor, whose CUDA graph trees torch 2.11's dynamo reset imports on a CUDA host): COMPILE_MODULES,
+# left out where the run compiles nothing (COMPILE_ENV "0"; 1.8 s of a 2-core CPU's time in each process). Not
+# Transformer Engine or torchao: a TE import queries the device, and torchao is loaded only by its recipes' trials.
 MODULES = (
     "torch._dynamo",
     "torch.distributed",
     "torch.distributed.fsdp",
-    "torch._inductor.compile_fx",
-    "torch._inductor.cudagraph_trees",
     "trainer.train",
     "trainer.precompile",
     "trainer.release",
     "trainer.worker",
 )
+COMPILE_MODULES = ("torch._inductor.compile_fx", "torch._inductor.cudagraph_trees")
 MARKS_ENV = "SWEEP_PRELOAD_MARKS"  # a folder where each preloaded process leaves its pid (sweep.execution.prestart)
+COMPILE_ENV = "SWEEP_PRELOAD_COMPILE"  # "0": the run's plan compiles nothing
 _NOT_INITIALIZED = 3  # CUDA_ERROR_NOT_INITIALIZED: the driver API's answer before anything called cuInit
 
 
@@ -57,7 +58,7 @@ class Preloaded:
 DONE: Preloaded | None = None  # set once, by the import of this module in a worker Ray started
 
 
-def preload(modules: Sequence[str] = MODULES) -> Preloaded:
+def preload(modules: Sequence[str] = MODULES + COMPILE_MODULES) -> Preloaded:
     """Import `modules` in order, up to the first that fails (Python keeps what it imported before the failure, as
     after any failed import; the rank imports the rest itself)."""
     began = time.perf_counter()
@@ -110,5 +111,5 @@ def write_mark() -> None:
 
 
 if sys.argv and sys.argv[0].endswith("default_worker.py"):  # a worker Ray started (RAY_preload_python_modules)
-    DONE = preload()
+    DONE = preload(MODULES + (COMPILE_MODULES if os.environ.get(COMPILE_ENV) != "0" else ()))
     write_mark()

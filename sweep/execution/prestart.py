@@ -25,7 +25,7 @@ from pathlib import Path
 
 from clusters.schema import ClusterProfile, usable_cpus
 from sweep.execution.placement import rank_env
-from trainer.preload import MARKS_ENV
+from trainer.preload import COMPILE_ENV, MARKS_ENV
 
 # A rank process imports in 9-13 s on an H200 host and ~5 s on a 2-core CPU (RESULTS.md "Cold sweep"); past this the
 # first group is placed anyway, and waits for its processes inside its placement as it would without them.
@@ -48,18 +48,20 @@ class Prestart:
     """The CPUs the Ray it starts has: Ray starts no more idle workers than these."""
     rank_env: dict[str, str]
     """The rank processes' environment, `${VAR}` expanded here (sweep starts Ray on this machine)."""
+    compiles: bool = True
+    """Whether the run's plan compiles: inductor is imported ahead too (trainer.preload.COMPILE_MODULES)."""
     marks: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sweep-prestart-")))
     """One file per process that finished trainer.preload (named by its pid)."""
 
     @classmethod
-    def of(cls, profile: ClusterProfile) -> Prestart | None:
-        """For the Ray that `profile` has sweep start; None where nothing is started ahead (a joined cluster, or
-        `prestarted_ranks: 0`)."""
+    def of(cls, profile: ClusterProfile, compiles: bool = True) -> Prestart | None:
+        """For the Ray that `profile` has sweep start, for a run whose trials compile or not; None where nothing is
+        started ahead (a joined cluster, or `prestarted_ranks: 0`)."""
         count = profile.prestart_count
         if not count:
             return None
         env = {name: os.path.expandvars(value) for name, value in rank_env(profile).items()}
-        return cls(count=count, ray_cpus=embedded_cpus(profile) or usable_cpus(), rank_env=env)
+        return cls(count, embedded_cpus(profile) or usable_cpus(), env, compiles)
 
     def env(self) -> dict[str, str]:
         """What Ray's processes must find in their environment as Ray starts: the ranks' and Ray's settings."""
@@ -68,6 +70,7 @@ class Prestart:
             "RAY_worker_maximum_startup_concurrency": str(self.count),
             "RAY_num_workers_soft_limit": str(self.ray_cpus + self.count),
             MARKS_ENV: str(self.marks),
+            COMPILE_ENV: "1" if self.compiles else "0",
         }
 
     @property

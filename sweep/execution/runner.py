@@ -290,7 +290,7 @@ class _Execution:
 
         make: SchedulerFactory
         if self.make_scheduler is None:
-            self.prestart = Prestart.of(self.profile)
+            self.prestart = Prestart.of(self.profile, compiles=any(t.compile != "none" for t in self.queue))
             self.started_ray = connect(self.profile, self.prestart)
             if self.prestart and self.started_ray:  # no group is placed (no GPU held) while its processes import
                 self.bar.status(f"starting {self.prestart.expected} rank processes ahead (importing torch)")
