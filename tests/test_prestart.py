@@ -167,29 +167,39 @@ def test_importing_the_module_elsewhere_preloads_nothing():
 
 
 # -- through `sweep run`, its own embedded Ray -----------------------------------------------------------------
-@pytest.mark.integration
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("prestarted", [None, 0])
-def test_a_run_places_its_first_group_on_ranks_imported_ahead_unless_told_not_to(
-    prestarted, write_grid, tmp_path, sweep_env
-):
-    """The local profile's default starts its two ranks ahead; `prestarted_ranks: 0` starts them once placed, as
-    before. Either way the trials train and the rows say which it was."""
-    grid = write_grid(tiny_grid(precisions=["fp32"], gpus=2, batch_sizes=[2, 4]))
-    profile = "local" if prestarted is None else _profile(tmp_path, prestarted_ranks=prestarted)
-    out = tmp_path / "out"
+def _sweep_run(grid: Path, profile: Path, out: Path, env: dict[str, str], *options: str) -> list[dict]:
     done = subprocess.run(
-        [sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", out, "--no-progress"],
+        [sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", out, "--no-progress", *options],
         cwd=ROOT,
-        env=sweep_env(),
+        env=env,
         capture_output=True,
         text=True,
         timeout=220,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = sorted(store.read_table(out).to_pylist(), key=lambda r: r["group_trial_index"])
-    assert [(r["status"], r["group_trial_index"]) for r in rows] == [("ok", 0), ("ok", 1)]
+    rows = store.read_table(out).to_pylist()
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+    return sorted(rows, key=lambda r: r["started_at"])
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_groups_take_the_ranks_started_ahead_until_none_is_left(write_grid, tmp_path, sweep_env):
+    """Two one-rank processes started ahead, three one-rank trials each on fresh processes (`reuse_actors: false`),
+    one at a time: the first two groups find theirs imported before placement (the second one's kept idle while the
+    first trained), the third starts its own once placed."""
+    grid = write_grid(tiny_grid(precisions=["fp32"], gpus=1, batch_sizes=[2, 4, 6], reuse_actors=False))
+    profile = _profile(tmp_path, prestarted_ranks=2)
+    rows = _sweep_run(grid, profile, tmp_path / "out", sweep_env(), "--max-concurrent", "1")
+    assert [r["imported_before_placement"] for r in rows] == [True, True, False]
+    assert all(r["actor_reused"] is False and r["import_s"] is not None for r in rows)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_with_none_started_ahead_each_rank_starts_once_placed(write_grid, tmp_path, sweep_env):
+    grid = write_grid(tiny_grid(precisions=["fp32"], gpus=2, batch_sizes=[2, 4]))
+    rows = _sweep_run(grid, _profile(tmp_path, prestarted_ranks=0), tmp_path / "out", sweep_env())
     first, warm = rows
-    assert first["imported_before_placement"] is (prestarted is None)
-    assert first["import_s"] is not None and first["process_start_s"] is not None
-    assert warm["imported_before_placement"] is None  # a warm group's trial started no processes
+    assert first["imported_before_placement"] is False and first["group_trial_index"] == 0
+    assert warm["imported_before_placement"] is None and warm["group_trial_index"] == 1  # started nothing
