@@ -166,9 +166,9 @@ class ClusterProfile(BaseModel):
     """Rank processes that Ray starts, torch and the trainer imported in them (`trainer.preload`), as sweep starts
     Ray (`ray_address: local`) and before any group is placed: a group placed later takes them, so its GPUs are not
     held while they import. `auto`: two groups' worth of a node's ranks on a GPU profile (a run's first group and
-    one more, such as Transformer Engine's after torch's), one on a CPU profile (whose cores are its ranks); 0: each
-    rank starts and imports once placed. At least a node's ranks when on. Only in the Ray that sweep starts: on a
-    running cluster each rank starts once placed."""
+    one more, such as Transformer Engine's after torch's), none on a CPU profile (its cores are its ranks: importing
+    ahead only takes their time, and no GPU is held); 0: each rank starts and imports once placed. At least a node's
+    ranks when on. Only in the Ray that sweep starts: on a running cluster each rank starts once placed."""
     description: str | None = None
 
     @model_validator(mode="before")
@@ -281,7 +281,7 @@ class ClusterProfile(BaseModel):
         if not self.is_embedded or self.prestarted_ranks == 0:
             return 0
         if self.prestarted_ranks == "auto":
-            return (2 if self.is_gpu else 1) * self.ranks_per_node
+            return 2 * self.ranks_per_node if self.is_gpu else 0
         return max(self.prestarted_ranks, self.ranks_per_node)
 
     @property

@@ -1,8 +1,8 @@
 """Rank processes started ahead (`prestarted_ranks`, sweep.execution.prestart, trainer.preload).
 
 The profile key and what the Ray that sweep starts is given (pure); the preload itself in a process that imports it
-as Ray's worker does; then `sweep run` as its own process, as a user starts it, with the key on (the local profile's
-default) and off: a real embedded Ray, real FSDP2 ranks on gloo. Nothing is mocked.
+as Ray's worker does; then `sweep run` as its own process, as a user starts it, with the key set (on a CPU profile its
+default is off) and 0: a real embedded Ray, real FSDP2 ranks on gloo. Nothing is mocked.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def _profile(tmp_path: Path, **keys) -> Path:
 
 
 # -- the profile key ---------------------------------------------------------------------------------------------
-def test_auto_is_one_group_of_ranks_on_cpu_and_two_on_gpu_and_zero_is_off(tmp_path):
-    assert load_profile(str(_profile(tmp_path))).prestart_count == 2
+def test_auto_is_two_groups_of_ranks_on_gpu_and_none_on_cpu_and_zero_is_off(tmp_path):
+    assert load_profile(str(_profile(tmp_path))).prestart_count == 0
     gpu = _profile(tmp_path, accelerator="h200", gpus_per_node=4)
     assert load_profile(str(gpu)).prestart_count == 8
     assert load_profile(str(_profile(tmp_path, prestarted_ranks=0))).prestart_count == 0
@@ -90,14 +90,14 @@ def test_ray_is_given_the_preload_the_counts_and_the_ranks_environment_expanded(
     finally:
         prestart.close()
     assert not prestart.marks.exists()
-    none_compiled = Prestart.of(load_profile(str(_profile(tmp_path))), compiles=False)
+    none_compiled = Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=2))), compiles=False)
     assert none_compiled is not None and none_compiled.env()[preload.COMPILE_ENV] == "0"
     none_compiled.close()
     assert Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=0)))) is None
 
 
 def test_the_wait_ends_on_the_marks_on_a_stop_or_at_its_limit(tmp_path):
-    prestart = Prestart.of(load_profile(str(_profile(tmp_path))))
+    prestart = Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=2))))
     assert prestart is not None and prestart.expected == 2
     try:
         assert prestart.wait(stopped=lambda: False, limit_s=0.2) >= 0.2  # nothing ready: the limit
