@@ -167,15 +167,16 @@ def differs(a: float, b: float) -> bool:
 @pytest.fixture(scope="module")
 def options_run(ray_session, tmp_path_factory):
     """The README's grid block with CPU sizes (its `search` and `memory_cap` have tests of their own), then
-    the bf16 trial again with one option changed per run, all into one dataset."""
+    the bf16 trial again with options changed, all into one dataset: grad_clip and reduce_dtype in one run (one
+    warm group runs the three new trials; `--resume` reuses the unchanged one's row), compile full in another."""
     folder = tmp_path_factory.mktemp("options")
     grid = {k: v for k, v in readme_grid().items() if k not in ("search", "memory_cap")}
     grid.update(TINY, fp8_lm_head=[False, True])
     bf16 = {**grid, "precisions": ["bf16"], "fp8_lm_head": False}
     out = run_grid(folder, grid)
     first = {r["trial_id"] for r in rows(out)}
-    run_grid(folder, {**bf16, "grad_clip": 1e-7}, name="clip.yaml")
-    run_grid(folder, {**bf16, "reduce_dtype": "bf16"}, name="reduce.yaml")
+    options = {**bf16, "grad_clip": [1.0, 1e-7], "reduce_dtype": ["fp32", "bf16"]}
+    run_grid(folder, options, "--resume", "--max-concurrent", 1, name="options.yaml")  # one group, not two at once
     run_grid(folder, grid, "--precision", "bf16", "--compile", "full")
     return {"grid": grid, "out": out, "rows": rows(out), "first": first}
 
@@ -226,7 +227,7 @@ def test_fp8_recipe_trains_and_fp8_lm_head_changes_the_head(options_run):
 
 def test_grad_clip_changes_the_updates(options_run):
     """A max norm of 1e-7 shrinks every gradient below AdamW's eps: the model barely moves."""
-    clipped = _one(options_run, precision="bf16", grad_clip=1e-7)
+    clipped = _one(options_run, precision="bf16", grad_clip=1e-7, reduce_dtype="fp32")
     base = _baseline(options_run)
     assert clipped["status"] == "ok" and clipped["loss_first"] == base["loss_first"]  # the same start
     # the same last batch, a model that learned less (the last batch is not the first: compare like with like)
@@ -234,7 +235,7 @@ def test_grad_clip_changes_the_updates(options_run):
 
 
 def test_reduce_dtype_bf16_changes_the_reduction(options_run):
-    reduced = _one(options_run, precision="bf16", reduce_dtype="bf16")
+    reduced = _one(options_run, precision="bf16", reduce_dtype="bf16", grad_clip=1.0)
     base = _baseline(options_run)
     assert reduced["status"] == "ok" and reduced["loss_first"] == base["loss_first"]  # one forward before any reduce
     assert differs(reduced["loss_last"], base["loss_last"])  # gradients summed in bf16, then the updates differ

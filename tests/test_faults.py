@@ -394,13 +394,15 @@ def test_ctrl_c_while_ray_starts_leaves_no_process_behind(sweep, write_grid, tmp
 def test_sigterm_mid_trial_stops_as_ctrl_c_does_and_resume_finishes_the_grid(sweep, write_grid, tmp_path):
     """`timeout`, `docker stop` and a batch scheduler send SIGTERM to the driver alone: the running trial is
     torn down, nothing half written, exit 143 with the --resume line; --resume then runs what is missing."""
-    grid = write_grid(fp32_grid(batch_sizes=[1, 2], gpus=2, steps={"warmup": 1, "measure": 400}))
+    # 200 steps: still seconds a trial (0.05-0.07 s a step measured on a loaded 2-core host), several times the
+    # ~1.5 s from the first row to the SIGTERM; the first trial and the resumed one run them all (400: 35 s more)
+    grid = write_grid(fp32_grid(batch_sizes=[1, 2], gpus=2, steps={"warmup": 1, "measure": 200}))
     out = tmp_path / "out"
     driver = sweep(grid, "--cluster", "local", "--output", out, "--max-concurrent", 1)
     seen: set[int] = set()
     try:
         (first,) = _wait_for_first_row(driver, out, seen, 150)
-        # the next trial starts at once on the warm ranks: its 400 steps take seconds, not one
+        # the next trial starts at once on the warm ranks: its 200 steps take seconds, not one
         _wait_for(lambda: _training_ranks(driver.pid, 2), 30, "the second trial's ranks")
         time.sleep(1.0)
         seen.update(_descendants(driver.pid))

@@ -34,7 +34,11 @@ steps: {warmup: 1, measure: 3}
 def demo_results(ray_session, tmp_path_factory):
     folder = tmp_path_factory.mktemp("demo")
     (folder / "grid.yaml").write_text(DEMO)
-    result = invoke("run", folder / "grid.yaml", "--cluster", "local", "--output", folder / "out", "--no-progress")
+    # one trial at a time, on one warm group: two groups started at once take twice as long on a 2-core host
+    out = folder / "out"
+    result = invoke(
+        "run", folder / "grid.yaml", "--cluster", "local", "--output", out, "--no-progress", "--max-concurrent", 1
+    )
     assert result.exit_code == 0, result.output
     return folder / "out", result
 
@@ -113,8 +117,8 @@ def test_gradient_accumulation_counts_every_micro_batch(ray_session, cli, write_
         "gpus: 2\ngrad_accum: [1, 3]\ngrad_clip: 0\ngrad_sync: [micro_batch, step]\n"
         "steps: {warmup: 1, measure: 3}\n"
     )
-    out = tmp_path / "out"
-    result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress")
+    out = tmp_path / "out"  # its 3 trials on one warm group, as the demo's
+    result = cli("run", grid, "--cluster", "local", "--output", out, "--no-progress", "--max-concurrent", 1)
     assert result.exit_code == 0, result.output
     rows = {(r["grad_accum"], r["grad_sync"]): r for r in store.read_table(out).to_pylist()}
     # one micro-batch has nothing to defer: grad_sync folds to its default there
