@@ -101,6 +101,7 @@ def test_the_wait_ends_on_the_marks_on_a_stop_or_at_its_limit(tmp_path):
     assert prestart is not None and prestart.expected == 2
     try:
         assert prestart.wait(stopped=lambda: False, limit_s=0.2) >= 0.2  # nothing ready: the limit
+        assert prestart.late(prestart.ready()).startswith("0 of 2 rank processes started ahead were ready after")
         assert prestart.wait(stopped=lambda: True, limit_s=60) < 1  # Ctrl-C: at once
         for pid in ("101", "102"):
             (prestart.marks / pid).touch()

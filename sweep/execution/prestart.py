@@ -93,6 +93,13 @@ class Prestart:
             time.sleep(0.05)
         return time.monotonic() - began
 
+    def late(self, ready: int) -> str:
+        """What a run says when its wait ended at the limit with `ready` of the processes ready."""
+        return (
+            f"{ready} of {self.expected} rank processes started ahead were ready after {WAIT_LIMIT_S:.0f} s: the "
+            "first group is placed now and waits for its own (set prestarted_ranks: 0 in the profile if this repeats)"
+        )
+
     def close(self) -> None:
         """Remove the marks (a process that finishes later finds no folder and writes nothing)."""
         shutil.rmtree(self.marks, ignore_errors=True)

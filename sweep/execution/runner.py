@@ -295,6 +295,8 @@ class _Execution:
             if self.prestart and self.started_ray:  # no group is placed (no GPU held) while its processes import
                 self.bar.status(f"starting {self.prestart.expected} rank processes ahead (importing torch)")
                 self.prestart.wait(stopped=lambda: bool(self.ctrl_c))
+                if (ready := self.prestart.ready()) < self.prestart.expected and not self.ctrl_c:
+                    self.bar.warn(self.prestart.late(ready))
             env_in_ray = bool(self.prestart and self.started_ray)  # the ranks' environment: Ray's own
             make = functools.partial(Scheduler, precompile=self.precompile, env_in_ray=env_in_ray)
         else:  # no Ray to reach: the caller's scheduler
