@@ -53,7 +53,7 @@ def test_auto_is_two_groups_of_ranks_on_gpu_and_none_on_cpu_and_zero_is_off(tmp_
     ("value", "said"),
     [(-1, "whole number >= 0"), ("2", "whole number >= 0"), (True, "whole number >= 0")],
 )
-def test_a_count_that_is_not_one_is_refused(tmp_path, value, said):
+def test_a_value_that_is_not_a_count_is_refused(tmp_path, value, said):
     with pytest.raises(ProfileError, match=said):
         load_profile(str(_profile(tmp_path, prestarted_ranks=value)))
 

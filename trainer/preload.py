@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 # What a rank's first trial imports before its model (trainer.worker's `_train`), then what its first compile
 # imports (inductor, whose CUDA graph trees torch 2.11's dynamo reset imports on a CUDA host): COMPILE_MODULES,
-# left out where the run compiles nothing (COMPILE_ENV "0"; 1.8 s of a 2-core CPU's time in each process). Not
+# left out where the run compiles nothing (COMPILE_ENV "0": seconds of CPU in each process for nothing). Not
 # Transformer Engine or torchao: a TE import queries the device, and torchao is loaded only by its recipes' trials.
 MODULES = (
     "torch._dynamo",

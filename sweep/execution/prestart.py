@@ -5,8 +5,8 @@ run waits with `wait()`.
 
 Ray 2.60 starts min(its CPUs, RAY_worker_maximum_startup_concurrency) idle Python workers as it starts, imports the
 modules of RAY_preload_python_modules in every worker it starts, and gives a rank actor placed later one of those
-idle workers. It kills idle workers beyond RAY_num_workers_soft_limit (its CPUs by default; on this project's CPU
-host, with two GPUs declared and two ranks running, it killed the two spares): a run sets it above them. A worker
+idle workers. It kills idle workers beyond RAY_num_workers_soft_limit (its CPUs by default, which counts the ranks
+running beside the spares): a run sets it to its CPUs plus the spares. A worker
 started for an actor with an environment of its own (Ray's runtime_env) is never one of those idle ones: the ranks'
 environment (`sweep.execution.placement.rank_env`) goes into Ray's own as it starts, and its rank actors have none
 of their own (`Placer`'s `env_in_ray`). Ray does not say when a worker's imports are done: each writes a mark (its

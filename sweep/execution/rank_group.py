@@ -178,7 +178,9 @@ class Placer:
 
         if self._remote_worker is None:
             self._remote_worker = self.ray.remote(RankWorker)
-        ranks, env = g.ranks, rank_env(self.profile)
+        ranks = g.ranks
+        # the ranks' environment, once per group: its own unless Ray's processes have it already
+        own_env = {} if self.env_in_ray else {"runtime_env": {"env_vars": rank_env(self.profile)}}
         for i in range(ranks):
             where = PlacementGroupSchedulingStrategy(
                 placement_group=g.pg, placement_group_bundle_index=bundle_index(self.profile, i, ranks)
@@ -188,7 +190,7 @@ class Placer:
                 num_gpus=1 if self.profile.is_gpu else 0,
                 max_restarts=0,
                 scheduling_strategy=where,
-                **({} if self.env_in_ray else {"runtime_env": {"env_vars": env}}),
+                **own_env,
             ).remote(keep_group=self.reuse)
             g.actors.append(actor)
         g.info_refs = [actor.node_info.remote() for actor in g.actors]

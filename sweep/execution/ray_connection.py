@@ -214,18 +214,14 @@ def loopback_only() -> Iterator[None]:
     this process must advertise a routable address)."""
     from ray._private import ray_constants
 
-    saved = os.environ.get(_LOOPBACK_SWITCH), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
-    os.environ[_LOOPBACK_SWITCH] = "0"
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        yield
+        with _environ({_LOOPBACK_SWITCH: "0"}):
+            yield
     finally:
-        if saved[0] is None:
-            os.environ.pop(_LOOPBACK_SWITCH, None)
-        else:
-            os.environ[_LOOPBACK_SWITCH] = saved[0]
-        if saved[1] is not None:
-            ray_constants.ENABLE_RAY_CLUSTER = saved[1]
+        if saved is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 class Interrupted(KeyboardInterrupt):
