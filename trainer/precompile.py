@@ -19,8 +19,10 @@ two blocks' activations and of the logits (a cut vocabulary saved that but left 
 The rank waits for its side processes (`Sides.wait`) after its imports and process group and before it builds its
 model: they never share the GPU's memory with a trial, nor its time with a measured step, and the wait is part of
 the first trial's wall (its row's precompile_s, counted as compile by `sweep.record.cost`). A side process that
-fails costs only its time: each trial compiles what it does not find. Run as `python -m trainer.precompile
-DEVICE_TYPE` with the pickled configs on stdin, one JSON line per config on stdout.
+fails costs only its time: each trial compiles what it does not find. Run as `python -m trainer.precompile` with
+its job (a pickled `trainer.side_pool.SideJob`) on stdin, one JSON line per config on stdout; or started ahead, by
+the run, as `python -m trainer.precompile --pool FOLDER` (`trainer.side_pool`), which a rank takes before starting
+its own.
 
 A set of graphs already in the cache is not compiled again: a side process or a trial that compiled it leaves a
 mark beside inductor's cache (`mark`), and `start` leaves out what is marked, so a rerun of a grid on a warm cache
@@ -44,12 +46,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from clusters.schema import usable_cpus
+from trainer import side_pool
 from trainer.job import TrialConfig, compiled_graphs
+from trainer.side_pool import PooledSide, SideJob
 
 REDUCED_LAYERS = 2
 CPUS_PER_SIDE = 4  # one side process per 4 of the host's cores: its own code generation and Triton's workers
@@ -66,6 +71,7 @@ class PrecompileReport:
     graphs: int  # sets of graphs (trials) they were given
     compiled: int  # of those, compiled without an error
     errors: tuple[str, ...] = ()  # one line per failure: the trial compiles those graphs itself
+    ahead: int = 0  # of its side processes, those started ahead (trainer.side_pool)
 
 
 def reduced(config: TrialConfig) -> TrialConfig:
@@ -86,47 +92,67 @@ def reduced(config: TrialConfig) -> TrialConfig:
     )
 
 
+class _Piped:
+    """A side process this rank started: its configs on stdin, its results on stdout."""
+
+    def __init__(self, proc: subprocess.Popen, log: IO[bytes]) -> None:
+        self.proc, self.log_file = proc, log
+
+    def collect(self, limit_s: float) -> tuple[str, list[str]]:
+        errors = []
+        try:
+            out, _ = self.proc.communicate(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            errors.append(f"a side process still compiling after {limit_s:.0f} s was stopped")
+        if self.proc.returncode not in (0, -signal.SIGKILL):
+            errors.append(f"a side process exited {self.proc.returncode}: {self.log_tail()}")
+        return out.decode(errors="replace"), errors
+
+    def log_tail(self, chars: int = 600) -> str:
+        return self.log()[-chars:].strip().replace("\n", " | ")
+
+    def log(self) -> str:
+        self.log_file.seek(0)
+        return self.log_file.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.log_file.close()
+
+
 class Sides:
     """The side processes of one rank, started by `start`; `wait` collects them, `stop` kills them."""
 
-    def __init__(self, procs: list[tuple[subprocess.Popen, IO[bytes]]], graphs: int) -> None:
+    def __init__(self, procs: list[_Piped | PooledSide], graphs: int) -> None:
         self.procs, self.graphs = procs, graphs
 
     def wait(self, limit_s: float = WAIT_LIMIT_S) -> PrecompileReport:
         began = time.perf_counter()
         compiled, errors = 0, []
-        for proc, log in self.procs:
-            try:
-                out, _ = proc.communicate(timeout=max(0.0, began + limit_s - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, _ = proc.communicate()
-                errors.append(f"a side process still compiling after {limit_s:.0f} s was stopped")
-            for line in out.decode(errors="replace").splitlines():
+        for side in self.procs:
+            out, failures = side.collect(max(0.0, began + limit_s - time.perf_counter()))
+            for line in out.splitlines():
                 try:
                     result = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by the side's death: its exit status says so below
+                except json.JSONDecodeError:  # a line cut by the side's death: its failure says so
                     continue
                 compiled += result["ok"]
                 errors += [result["error"]] if result["error"] else []
-            if proc.returncode not in (0, -signal.SIGKILL):
-                errors.append(f"a side process exited {proc.returncode}: {_tail(log)}")
+            errors += failures
             if os.environ.get("SWEEP_DEBUG"):  # what the side printed, in the rank's log
-                log.seek(0)
-                sys.stderr.write(log.read().decode(errors="replace"))
-            log.close()
-        return PrecompileReport(time.perf_counter() - began, self.graphs, compiled, tuple(errors))
+                sys.stderr.write(side.log())
+        for side in self.procs:
+            if isinstance(side, _Piped):
+                side.log_file.close()
+        ahead = sum(isinstance(side, PooledSide) for side in self.procs)
+        return PrecompileReport(time.perf_counter() - began, self.graphs, compiled, tuple(errors), ahead)
 
     def stop(self) -> None:
-        for proc, log in self.procs:
-            proc.kill()
-            proc.wait()
-            log.close()
-
-
-def _tail(log: IO[bytes], chars: int = 600) -> str:
-    log.seek(0)
-    return log.read().decode(errors="replace")[-chars:].strip().replace("\n", " | ")
+        for side in self.procs:
+            side.stop()
 
 
 def _cores(node_groups: int) -> int:
@@ -134,20 +160,37 @@ def _cores(node_groups: int) -> int:
     return max(1, usable_cpus() // max(1, node_groups))
 
 
-def side_count(graphs: int, node_groups: int = 1) -> int:
+def side_count(graphs: int, node_groups: int = 1, given: str | None = None) -> int:
     """How many side processes compile `graphs` sets of graphs: SIDES_ENV if set, else one per CPUS_PER_SIDE of this
     rank's share of the host's cores (`_cores`), and none below two (fewer cores than 2 x CPUS_PER_SIDE: compiling is
     CPU work, and one process compiling everything ahead, then the trial loading it, takes longer than the trial
-    compiling it: 60 against 46 s for two graphs on a 2-core host); never more than `graphs`."""
-    given = os.environ.get(SIDES_ENV)
+    compiling it: 60 against 46 s for two graphs on a 2-core host); never more than `graphs`. `given`: SIDES_ENV's
+    value in the ranks' environment, where that is not this process's (the driver's)."""
+    given = os.environ.get(SIDES_ENV) if given is None else given
     n = int(given) if given else _cores(node_groups) // CPUS_PER_SIDE
     return min(graphs, n if given or n >= 2 else 0)
 
 
-def _inductor_cache_dir() -> str:
-    """Inductor's on-disk cache folder as inductor resolves it (torch._inductor.runtime.cache_dir_utils), read
-    without importing torch: the side processes start before the rank's imports."""
-    if given := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+def side_threads(node_groups: int, sides: int) -> int:
+    """Inductor's compile workers for each of `sides` side processes of a rank: its share of the host's cores."""
+    return max(1, _cores(node_groups) // max(1, sides))
+
+
+def side_env(env: Mapping[str, str], threads: int) -> dict[str, str]:
+    """A side process's environment: `env` (the rank's), this checkout's `trainer` importable, `threads` compile
+    workers (TORCHINDUCTOR_COMPILE_THREADS, which inductor reads as it is imported)."""
+    root = str(Path(__file__).parents[1])  # where the rank imported `trainer` from, spelt as it did
+    return {
+        **env,
+        "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p),
+        "TORCHINDUCTOR_COMPILE_THREADS": str(threads),
+    }
+
+
+def _inductor_cache_dir(env: Mapping[str, str] = os.environ) -> str:
+    """Inductor's on-disk cache folder as inductor resolves it (torch._inductor.runtime.cache_dir_utils) in a process
+    with environment `env`, read without importing torch: the side processes start before the rank's imports."""
+    if given := env.get("TORCHINDUCTOR_CACHE_DIR"):
         return given
     try:
         user = getpass.getuser()
@@ -164,11 +207,11 @@ def _torch_version() -> str | None:
         return None
 
 
-def _mark_path(config: TrialConfig) -> Path:
-    """Where the mark of `config`'s graphs lies: beside inductor's caches, named by the graphs and torch's version
-    (which those caches' keys hold)."""
+def _mark_path(config: TrialConfig, env: Mapping[str, str] = os.environ) -> Path:
+    """Where the mark of `config`'s graphs lies: beside inductor's caches (of a process with environment `env`),
+    named by the graphs and torch's version (which those caches' keys hold)."""
     key = repr((compiled_graphs(config), _torch_version())).encode()
-    return Path(_inductor_cache_dir()) / MARKS / hashlib.sha256(key).hexdigest()[:32]
+    return Path(_inductor_cache_dir(env)) / MARKS / hashlib.sha256(key).hexdigest()[:32]
 
 
 def mark(config: TrialConfig) -> None:
@@ -182,43 +225,41 @@ def mark(config: TrialConfig) -> None:
         pass
 
 
-def unmarked(configs: tuple[TrialConfig, ...]) -> tuple[TrialConfig, ...]:
-    """The configs whose graphs no mark says are in the cache; none when only one is left (compiling a single set
-    ahead saves nothing: the first trial would wait for it as long as its trial takes to compile it)."""
-    left = tuple(c for c in configs if not _mark_path(c).exists())
+def unmarked(configs: tuple[TrialConfig, ...], env: Mapping[str, str] = os.environ) -> tuple[TrialConfig, ...]:
+    """The configs whose graphs no mark says are in the cache (of a process with environment `env`); none when only
+    one is left (compiling a single set ahead saves nothing: the first trial would wait for it as long as its trial
+    takes to compile it)."""
+    left = tuple(c for c in configs if not _mark_path(c, env).exists())
     return left if len(left) > 1 else ()
 
 
 def start(configs: tuple[TrialConfig, ...], device_type: str, node_groups: int = 1) -> Sides | None:
     """Side processes compiling the graphs of `configs` (`reduced`) that are not `unmarked` in the cache, `side_count`
-    of them, each given every n-th config: the first config, the rank's own first trial, goes first. None when there
-    are to be none. `node_groups`: the one-rank groups of this node, whose side processes share its cores."""
+    of them, each given every n-th config: the first config, the rank's own first trial, goes first. Those the run
+    started ahead (trainer.side_pool) are taken first; the rest start now. None when there are to be none.
+    `node_groups`: the one-rank groups of this node, whose side processes share its cores."""
     configs = unmarked(configs)
     n = side_count(len(configs), node_groups)
     if n <= 0:
         return None
-    root = str(Path(__file__).parents[1])  # where the rank imported `trainer` from, spelt as it did
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
-        "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, _cores(node_groups) // n)),
-    }
-    procs: list[tuple[subprocess.Popen, IO[bytes]]] = []
-    for share in (configs[i::n] for i in range(n)):
-        given = tempfile.TemporaryFile()  # the configs, pickled: the side's stdin
-        given.write(pickle.dumps(share))
+    shares = [configs[i::n] for i in range(n)]
+    pool = os.environ.get(side_pool.FOLDER_ENV)
+    taken = side_pool.claim(Path(pool), n) if pool else []
+    for side, share in zip(taken, shares):
+        side.give(SideJob(share, device_type, dict(os.environ)))
+    sides: list[_Piped | PooledSide] = [*taken]
+    env = side_env(os.environ, side_threads(node_groups, n))
+    for share in shares[len(sides) :]:
+        given = tempfile.TemporaryFile()  # the job, pickled: the side's stdin
+        given.write(pickle.dumps(SideJob(share, device_type)))
         given.seek(0)
         log = tempfile.TemporaryFile()  # the side's stderr: its tail is a failure's reason
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer.precompile", device_type],
-            stdin=given,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            env=env,
+            [sys.executable, "-m", "trainer.precompile"], stdin=given, stdout=subprocess.PIPE, stderr=log, env=env
         )
         given.close()  # the side has its own descriptor
-        procs.append((proc, log))
-    return Sides(procs, len(configs))
+        sides.append(_Piped(proc, log))
+    return Sides(sides, len(configs))
 
 
 def _die_with_parent() -> None:
@@ -250,12 +291,44 @@ def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None
         print(json.dumps({"ok": error is None, "error": error}), file=out, flush=True)
 
 
+def _warm_compile_workers() -> None:
+    """Start inductor's compile workers now, as its backend does at the first compile (Triton only)."""
+    try:
+        from torch._inductor.async_compile import maybe_warm_pool
+    except ImportError:  # a torch without it: they start at the first compile
+        return
+    maybe_warm_pool()
+
+
 def main() -> None:
+    """A side process: its imports and compile workers, then its job (from the rank on stdin, or, started ahead,
+    from the run's folder), one JSON result line per config."""
     _die_with_parent()
-    configs = pickle.loads(sys.stdin.buffer.read())  # from this process's parent, the rank: trusted
-    out = os.fdopen(os.dup(1), "w")  # the results; anything else printed goes to stderr, the log
-    os.dup2(2, 1)
-    _compile(configs, sys.argv[1], out)
+    pool = Path(sys.argv[2]) if sys.argv[1:2] == ["--pool"] else None
+    from trainer.preload import device_started, preload
+
+    preload()  # what a rank imports, inductor's compile_fx included
+    _warm_compile_workers()
+    if pool is None:
+        job = pickle.loads(sys.stdin.buffer.read())  # from this process's parent, the rank: trusted
+        out = os.fdopen(os.dup(1), "w")  # the results; anything else printed goes to stderr, the log
+        os.dup2(2, 1)
+    elif (waited := side_pool.await_job(pool)) is None:
+        return  # never claimed: the run has ended
+    else:
+        job, out = waited, side_pool.results(pool)
+    try:
+        if job.env is not None and device_started():  # its GPU would not be the rank's: leave the graphs to it
+            for _ in job.configs:
+                print(json.dumps({"ok": False, "error": "a side process started ahead started CUDA early"}), file=out)
+            return
+        if job.env is not None:  # the rank's (its GPU), but the compile workers this process started with
+            os.environ.update({k: v for k, v in job.env.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"})
+        _compile(list(job.configs), job.device_type, out)
+    finally:
+        out.close()
+        if pool is not None:
+            side_pool.finished(pool)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,8 @@ class RankResult:
     (`trainer.precompile`), after its imports and process group; None when there were none."""
     precompiled_graphs: int | None = None
     """Of the group's sets of graphs given to those side processes, how many compiled; None as precompile_s."""
+    precompile_sides_ahead: int | None = None
+    """Of those side processes, how many the run started ahead (`trainer.side_pool`); None as precompile_s."""
     compile_cache_hits: int | None = None
     """Graphs this trial loaded from inductor's FX graph cache instead of generating them."""
     compile_cache_misses: int | None = None

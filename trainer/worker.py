@@ -257,6 +257,7 @@ class RankWorker:
             process_setup_s=joined - imported if joins else None,
             precompile_s=ahead.waited_s if ahead else None,
             precompiled_graphs=ahead.compiled if ahead else None,
+            precompile_sides_ahead=ahead.ahead if ahead else None,
             compile_cache_hits=hits,
             compile_cache_misses=misses,
             torch_version=torch_version,

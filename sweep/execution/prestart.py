@@ -12,20 +12,29 @@ environment (`sweep.execution.placement.rank_env`) goes into Ray's own as it sta
 of their own (`Placer`'s `env_in_ray`). Ray does not say when a worker's imports are done: each writes a mark (its
 pid) into `marks`. tests/test_prestart.py runs it on this machine's Ray; benchmarks/RESULTS.md "Cold sweep" has
 what it saves.
+
+Where the run's first groups compile ahead (`trainer.precompile`), their side processes start ahead too, beside Ray
+(`start_sides`), and wait for a rank to take them (`trainer.side_pool`): their imports and compile workers are ready
+by the time a group is placed. As many as the node's first groups would start, for the graphs of the run's one-rank
+trials that the compile cache does not hold.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusters.schema import ClusterProfile, usable_cpus
 from sweep.execution.placement import rank_env
+from trainer import side_pool
+from trainer.job import TrialConfig
+from trainer.precompile import SIDES_ENV, side_count, side_env, side_threads, unmarked
 from trainer.preload import COMPILE_ENV, MARKS_ENV
 
 # A rank process imports in 9-13 s on an H200 host and ~5 s on a 2-core CPU (RESULTS.md "Cold sweep"); past this the
@@ -51,18 +60,35 @@ class Prestart:
     """The rank processes' environment, `${VAR}` expanded here (sweep starts Ray on this machine)."""
     compiles: bool = True
     """Whether the run's plan compiles: inductor is imported ahead too (trainer.preload.COMPILE_MODULES)."""
+    sides: int = 0
+    """Side processes compiling ahead to start beside Ray (`start_sides`)."""
+    side_threads: int = 1
+    """Inductor's compile workers in each of them."""
     marks: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sweep-prestart-")))
     """One file per process that finished trainer.preload (named by its pid)."""
+    pool: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sweep-sides-")))
+    """Where the side processes started ahead wait (trainer.side_pool)."""
+    started: list[subprocess.Popen] = field(default_factory=list)
+    """Those side processes."""
 
     @classmethod
-    def of(cls, profile: ClusterProfile, compiles: bool = True) -> Prestart | None:
+    def of(
+        cls, profile: ClusterProfile, compiles: bool = True, graphs: Sequence[TrialConfig] = (), node_groups: int = 1
+    ) -> Prestart | None:
         """For the Ray that `profile` has sweep start, for a run whose trials compile or not; None where nothing is
-        started ahead (a joined cluster, or `prestarted_ranks: 0`)."""
+        started ahead (a joined cluster, or `prestarted_ranks: 0`). `graphs`: one trial per set of graphs the run's
+        groups compile ahead, `node_groups` of them at once on the node (side processes: as many as those groups
+        would start for the sets their compile cache lacks)."""
         count = profile.prestart_count
         if not count:
             return None
         env = {name: os.path.expandvars(value) for name, value in rank_env(profile).items()}
-        return cls(count, embedded_cpus(profile) or usable_cpus(), env, compiles)
+        left = unmarked(tuple(graphs), {**os.environ, **env})
+        per_group = side_count(len(left), node_groups, given=env.get(SIDES_ENV))
+        sides = min(len(left), per_group * node_groups)
+        return cls(
+            count, embedded_cpus(profile) or usable_cpus(), env, compiles, sides, side_threads(node_groups, per_group)
+        )
 
     def env(self) -> dict[str, str]:
         """What Ray's processes must find in their environment as Ray starts: the ranks' and Ray's settings."""
@@ -72,7 +98,13 @@ class Prestart:
             "RAY_num_workers_soft_limit": str(self.ray_cpus + self.count),
             MARKS_ENV: str(self.marks),
             COMPILE_ENV: "1" if self.compiles else "0",
+            side_pool.FOLDER_ENV: str(self.pool),
         }
+
+    def start_sides(self) -> None:
+        """Start the side processes (as Ray starts: they import beside it, and beside the rank processes)."""
+        env = side_env({**os.environ, **self.rank_env}, self.side_threads)
+        self.started = side_pool.spawn(self.pool, self.sides, env)
 
     @property
     def expected(self) -> int:
@@ -101,5 +133,8 @@ class Prestart:
         )
 
     def close(self) -> None:
-        """Remove the marks (a process that finishes later finds no folder and writes nothing)."""
+        """Remove the marks (a process that finishes later finds no folder and writes nothing), and stop the side
+        processes (those no rank took, and any a rank left running)."""
         shutil.rmtree(self.marks, ignore_errors=True)
+        side_pool.stop(self.started)
+        shutil.rmtree(self.pool, ignore_errors=True)

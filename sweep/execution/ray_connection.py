@@ -53,6 +53,8 @@ def connect(profile: ClusterProfile, prestart: Prestart | None = None) -> bool:
             from sweep.execution.prestart import embedded_cpus
 
             num_cpus = embedded_cpus(profile)
+            if prestart and prestart.sides:  # their imports beside Ray's start
+                prestart.start_sides()
             with loopback_only(), _environ(prestart.env() if prestart else {}):
                 # address="local": always a new instance, never a cluster found in /tmp/ray or $RAY_ADDRESS
                 ray.init(

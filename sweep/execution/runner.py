@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from sweep.memory.calibration import Calibration
     from sweep.memory.predictor import Predictor
     from sweep.search.plan import Plan
+    from trainer.job import TrialConfig
 
     # what makes the scheduler: called as (profile, max_concurrent=, reuse=); Scheduler itself, or a test's simulation
     SchedulerFactory = Callable[..., Scheduler]
@@ -290,7 +291,10 @@ class _Execution:
 
         make: SchedulerFactory
         if self.make_scheduler is None:
-            self.prestart = Prestart.of(self.profile, compiles=any(t.compile != "none" for t in self.queue))
+            groups = min(self.profile.ranks_per_node, self.max_concurrent or self.profile.ranks_per_node)
+            self.prestart = Prestart.of(
+                self.profile, any(t.compile != "none" for t in self.queue), self.ahead_graphs(), groups
+            )
             self.started_ray = connect(self.profile, self.prestart)
             if self.prestart and self.started_ray:  # no group is placed (no GPU held) while its processes import
                 self.bar.status(f"starting {self.prestart.expected} rank processes ahead (importing torch)")
@@ -303,6 +307,16 @@ class _Execution:
             make = self.make_scheduler
         self.scheduler = make(self.profile, max_concurrent=self.max_concurrent, reuse=self.reuse_actors)
         return self.scheduler
+
+    def ahead_graphs(self) -> tuple[TrialConfig, ...]:
+        """One queued one-rank trial per set of graphs that the run's groups would compile ahead (`compile_ahead`)."""
+        from sweep.execution.placement import trial_config
+        from trainer.job import compile_ahead
+
+        if not (self.precompile and self.reuse_actors):
+            return ()
+        configs = [trial_config(t) for t in self.queue if t.gpus == 1]
+        return compile_ahead(configs[0], configs[1:], 1) if configs else ()
 
     def submit_queued(self) -> None:
         """Each queued trial once: reused from an earlier run (resume), recorded `unsupported`, or scheduled."""

@@ -100,6 +100,7 @@ class Row(TypedDict, total=False):
     model_build_s: float | None
     precompile_s: float | None
     precompiled_graphs: int | None
+    precompile_sides_ahead: int | None
     compile_cache_hits: int | None
     compile_cache_misses: int | None
     profile_gemm_pct: float | None

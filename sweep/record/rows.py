@@ -202,6 +202,7 @@ def measured_columns(trial: Trial, ranks: list[RankResult], *, peak_tflops: floa
         model_build_s=rank0.model_build_s,
         precompile_s=max_of(lambda r: r.precompile_s),  # the slowest rank's wait held every rank
         precompiled_graphs=rank0.precompiled_graphs,
+        precompile_sides_ahead=rank0.precompile_sides_ahead,
         compile_cache_hits=rank0.compile_cache_hits,
         compile_cache_misses=rank0.compile_cache_misses,
         torch_version=rank0.torch_version,

@@ -1,0 +1,135 @@
+"""Side processes started ahead (trainer.side_pool): real `python -m trainer.precompile --pool` processes on this
+machine, taken by a rank (`trainer.precompile.start`) before it starts its own; how many the driver starts
+(sweep.execution.prestart, pure); and through `sweep run` with its own Ray, a first trial whose graphs were compiled
+by one of them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT
+from test_precompile import GRID, config
+
+from clusters import load_profile
+from sweep.execution.prestart import Prestart
+from sweep.record import store
+from trainer import precompile, side_pool
+
+
+@pytest.fixture
+def pool(tmp_path, sweep_env):
+    """A folder of side processes started ahead, stopped at the test's end."""
+    folder = tmp_path / "pool"
+    folder.mkdir()
+    started: list[subprocess.Popen] = []
+
+    def spawn(count: int, **env: str) -> list[subprocess.Popen]:
+        procs = side_pool.spawn(folder, count, precompile.side_env({**sweep_env(), **env}, 1))
+        started.extend(procs)
+        return procs
+
+    yield folder, spawn
+    side_pool.stop(started)
+
+
+def test_each_side_process_started_ahead_is_taken_by_one_rank_and_given_its_job(pool, monkeypatch, tmp_path):
+    folder, spawn = pool
+    procs = spawn(3)
+    first, second = side_pool.claim(folder, 1), side_pool.claim(folder, 5)
+    assert len(first) == 1 and len(second) == 2 and side_pool.claim(folder, 1) == []
+    assert {s.pid for s in first + second} == {p.pid for p in procs}
+
+    # a rank's start takes those still free first, then starts its own: here one of each, for two sets of graphs
+    for side in second[1:]:
+        (folder / f"claimed-{side.pid}").rename(folder / f"free-{side.pid}")
+    monkeypatch.setenv(side_pool.FOLDER_ENV, str(folder))
+    monkeypatch.setenv(precompile.SIDES_ENV, "2")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    sides = precompile.start((config("no-such-recipe"), config("no-such-recipe", 4, dynamic=False)), "cpu")
+    assert sides is not None
+    report = sides.wait(limit_s=120)
+    assert (report.graphs, report.compiled, report.ahead) == (2, 0, 1)
+    assert len(report.errors) == 2 and all("no-such-recipe" in e for e in report.errors), report.errors
+    assert (folder / f"done-{second[1].pid}").exists()
+
+
+def test_a_side_process_never_taken_ends_with_its_folder_and_one_that_dies_is_reported(pool):
+    folder, spawn = pool
+    left, dies = spawn(2)
+    taken = side_pool.claim(folder, 2)
+    victim = next(s for s in taken if s.pid == dies.pid)
+    dies.kill()
+    dies.wait()
+    out, errors = victim.collect(limit_s=30)
+    assert out == "" and len(errors) == 1 and errors[0].startswith("a side process started ahead died")
+
+    for path in folder.iterdir():  # the run ends: its folder goes, and a waiting side process with it
+        path.unlink()
+    folder.rmdir()
+    assert left.wait(timeout=60) == 0
+
+
+def _profile(tmp_path: Path, **keys) -> Path:
+    path = tmp_path / "profile.yaml"
+    cpu = {
+        "name": "p",
+        "accelerator": "cpu",
+        "ray_address": "local",
+        "nodes": 1,
+        "gpus_per_node": 1,
+        "cpus_per_rank": 1,
+    }
+    path.write_text(yaml.safe_dump({**cpu, **keys}))
+    return path
+
+
+def test_the_run_starts_side_processes_for_the_graphs_its_cache_lacks(tmp_path):
+    graphs = (config("bf16"), config("fp32"), config("bf16", 4, dynamic=False))
+    profile = load_profile(str(_profile(tmp_path, prestarted_ranks=1, compile_cache=str(tmp_path / "cache"))))
+    prestart = Prestart.of(profile, True, graphs, node_groups=1)
+    assert prestart is not None and prestart.sides == precompile.side_count(3)  # none on a host under 8 cores
+
+    with_env = _profile(tmp_path, prestarted_ranks=1, env={precompile.SIDES_ENV: "2"}, compile_cache=str(tmp_path))
+    prestart = Prestart.of(load_profile(str(with_env)), True, graphs, node_groups=1)
+    assert prestart is not None and prestart.sides == 2
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
+    try:  # the marks of what a cache holds are read in the ranks' cache, not the driver's
+        for c in graphs[:2]:
+            precompile.mark(c)
+    finally:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert Prestart.of(load_profile(str(with_env)), True, graphs, node_groups=1).sides == 0  # type: ignore[union-attr]
+    assert Prestart.of(load_profile(str(with_env)), True, (), node_groups=1).sides == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_first_trial_takes_the_side_processes_the_run_started_ahead(tmp_path, sweep_env):
+    """`sweep run` on its own Ray, one rank process and one side process started ahead: the first group takes it, and
+    it compiles the group's graphs (two precisions); both trials find them all in the cache."""
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump(GRID))
+    profile = _profile(
+        tmp_path, prestarted_ranks=1, compile_cache=str(tmp_path / "cache"), env={precompile.SIDES_ENV: "1"}
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sweep", "run", grid, "--cluster", profile, "--output", tmp_path / "out"]
+        + ["--no-progress", "--max-concurrent", "1"],
+        cwd=ROOT,
+        env=sweep_env(),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = sorted(store.read_table(tmp_path / "out").to_pylist(), key=lambda r: r["started_at"])
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+    first, second = rows
+    assert (first["precompiled_graphs"], first["precompile_sides_ahead"]) == (2, 1)
+    assert first["imported_before_placement"] is True and second["precompile_sides_ahead"] is None
+    assert [(r["compile_cache_hits"], r["compile_cache_misses"]) for r in rows] == [(4, 0), (4, 0)]

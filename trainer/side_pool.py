@@ -1,0 +1,170 @@
+"""Side processes started ahead: the compile-ahead side processes of a run's first groups (`trainer.precompile`),
+started by the driver as it starts Ray, so that their own start is over before any GPU is held.
+
+A fresh group's first trial waits for its side processes before it builds its model, and each side process first
+imports torch, dynamo, inductor and the trainer and starts inductor's compile workers: seconds of that wait before
+it compiles anything (benchmarks/RESULTS.md "Cold sweep"). The Ray that sweep starts with rank processes ahead
+(`sweep.execution.prestart`) starts these too, beside it (`spawn`); each does its imports, starts its compile workers
+and waits in a folder (FOLDER_ENV, in the ranks' environment) for a job. A rank takes one (`claim`: renaming its
+`free-PID` file, which one rank alone can do), gives it a share of its graphs and its own environment (`give`: the
+GPU Ray assigned it, which the waiting process has not started: its imports start no device, as a rank's ahead do),
+and reads its results as the side process writes them (`out-PID`; `done-PID` once it has finished). The run stops
+the ones left unclaimed as it ends (`stop`). No torch here: the driver imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.job import TrialConfig
+
+FOLDER_ENV = "SWEEP_SIDE_POOL"  # where the waiting side processes are: set in the ranks' environment
+POLL_S = 0.01  # how often a waiting side process looks for its job, and a rank for a side process's end
+
+
+@dataclass(frozen=True)
+class SideJob:
+    """What a rank gives one side process."""
+
+    configs: tuple[TrialConfig, ...]
+    """The trials whose graphs it compiles (`trainer.precompile.reduced` copies of them), in order."""
+    device_type: str
+    """'cuda' or 'cpu': the rank's."""
+    env: Mapping[str, str] | None = None
+    """The rank's environment, set in a side process started ahead before it starts its device; None for one the rank
+    started itself (it has it)."""
+
+
+def spawn(folder: Path, count: int, env: Mapping[str, str]) -> list[subprocess.Popen]:
+    """Start `count` side processes that wait in `folder` (the driver, as it starts Ray), with environment `env`."""
+    procs = []
+    for _ in range(count):
+        log = tempfile.NamedTemporaryFile(dir=folder, prefix="starting-", delete=False)  # noqa: SIM115 - renamed below
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.precompile", "--pool", str(folder)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=dict(env),
+        )
+        log.close()  # the process has its own descriptor
+        os.rename(log.name, folder / f"log-{proc.pid}")
+        (folder / f"free-{proc.pid}").touch()  # last: a rank that takes it finds its log
+        procs.append(proc)
+    return procs
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Stop the driver's side processes (those still waiting, or a claimed one its rank left running)."""
+    for proc in procs:
+        proc.kill()
+    for proc in procs:
+        proc.wait()
+
+
+def claim(folder: Path, count: int) -> list[PooledSide]:
+    """Up to `count` of the side processes waiting in `folder` (none when it is gone: the run has ended)."""
+    taken: list[PooledSide] = []
+    try:
+        free = sorted(folder.glob("free-*"))
+    except OSError:
+        return taken
+    for path in free:
+        if len(taken) == count:
+            break
+        pid = int(path.name.removeprefix("free-"))
+        try:
+            path.rename(folder / f"claimed-{pid}")
+        except OSError:  # another rank took it first
+            continue
+        taken.append(PooledSide(folder, pid))
+    return taken
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead but not yet reaped by the driver, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class PooledSide:
+    """A side process started ahead, claimed by this rank."""
+
+    def __init__(self, folder: Path, pid: int) -> None:
+        self.folder, self.pid = folder, pid
+
+    def _path(self, kind: str) -> Path:
+        return self.folder / f"{kind}-{self.pid}"
+
+    def give(self, job: SideJob) -> None:
+        staged = self._path("staging")
+        staged.write_bytes(pickle.dumps(job))
+        staged.rename(self._path("job"))  # whole or not at all, as the side process reads it
+
+    def collect(self, limit_s: float) -> tuple[str, list[str]]:
+        """Its result lines, once it has finished or `limit_s` passed, and what went wrong with the process."""
+        deadline = time.monotonic() + limit_s
+        while not self._path("done").exists() and _alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        errors = []
+        if not self._path("done").exists():
+            if _alive(self.pid):
+                self.stop()
+                errors.append(f"a side process still compiling after {limit_s:.0f} s was stopped")
+            else:
+                errors.append(f"a side process started ahead died: {self.log_tail()}")
+        try:
+            out = self._path("out").read_text()
+        except OSError:
+            out = ""
+        return out, errors
+
+    def log_tail(self, chars: int = 600) -> str:
+        try:
+            return self._path("log").read_text(errors="replace")[-chars:].strip().replace("\n", " | ")
+        except OSError:
+            return ""
+
+    def log(self) -> str:
+        return self.log_tail(chars=1 << 20)
+
+    def stop(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def await_job(folder: Path) -> SideJob | None:
+    """In a side process started ahead: its job, once a rank has given it; None when the run ends first (its folder
+    removed)."""
+    path = folder / f"job-{os.getpid()}"
+    while not path.exists():
+        if not folder.exists():
+            return None
+        time.sleep(POLL_S)
+    job = pickle.loads(path.read_bytes())  # from the rank, through the run's own folder: trusted
+    assert isinstance(job, SideJob)
+    return job
+
+
+def results(folder: Path):  # noqa: ANN201 - a text file, line-buffered
+    """Where a side process started ahead writes its result lines."""
+    return open(folder / f"out-{os.getpid()}", "w", buffering=1)  # noqa: SIM115 - the caller closes it
+
+
+def finished(folder: Path) -> None:
+    """Say this side process has written all its results."""
+    (folder / f"done-{os.getpid()}").touch()
