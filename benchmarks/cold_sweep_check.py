@@ -130,19 +130,25 @@ def prestart_lines(ahead: list[dict], late: list[dict], phase: str) -> list[tupl
         r = min((r for r in rows if r["status"] == "ok"), key=lambda r: r["started_at"], default=None)
         if r is None:
             return "no ok trial"
-        phases = ("process_start_s", "import_s", "process_setup_s")
+        phases = ("process_start_s", "import_s", "process_setup_s", "precompile_s", "compile_time_s")
         return (
-            f"{_beyond_measured(r):.1f} s beyond its measured steps (spawn, import, set-up "
-            f"{' / '.join(f'{r.get(k) or 0:.1f}' for k in phases)} s; ready before placement: "
-            f"{r.get('imported_before_placement')})"
+            f"{_beyond_measured(r):.1f} s beyond its measured steps (spawn, import, set-up, waiting for side "
+            f"processes, compile {' / '.join(f'{r.get(k) or 0:.1f}' for k in phases)} s; ready before placement: "
+            f"{r.get('imported_before_placement')}; side processes started ahead: {r.get('precompile_sides_ahead')})"
         )
+
+    def beyond(rows: list[dict]) -> str:
+        each = [_beyond_measured(r) for r in sorted(rows, key=lambda r: r["started_at"]) if r["status"] == "ok"]
+        mean = statistics.mean(each) if each else float("nan")
+        return f"{mean:.1f} s ({', '.join(f'{b:.1f}' for b in each)})"
 
     return [
         (
             True,
             f"{phase}: ranks started ahead: GPU-s held {held['ahead']:.1f} against {held['late']:.1f} with "
             f"prestarted_ranks 0 ({held['ahead'] / held['late']:.2f}x); first trial {first(ahead)} against "
-            f"{first(late)}",
+            f"{first(late)}; held beyond measured steps, mean per trial {beyond(ahead)} against {beyond(late)} "
+            f"(issue 28: at most {HELD_S[phase]:g} s)",
         )
     ]
 

@@ -17,8 +17,9 @@
 #   cold-warm  in one call, carrying .whl and .base-tree only (JOB_NEEDS_RESULTS=0: no tables, the rows come back
 #          packed): cold current then base, warm base then current (a machine taken back between two calls loses
 #          the cold part's caches)
-#   prestart  the current tree alone (JOB_NEEDS_RESULTS=0, .whl only): cold, then warm with its rank processes started
-#          once placed (prestarted_ranks 0, into .../late-warm) and warm as it is (started ahead, .../current-warm)
+#   prestart  the current tree alone (JOB_NEEDS_RESULTS=0, .whl only): cold as it is (rank and side processes started
+#          ahead), cold with them started once placed (prestarted_ranks 0, .../late-cold, its own cache), then warm
+#          the other way round (.../late-warm, .../current-warm)
 #   searches  the OOM-retry grid (b-oom.yaml) and the max-batch search (c-max-batch.yaml) with the current tree and
 #          the OOM grid with the base one, on their own empty caches, into .../{current,base}-searches
 #   max-batch  c-max-batch.yaml alone on an empty cache into .../max-batch-search, then one `sweep run` of the batch
@@ -100,10 +101,11 @@ case $part in
     rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
     sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
-  prestart)  # rank processes started ahead against started once placed: the same tree, the same warm cache
-    rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
+  prestart)  # rank (and side) processes started ahead against started once placed: the same tree, each its own cache
+    rm -rf /tmp/cc-current /tmp/cc-late "$results"/*-cold "$results"/*-warm
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-warm"
+    prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-cold" late
+    prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-warm" late
     sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
   searches)
     rm -rf /tmp/cc-base /tmp/cc-current
