@@ -53,8 +53,12 @@ def layout_rows(ray_session, tmp_path_factory):
     for grid in ("grid.yaml", "hsdp.yaml", "compiled.yaml"):
         result = invoke("run", folder / grid, *common)
         assert result.exit_code == 0, result.output
+    # the compiled TP trial again, in a run of its own: its graphs are in the compile cache the first one filled
+    again = invoke("run", folder / "compiled.yaml", *common[:2], "--output", folder / "again", "--no-progress")
+    assert again.exit_code == 0, again.output
     rows = store.read_table(out).to_pylist()
-    return {(r["world_size"], r["dp_replicate"], r["tp"], r["compile"]): r for r in rows}, out
+    keyed = {(r["world_size"], r["dp_replicate"], r["tp"], r["compile"]): r for r in rows}
+    return keyed, out, store.read_table(folder / "again").to_pylist()
 
 
 @pytest.mark.parametrize(
@@ -63,7 +67,7 @@ def layout_rows(ray_session, tmp_path_factory):
     ids=["fsdp2-x-tp2", "tp2", "hsdp2-x-2"],
 )
 def test_a_layout_trains_as_fsdp_over_its_data_parallel_ranks(layout_rows, layout, baseline):
-    rows, _ = layout_rows
+    rows, _, _ = layout_rows
     row, base = rows[(*layout, "none")], rows[(*baseline, "none")]
     assert row["status"] == "ok", row["error"]
     curve = row["loss_curve"]
@@ -81,7 +85,7 @@ def test_a_layout_trains_as_fsdp_over_its_data_parallel_ranks(layout_rows, layou
 def test_a_layout_apart_from_fsdp_changes_the_losses_it_is_compared_on(layout_rows):
     """The check above can fail: FSDP over 2 and over 4 ranks train on other tokens (a step's loss is the mean
     over its data-parallel ranks' batches), and their curves differ by far more than the tolerance."""
-    rows, _ = layout_rows
+    rows, _, _ = layout_rows
     two, four = rows[(2, 1, 1, "none")]["loss_curve"], rows[(4, 1, 1, "none")]["loss_curve"]
     assert max(abs(a - b) / b for a, b in zip(two, four)) > 10 * TOLERANCE
 
@@ -90,14 +94,24 @@ def test_a_regionally_compiled_tp_trial_trains_as_the_eager_one(layout_rows):
     """Each block compiled with its TP collectives inside: the same losses as eager TP 2 (inductor reorders fp32
     sums, well within the tolerance). With plain tensors between the compiled blocks the embedding got no
     gradient, and the second loss was 0.03 off (trainer/tensor_parallel.py)."""
-    rows, _ = layout_rows
+    rows, _, _ = layout_rows
     compiled, eager = rows[(2, 1, 2, "regional")], rows[(2, 1, 2, "none")]
     assert compiled["status"] == "ok", compiled["error"]
     assert compiled["loss_curve"] == pytest.approx(eager["loss_curve"], rel=TOLERANCE)
 
 
+def test_a_compiled_tp_trial_finds_its_graphs_in_the_cache_an_earlier_run_filled(layout_rows):
+    """Its device meshes are graph inputs of every compiled block, keyed by what they are (trainer/compile_keys.py,
+    3.): before, every run of it missed all four graphs and compiled them again."""
+    rows, _, again = layout_rows
+    (second,) = again
+    assert second["status"] == "ok", second["error"]
+    assert (second["compile_cache_hits"], second["compile_cache_misses"]) == (4, 0)
+    assert second["loss_curve"] == rows[(2, 1, 2, "regional")]["loss_curve"]
+
+
 def test_compare_by_tp_sets_each_layout_against_fsdp_on_as_many_ranks(layout_rows, cli):
-    _, out = layout_rows
+    _, out, _ = layout_rows
     result = cli("results", "compare", out, "--by", "tp", "--format", "csv")
     assert result.exit_code == 0, result.output
     header, *lines = result.stdout.strip().splitlines()

@@ -26,7 +26,15 @@ Two things in torch stood in the way; `install()` mends both, once per process, 
    changes). torchao made these Functions cacheable itself in a later release (pytorch/ao#4840: no `allow_in_graph`),
    then put that behind a config flag (pytorch/ao#4879); with it this changes nothing.
 
-Both never fail a trial: where a torch has other internals, the graph is keyed (or bypassed) as torch would.
+3. A device mesh in the FX graph cache key. A regionally compiled block of a tensor-parallel trial takes its DTensors'
+   DeviceMesh as graph inputs (opaque objects); the key pickles each whole, with the pickler's memo on (torch 2.13), so
+   the key also depends on which strings and tuples inside the meshes happen to be one object in this process. Every
+   part of the key was the same in two runs of one TP grid, the key was not, and every TP trial compiled every graph
+   again (a CPU TP 2 trial: 4 misses, 33 s of compile, on a cache its own earlier run had filled). Keyed by what the
+   mesh is (device type, ranks, dimension names, and its root mesh's), the second run finds all four
+   (tests/test_layouts_run.py).
+
+All three never fail a trial: where a torch has other internals, the graph is keyed (or bypassed) as torch would.
 """
 
 from __future__ import annotations
@@ -94,9 +102,40 @@ def _keyed_imports(original: Any) -> Any:
     return format_import
 
 
+def mesh_key(mesh: Any) -> str:
+    """What a DeviceMesh graph input is, as one new string (3. above): nothing in it for the pickler's memo to share."""
+    root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+    parts = [(m.device_type, m.mesh.tolist(), m.mesh_dim_names) for m in (mesh, root)]
+    return "".join(["DeviceMesh ", repr(parts)])
+
+
+def _keyed_meshes(original: Any) -> Any:
+    def reduce_fake_script_object(pickler: Any, obj: Any) -> Any:
+        from torch._inductor.codecache import _ident
+        from torch.distributed.device_mesh import DeviceMesh
+
+        real = getattr(obj, "real_obj", None)
+        return (_ident, (mesh_key(real),)) if isinstance(real, DeviceMesh) else original(pickler, obj)
+
+    reduce_fake_script_object.sweep_original = original  # type: ignore[attr-defined]
+    return reduce_fake_script_object
+
+
+def _key_meshes() -> None:
+    try:
+        from torch._inductor.codecache import FxGraphCachePickler, _ident  # noqa: F401 - the wrapper needs both
+
+        original = FxGraphCachePickler._reduce_fake_script_object
+    except (ImportError, AttributeError):  # another torch: it keys (or bypasses) these graphs itself
+        return
+    if not hasattr(original, "sweep_original"):
+        FxGraphCachePickler._reduce_fake_script_object = _keyed_meshes(original)  # type: ignore[method-assign]
+
+
 def install() -> None:
-    """Both mends, once per process (idempotent)."""
+    """The three mends, once per process (idempotent)."""
     copyreg.pickle(torch.memory_format, lambda f: (memory_format, (str(f).removeprefix("torch."),)))
+    _key_meshes()
     fingerprint = torchao_fingerprint()
     if not fingerprint:  # no torchao: none of its graphs to key
         return
