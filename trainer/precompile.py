@@ -305,10 +305,9 @@ def main() -> None:
     from the run's folder), one JSON result line per config."""
     _die_with_parent()
     pool = Path(sys.argv[2]) if sys.argv[1:2] == ["--pool"] else None
-    from trainer.preload import device_started, preload
+    from trainer.preload import MODULES, device_started, preload
 
-    preload()  # what a rank imports, inductor's compile_fx included
-    _warm_compile_workers()
+    preload(MODULES)  # what a rank imports; not inductor's runtime, which starts the CUDA driver (trainer.preload)
     if pool is None:
         job = pickle.loads(sys.stdin.buffer.read())  # from this process's parent, the rank: trusted
         out = os.fdopen(os.dup(1), "w")  # the results; anything else printed goes to stderr, the log
@@ -324,6 +323,7 @@ def main() -> None:
             return
         if job.env is not None:  # the rank's (its GPU), but the compile workers this process started with
             os.environ.update({k: v for k, v in job.env.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"})
+        _warm_compile_workers()
         _compile(list(job.configs), job.device_type, out)
     finally:
         out.close()

@@ -111,5 +111,5 @@ def write_mark() -> None:
 
 
 if sys.argv and sys.argv[0].endswith("default_worker.py"):  # a worker Ray started (RAY_preload_python_modules)
-    DONE = preload(MODULES + (COMPILE_MODULES if os.environ.get(COMPILE_ENV) != "0" else ()))
+    DONE = preload(MODULES)  # not COMPILE_MODULES: inductor's runtime starts the CUDA driver as it is imported
     write_mark()
