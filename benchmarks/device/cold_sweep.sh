@@ -29,7 +29,7 @@
 set -uo pipefail
 campaign=cold-sweep
 part=${1:-cold}
-[[ $part != *cold-warm && $part != prestart ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
+[[ $part != *cold-warm && $part != prestart && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
@@ -107,6 +107,10 @@ case $part in
     prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-cold" late
     prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-warm" late
     sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
+  base)  # the base tree alone, cold then warm, on a machine where a current part (prestart) has just run
+    rm -rf /tmp/cc-base "$results"/base-*
+    sweep_run base $grids/a-grid.yaml "$results/base-cold"
+    sweep_run base $grids/a-grid.yaml "$results/base-warm" ;;
   searches)
     rm -rf /tmp/cc-base /tmp/cc-current
     sweep_run current $grids/b-oom.yaml "$results/current-searches"
