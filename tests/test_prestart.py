@@ -23,7 +23,7 @@ from clusters.errors import ProfileError
 from sweep.execution.outcome import imported_before
 from sweep.execution.prestart import Prestart
 from sweep.record import store
-from trainer import preload
+from trainer import preload, side_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,13 +86,11 @@ def test_ray_is_given_the_preload_the_counts_and_the_ranks_environment_expanded(
         assert env["TORCHINDUCTOR_CACHE_DIR"] == "/home/someone/.cache/sweep/inductor"
         assert env["OMP_NUM_THREADS"] == "1" and env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1"
         assert env[preload.MARKS_ENV] == str(prestart.marks) and prestart.marks.is_dir()
-        assert env[preload.COMPILE_ENV] == "1"  # inductor too, unless the run compiles nothing
+        assert env[side_pool.FOLDER_ENV] == str(prestart.pool)  # where the side processes started ahead wait
     finally:
         prestart.close()
     assert not prestart.marks.exists()
-    none_compiled = Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=2))), compiles=False)
-    assert none_compiled is not None and none_compiled.env()[preload.COMPILE_ENV] == "0"
-    none_compiled.close()
+    assert not prestart.pool.exists()
     assert Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=0)))) is None
 
 
@@ -140,25 +138,25 @@ def test_a_process_that_started_its_device_while_importing_ahead_may_not_train(m
         preload.check()
 
 
-@pytest.mark.parametrize("compiles", ["1", "0"])
-def test_a_worker_imports_the_trainer_without_starting_a_device_and_leaves_its_mark(tmp_path, sweep_env, compiles):
-    """As Ray's default_worker.py imports it: everything a rank's first trial imports (inductor unless the run
-    compiles nothing), no Transformer Engine, no device, and the mark the driver waits for."""
+def test_a_worker_imports_the_trainer_without_starting_a_device_and_leaves_its_mark(tmp_path, sweep_env):
+    """As Ray's default_worker.py imports it: everything a rank's first trial imports before its model, not inductor
+    (its runtime starts the CUDA driver on a GPU host), no Transformer Engine, no device, and the mark the driver
+    waits for."""
     code = (
         "import sys; sys.argv = ['/x/ray/_private/workers/default_worker.py']\n"
         "import json, torch, trainer.preload as p\n"
         "print(json.dumps({'failed': p.DONE.failed, 'device': p.DONE.device_started, 'seconds': p.DONE.seconds,\n"
         "  'missing': [m for m in p.MODULES if m not in sys.modules], 'cuda': torch.cuda.is_initialized(),\n"
-        "  'inductor': [m for m in p.COMPILE_MODULES if m in sys.modules],\n"
+        "  'inductor': 'torch._inductor.runtime.triton_heuristics' in sys.modules,\n"
         "  'te': 'transformer_engine' in sys.modules, 'pid': __import__('os').getpid()}))\n"
     )
-    env = {**sweep_env(), preload.MARKS_ENV: str(tmp_path), preload.COMPILE_ENV: compiles}
+    env = {**sweep_env(), preload.MARKS_ENV: str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["failed"] is None and seen["missing"] == [] and seen["seconds"] > 0
     assert seen["device"] is False and seen["cuda"] is False and seen["te"] is False
-    assert seen["inductor"] == (list(preload.COMPILE_MODULES) if compiles == "1" else [])
+    assert seen["inductor"] is False
     assert [p.name for p in tmp_path.iterdir()] == [str(seen["pid"])]
 
 

@@ -91,11 +91,11 @@ def _profile(tmp_path: Path, **keys) -> Path:
 def test_the_run_starts_side_processes_for_the_graphs_its_cache_lacks(tmp_path):
     graphs = (config("bf16"), config("fp32"), config("bf16", 4, dynamic=False))
     profile = load_profile(str(_profile(tmp_path, prestarted_ranks=1, compile_cache=str(tmp_path / "cache"))))
-    prestart = Prestart.of(profile, True, graphs, node_groups=1)
+    prestart = Prestart.of(profile, graphs, node_groups=1)
     assert prestart is not None and prestart.sides == precompile.side_count(3)  # none on a host under 8 cores
 
     with_env = _profile(tmp_path, prestarted_ranks=1, env={precompile.SIDES_ENV: "2"}, compile_cache=str(tmp_path))
-    prestart = Prestart.of(load_profile(str(with_env)), True, graphs, node_groups=1)
+    prestart = Prestart.of(load_profile(str(with_env)), graphs, node_groups=1)
     assert prestart is not None and prestart.sides == 2
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
     try:  # the marks of what a cache holds are read in the ranks' cache, not the driver's
@@ -103,8 +103,8 @@ def test_the_run_starts_side_processes_for_the_graphs_its_cache_lacks(tmp_path):
             precompile.mark(c)
     finally:
         del os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    assert Prestart.of(load_profile(str(with_env)), True, graphs, node_groups=1).sides == 0  # type: ignore[union-attr]
-    assert Prestart.of(load_profile(str(with_env)), True, (), node_groups=1).sides == 0  # type: ignore[union-attr]
+    assert Prestart.of(load_profile(str(with_env)), graphs, node_groups=1).sides == 0  # type: ignore[union-attr]
+    assert Prestart.of(load_profile(str(with_env)), (), node_groups=1).sides == 0  # type: ignore[union-attr]
 
 
 @pytest.mark.integration

@@ -291,18 +291,9 @@ def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None
         print(json.dumps({"ok": error is None, "error": error}), file=out, flush=True)
 
 
-def _warm_compile_workers() -> None:
-    """Start inductor's compile workers now, as its backend does at the first compile (Triton only)."""
-    try:
-        from torch._inductor.async_compile import maybe_warm_pool
-    except ImportError:  # a torch without it: they start at the first compile
-        return
-    maybe_warm_pool()
-
-
 def main() -> None:
-    """A side process: its imports and compile workers, then its job (from the rank on stdin, or, started ahead,
-    from the run's folder), one JSON result line per config."""
+    """A side process: its imports, then its job (from the rank on stdin, or, started ahead, from the run's folder),
+    one JSON result line per config."""
     _die_with_parent()
     pool = Path(sys.argv[2]) if sys.argv[1:2] == ["--pool"] else None
     from trainer.preload import MODULES, device_started, preload
@@ -321,9 +312,8 @@ def main() -> None:
             for _ in job.configs:
                 print(json.dumps({"ok": False, "error": "a side process started ahead started CUDA early"}), file=out)
             return
-        if job.env is not None:  # the rank's (its GPU), but the compile workers this process started with
+        if job.env is not None:  # the rank's (its GPU), but the compile workers this process was given
             os.environ.update({k: v for k, v in job.env.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"})
-        _warm_compile_workers()
         _compile(list(job.configs), job.device_type, out)
     finally:
         out.close()

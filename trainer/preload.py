@@ -1,6 +1,6 @@
 """What a rank process imports before it is a rank: run by Ray's worker pool as it starts a worker, ahead of any actor.
 
-A fresh rank's first trial spends seconds importing torch, dynamo, inductor and the trainer (9-13 s on an H200 host,
+A fresh rank's first trial spends seconds importing torch, dynamo, FSDP and the trainer (9-13 s on an H200 host,
 benchmarks/RESULTS.md "Cold sweep"), after its group is placed: GPU time. Ray runs the modules named in
 RAY_preload_python_modules in every Python worker it starts, before the worker takes any work; the Ray that sweep
 starts names this one and starts rank processes ahead with it (`sweep.execution.prestart`), so their imports happen
@@ -22,10 +22,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# What a rank's first trial imports before its model (trainer.worker's `_train`), then what its first compile
-# imports (inductor, whose CUDA graph trees torch 2.11's dynamo reset imports on a CUDA host): COMPILE_MODULES,
-# left out where the run compiles nothing (COMPILE_ENV "0": seconds of CPU in each process for nothing). Not
-# Transformer Engine or torchao: a TE import queries the device, and torchao is loaded only by its recipes' trials.
+# What a rank's first trial imports before its model (trainer.worker's `_train`). Not inductor (its first compile
+# imports it): on an H200 host importing torch._inductor.runtime.triton_heuristics starts the CUDA driver, which
+# reads CUDA_VISIBLE_DEVICES as it starts (benchmarks/RESULTS.md "Cold sweep", session 28). Not Transformer Engine or
+# torchao: a TE import queries the device, and torchao is loaded only by its recipes' trials.
 MODULES = (
     "torch._dynamo",
     "torch.distributed",
@@ -35,9 +35,7 @@ MODULES = (
     "trainer.release",
     "trainer.worker",
 )
-COMPILE_MODULES = ("torch._inductor.compile_fx", "torch._inductor.cudagraph_trees")
 MARKS_ENV = "SWEEP_PRELOAD_MARKS"  # a folder where each preloaded process leaves its pid (sweep.execution.prestart)
-COMPILE_ENV = "SWEEP_PRELOAD_COMPILE"  # "0": the run's plan compiles nothing
 _NOT_INITIALIZED = 3  # CUDA_ERROR_NOT_INITIALIZED: the driver API's answer before anything called cuInit
 
 
@@ -58,7 +56,7 @@ class Preloaded:
 DONE: Preloaded | None = None  # set once, by the import of this module in a worker Ray started
 
 
-def preload(modules: Sequence[str] = MODULES + COMPILE_MODULES) -> Preloaded:
+def preload(modules: Sequence[str] = MODULES) -> Preloaded:
     """Import `modules` in order, up to the first that fails (Python keeps what it imported before the failure, as
     after any failed import; the rank imports the rest itself)."""
     began = time.perf_counter()
@@ -111,5 +109,5 @@ def write_mark() -> None:
 
 
 if sys.argv and sys.argv[0].endswith("default_worker.py"):  # a worker Ray started (RAY_preload_python_modules)
-    DONE = preload(MODULES)  # not COMPILE_MODULES: inductor's runtime starts the CUDA driver as it is imported
+    DONE = preload()
     write_mark()

@@ -2,10 +2,10 @@
 started by the driver as it starts Ray, so that their own start is over before any GPU is held.
 
 A fresh group's first trial waits for its side processes before it builds its model, and each side process first
-imports torch, dynamo, inductor and the trainer and starts inductor's compile workers: seconds of that wait before
-it compiles anything (benchmarks/RESULTS.md "Cold sweep"). The Ray that sweep starts with rank processes ahead
-(`sweep.execution.prestart`) starts these too, beside it (`spawn`); each does its imports, starts its compile workers
-and waits in a folder (FOLDER_ENV, in the ranks' environment) for a job. A rank takes one (`claim`: renaming its
+imports torch, dynamo, FSDP and the trainer: seconds of that wait before it compiles anything (benchmarks/RESULTS.md
+"Cold sweep"). The Ray that sweep starts with rank processes ahead (`sweep.execution.prestart`) starts these too,
+beside it (`spawn`); each does the imports a rank does ahead (`trainer.preload`: not inductor's, which start the CUDA
+driver) and waits in a folder (FOLDER_ENV, in the ranks' environment) for a job. A rank takes one (`claim`: renaming its
 `free-PID` file, which one rank alone can do), gives it a share of its graphs and its own environment (`give`: the
 GPU Ray assigned it, which the waiting process has not started: its imports start no device, as a rank's ahead do),
 and reads its results as the side process writes them (`out-PID`; `done-PID` once it has finished). The run stops

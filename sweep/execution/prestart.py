@@ -14,8 +14,8 @@ pid) into `marks`. tests/test_prestart.py runs it on this machine's Ray; benchma
 what it saves.
 
 Where the run's first groups compile ahead (`trainer.precompile`), their side processes start ahead too, beside Ray
-(`start_sides`), and wait for a rank to take them (`trainer.side_pool`): their imports and compile workers are ready
-by the time a group is placed. As many as the node's first groups would start, for the graphs of the run's one-rank
+(`start_sides`), and wait for a rank to take them (`trainer.side_pool`): their imports are done by the time a group
+is placed. As many as the node's first groups would start, for the graphs of the run's one-rank
 trials that the compile cache does not hold.
 """
 
@@ -35,7 +35,7 @@ from sweep.execution.placement import rank_env
 from trainer import side_pool
 from trainer.job import TrialConfig
 from trainer.precompile import SIDES_ENV, side_count, side_env, side_threads, unmarked
-from trainer.preload import COMPILE_ENV, MARKS_ENV
+from trainer.preload import MARKS_ENV
 
 # A rank process imports in 9-13 s on an H200 host and ~5 s on a 2-core CPU (RESULTS.md "Cold sweep"); past this the
 # first group is placed anyway, and waits for its processes inside its placement as it would without them.
@@ -58,8 +58,6 @@ class Prestart:
     """The CPUs the Ray it starts has: Ray starts no more idle workers than these."""
     rank_env: dict[str, str]
     """The rank processes' environment, `${VAR}` expanded here (sweep starts Ray on this machine)."""
-    compiles: bool = True
-    """Whether the run's plan compiles: inductor is imported ahead too (trainer.preload.COMPILE_MODULES)."""
     sides: int = 0
     """Side processes compiling ahead to start beside Ray (`start_sides`)."""
     side_threads: int = 1
@@ -72,13 +70,11 @@ class Prestart:
     """Those side processes."""
 
     @classmethod
-    def of(
-        cls, profile: ClusterProfile, compiles: bool = True, graphs: Sequence[TrialConfig] = (), node_groups: int = 1
-    ) -> Prestart | None:
-        """For the Ray that `profile` has sweep start, for a run whose trials compile or not; None where nothing is
-        started ahead (a joined cluster, or `prestarted_ranks: 0`). `graphs`: one trial per set of graphs the run's
-        groups compile ahead, `node_groups` of them at once on the node (side processes: as many as those groups
-        would start for the sets their compile cache lacks)."""
+    def of(cls, profile: ClusterProfile, graphs: Sequence[TrialConfig] = (), node_groups: int = 1) -> Prestart | None:
+        """For the Ray that `profile` has sweep start; None where nothing is started ahead (a joined cluster, or
+        `prestarted_ranks: 0`). `graphs`: one trial per set of graphs the run's groups compile ahead, `node_groups`
+        of them at once on the node (side processes: as many as those groups would start for the sets their compile
+        cache lacks)."""
         count = profile.prestart_count
         if not count:
             return None
@@ -86,9 +82,7 @@ class Prestart:
         left = unmarked(tuple(graphs), {**os.environ, **env})
         per_group = side_count(len(left), node_groups, given=env.get(SIDES_ENV))
         sides = min(len(left), per_group * node_groups)
-        return cls(
-            count, embedded_cpus(profile) or usable_cpus(), env, compiles, sides, side_threads(node_groups, per_group)
-        )
+        return cls(count, embedded_cpus(profile) or usable_cpus(), env, sides, side_threads(node_groups, per_group))
 
     def env(self) -> dict[str, str]:
         """What Ray's processes must find in their environment as Ray starts: the ranks' and Ray's settings."""
@@ -97,7 +91,6 @@ class Prestart:
             "RAY_worker_maximum_startup_concurrency": str(self.count),
             "RAY_num_workers_soft_limit": str(self.ray_cpus + self.count),
             MARKS_ENV: str(self.marks),
-            COMPILE_ENV: "1" if self.compiles else "0",
             side_pool.FOLDER_ENV: str(self.pool),
         }
 

@@ -292,9 +292,7 @@ class _Execution:
         make: SchedulerFactory
         if self.make_scheduler is None:
             groups = min(self.profile.ranks_per_node, self.max_concurrent or self.profile.ranks_per_node)
-            self.prestart = Prestart.of(
-                self.profile, any(t.compile != "none" for t in self.queue), self.ahead_graphs(), groups
-            )
+            self.prestart = Prestart.of(self.profile, self.ahead_graphs(), groups)
             self.started_ray = connect(self.profile, self.prestart)
             if self.prestart and self.started_ray:  # no group is placed (no GPU held) while its processes import
                 self.bar.status(f"starting {self.prestart.expected} rank processes ahead (importing torch)")
