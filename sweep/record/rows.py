@@ -156,6 +156,24 @@ def _attempt_columns(outcome: Outcome) -> dict[str, Any]:
     return columns
 
 
+# Columns as rank 0 reported them: its start-up phases (sweep.record.schema), its compile cache, its versions
+RANK0_COLUMNS = (
+    "import_s",
+    "process_setup_s",
+    "model_build_s",
+    "precompiled_graphs",
+    "precompile_sides_ahead",
+    "compile_cache_hits",
+    "compile_cache_misses",
+    "torch_version",
+    "te_version",
+    "torchao_version",
+    "gpu_name",
+    "driver_version",
+    "cuda_version",
+)
+
+
 def measured_columns(trial: Trial, ranks: list[RankResult], *, peak_tflops: float | None) -> dict[str, Any]:
     """The measurement of an attempt that ran: its ranks' reports turned into the row's figures."""
     rank0 = ranks[0]
@@ -196,21 +214,8 @@ def measured_columns(trial: Trial, ranks: list[RankResult], *, peak_tflops: floa
         steps_time_s=sum(step_times),
         # every step, warm-up first, as the slowest rank ran it: where `auto` warm-up ended, and why
         step_times_s=[max(times) for times in zip(*(r.warmup_times + r.step_times for r in ranks))],
-        # start-up phases as rank 0 saw them (sweep.record.schema)
-        import_s=rank0.import_s,
-        process_setup_s=rank0.process_setup_s,
-        model_build_s=rank0.model_build_s,
         precompile_s=max_of(lambda r: r.precompile_s),  # the slowest rank's wait held every rank
-        precompiled_graphs=rank0.precompiled_graphs,
-        precompile_sides_ahead=rank0.precompile_sides_ahead,
-        compile_cache_hits=rank0.compile_cache_hits,
-        compile_cache_misses=rank0.compile_cache_misses,
-        torch_version=rank0.torch_version,
-        te_version=rank0.te_version,
-        torchao_version=rank0.torchao_version,
-        gpu_name=rank0.gpu_name,
-        driver_version=rank0.driver_version,
-        cuda_version=rank0.cuda_version,
+        **{name: getattr(rank0, name) for name in RANK0_COLUMNS},
     )
     columns.update(profile_columns(rank0.profile))
     columns.update(loss_curve_columns(ranks))
