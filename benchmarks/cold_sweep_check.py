@@ -46,6 +46,12 @@ def _beyond_measured(r: dict) -> float:
     return sum(parts.values()) - parts["measured steps"]
 
 
+def _held_beyond(rows: list[dict]) -> tuple[float, str]:
+    """The mean seconds an ok trial of `rows` held beyond its measured steps, and each trial's, in `rows`' order."""
+    beyond = [_beyond_measured(r) for r in rows if r["status"] == "ok"]
+    return (statistics.mean(beyond) if beyond else float("nan")), ", ".join(f"{b:.1f}" for b in beyond)
+
+
 def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple[bool, str]]:
     out = []
     held = {k: sum(gpu_seconds(rows).values()) for k, rows in (("base", base), ("current", current))}
@@ -59,12 +65,8 @@ def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple
         )
     )
     for tree, rows in (("base", base), ("current", current)):
-        beyond = [_beyond_measured(r) for r in rows if r["status"] == "ok"]
-        mean = statistics.mean(beyond) if beyond else float("nan")
-        line = (
-            f"{phase}, {tree}: a trial holds {mean:.1f} s beyond its measured steps on average "
-            f"(per trial {', '.join(f'{b:.1f}' for b in beyond)})"
-        )
+        mean, each = _held_beyond(rows)
+        line = f"{phase}, {tree}: a trial holds {mean:.1f} s beyond its measured steps on average (per trial {each})"
         out.append(
             (mean <= HELD_S[phase], line + f"; at most {HELD_S[phase]:g} s")
             if tree == "current"
@@ -138,9 +140,8 @@ def prestart_lines(ahead: list[dict], late: list[dict], phase: str) -> list[tupl
         )
 
     def beyond(rows: list[dict]) -> str:
-        each = [_beyond_measured(r) for r in sorted(rows, key=lambda r: r["started_at"]) if r["status"] == "ok"]
-        mean = statistics.mean(each) if each else float("nan")
-        return f"{mean:.1f} s ({', '.join(f'{b:.1f}' for b in each)})"
+        mean, each = _held_beyond(sorted(rows, key=lambda r: r["started_at"]))
+        return f"{mean:.1f} s ({each})"
 
     return [
         (

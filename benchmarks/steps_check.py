@@ -31,12 +31,15 @@ from sweep.record import store  # noqa: E402
 from trainer.stopping import Schedule, StepsSpec, WarmUp  # noqa: E402
 
 DEFAULT: tuple[StepsSpec, StepsSpec] = (3, 10)
+WARMUP_MAX = 50  # `--cap` lowers the measured steps' maximum alone: the warm-up keeps WarmUp's own
 SAME_PCT = 1.0
 
 
-def replay(times: list[float], warmup: StepsSpec, measure: StepsSpec) -> tuple[int, list[float]] | None:
+def replay(
+    times: list[float], warmup: StepsSpec, measure: StepsSpec, auto_max: tuple[int, int] | None = None
+) -> tuple[int, list[float]] | None:
     """The steps a schedule takes on these step times and its measured ones; None if it is not done by the last."""
-    schedule = Schedule(warmup, measure)
+    schedule = Schedule(warmup, measure, auto_max)
     for used, step in enumerate(times, start=1):
         schedule.add(step)
         if schedule.phase == "done":
@@ -45,11 +48,11 @@ def replay(times: list[float], warmup: StepsSpec, measure: StepsSpec) -> tuple[i
 
 
 def _reading(
-    times: list[float], rule: tuple[StepsSpec, StepsSpec], reference: float
+    times: list[float], rule: tuple[StepsSpec, StepsSpec], reference: float, auto_max: tuple[int, int] | None = None
 ) -> tuple[int, float, float, int] | None:
     """A rule's steps taken, its median's % off the reference, the seconds of its steps after the first (which holds
     the compile), and its measured steps; None if it is not done by the last step."""
-    run = replay(times, *rule)
+    run = replay(times, *rule, auto_max)
     if run is None:
         return None
     used, measured = run
@@ -78,7 +81,8 @@ def save(folders: list[Path], out: Path) -> int:
     return 0
 
 
-def main(folder: Path) -> int:
+def main(folder: Path, cap: int | None = None) -> int:
+    """The table and verdict; `cap` (`--cap M`): `auto` measures at most M steps (a trial's `auto_max`)."""
     rows = [r for r in read_rows(folder) if r["status"] == "ok" and r.get("step_times_s")]
     if not rows:
         print(f"no clean rows with step_times_s in {folder}", file=sys.stderr)
@@ -90,7 +94,8 @@ def main(folder: Path) -> int:
     for r in sorted(rows, key=lambda r: (r["precision"], r["batch_size"])):
         times = r["step_times_s"]
         reference = statistics.median(times[r["warmup_steps"] :])
-        default, auto = _reading(times, DEFAULT, reference), _reading(times, ("auto", "auto"), reference)
+        auto_max = (WARMUP_MAX, cap) if cap else None
+        default, auto = _reading(times, DEFAULT, reference), _reading(times, ("auto", "auto"), reference, auto_max)
         default_cell = "not done" if default is None else f"{default[1]:+.2f} %, {default[2]:.2f} s"
         if auto is None:
             auto_cell, holds = f"not done in {len(times)} steps", False
@@ -141,6 +146,10 @@ if __name__ == "__main__":
         sys.exit(save([Path(a) for a in sys.argv[3:]], Path(sys.argv[2])))
     if len(sys.argv) > 2 and sys.argv[1] == "--warmup":
         sys.exit(warmup_check([Path(a) for a in sys.argv[2:]]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--cap":
+        sys.exit(main(Path(sys.argv[3]), cap=int(sys.argv[2])))
     if len(sys.argv) != 2:
-        sys.exit("usage: python3 benchmarks/steps_check.py ROWS | --warmup ROWS... | --save OUT.jsonl DIR...")
+        sys.exit(
+            "usage: python3 benchmarks/steps_check.py ROWS | --cap M ROWS | --warmup ROWS... | --save OUT.jsonl DIR..."
+        )
     sys.exit(main(Path(sys.argv[1])))

@@ -5,7 +5,6 @@ by one of them."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -88,23 +87,28 @@ def _profile(tmp_path: Path, **keys) -> Path:
     return path
 
 
-def test_the_run_starts_side_processes_for_the_graphs_its_cache_lacks(tmp_path):
+def _sides(profile: Path, graphs: tuple) -> int:
+    """How many side processes the run of `profile` would start ahead for `graphs` (its folders removed after)."""
+    prestart = Prestart.of(load_profile(str(profile)), graphs, node_groups=1)
+    assert prestart is not None
+    prestart.close()
+    return prestart.sides
+
+
+def test_the_run_starts_side_processes_for_the_graphs_its_cache_lacks(tmp_path, monkeypatch):
     graphs = (config("bf16"), config("fp32"), config("bf16", 4, dynamic=False))
-    profile = load_profile(str(_profile(tmp_path, prestarted_ranks=1, compile_cache=str(tmp_path / "cache"))))
-    prestart = Prestart.of(profile, graphs, node_groups=1)
-    assert prestart is not None and prestart.sides == precompile.side_count(3)  # none on a host under 8 cores
+    default = _profile(tmp_path, prestarted_ranks=1, compile_cache=str(tmp_path / "cache"))
+    assert _sides(default, graphs) == precompile.side_count(3)  # none on a host under 8 cores
 
     with_env = _profile(tmp_path, prestarted_ranks=1, env={precompile.SIDES_ENV: "2"}, compile_cache=str(tmp_path))
-    prestart = Prestart.of(load_profile(str(with_env)), graphs, node_groups=1)
-    assert prestart is not None and prestart.sides == 2
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
-    try:  # the marks of what a cache holds are read in the ranks' cache, not the driver's
-        for c in graphs[:2]:
-            precompile.mark(c)
-    finally:
-        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    assert Prestart.of(load_profile(str(with_env)), graphs, node_groups=1).sides == 0  # type: ignore[union-attr]
-    assert Prestart.of(load_profile(str(with_env)), (), node_groups=1).sides == 0  # type: ignore[union-attr]
+    assert _sides(with_env, graphs) == 2
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    for c in graphs[:2]:
+        precompile.mark(c)
+    # the marks of what a cache holds are read in the ranks' cache, not the driver's
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "the-drivers"))
+    assert _sides(with_env, graphs) == 0
+    assert _sides(with_env, ()) == 0
 
 
 @pytest.mark.integration

@@ -54,6 +54,16 @@ def test_the_replay_keeps_auto_opt_in_where_it_costs_more(tmp_path):
     assert "auto stays opt-in" in done.stdout
 
 
+def test_a_cap_on_auto_s_measured_steps_is_replayed_as_a_trial_s_auto_max(tmp_path):
+    """`--cap M`: `auto` measures at most M steps, as a trial with `auto_max` does; at 8 it stops here where the
+    uncapped rule needs more steps than 3 + 10, inside ±1 % of the row's median."""
+    out = tmp_path / "rows"
+    _write(out, COMPILED, warmup=10)
+    done = _run("--cap", "8", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| 11 (3) steps," in done.stdout and "auto becomes the default" in done.stdout
+
+
 def test_saved_step_times_replay_as_their_folder(tmp_path):
     """`--save` keeps a folder's step times as JSON lines (what benchmarks/history holds); both modes read them back
     to the verdict and the lines the folder gives."""

@@ -109,13 +109,10 @@ def mesh_key(mesh: Any) -> str:
     return "".join(["DeviceMesh ", repr(parts)])
 
 
-def _keyed_meshes(original: Any) -> Any:
+def _keyed_meshes(original: Any, ident: Any, mesh_type: type) -> Any:
     def reduce_fake_script_object(pickler: Any, obj: Any) -> Any:
-        from torch._inductor.codecache import _ident
-        from torch.distributed.device_mesh import DeviceMesh
-
         real = getattr(obj, "real_obj", None)
-        return (_ident, (mesh_key(real),)) if isinstance(real, DeviceMesh) else original(pickler, obj)
+        return (ident, (mesh_key(real),)) if isinstance(real, mesh_type) else original(pickler, obj)
 
     reduce_fake_script_object.sweep_original = original  # type: ignore[attr-defined]
     return reduce_fake_script_object
@@ -123,13 +120,15 @@ def _keyed_meshes(original: Any) -> Any:
 
 def _key_meshes() -> None:
     try:
-        from torch._inductor.codecache import FxGraphCachePickler, _ident  # noqa: F401 - the wrapper needs both
+        from torch._inductor.codecache import FxGraphCachePickler, _ident
+        from torch.distributed.device_mesh import DeviceMesh
 
         original = FxGraphCachePickler._reduce_fake_script_object
     except (ImportError, AttributeError):  # another torch: it keys (or bypasses) these graphs itself
         return
     if not hasattr(original, "sweep_original"):
-        FxGraphCachePickler._reduce_fake_script_object = _keyed_meshes(original)  # type: ignore[method-assign]
+        keyed = _keyed_meshes(original, _ident, DeviceMesh)
+        FxGraphCachePickler._reduce_fake_script_object = keyed  # type: ignore[method-assign]
 
 
 def install() -> None:

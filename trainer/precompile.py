@@ -110,8 +110,8 @@ class _Piped:
             errors.append(f"a side process exited {self.proc.returncode}: {self.log_tail()}")
         return out.decode(errors="replace"), errors
 
-    def log_tail(self, chars: int = 600) -> str:
-        return self.log()[-chars:].strip().replace("\n", " | ")
+    def log_tail(self) -> str:
+        return side_pool.tail(self.log())
 
     def log(self) -> str:
         self.log_file.seek(0)
@@ -296,9 +296,10 @@ def main() -> None:
     one JSON result line per config."""
     _die_with_parent()
     pool = Path(sys.argv[2]) if sys.argv[1:2] == ["--pool"] else None
-    from trainer.preload import MODULES, device_started, preload
+    from trainer.preload import device_started, preload
 
-    preload(MODULES)  # what a rank imports; not inductor's runtime, which starts the CUDA driver (trainer.preload)
+    preload()  # what a rank imports ahead; not inductor's runtime, which starts the CUDA driver (trainer.preload)
+    out: IO[str]
     if pool is None:
         job = pickle.loads(sys.stdin.buffer.read())  # from this process's parent, the rank: trusted
         out = os.fdopen(os.dup(1), "w")  # the results; anything else printed goes to stderr, the log

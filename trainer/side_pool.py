@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from trainer.job import TrialConfig
 
@@ -90,6 +91,11 @@ def claim(folder: Path, count: int) -> list[PooledSide]:
     return taken
 
 
+def tail(log: str, chars: int = 600) -> str:
+    """The end of a side process's log on one line: a failure's reason."""
+    return log[-chars:].strip().replace("\n", " | ")
+
+
 def _alive(pid: int) -> bool:
     """Whether process `pid` runs (a zombie, dead but not yet reaped by the driver, does not)."""
     try:
@@ -131,14 +137,14 @@ class PooledSide:
             out = ""
         return out, errors
 
-    def log_tail(self, chars: int = 600) -> str:
+    def log(self) -> str:
         try:
-            return self._path("log").read_text(errors="replace")[-chars:].strip().replace("\n", " | ")
+            return self._path("log").read_text(errors="replace")
         except OSError:
             return ""
 
-    def log(self) -> str:
-        return self.log_tail(chars=1 << 20)
+    def log_tail(self) -> str:
+        return tail(self.log())
 
     def stop(self) -> None:
         try:
@@ -160,8 +166,8 @@ def await_job(folder: Path) -> SideJob | None:
     return job
 
 
-def results(folder: Path):  # noqa: ANN201 - a text file, line-buffered
-    """Where a side process started ahead writes its result lines."""
+def results(folder: Path) -> TextIO:
+    """Where a side process started ahead writes its result lines (line-buffered)."""
     return open(folder / f"out-{os.getpid()}", "w", buffering=1)  # noqa: SIM115 - the caller closes it
 
 

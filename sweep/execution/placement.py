@@ -84,6 +84,11 @@ def trial_config(trial: Trial) -> TrialConfig:
     )
 
 
+def node_groups(profile: ClusterProfile, max_concurrent: int | None) -> int:
+    """How many one-rank groups of a node may compile ahead at once, sharing its cores (`trainer.precompile`)."""
+    return min(profile.ranks_per_node, max_concurrent or profile.ranks_per_node)
+
+
 def node_key(info: dict[str, Any]) -> str:
     """Which node a rank runs on, from its node_info: Ray's node id, else its address."""
     return str(info["node_id"] or info["ip"])

@@ -285,13 +285,14 @@ class _Execution:
                 self.collect()
 
     def start(self) -> Scheduler:
+        from sweep.execution.placement import node_groups
         from sweep.execution.prestart import Prestart
         from sweep.execution.ray_connection import connect
         from sweep.execution.scheduler import Scheduler
 
         make: SchedulerFactory
         if self.make_scheduler is None:
-            groups = min(self.profile.ranks_per_node, self.max_concurrent or self.profile.ranks_per_node)
+            groups = node_groups(self.profile, self.max_concurrent)
             self.prestart = Prestart.of(self.profile, self.ahead_graphs(), groups)
             self.started_ray = connect(self.profile, self.prestart)
             if self.prestart and self.started_ray:  # no group is placed (no GPU held) while its processes import

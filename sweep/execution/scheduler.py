@@ -43,7 +43,7 @@ from clusters.schema import ClusterProfile
 from sweep.execution.attempt import Attempt, AttemptEnd, AttemptState
 from sweep.execution.groups import fits, kept_note, opener, pick, returned_to_baseline, run_order, stack_stage
 from sweep.execution.outcome import INFRA_PREFIX, Outcome, deaths, imported_before
-from sweep.execution.placement import node_key, rank_jobs, trial_config
+from sweep.execution.placement import node_groups, node_key, rank_jobs, trial_config
 from sweep.execution.rank_group import WAITING, GroupState, Placer, RankGroup, StartFailure
 from sweep.spec.grid import Trial
 from trainer.job import PG_TIMEOUT_S, TrialConfig, compile_ahead, compiled_graphs
@@ -200,7 +200,7 @@ class Scheduler:
             device_type="cuda" if self.profile.is_gpu else "cpu",
             pg_timeout_s=self.pg_timeout_s,
             precompile=self._ahead(g, trial) if fresh else (),
-            node_groups=min(self.profile.ranks_per_node, self.max_concurrent),
+            node_groups=node_groups(self.profile, self.max_concurrent),
         )
         now = time.monotonic()
         refs = [actor.run.remote(job) for actor, job in zip(g.actors, jobs)]
