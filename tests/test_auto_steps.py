@@ -53,10 +53,10 @@ def assert_loss_curve(row: dict) -> None:
 
 @pytest.mark.integration
 def test_auto_steps_stop_together_and_rows_carry_the_counts_and_ci(ray_session, tmp_path):
-    (row,), warnings = run(tmp_path, {"warmup": "auto", "measure": "auto"})
+    (row,), warnings = run(tmp_path, {"warmup": "auto", "measure": "auto", "measure_max": 7})
     assert row["status"] == "ok", row["error"]  # no rank left waiting in a collective
     assert 2 <= row["warmup_steps"] <= 50  # two steps in agreement at least
-    assert 6 <= row["measure_steps"] <= 100  # the first confidence interval needs 6
+    assert 6 <= row["measure_steps"] <= 7  # the first confidence interval needs 6; the grid allows 7 at most
     ci = row["step_time_ci_pct"]
     assert ci is not None and ci >= 0
     assert row["steps_time_s"] > 0 and row["step_time_p10_s"] <= row["step_time_s"] <= row["step_time_p90_s"]
@@ -71,7 +71,7 @@ def test_auto_steps_stop_together_and_rows_carry_the_counts_and_ci(ray_session, 
             f"warning: llama-tiny bf16 bsz 2 (trial {row['trial_id'][:8]}): step time "
             f"±{sig(ci, 3)} % after {row['warmup_steps']}+{row['measure_steps']} steps (target ±1 %)"
         )
-        assert "set steps.measure to a count" in line
+        assert f"set steps.measure_max: {4 * row['measure_steps']}" in line
     assert_loss_curve(row)
     assert_step_times(row)
 
@@ -138,6 +138,26 @@ def test_auto_is_not_the_default():
 
     steps = parse_grid(GRID).steps
     assert (steps.warmup, steps.measure) == (3, 10)
+    assert steps.auto_max is None  # a fixed count is what it says
+
+
+def test_auto_measures_at_most_measure_max_steps_in_every_trial():
+    from sweep.spec.expand import expand
+    from sweep.spec.grid import MEASURE_MAX_DEFAULT, parse_grid
+    from trainer.stopping import Schedule
+
+    def most(steps: dict) -> tuple[int, int] | None:
+        (trial,) = expand(parse_grid({**GRID, "steps": steps}), cluster="local")
+        return trial.auto_max
+
+    assert MEASURE_MAX_DEFAULT == 8 and most({"warmup": "auto", "measure": "auto"}) == (50, 8)
+    assert most({"warmup": 2, "measure": "auto", "measure_max": 30}) == (50, 30)
+    assert most({"warmup": "auto", "measure": 10}) is None
+    schedule = Schedule("auto", "auto", most({"warmup": "auto", "measure": "auto"}))
+    for t in [1.0, 1.0] + [1.0, 1.1] * 10:  # steps that alternate 10 % apart never meet ±1 %
+        if schedule.add(t) == "done":
+            break
+    assert (len(schedule.warmup.times), len(schedule.measure.times)) == (2, 8)
 
 
 @pytest.mark.parametrize(
@@ -145,6 +165,8 @@ def test_auto_is_not_the_default():
     [
         ({"warmup": "autox"}, "steps.warmup: expected a whole number >= 0, or auto"),
         ({"measure": 0}, "steps.measure: expected a whole number >= 1, or auto"),
+        ({"measure": "auto", "measure_max": 5}, "steps.measure_max: Input should be greater than or equal to 6"),
+        ({"measure": 10, "measure_max": 20}, "measure_max applies to measure: auto; measure: 10 measures that many"),
     ],
 )
 def test_a_bad_steps_value_is_one_line(tmp_path, steps, message):

@@ -43,7 +43,9 @@ def test_one_warning_per_attempt_that_missed_naming_it_and_what_to_change():
     ]
     (line,) = missed_target_warnings(rows)
     assert line.startswith("gpt-tiny bf16 bsz 2 (trial 01234567): step time ±12.3 % after 50+100 steps (target ±1 %): ")
-    assert "steps.measure to a count (e.g. 400" in line and "larger batch" in line
+    assert "set steps.measure to a count: 400" in line and "larger batch" in line
+    (capped,) = missed_target_warnings([{**ROW, "measure_steps": 8, "step_time_ci_pct": 2.1, "ci_target_met": False}])
+    assert "set steps.measure_max: 32" in capped  # auto's own maximum still allows 4x the steps
     assert (
         "no interval after 50+5 steps"
         in missed_target_warnings([{**ROW, "measure_steps": 5, "step_time_ci_pct": None, "ci_target_met": False}])[0]

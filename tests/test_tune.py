@@ -30,7 +30,14 @@ from sweep.search.fastest.search import LONGER, SHORT, probe_steps
 from sweep.search.fastest.space import Config, Space, at_least_as_heavy
 from sweep.search.fastest.verdict import PROFILE_KEYS
 from sweep.spec.expand import expand
-from sweep.spec.grid import DEFAULT_TIMEOUT_S, KERNEL_OPTIONS, NUMERICS_CHANGING, TUNABLE, parse_grid
+from sweep.spec.grid import (
+    DEFAULT_TIMEOUT_S,
+    KERNEL_OPTIONS,
+    MEASURE_MAX_DEFAULT,
+    NUMERICS_CHANGING,
+    TUNABLE,
+    parse_grid,
+)
 from trainer.flops import spec_flops_per_token
 from trainer.result import RankResult
 
@@ -489,8 +496,12 @@ def test_short_probes_then_longer_then_the_grids_own_steps(steps):
     (v,) = verdicts_json(p)
     last = [t for t in r.asked if (t.warmup_steps, t.measure_steps) == full]
     assert {t.profiled for t in last} == {False} and len(last) <= 3  # two finalists and the baseline, unprofiled
-    # `auto` finals run at most final_auto_max steps, as the cost cap reserves; counts are what they say
-    assert all(t.auto_max == (final_auto_max(t.grad_accum) if "auto" in full else None) for t in last)
+    # `auto` finals run at most final_auto_max steps, as the cost cap reserves, and no more measured ones than the
+    # grid's steps.measure_max; counts are what they say
+    grids = (50, MEASURE_MAX_DEFAULT)
+    assert all(
+        t.auto_max == (tuple(map(min, final_auto_max(t.grad_accum), grids)) if "auto" in full else None) for t in last
+    )
     assert all(t.auto_max is None for t in r.asked if t not in last)
     # then one profiled trial, the search's last, asked once every final had answered: the best, at a short
     # probe's steps (profiled=True is in its trial id: it is not the short probe of the same config)

@@ -13,9 +13,11 @@ nvbench do:
 - measurement (`Measure`): until the 95 % confidence interval of the median step time lies within ±1 %
   of the median, at least 5 and at most 100 steps, or until the measured steps have taken `time_cap_s`.
 
-`Schedule(..., auto_max=(w, m))` lowers those maxima to w warm-up and m measured steps: a tune's finals, whose
-GPU time its cost cap has to know in advance (sweep.search.fastest.cost.FINAL_AUTO_MAX). A noisy step then stops at the
-maximum with the confidence interval it reached, which its row keeps (step_time_ci_pct; ci_target_met false).
+`Schedule(..., auto_max=(w, m))` lowers those maxima to w warm-up and m measured steps: a grid's
+`steps.measure_max` (8 by default: steady steps that alternate a few % apart meet ±1 % only after 10-25 steps, where 8
+steps' median is as close to a 30-step one, sweep.spec.grid.MEASURE_MAX_DEFAULT), and a tune's finals, whose GPU time
+its cost cap has to know in advance (sweep.search.fastest.cost.FINAL_AUTO_MAX). A step stopped at the maximum keeps
+the confidence interval it reached in its row (step_time_ci_pct; ci_target_met false).
 
 `Fixed(n)` has the same interface, so that a loop need not care which it has. `Schedule` chains a
 warm-up rule and a measurement rule; in a multi-rank trial only rank 0 feeds it (`add`) and the others
@@ -31,6 +33,9 @@ from typing import Literal
 StepsSpec = int | Literal["auto"]
 PHASES = ("warmup", "measure", "done")  # a phase's index is what rank 0 broadcasts
 
+WARMUP_MAX_STEPS = 50  # the most warm-up steps `auto` runs
+MEASURE_MAX_STEPS = 100  # the most measured steps `auto` runs (a grid lowers it: sweep.spec.grid.Steps.measure_max)
+MEASURE_CI_LEAST = 6  # the fewest measured steps whose median has a 95 % interval (median_ci: none under 6)
 MEASURE_TIME_CAP_S = 300.0  # auto measurement stops after this many seconds of measured steps (min_steps first)
 MEASURE_TARGET_PCT = 1.0  # auto measurement stops once the median's 95 % interval is within ± this % of it
 
@@ -103,7 +108,9 @@ class WarmUp(Fixed):
     """Until the last `window` step times agree within `tolerance` (slowest / fastest - 1), between
     `min_steps` and `max_steps` steps. Agreement needs `window` steps, so fewer are never enough."""
 
-    def __init__(self, *, tolerance: float = 0.10, window: int = 2, min_steps: int = 2, max_steps: int = 50) -> None:
+    def __init__(
+        self, *, tolerance: float = 0.10, window: int = 2, min_steps: int = 2, max_steps: int = WARMUP_MAX_STEPS
+    ) -> None:
         super().__init__(max_steps)
         self.tolerance, self.window, self.min_steps = tolerance, window, min_steps
 
@@ -134,7 +141,7 @@ class Measure(Fixed):
         target_pct: float = MEASURE_TARGET_PCT,
         confidence: float = 0.95,
         min_steps: int = 5,
-        max_steps: int = 100,
+        max_steps: int = MEASURE_MAX_STEPS,
         time_cap_s: float | None = MEASURE_TIME_CAP_S,
     ) -> None:
         super().__init__(max_steps)

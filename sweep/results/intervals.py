@@ -1,11 +1,12 @@
 """The step time's confidence interval in captions and `sweep run`'s warnings. Pure: rows are dicts.
 
 `steps: {measure: auto}` measures until the median step time's 95 % interval is within ±1 % of it, but stops at
-its limit, its most steps (100; a tune's finals fewer) or 300 s of measured steps (`trainer.stopping`): on a
-noisy step it stops short, and its row says so (`ci_target_met` false). `sweep run` warns once per such attempt;
-`results show` and `export` print each row's interval beside its step time, marked `render.MISSED` where it fell
-short, and say so under the table. The grid keys a user can turn: `steps.measure` (a count measures as many steps
-as asked; the interval narrows as 1/√steps), and what makes the steps steadier (a larger batch, an idle machine).
+its limit, its most steps (`steps.measure_max`, 8 unless the grid says; a tune's finals no more) or 300 s of
+measured steps (`trainer.stopping`): on a noisy step it stops short, and its row says so (`ci_target_met` false).
+`sweep run` warns once per such attempt; `results show` and `export` print each row's interval beside its step time,
+marked `render.MISSED` where it fell short, and say so under the table. The grid keys a user can turn:
+`steps.measure_max` (up to 100) or `steps.measure` as a count (the interval narrows as 1/√steps), and what makes the
+steps steadier (a larger batch, an idle machine).
 """
 
 from __future__ import annotations
@@ -14,17 +15,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sweep.results.render import MISSED, RATIO_SIGNIFICANT, sig
-from trainer.stopping import MEASURE_TARGET_PCT
+from trainer.stopping import MEASURE_MAX_STEPS, MEASURE_TARGET_PCT
 
 _TARGET = f"±{MEASURE_TARGET_PCT:g} %"
-_LIMIT = "steps: auto stopped at its limit (its most steps, or 300 s of them)"
+_LIMIT = "steps: auto stopped at its limit (steps.measure_max, or 300 s of steps)"
 
 
 def ci_note(rows: Sequence[Mapping[str, Any]]) -> str:
     """The caption's word for MISSED, when a row carries it ('' otherwise)."""
     if not any(r.get("ci_target_met") is False for r in rows):
         return ""
-    return f"{MISSED}: {_LIMIT} short of its {_TARGET} target; steps.measure as a count measures more"
+    return f"{MISSED}: {_LIMIT} short of its {_TARGET} target; a larger steps.measure_max measures more"
+
+
+def _more(steps: int) -> str:
+    """The grid key that measures `steps` steps: auto's maximum while it allows them, else a count."""
+    return f"set steps.measure_max: {steps}" if steps <= MEASURE_MAX_STEPS else f"set steps.measure to a count: {steps}"
 
 
 def missed_target_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -40,7 +46,7 @@ def missed_target_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         lines.append(
             f"{row['model']} {row['precision']} bsz {row['batch_size']} (trial {row['trial_id'][:8]}): step "
             f"time {interval} after {row.get('warmup_steps') or 0}+{measure} steps (target {_TARGET}): "
-            f"{_LIMIT}; for a tighter interval set steps.measure to a count (e.g. {4 * measure}: 4× the "
-            f"steps about halve it), or make the steps steadier (a larger batch, an otherwise idle machine)"
+            f"{_LIMIT}; for a tighter interval {_more(4 * measure)} (4× the steps about halve it), or make the "
+            "steps steadier (a larger batch, an otherwise idle machine)"
         )
     return lines

@@ -113,6 +113,7 @@ def expand(
                 gpus=gpus,
                 warmup_steps=grid.steps.warmup,
                 measure_steps=grid.steps.measure,
+                auto_max=grid.steps.auto_max,
                 memory_cap_bytes=cap,
                 timeout_s=limit,
                 predict_memory=grid.predict_memory,

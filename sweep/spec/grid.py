@@ -7,7 +7,8 @@
     compile: regional                 # none | regional | full (or a list)
     seq_len: 4096                     # int or list
     gpus: 8                           # ranks per trial, int or list
-    steps: {warmup: 3, measure: 10}  # counts, or auto: until the step times are stable (trainer/stopping.py)
+    steps: {warmup: 3, measure: 10}  # counts, or auto: until the step times are stable (trainer/stopping.py);
+                                      # with measure: auto, measure_max: 8 (its most measured steps)
     ac: none                          # activation checkpointing: none | selective | full (or a list)
     grad_accum: 1                     # micro-batches per optimizer step (or a list)
     grad_clip: 1.0                    # clip the gradient norm to this before each optimizer step; 0: no clip
@@ -66,7 +67,7 @@ from trainer.job import AcMode, CompileScope
 from trainer.models.specs import REGISTRY, ModelSpec
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS, option_types
 from trainer.recipes import RECIPES
-from trainer.stopping import StepsSpec
+from trainer.stopping import MEASURE_CI_LEAST, MEASURE_MAX_STEPS, WARMUP_MAX_STEPS, StepsSpec
 
 # Activations kept for the backward pass, in order: none keeps them all, selective some, full only each
 # block's input. A config that runs out of memory does so with less checkpointing too.
@@ -111,15 +112,41 @@ def _steps(minimum: int) -> PlainValidator:
     return PlainValidator(check)
 
 
+# `auto` measures at most this many steps unless the grid says otherwise (steps.measure_max). Replayed on recorded
+# H200 step times (the held-out model, 3 precisions x 2 batches, 30 steps each: benchmarks/steps_check.py --cap), 8
+# steps' median lands within 0.84 % of the 30-step median on every trial and auto then costs less than the default
+# 3 + 10 on every trial; uncapped, alternating steady steps (3-5 % apart) kept it measuring up to 25 steps for the
+# same median (benchmarks/RESULTS.md "Cold sweep", session 29).
+MEASURE_MAX_DEFAULT = 8
+
+
 class Steps(BaseModel):
     """A count of steps, or `auto`: warm up until two successive steps agree within 10 % (2..50 steps),
-    measure until the median's 95 % confidence interval is within ±1 % (5..100 steps, or a time cap)."""
+    measure until the median's 95 % confidence interval is within ±1 % (5..`measure_max` steps, or a time cap)."""
 
     model_config = _STRICT
     warmup: Annotated[StepsSpec, _steps(0)] = Field(
         default=3, description="untimed steps first (compile, allocator warm-up), or auto"
     )
     measure: Annotated[StepsSpec, _steps(1)] = Field(default=10, description="timed steps, or auto")
+    measure_max: int = Field(
+        default=MEASURE_MAX_DEFAULT,
+        ge=MEASURE_CI_LEAST,
+        le=MEASURE_MAX_STEPS,
+        description="with measure: auto, the most steps it measures (a wider interval than ±1 % where it stops)",
+    )
+
+    @model_validator(mode="after")
+    def _measure_max_with_auto(self) -> Steps:
+        if "measure_max" in self.model_fields_set and self.measure != "auto":
+            raise ValueError(f"measure_max applies to measure: auto; measure: {self.measure} measures that many steps")
+        return self
+
+    @property
+    def auto_max(self) -> tuple[int, int] | None:
+        """The most warm-up and measured steps `auto` runs in this grid's trials (trainer.stopping.Schedule); None
+        for a fixed measured count."""
+        return (WARMUP_MAX_STEPS, self.measure_max) if self.measure == "auto" else None
 
 
 # What `search: fastest` may change, and of that what changes the numerics (not just the speed): those vary

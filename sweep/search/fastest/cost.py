@@ -21,6 +21,7 @@ from typing import cast
 
 from sweep.record.cost import fresh_trial_s
 from sweep.search.fastest.space import SHORT, Config, Row, Steps
+from trainer.stopping import MEASURE_CI_LEAST
 
 # A compile mode's first compile against regional's. On one H200, GPT-1.5B: full 70.1 s against regional 11.8 s
 # in bf16 (5.9x), 167.5 against 22.0 and ~170 against 17.2 in torchao FP8 (7.6x, 9.9x) (RESULTS.md, sessions 9
@@ -34,13 +35,12 @@ AUTO_LEAST = (3, 5)  # `auto` steps run at least this many (warm-up, measured): 
 # (tune_space.probe_steps), so it runs auto's least, but 6 measured steps, the fewest a median's 95 % interval
 # has (trainer.stopping.median_ci): the row keeps the interval reached, and says how far a maximum cut it short.
 FINAL_AUTO_MAX = (8, 16)
-CI_LEAST = 6
 
 
 def final_auto_max(grad_accum: int) -> tuple[int, int]:
     """The most warm-up and measured steps an `auto` final of `grad_accum` micro-batches a step runs."""
     warmup, measure = (math.ceil(most / grad_accum) for most in FINAL_AUTO_MAX)
-    return max(AUTO_LEAST[0], warmup), max(CI_LEAST, measure)
+    return max(AUTO_LEAST[0], warmup), max(MEASURE_CI_LEAST, measure)
 
 
 def _steps(steps: Steps, auto: tuple[int, int] = AUTO_LEAST) -> int:

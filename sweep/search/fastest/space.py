@@ -300,8 +300,12 @@ class Space:
         auto_max: tuple[int, int] | None = None,
         time_limit_s: float | None = None,
     ) -> Trial:
-        """`c` as a trial; `time_limit_s` lowers the grid's timeout_s (not part of the trial id)."""
+        """`c` as a trial; `time_limit_s` lowers the grid's timeout_s (not part of the trial id), `auto_max` the
+        grid's most `auto` steps (steps.measure_max)."""
         limit = min(self.template.timeout_s, time_limit_s or math.inf)
+        grids = self.template.auto_max if "auto" in steps else None  # a probe's counts are what they say
+        if auto_max and grids:
+            auto_max = (min(auto_max[0], grids[0]), min(auto_max[1], grids[1]))
         return replace(
             self.template,
             **c._asdict(),
@@ -309,6 +313,6 @@ class Space:
             measure_steps=steps[1],
             profiled=profiled,
             search_id=search_id,
-            auto_max=auto_max,
+            auto_max=auto_max or grids,
             timeout_s=limit,
         )
