@@ -136,7 +136,8 @@ def prestart_lines(ahead: list[dict], late: list[dict], phase: str) -> list[tupl
         return (
             f"{_beyond_measured(r):.1f} s beyond its measured steps (spawn, import, set-up, waiting for side "
             f"processes, compile {' / '.join(f'{r.get(k) or 0:.1f}' for k in phases)} s; ready before placement: "
-            f"{r.get('imported_before_placement')}; side processes started ahead: {r.get('precompile_sides_ahead')})"
+            f"{r.get('imported_before_placement')}; side processes started ahead: {r.get('precompile_sides_ahead')}, "
+            f"given their graphs as they started: {r.get('precompile_sides_given')})"
         )
 
     def beyond(rows: list[dict]) -> str:

@@ -22,7 +22,7 @@ the first trial's wall (its row's precompile_s, counted as compile by `sweep.rec
 fails costs only its time: each trial compiles what it does not find. Run as `python -m trainer.precompile` with
 its job (a pickled `trainer.side_pool.SideJob`) on stdin, one JSON line per config on stdout; or started ahead, by
 the run, as `python -m trainer.precompile --pool FOLDER` (`trainer.side_pool`), which a rank takes before starting
-its own.
+its own (on a node of one rank, given the run's graphs as it starts: compiling before the rank is placed).
 
 A set of graphs already in the cache is not compiled again: a side process or a trial that compiled it leaves a
 mark beside inductor's cache (`mark`), and `start` leaves out what is marked, so a rerun of a grid on a warm cache
@@ -72,6 +72,7 @@ class PrecompileReport:
     compiled: int  # of those, compiled without an error
     errors: tuple[str, ...] = ()  # one line per failure: the trial compiles those graphs itself
     ahead: int = 0  # of its side processes, those started ahead (trainer.side_pool)
+    given: int = 0  # of those, the ones the driver gave their graphs as it started them (side_pool.claim_given)
 
 
 def reduced(config: TrialConfig) -> TrialConfig:
@@ -148,7 +149,8 @@ class Sides:
             if isinstance(side, _Piped):
                 side.log_file.close()
         ahead = sum(isinstance(side, PooledSide) for side in self.procs)
-        return PrecompileReport(time.perf_counter() - began, self.graphs, compiled, tuple(errors), ahead)
+        given = sum(isinstance(side, PooledSide) and side.given for side in self.procs)
+        return PrecompileReport(time.perf_counter() - began, self.graphs, compiled, tuple(errors), ahead, given)
 
     def stop(self) -> None:
         for side in self.procs:
@@ -236,20 +238,25 @@ def unmarked(configs: tuple[TrialConfig, ...], env: Mapping[str, str] = os.envir
 def start(configs: tuple[TrialConfig, ...], device_type: str, node_groups: int = 1) -> Sides | None:
     """Side processes compiling the graphs of `configs` (`reduced`) that are not `unmarked` in the cache, `side_count`
     of them, each given every n-th config: the first config, the rank's own first trial, goes first. Those the run
-    started ahead (trainer.side_pool) are taken first; the rest start now. None when there are to be none.
-    `node_groups`: the one-rank groups of this node, whose side processes share its cores."""
-    configs = unmarked(configs)
-    n = side_count(len(configs), node_groups)
-    if n <= 0:
-        return None
-    shares = [configs[i::n] for i in range(n)]
+    started ahead and gave their graphs (trainer.side_pool.claim_given) are taken whatever `configs` (this rank waits
+    for them: they compile on its GPU), and their graphs left out; then those started ahead and waiting; the rest
+    start now. None when there are to be none. `node_groups`: the one-rank groups of this node, whose side
+    processes share its cores."""
     pool = os.environ.get(side_pool.FOLDER_ENV)
-    taken = side_pool.claim(Path(pool), n) if pool else []
+    handed = side_pool.claim_given(Path(pool)) if pool else []  # compiling since the run started them
+    jobs = [job for side in handed if (job := side.job()) is not None]
+    covered = {compiled_graphs(c) for job in jobs for c in job.configs}
+    configs = unmarked(tuple(c for c in configs if compiled_graphs(c) not in covered))
+    n = side_count(len(configs), node_groups)
+    if n <= 0 and not handed:
+        return None
+    shares = [configs[i::n] for i in range(max(n, 0))]
+    taken = side_pool.claim(Path(pool), n) if pool and n > 0 else []
     for side, share in zip(taken, shares):
         side.give(SideJob(share, device_type, dict(os.environ)))
-    sides: list[_Piped | PooledSide] = [*taken]
+    sides: list[_Piped | PooledSide] = [*handed, *taken]
     env = side_env(os.environ, side_threads(node_groups, n))
-    for share in shares[len(sides) :]:
+    for share in shares[len(taken) :]:
         given = tempfile.TemporaryFile()  # the job, pickled: the side's stdin
         given.write(pickle.dumps(SideJob(share, device_type)))
         given.seek(0)
@@ -259,7 +266,7 @@ def start(configs: tuple[TrialConfig, ...], device_type: str, node_groups: int =
         )
         given.close()  # the side has its own descriptor
         sides.append(_Piped(proc, log))
-    return Sides(sides, len(configs))
+    return Sides(sides, len(covered) + len(configs))
 
 
 def _die_with_parent() -> None:

@@ -71,6 +71,9 @@ class RankResult:
     """Of the group's sets of graphs given to those side processes, how many compiled; None as precompile_s."""
     precompile_sides_ahead: int | None = None
     """Of those side processes, how many the run started ahead (`trainer.side_pool`); None as precompile_s."""
+    precompile_sides_given: int | None = None
+    """Of those, how many the run gave their graphs as it started them (`side_pool.claim_given`); None as
+    precompile_s."""
     compile_cache_hits: int | None = None
     """Graphs this trial loaded from inductor's FX graph cache instead of generating them."""
     compile_cache_misses: int | None = None

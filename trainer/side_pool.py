@@ -10,6 +10,12 @@ driver) and waits in a folder (FOLDER_ENV, in the ranks' environment) for a job.
 GPU Ray assigned it, which the waiting process has not started: its imports start no device, as a rank's ahead do),
 and reads its results as the side process writes them (`out-PID`; `done-PID` once it has finished). The run stops
 the ones left unclaimed as it ends (`stop`). No torch here: the driver imports this module.
+
+Where one rank alone runs on the node at a time (a one-GPU node), the GPU a side process compiles on cannot be any
+other group's, and the graphs it is to compile are the run's (sweep.execution.runner.ahead_graphs): the driver gives
+each its job as it starts it (`spawn` with `jobs`; `given-PID`), so that it compiles while Ray starts and the first
+rank imports and is placed, not after. The first rank takes those (`claim_given`), waits for them with its own,
+and starts side processes only for graphs they were not given.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -45,10 +51,11 @@ class SideJob:
     started itself (it has it)."""
 
 
-def spawn(folder: Path, count: int, env: Mapping[str, str]) -> list[subprocess.Popen]:
-    """Start `count` side processes that wait in `folder` (the driver, as it starts Ray), with environment `env`."""
+def spawn(folder: Path, count: int, env: Mapping[str, str], jobs: Sequence[SideJob] = ()) -> list[subprocess.Popen]:
+    """Start `count` side processes that wait in `folder` (the driver, as it starts Ray), with environment `env`;
+    the first len(`jobs`) given theirs at once (`given-PID`: a rank takes them with `claim_given`), the rest `free`."""
     procs = []
-    for _ in range(count):
+    for i in range(count):
         log = tempfile.NamedTemporaryFile(dir=folder, prefix="starting-", delete=False)  # noqa: SIM115 - renamed below
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainer.precompile", "--pool", str(folder)],
@@ -59,8 +66,10 @@ def spawn(folder: Path, count: int, env: Mapping[str, str]) -> list[subprocess.P
         )
         log.close()  # the process has its own descriptor
         os.rename(log.name, folder / f"log-{proc.pid}")
-        (folder / f"free-{proc.pid}").touch()  # last: a rank that takes it finds its log
-        procs.append(proc)
+        if i < len(jobs):
+            PooledSide(folder, proc.pid).give(jobs[i])
+        (folder / f"{'given' if i < len(jobs) else 'free'}-{proc.pid}").touch()  # last: a rank that takes it finds
+        procs.append(proc)  # its log (and its job)
     return procs
 
 
@@ -72,23 +81,29 @@ def stop(procs: list[subprocess.Popen]) -> None:
         proc.wait()
 
 
-def claim(folder: Path, count: int) -> list[PooledSide]:
-    """Up to `count` of the side processes waiting in `folder` (none when it is gone: the run has ended)."""
+def claim(folder: Path, count: int, kind: str = "free") -> list[PooledSide]:
+    """Up to `count` of the side processes waiting in `folder` (none when it is gone: the run has ended), of `kind`:
+    free (waiting for a job) or given (given one by the driver: `claim_given`)."""
     taken: list[PooledSide] = []
     try:
-        free = sorted(folder.glob("free-*"))
+        found = sorted(folder.glob(f"{kind}-*"))
     except OSError:
         return taken
-    for path in free:
+    for path in found:
         if len(taken) == count:
             break
-        pid = int(path.name.removeprefix("free-"))
+        pid = int(path.name.removeprefix(f"{kind}-"))
         try:
             path.rename(folder / f"claimed-{pid}")
         except OSError:  # another rank took it first
             continue
-        taken.append(PooledSide(folder, pid))
+        taken.append(PooledSide(folder, pid, given=kind == "given"))
     return taken
+
+
+def claim_given(folder: Path) -> list[PooledSide]:
+    """Every side process in `folder` that the driver gave its job as it started it (compiling, or done)."""
+    return claim(folder, sys.maxsize, "given")
 
 
 def tail(log: str, chars: int = 600) -> str:
@@ -108,8 +123,8 @@ def _alive(pid: int) -> bool:
 class PooledSide:
     """A side process started ahead, claimed by this rank."""
 
-    def __init__(self, folder: Path, pid: int) -> None:
-        self.folder, self.pid = folder, pid
+    def __init__(self, folder: Path, pid: int, given: bool = False) -> None:
+        self.folder, self.pid, self.given = folder, pid, given  # given: its job by the driver as it started it
 
     def _path(self, kind: str) -> Path:
         return self.folder / f"{kind}-{self.pid}"
@@ -118,6 +133,15 @@ class PooledSide:
         staged = self._path("staging")
         staged.write_bytes(pickle.dumps(job))
         staged.rename(self._path("job"))  # whole or not at all, as the side process reads it
+
+    def job(self) -> SideJob | None:
+        """The job it was given (None: none yet, or its folder is gone)."""
+        try:
+            job = pickle.loads(self._path("job").read_bytes())  # written by this run's driver or rank: trusted
+        except OSError:
+            return None
+        assert isinstance(job, SideJob)
+        return job
 
     def collect(self, limit_s: float) -> tuple[str, list[str]]:
         """Its result lines, once it has finished or `limit_s` passed, and what went wrong with the process."""

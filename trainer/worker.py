@@ -19,6 +19,7 @@ import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from trainer import side_pool
 from trainer.job import RankJob, TrialConfig, classify_failure
 from trainer.result import RankResult
 
@@ -148,7 +149,9 @@ class RankWorker:
     def run(self, job: RankJob) -> RankResult:
         # A warm process's trial starts here: its init_time_s is the model build alone, not the process start.
         started_at = self.created_at if self.trials == 0 else time.perf_counter()
-        if self.trials == 0 and job.precompile:  # before this process's imports: the side processes import beside them
+        # before this process's imports: the side processes import beside them. A first trial with nothing to compile
+        # ahead still takes (and waits for) those the run gave graphs as it started them: they compile on its GPU
+        if self.trials == 0 and (job.precompile or os.environ.get(side_pool.FOLDER_ENV)):
             from trainer.precompile import start
 
             self.sides = start(job.precompile, job.device_type, job.node_groups)
@@ -258,6 +261,7 @@ class RankWorker:
             precompile_s=ahead.waited_s if ahead else None,
             precompiled_graphs=ahead.compiled if ahead else None,
             precompile_sides_ahead=ahead.ahead if ahead else None,
+            precompile_sides_given=ahead.given if ahead else None,
             compile_cache_hits=hits,
             compile_cache_misses=misses,
             torch_version=torch_version,

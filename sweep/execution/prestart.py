@@ -16,7 +16,8 @@ what it saves.
 Where the run's first groups compile ahead (`trainer.precompile`), their side processes start ahead too, beside Ray
 (`start_sides`), and wait for a rank to take them (`trainer.side_pool`): their imports are done by the time a group
 is placed. As many as the node's first groups would start, for the graphs of the run's one-rank
-trials that the compile cache does not hold.
+trials that the compile cache does not hold. On a node of one rank (one GPU) they are given those graphs at once
+(`jobs`) and compile while Ray starts and the first rank imports: there is no other GPU they could be meant for.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class Prestart:
     """Where the side processes started ahead wait (trainer.side_pool)."""
     started: list[subprocess.Popen] = field(default_factory=list)
     """Those side processes."""
+    jobs: tuple[side_pool.SideJob, ...] = ()
+    """What the first len(jobs) of them compile as they start (a node of one rank), instead of waiting for a rank."""
 
     @classmethod
     def of(cls, profile: ClusterProfile, graphs: Sequence[TrialConfig] = (), node_groups: int = 1) -> Prestart | None:
@@ -82,7 +85,16 @@ class Prestart:
         left = unmarked(tuple(graphs), {**os.environ, **env})
         per_group = side_count(len(left), node_groups, given=env.get(SIDES_ENV))
         sides = min(len(left), per_group * node_groups)
-        return cls(count, embedded_cpus(profile) or usable_cpus(), env, sides, side_threads(node_groups, per_group))
+        device = "cuda" if profile.is_gpu else "cpu"
+        # one rank a node: the first group's is the rank these compile for, as precompile.start would share them
+        jobs = (
+            tuple(side_pool.SideJob(left[i::sides], device) for i in range(sides))
+            if profile.ranks_per_node == 1
+            else ()
+        )
+        return cls(
+            count, embedded_cpus(profile) or usable_cpus(), env, sides, side_threads(node_groups, per_group), jobs=jobs
+        )
 
     def env(self) -> dict[str, str]:
         """What Ray's processes must find in their environment as Ray starts: the ranks' and Ray's settings."""
@@ -97,7 +109,7 @@ class Prestart:
     def start_sides(self) -> None:
         """Start the side processes (as Ray starts: they import beside it, and beside the rank processes)."""
         env = side_env({**os.environ, **self.rank_env}, self.side_threads)
-        self.started = side_pool.spawn(self.pool, self.sides, env)
+        self.started = side_pool.spawn(self.pool, self.sides, env, self.jobs)
 
     @property
     def expected(self) -> int:

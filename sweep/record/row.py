@@ -101,6 +101,7 @@ class Row(TypedDict, total=False):
     precompile_s: float | None
     precompiled_graphs: int | None
     precompile_sides_ahead: int | None
+    precompile_sides_given: int | None
     compile_cache_hits: int | None
     compile_cache_misses: int | None
     profile_gemm_pct: float | None

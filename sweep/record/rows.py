@@ -163,6 +163,7 @@ RANK0_COLUMNS = (
     "model_build_s",
     "precompiled_graphs",
     "precompile_sides_ahead",
+    "precompile_sides_given",
     "compile_cache_hits",
     "compile_cache_misses",
     "torch_version",

@@ -15,7 +15,7 @@ import pyarrow as pa
 from sweep.record.row import Row as Row  # re-exported: the rows' Python type, held to RESULT_SCHEMA by tests
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.16"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.17"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
 #                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
 #                          1.8: + process_start_s, import_s, process_setup_s, model_build_s;
@@ -25,7 +25,8 @@ SCHEMA_VERSION = "1.16"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + gr
 #                          1.13: + attention, fp8_attention, compile_mode, fp8_pow2_scales, attention_kernel, loss,
 #                                 step_times_s;
 #                          1.14: + precompile_s, precompiled_graphs, compile_cache_hits, compile_cache_misses;
-#                          1.15: + imported_before_placement; 1.16: + precompile_sides_ahead
+#                          1.15: + imported_before_placement; 1.16: + precompile_sides_ahead;
+#                          1.17: + precompile_sides_given
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -260,6 +261,12 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
         pa.int32(),
         "of the side processes that compiled them, how many the run had started ahead, imported before the group "
         "was placed (trainer.side_pool); null as precompile_s, and before schema 1.16",
+    ),
+    (
+        "precompile_sides_given",
+        pa.int32(),
+        "of those, how many the run gave their graphs as it started them (one rank a node): compiling while Ray "
+        "started and the group was placed; null as precompile_s, and before schema 1.17",
     ),
     ("compile_cache_hits", pa.int32(), "rank 0: graphs this trial loaded from inductor's FX graph cache"),
     (
