@@ -94,6 +94,18 @@ def test_ray_is_given_the_preload_the_counts_and_the_ranks_environment_expanded(
     assert Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=0)))) is None
 
 
+def test_on_a_node_of_one_rank_whose_run_compiles_inductor_is_imported_ahead_too(tmp_path):
+    def flag(compiles: bool, **keys) -> str | None:
+        prestart = Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=1, **keys))), compiles=compiles)
+        assert prestart is not None
+        prestart.close()
+        return prestart.env().get(preload.ONE_DEVICE_ENV)
+
+    assert flag(True, gpus_per_node=1) == "1"
+    assert flag(False, gpus_per_node=1) is None  # nothing compiles: seconds of CPU in each process for nothing
+    assert flag(True, gpus_per_node=2) is None  # which of two GPUs: Ray says once an actor is placed
+
+
 def test_the_wait_ends_on_the_marks_on_a_stop_or_at_its_limit(tmp_path):
     prestart = Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=2))))
     assert prestart is not None and prestart.expected == 2
@@ -136,12 +148,16 @@ def test_a_process_that_started_its_device_while_importing_ahead_may_not_train(m
     monkeypatch.setattr(preload, "DONE", started)
     with pytest.raises(RuntimeError, match="prestarted_ranks: 0"):
         preload.check()
+    monkeypatch.setenv(preload.ONE_DEVICE_ENV, "1")  # a node of one rank: the one GPU there is, whenever it started
+    preload.check()
+    assert preload.modules() == preload.MODULES + preload.INDUCTOR_MODULES
 
 
-def test_a_worker_imports_the_trainer_without_starting_a_device_and_leaves_its_mark(tmp_path, sweep_env):
+@pytest.mark.parametrize("one_device", [False, True])
+def test_a_worker_imports_the_trainer_without_starting_a_device_and_leaves_its_mark(tmp_path, sweep_env, one_device):
     """As Ray's default_worker.py imports it: everything a rank's first trial imports before its model, not inductor
-    (its runtime starts the CUDA driver on a GPU host), no Transformer Engine, no device, and the mark the driver
-    waits for."""
+    (its runtime starts the CUDA driver on a GPU host) unless on a node of one rank, no Transformer Engine, no device,
+    and the mark the driver waits for."""
     code = (
         "import sys; sys.argv = ['/x/ray/_private/workers/default_worker.py']\n"
         "import json, torch, trainer.preload as p\n"
@@ -150,13 +166,13 @@ def test_a_worker_imports_the_trainer_without_starting_a_device_and_leaves_its_m
         "  'inductor': 'torch._inductor.runtime.triton_heuristics' in sys.modules,\n"
         "  'te': 'transformer_engine' in sys.modules, 'pid': __import__('os').getpid()}))\n"
     )
-    env = {**sweep_env(), preload.MARKS_ENV: str(tmp_path)}
+    env = {**sweep_env(), preload.MARKS_ENV: str(tmp_path), **({preload.ONE_DEVICE_ENV: "1"} if one_device else {})}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["failed"] is None and seen["missing"] == [] and seen["seconds"] > 0
     assert seen["device"] is False and seen["cuda"] is False and seen["te"] is False
-    assert seen["inductor"] is False
+    assert seen["inductor"] is one_device
     assert [p.name for p in tmp_path.iterdir()] == [str(seen["pid"])]
 
 

@@ -303,9 +303,10 @@ def main() -> None:
     one JSON result line per config."""
     _die_with_parent()
     pool = Path(sys.argv[2]) if sys.argv[1:2] == ["--pool"] else None
-    from trainer.preload import device_started, preload
+    from trainer.preload import device_started, modules, one_device, preload
 
-    preload()  # what a rank imports ahead; not inductor's runtime, which starts the CUDA driver (trainer.preload)
+    preload(modules())  # what a rank imports ahead; inductor's runtime, which starts the CUDA driver, only on a node
+    #                     of one rank (trainer.preload)
     out: IO[str]
     if pool is None:
         job = pickle.loads(sys.stdin.buffer.read())  # from this process's parent, the rank: trusted
@@ -316,7 +317,7 @@ def main() -> None:
     else:
         job, out = waited, side_pool.results(pool)
     try:
-        if job.env is not None and device_started():  # its GPU would not be the rank's: leave the graphs to it
+        if job.env is not None and device_started() and not one_device():  # its GPU might not be the rank's
             for _ in job.configs:
                 print(json.dumps({"ok": False, "error": "a side process started ahead started CUDA early"}), file=out)
             return

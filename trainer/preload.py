@@ -9,7 +9,11 @@ the imports a rank makes in its first trial, earlier.
 
 Nothing here may start a device: Ray tells a worker its GPU (CUDA_VISIBLE_DEVICES) only when an actor is placed on
 it, and CUDA reads that once, as it starts. torch's import starts none (a forked DataLoader worker depends on it);
-`device_started` says whether these imports did anyway, and `check` stops such a process from training.
+`device_started` says whether these imports did anyway, and `check` stops such a process from training. Except on a
+node of one rank, where the run says so (ONE_DEVICE_ENV): the GPU Ray gives a worker is the only one it could be
+(CUDA_VISIBLE_DEVICES names Ray's one GPU, or the one the node was started with), so there this imports inductor
+too (INDUCTOR_MODULES, which start the CUDA driver), which a compiled trial's process set-up and first step would
+import after placement (3-5 s of a fresh process on an H100 or H200 host: benchmarks/RESULTS.md "Cold sweep").
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ MODULES = (
     "trainer.release",
     "trainer.worker",
 )
+INDUCTOR_MODULES = ("torch._inductor.compile_fx", "torch._inductor.cudagraph_trees")  # dynamo's reset imports these
+ONE_DEVICE_ENV = "SWEEP_PRELOAD_ONE_DEVICE"  # "1": a node of one rank, whose run compiles: INDUCTOR_MODULES too
 MARKS_ENV = "SWEEP_PRELOAD_MARKS"  # a folder where each preloaded process leaves its pid (sweep.execution.prestart)
 _NOT_INITIALIZED = 3  # CUDA_ERROR_NOT_INITIALIZED: the driver API's answer before anything called cuInit
 
@@ -88,9 +94,20 @@ def device_started() -> bool:
     return bool(libcuda.cuDeviceGetCount(ctypes.byref(count)) != _NOT_INITIALIZED)
 
 
+def one_device() -> bool:
+    """Whether this process is on a node of one rank (ONE_DEVICE_ENV): starting its device early names no wrong GPU."""
+    return os.environ.get(ONE_DEVICE_ENV) == "1"
+
+
+def modules() -> tuple[str, ...]:
+    """What to import ahead here: MODULES, and inductor's on a node of one rank."""
+    return MODULES + (INDUCTOR_MODULES if one_device() else ())
+
+
 def check() -> None:
-    """Raise where this process's imports ahead started the device before Ray assigned it a GPU."""
-    if DONE is not None and DONE.device_started:
+    """Raise where this process's imports ahead started the device before Ray assigned it a GPU (not on a node of one
+    rank, where there is one GPU to assign)."""
+    if DONE is not None and DONE.device_started and not one_device():
         raise RuntimeError(
             "this rank process started CUDA while it imported ahead (trainer.preload), before Ray gave it its GPU: "
             "set prestarted_ranks: 0 in the cluster profile (or unset RAY_preload_python_modules) and report it"
@@ -109,5 +126,5 @@ def write_mark() -> None:
 
 
 if sys.argv and sys.argv[0].endswith("default_worker.py"):  # a worker Ray started (RAY_preload_python_modules)
-    DONE = preload()
+    DONE = preload(modules())
     write_mark()

@@ -36,7 +36,7 @@ from sweep.execution.placement import rank_env
 from trainer import side_pool
 from trainer.job import TrialConfig
 from trainer.precompile import SIDES_ENV, side_count, side_env, side_threads, unmarked
-from trainer.preload import MARKS_ENV
+from trainer.preload import MARKS_ENV, ONE_DEVICE_ENV
 
 # A rank process imports in 9-13 s on an H200 host and ~5 s on a 2-core CPU (RESULTS.md "Cold sweep"); past this the
 # first group is placed anyway, and waits for its processes inside its placement as it would without them.
@@ -71,13 +71,18 @@ class Prestart:
     """Those side processes."""
     jobs: tuple[side_pool.SideJob, ...] = ()
     """What the first len(jobs) of them compile as they start (a node of one rank), instead of waiting for a rank."""
+    one_device: bool = False
+    """A node of one rank whose run compiles: they import inductor ahead too (trainer.preload.ONE_DEVICE_ENV)."""
 
     @classmethod
-    def of(cls, profile: ClusterProfile, graphs: Sequence[TrialConfig] = (), node_groups: int = 1) -> Prestart | None:
+    def of(
+        cls, profile: ClusterProfile, graphs: Sequence[TrialConfig] = (), node_groups: int = 1, compiles: bool = False
+    ) -> Prestart | None:
         """For the Ray that `profile` has sweep start; None where nothing is started ahead (a joined cluster, or
         `prestarted_ranks: 0`). `graphs`: one trial per set of graphs the run's groups compile ahead, `node_groups`
         of them at once on the node (side processes: as many as those groups would start for the sets their compile
-        cache lacks)."""
+        cache lacks); `compiles`: whether any trial of the run compiles (on a node of one rank, inductor is imported
+        ahead then)."""
         count = profile.prestart_count
         if not count:
             return None
@@ -92,8 +97,15 @@ class Prestart:
             if profile.ranks_per_node == 1
             else ()
         )
+        one = profile.ranks_per_node == 1 and compiles
         return cls(
-            count, embedded_cpus(profile) or usable_cpus(), env, sides, side_threads(node_groups, per_group), jobs=jobs
+            count,
+            embedded_cpus(profile) or usable_cpus(),
+            env | ({ONE_DEVICE_ENV: "1"} if one else {}),
+            sides,
+            side_threads(node_groups, per_group),
+            jobs=jobs,
+            one_device=one,
         )
 
     def env(self) -> dict[str, str]:
