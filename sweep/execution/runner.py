@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from clusters.schema import ClusterProfile
 from sweep.record import store
 from sweep.record.energy import power_limit_mismatch
+from sweep.record.hardware import accelerator_mismatch
 from sweep.record.rows import outcome_row, unsupported_row
 from sweep.record.schema import Row
 from sweep.spec.grid import Trial
@@ -353,10 +354,10 @@ class _Execution:
             self.record(outcome.trial, row, outcome.infrastructure)
             if outcome.note:  # a warm group retired for what it kept: say why reuse stopped
                 self.bar.warn(outcome.note)
-            limit = power_limit_mismatch(row)
-            if limit and limit not in self.warnings:
-                self.warnings.add(limit)
-                self.bar.warn(limit)
+            for wrong in (power_limit_mismatch(row), accelerator_mismatch(row)):
+                if wrong and wrong not in self.warnings:
+                    self.warnings.add(wrong)
+                    self.bar.warn(wrong)
         self.bar.running(scheduler.running())
 
     def record(self, trial: Trial, row: Row, infrastructure: bool = False) -> None:
