@@ -63,6 +63,38 @@ def test_at_most_max_ahead_graphs_and_a_first_trial_without_compile_leaves_the_o
     assert ahead == tuple(later[:MAX_AHEAD_GRAPHS])
 
 
+def test_the_run_compiles_ahead_only_the_graphs_of_trials_it_will_run(tmp_path):
+    """A trial recorded already (--resume) and one recorded unsupported without running (TE on CPU ranks) give no
+    graphs to compile ahead: side processes given them as they start would compile them, and the first trial wait."""
+    from sweep import service
+    from sweep.execution.runner import RunReport, _Execution, _Progress
+
+    grid = tmp_path / "grid.yaml"
+    body = {"models": ["llama-tiny"], "batch_sizes": [2, 4], "seq_len": 32, "gpus": 1, "compile": "regional"}
+    grid.write_text(yaml.safe_dump({**body, "precisions": ["bf16", "fp32", "fp8-te-delayed"], "dynamic_batch": False}))
+    prepared = service.prepare(grid, "local", None)
+    plan = service.make_plan(prepared.spec, prepared.trials, prepared.profile)
+
+    def ahead(recorded: dict) -> list[tuple[str, int]]:
+        run = _Execution(
+            plan,
+            profile=prepared.profile,
+            output=tmp_path / "out",
+            report=RunReport(run_id="r"),
+            recorded=recorded,
+            bar=_Progress(False),
+            grid_name=None,
+            max_concurrent=None,
+            reuse_actors=True,
+            precompile=True,
+        )
+        return [(c.precision, c.batch_size) for c in run.ahead_graphs()]
+
+    assert ahead({}) == [("bf16", 2), ("bf16", 4), ("fp32", 2), ("fp32", 4)]
+    done = next(t for t in prepared.trials if (t.precision, t.batch_size) == ("bf16", 4))
+    assert ahead({done.trial_id: {}}) == [("bf16", 2), ("fp32", 2), ("fp32", 4)]
+
+
 def test_a_fresh_group_compiles_ahead_the_graphs_of_the_cold_sweep_grid_in_the_order_it_runs_them():
     """The cold-sweep grid's six trials on one GPU: bf16 4 is placed first; the others wait, bf16 6 for a placement of
     its own (which a one-GPU node never grants while the group holds the GPU: it comes back to the group), the rest in

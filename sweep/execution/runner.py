@@ -310,13 +310,17 @@ class _Execution:
         return self.scheduler
 
     def ahead_graphs(self) -> tuple[TrialConfig, ...]:
-        """One queued one-rank trial per set of graphs that the run's groups would compile ahead (`compile_ahead`)."""
+        """One queued one-rank trial per set of graphs that the run's groups would compile ahead (`compile_ahead`):
+        of those it will run, not those recorded already (--resume) or that it records without running (`unsupported`,
+        a predicted OOM included): side processes given these as they start compile them all, and a first trial waits
+        for every one."""
         from sweep.execution.placement import trial_config
         from trainer.job import compile_ahead
 
         if not (self.precompile and self.reuse_actors):
             return ()
-        configs = [trial_config(t) for t in self.queue if t.gpus == 1]
+        runs = [t for t in self.queue if t.trial_id not in self.recorded and self.unsupported(t) is None]
+        configs = [trial_config(t) for t in runs if t.gpus == 1]
         return compile_ahead(configs[0], configs[1:], 1) if configs else ()
 
     def submit_queued(self) -> None:
