@@ -88,7 +88,7 @@ def test_the_run_compiles_ahead_only_the_graphs_of_trials_it_will_run(tmp_path):
             reuse_actors=True,
             precompile=True,
         )
-        return [(c.precision, c.batch_size) for c in run.ahead_graphs()]
+        return [(c.precision, c.batch_size) for c in run.ahead_graphs(run.runnable())]
 
     assert ahead({}) == [("bf16", 2), ("bf16", 4), ("fp32", 2), ("fp32", 4)]
     done = next(t for t in prepared.trials if (t.precision, t.batch_size) == ("bf16", 4))

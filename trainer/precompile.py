@@ -303,7 +303,7 @@ def main() -> None:
     one JSON result line per config."""
     _die_with_parent()
     pool = Path(sys.argv[2]) if sys.argv[1:2] == ["--pool"] else None
-    from trainer.preload import device_started, modules, one_device, preload
+    from trainer.preload import device_started, modules, preload, started_too_early
 
     preload(modules())  # what a rank imports ahead; inductor's runtime, which starts the CUDA driver, only on a node
     #                     of one rank (trainer.preload)
@@ -317,7 +317,7 @@ def main() -> None:
     else:
         job, out = waited, side_pool.results(pool)
     try:
-        if job.env is not None and device_started() and not one_device():  # its GPU might not be the rank's
+        if job.env is not None and started_too_early(device_started()):  # its GPU might not be the rank's
             for _ in job.configs:
                 print(json.dumps({"ok": False, "error": "a side process started ahead started CUDA early"}), file=out)
             return

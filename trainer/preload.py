@@ -104,10 +104,15 @@ def modules() -> tuple[str, ...]:
     return MODULES + (INDUCTOR_MODULES if one_device() else ())
 
 
+def started_too_early(started: bool) -> bool:
+    """Whether a device `started` before Ray assigned this process its GPU may be the wrong one: not on a node of one
+    rank, where there is one GPU to assign."""
+    return started and not one_device()
+
+
 def check() -> None:
-    """Raise where this process's imports ahead started the device before Ray assigned it a GPU (not on a node of one
-    rank, where there is one GPU to assign)."""
-    if DONE is not None and DONE.device_started and not one_device():
+    """Raise where this process's imports ahead started the device too early (`started_too_early`)."""
+    if DONE is not None and started_too_early(DONE.device_started):
         raise RuntimeError(
             "this rank process started CUDA while it imported ahead (trainer.preload), before Ray gave it its GPU: "
             "set prestarted_ranks: 0 in the cluster profile (or unset RAY_preload_python_modules) and report it"

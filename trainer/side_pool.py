@@ -66,10 +66,11 @@ def spawn(folder: Path, count: int, env: Mapping[str, str], jobs: Sequence[SideJ
         )
         log.close()  # the process has its own descriptor
         os.rename(log.name, folder / f"log-{proc.pid}")
-        if i < len(jobs):
+        given = i < len(jobs)
+        if given:
             PooledSide(folder, proc.pid).give(jobs[i])
-        (folder / f"{'given' if i < len(jobs) else 'free'}-{proc.pid}").touch()  # last: a rank that takes it finds
-        procs.append(proc)  # its log (and its job)
+        (folder / f"{'given' if given else 'free'}-{proc.pid}").touch()  # last: a rank taking it finds its log and job
+        procs.append(proc)
     return procs
 
 

@@ -71,8 +71,6 @@ class Prestart:
     """Those side processes."""
     jobs: tuple[side_pool.SideJob, ...] = ()
     """What the first len(jobs) of them compile as they start (a node of one rank), instead of waiting for a rank."""
-    one_device: bool = False
-    """A node of one rank whose run compiles: they import inductor ahead too (trainer.preload.ONE_DEVICE_ENV)."""
 
     @classmethod
     def of(
@@ -90,23 +88,13 @@ class Prestart:
         left = unmarked(tuple(graphs), {**os.environ, **env})
         per_group = side_count(len(left), node_groups, given=env.get(SIDES_ENV))
         sides = min(len(left), per_group * node_groups)
-        device = "cuda" if profile.is_gpu else "cpu"
-        # one rank a node: the first group's is the rank these compile for, as precompile.start would share them
-        jobs = (
-            tuple(side_pool.SideJob(left[i::sides], device) for i in range(sides))
-            if profile.ranks_per_node == 1
-            else ()
-        )
-        one = profile.ranks_per_node == 1 and compiles
-        return cls(
-            count,
-            embedded_cpus(profile) or usable_cpus(),
-            env | ({ONE_DEVICE_ENV: "1"} if one else {}),
-            sides,
-            side_threads(node_groups, per_group),
-            jobs=jobs,
-            one_device=one,
-        )
+        jobs: tuple[side_pool.SideJob, ...] = ()
+        if profile.ranks_per_node == 1:  # the first group's rank is the one these compile for: shared as it would
+            device = "cuda" if profile.is_gpu else "cpu"
+            jobs = tuple(side_pool.SideJob(left[i::sides], device) for i in range(sides))
+            env |= {ONE_DEVICE_ENV: "1"} if compiles else {}  # its one GPU: inductor imported ahead too
+        cpus = embedded_cpus(profile) or usable_cpus()
+        return cls(count, cpus, env, sides, side_threads(node_groups, per_group), jobs=jobs)
 
     def env(self) -> dict[str, str]:
         """What Ray's processes must find in their environment as Ray starts: the ranks' and Ray's settings."""

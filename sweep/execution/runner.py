@@ -276,8 +276,8 @@ class _Execution:
         self.ctrl_c = ctrl_c
         # Reach Ray before writing anything: a cluster that cannot be reached is the user's to fix
         # (exit 2, no rows), not a run with only its unsupported rows written.
-        if any(t.trial_id not in self.recorded and self.unsupported(t) is None for t in self.queue):
-            self.start()
+        if runs := self.runnable():
+            self.start(runs)
         while self.queue or (self.scheduler and self.scheduler.busy):
             if ctrl_c:
                 raise Interrupted(ctrl_c[0])
@@ -285,7 +285,12 @@ class _Execution:
             if self.scheduler and self.scheduler.busy:
                 self.collect()
 
-    def start(self) -> Scheduler:
+    def runnable(self) -> list[Trial]:
+        """The queued trials it will run: not those recorded already (--resume) or unsupported (predicted OOM too)."""
+        return [t for t in self.queue if t.trial_id not in self.recorded and self.unsupported(t) is None]
+
+    def start(self, runs: list[Trial]) -> Scheduler:
+        """Reach Ray (started with what it starts ahead for `runs`, the `runnable` trials); the scheduler."""
         from sweep.execution.placement import node_groups
         from sweep.execution.prestart import Prestart
         from sweep.execution.ray_connection import connect
@@ -294,8 +299,8 @@ class _Execution:
         make: SchedulerFactory
         if self.make_scheduler is None:
             groups = node_groups(self.profile, self.max_concurrent)
-            compiles = any(t.compile != "none" for t in self.queue)
-            self.prestart = Prestart.of(self.profile, self.ahead_graphs(), groups, compiles)
+            compiles = any(t.compile != "none" for t in runs)
+            self.prestart = Prestart.of(self.profile, self.ahead_graphs(runs), groups, compiles)
             self.started_ray = connect(self.profile, self.prestart)
             if self.prestart and self.started_ray:  # no group is placed (no GPU held) while its processes import
                 self.bar.status(f"starting {self.prestart.expected} rank processes ahead (importing torch)")
@@ -309,17 +314,15 @@ class _Execution:
         self.scheduler = make(self.profile, max_concurrent=self.max_concurrent, reuse=self.reuse_actors)
         return self.scheduler
 
-    def ahead_graphs(self) -> tuple[TrialConfig, ...]:
-        """One queued one-rank trial per set of graphs that the run's groups would compile ahead (`compile_ahead`):
-        of those it will run, not those recorded already (--resume) or that it records without running (`unsupported`,
-        a predicted OOM included): side processes given these as they start compile them all, and a first trial waits
-        for every one."""
+    def ahead_graphs(self, runs: list[Trial]) -> tuple[TrialConfig, ...]:
+        """One one-rank trial of `runs` (the `runnable` ones: side processes given these as they start compile them
+        all, and a first trial waits for every one) per set of graphs that the run's groups would compile ahead
+        (`compile_ahead`)."""
         from sweep.execution.placement import trial_config
         from trainer.job import compile_ahead
 
         if not (self.precompile and self.reuse_actors):
             return ()
-        runs = [t for t in self.queue if t.trial_id not in self.recorded and self.unsupported(t) is None]
         configs = [trial_config(t) for t in runs if t.gpus == 1]
         return compile_ahead(configs[0], configs[1:], 1) if configs else ()
 
@@ -340,7 +343,7 @@ class _Execution:
             if reason:  # no actors, no GPU time
                 self.record(trial, unsupported_row(trial, reason, **self.base))
                 continue
-            scheduler = self.scheduler or self.start()  # a follow-up of resumed rows may be the first trial to run
+            scheduler = self.scheduler or self.start([trial, *self.runnable()])  # a resumed row's follow-up, first
             scheduler.submit(trial)
 
     def unsupported(self, trial: Trial) -> str | None:

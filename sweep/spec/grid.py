@@ -94,8 +94,6 @@ def _known_precision(value: str) -> str:
 
 _Positive = Annotated[int, Field(gt=0)]
 
-_STRICT = STRICT  # (sweep.spec.steps)
-
 
 # What `search: fastest` may change, and of that what changes the numerics (not just the speed): those vary
 # only when `tune.vary` names them.
@@ -125,7 +123,7 @@ class TuneSpec(BaseModel):
     under which global batch. An option varies over its grid axis when that lists several values, else over all of
     its values (grad_accum: 1, 2, 4, 8)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     # a Literal of the tuple's values, made at run time (pydantic reads it; mypy cannot)
     vary: list[Literal[VARIABLE]] = Field(  # type: ignore[valid-type]
         default=list(DEFAULT_VARY), description="options the search may change"
@@ -155,7 +153,7 @@ class TuneSpec(BaseModel):
 
 
 class OomPolicy(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     policy: Literal["halve", "next", "bisect", "none"] = Field(
         default="halve",
         description="after an out-of-memory attempt, retry at: halve (B/2), next (B-1), bisect "
@@ -169,7 +167,7 @@ class OomPolicy(BaseModel):
 # (built at run time from the options, so mypy sees neither the fields nor the base class: the ignores below)
 _TrainingAxes = create_model(
     "_TrainingAxes",
-    __config__=_STRICT,
+    __config__=STRICT,
     **{  # type: ignore[call-overload]
         name: (
             list[typ],  # type: ignore[valid-type]

@@ -29,7 +29,7 @@ def _steps(minimum: int) -> PlainValidator:
 # H200 step times (the held-out model, 3 precisions x 2 batches, 30 steps each: benchmarks/steps_check.py --cap), 8
 # steps' median lands within 0.84 % of the 30-step median on every trial and auto then costs less than the default
 # 3 + 10 on every trial; uncapped, alternating steady steps (3-5 % apart) kept it measuring up to 25 steps for the
-# same median (benchmarks/RESULTS.md "Cold sweep", session 29).
+# same median (benchmarks/RESULTS.md "Cold sweep", session 28's replay).
 MEASURE_MAX_DEFAULT = 8
 
 
