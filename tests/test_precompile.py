@@ -216,6 +216,17 @@ def test_side_processes_one_per_four_cores_none_below_two_and_the_env_decides(mo
     assert precompile.start((config(),), "cpu") is None
 
 
+def test_side_processes_share_the_cores_for_compile_workers_unless_the_env_or_the_ranks_say(monkeypatch):
+    from trainer import precompile
+
+    monkeypatch.delenv(precompile.THREADS_ENV, raising=False)
+    monkeypatch.setattr(precompile, "usable_cpus", lambda: 16)
+    assert (precompile.side_threads(1, 4), precompile.side_threads(2, 4), precompile.side_threads(1, 32)) == (4, 2, 1)
+    assert precompile.side_threads(1, 4, given="16") == 16  # the ranks' environment (a profile's env)
+    monkeypatch.setenv(precompile.THREADS_ENV, "12")
+    assert precompile.side_threads(1, 4) == 12
+
+
 def test_a_side_process_that_fails_is_reported_and_costs_only_its_time(monkeypatch, tmp_path):
     from trainer import precompile
 
@@ -226,6 +237,7 @@ def test_a_side_process_that_fails_is_reported_and_costs_only_its_time(monkeypat
     report = sides.wait(limit_s=120)
     assert (report.graphs, report.compiled) == (2, 0)
     assert len(report.errors) == 2 and all("no-such-recipe" in e for e in report.errors)
+    assert len(report.seconds) == 2 and all(0 <= s < report.waited_s for s in report.seconds)  # each set's own
     assert not (tmp_path / precompile.MARKS).exists()  # nothing compiled, nothing marked
 
 

@@ -106,6 +106,22 @@ def test_on_a_node_of_one_rank_whose_run_compiles_inductor_is_imported_ahead_too
     assert flag(True, gpus_per_node=2) is None  # which of two GPUs: Ray says once an actor is placed
 
 
+def test_the_side_processes_started_ahead_take_the_profiles_counts(tmp_path):
+    """SWEEP_PRECOMPILE_SIDES and SWEEP_PRECOMPILE_THREADS in a profile's env set the side processes the run starts
+    ahead and their compile workers."""
+    from trainer.precompile import SIDES_ENV, THREADS_ENV
+
+    from test_precompile import config
+
+    graphs = tuple(config(precision) for precision in ("bf16", "fp32", "fp8-torchao-tensorwise"))
+    env = {SIDES_ENV: "2", THREADS_ENV: "7"}
+    prestart = Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=1, gpus_per_node=1, env=env))), graphs)
+    assert prestart is not None
+    prestart.close()
+    assert (prestart.sides, prestart.side_threads, len(prestart.jobs)) == (2, 7, 2)
+    assert [len(job.configs) for job in prestart.jobs] == [2, 1]
+
+
 def test_the_wait_ends_on_the_marks_on_a_stop_or_at_its_limit(tmp_path):
     prestart = Prestart.of(load_profile(str(_profile(tmp_path, prestarted_ranks=2))))
     assert prestart is not None and prestart.expected == 2

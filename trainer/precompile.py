@@ -59,6 +59,7 @@ from trainer.side_pool import PooledSide, SideJob
 REDUCED_LAYERS = 2
 CPUS_PER_SIDE = 4  # one side process per 4 of the host's cores: its own code generation and Triton's workers
 SIDES_ENV = "SWEEP_PRECOMPILE_SIDES"  # side processes per rank, when set (a profile's env): 0 turns them off
+THREADS_ENV = "SWEEP_PRECOMPILE_THREADS"  # inductor's compile workers per side process, when set (a profile's env)
 WAIT_LIMIT_S = 900.0  # past this the rank stops waiting, kills them and compiles what is missing itself
 MARKS = "sweep-compiled"  # beside inductor's caches: one empty file per set of graphs compiled into them
 
@@ -73,6 +74,7 @@ class PrecompileReport:
     errors: tuple[str, ...] = ()  # one line per failure: the trial compiles those graphs itself
     ahead: int = 0  # of its side processes, those started ahead (trainer.side_pool)
     given: int = 0  # of those, the ones the driver gave their graphs as it started them (side_pool.claim_given)
+    seconds: tuple[float, ...] = ()  # each set's compile (a reduced trial) in its side process, in the order they ended
 
 
 def reduced(config: TrialConfig) -> TrialConfig:
@@ -132,7 +134,7 @@ class Sides:
 
     def wait(self, limit_s: float = WAIT_LIMIT_S) -> PrecompileReport:
         began = time.perf_counter()
-        compiled, errors = 0, []
+        compiled, errors, seconds = 0, [], []
         for side in self.procs:
             out, failures = side.collect(max(0.0, began + limit_s - time.perf_counter()))
             for line in out.splitlines():
@@ -142,6 +144,7 @@ class Sides:
                     continue
                 compiled += result["ok"]
                 errors += [result["error"]] if result["error"] else []
+                seconds += [result["seconds"]] if "seconds" in result else []
             errors += failures
             if os.environ.get("SWEEP_DEBUG"):  # what the side printed, in the rank's log
                 sys.stderr.write(side.log())
@@ -150,7 +153,8 @@ class Sides:
                 side.log_file.close()
         ahead = sum(isinstance(side, PooledSide) for side in self.procs)
         given = sum(isinstance(side, PooledSide) and side.given for side in self.procs)
-        return PrecompileReport(time.perf_counter() - began, self.graphs, compiled, tuple(errors), ahead, given)
+        waited = time.perf_counter() - began
+        return PrecompileReport(waited, self.graphs, compiled, tuple(errors), ahead, given, tuple(sorted(seconds)))
 
     def stop(self) -> None:
         for side in self.procs:
@@ -173,9 +177,11 @@ def side_count(graphs: int, node_groups: int = 1, given: str | None = None) -> i
     return min(graphs, n if given or n >= 2 else 0)
 
 
-def side_threads(node_groups: int, sides: int) -> int:
-    """Inductor's compile workers for each of `sides` side processes of a rank: its share of the host's cores."""
-    return max(1, _cores(node_groups) // max(1, sides))
+def side_threads(node_groups: int, sides: int, given: str | None = None) -> int:
+    """Inductor's compile workers for each of `sides` side processes of a rank: THREADS_ENV if set, else its share
+    of the host's cores. `given`: THREADS_ENV's value in the ranks' environment, where that is not this process's."""
+    given = os.environ.get(THREADS_ENV) if given is None else given
+    return max(1, int(given) if given else _cores(node_groups) // max(1, sides))
 
 
 def side_env(env: Mapping[str, str], threads: int) -> dict[str, str]:
@@ -287,7 +293,7 @@ def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # run_trial's barriers: one rank
     rank = Rank(device=device, mesh=init_device_mesh(device.type, (1,)))
     for config in configs:
-        error = None
+        error, began = None, time.perf_counter()
         try:
             run_trial(reduced(config), rank)
         except Exception as e:  # noqa: BLE001 - reported; the trial compiles it itself
@@ -295,7 +301,8 @@ def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None
         else:
             mark(config)
         release(device)
-        print(json.dumps({"ok": error is None, "error": error}), file=out, flush=True)
+        result = {"ok": error is None, "error": error, "seconds": round(time.perf_counter() - began, 2)}
+        print(json.dumps(result), file=out, flush=True)
 
 
 def main() -> None:

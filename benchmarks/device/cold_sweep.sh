@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cold-sweep campaign on the lent one-H200 machine (kind nvidia-h200), from the project root:
 #
-#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|current-cold-warm|prestart|searches|max-batch [PROFILE]
+#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|current-cold-warm|prestart|threads|searches|max-batch [PROFILE]
 #
 # Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
@@ -17,6 +17,9 @@
 #   cold-warm  in one call, carrying .whl and .base-tree only (JOB_NEEDS_RESULTS=0: no tables, the rows come back
 #          packed): cold current then base, warm base then current (a machine taken back between two calls loses
 #          the cold part's caches)
+#   threads  the current tree alone, cold three times (A B A), each side process given its share of the cores for
+#          inductor's compile workers (the default), then every core (SWEEP_PRECOMPILE_THREADS), then its share again;
+#          the side processes' seconds a set from Ray's worker logs (SWEEP_COMPILE_REPORT)
 #   prestart  the current tree alone (JOB_NEEDS_RESULTS=0, .whl only): cold as it is (rank and side processes started
 #          ahead), cold with them started once placed (prestarted_ranks 0, .../late-cold, its own cache), then warm
 #          the other way round (.../late-warm, .../current-warm)
@@ -29,7 +32,7 @@
 set -uo pipefail
 campaign=cold-sweep
 part=${1:-cold}
-[[ $part != *cold-warm && $part != prestart && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
+[[ $part != *cold-warm && $part != prestart && $part != threads && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
@@ -40,14 +43,20 @@ root=$PWD profile=$(realpath "$profile")  # both read from inside a tree below
 echo "base tree: $base_sha; current tree: ${SWEEP_GIT_SHA:-unknown}"
 
 prestarted=""  # set: the profile's prestarted_ranks (a key the base tree does not know)
+threads=""  # set: SWEEP_PRECOMPILE_THREADS in the profile's env (each side process's compile workers)
+report=""  # set: SWEEP_COMPILE_REPORT in the profile's env
 cached_profile() {  # cached_profile LABEL: the profile with its own compile cache, /tmp/cc-LABEL (Triton's under it)
-  python3 - "$profile" "/tmp/cc-$1" "/tmp/$campaign-$1.yaml" "$prestarted" <<'PY'
+  python3 - "$profile" "/tmp/cc-$1" "/tmp/$campaign-$1.yaml" "$prestarted" "$threads" "$report" <<'PY'
 import sys, yaml
 p = yaml.safe_load(open(sys.argv[1]))
 p["compile_cache"] = sys.argv[2]
 p.setdefault("env", {})["TRITON_CACHE_DIR"] = sys.argv[2] + "/triton"
+if sys.argv[6]:  # rank 0's compile report (and its side processes' seconds) in Ray's worker logs
+    p["env"]["SWEEP_COMPILE_REPORT"] = "1"
 if sys.argv[4]:
     p["prestarted_ranks"] = int(sys.argv[4])
+if sys.argv[5]:
+    p["env"]["SWEEP_PRECOMPILE_THREADS"] = sys.argv[5]
 yaml.safe_dump(p, open(sys.argv[3], "w"))
 PY
   echo "/tmp/$campaign-$1.yaml"
@@ -73,6 +82,8 @@ sweep_run() {  # sweep_run TREE GRID OUTPUT [LABEL [FLAG...]]: `sweep run` of TR
        --no-progress "$@")
   local rc=$?
   echo "== $tree $grid: exit $rc after $((SECONDS - began)) s (driver wall, Ray start included)"
+  # the side processes' seconds a set, as the first trial's rank saw them (its stderr: Ray's newest session's logs)
+  grep -h "waited .* for side processes" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | tail -n 4
   [ $rc -eq 0 ] || [ $rc -eq 3 ] || status=$rc
 }
 
@@ -107,6 +118,12 @@ case $part in
     prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-cold" late
     prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-warm" late
     sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
+  threads)  # each side process's compile workers: its share of the cores (default) against every core, A B A
+    report=1
+    rm -rf /tmp/cc-current /tmp/cc-threads /tmp/cc-again "$results"/*-cold
+    sweep_run current $grids/a-grid.yaml "$results/current-cold"
+    threads=$(nproc) sweep_run current $grids/a-grid.yaml "$results/threads-cold" threads
+    sweep_run current $grids/a-grid.yaml "$results/again-cold" again ;;
   base)  # the base tree alone, cold then warm, on a machine where a current part (prestart) has just run
     rm -rf /tmp/cc-base "$results"/base-*
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
@@ -129,7 +146,7 @@ print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$r
       $grids/c-max-batch.yaml >/tmp/one-trial.yaml
     rm -rf /tmp/cc-current  # the one trial: its own empty cache
     sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
-  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|current-cold-warm|prestart|searches|max-batch [PROFILE]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|current-cold-warm|prestart|threads|searches|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
 python3 -c 'import duckdb' 2>/dev/null && for d in "$results"/*/; do  # `sweep results` needs .whl-results

@@ -35,7 +35,7 @@ from clusters.schema import ClusterProfile, usable_cpus
 from sweep.execution.placement import rank_env
 from trainer import side_pool
 from trainer.job import TrialConfig
-from trainer.precompile import SIDES_ENV, side_count, side_env, side_threads, unmarked
+from trainer.precompile import SIDES_ENV, THREADS_ENV, side_count, side_env, side_threads, unmarked
 from trainer.preload import MARKS_ENV, ONE_DEVICE_ENV
 
 # A rank process imports in 9-13 s on an H200 host and ~5 s on a 2-core CPU (RESULTS.md "Cold sweep"); past this the
@@ -94,7 +94,7 @@ class Prestart:
             jobs = tuple(side_pool.SideJob(left[i::sides], device) for i in range(sides))
             env |= {ONE_DEVICE_ENV: "1"} if compiles else {}  # its one GPU: inductor imported ahead too
         cpus = embedded_cpus(profile) or usable_cpus()
-        return cls(count, cpus, env, sides, side_threads(node_groups, per_group), jobs=jobs)
+        return cls(count, cpus, env, sides, side_threads(node_groups, per_group, env.get(THREADS_ENV)), jobs=jobs)
 
     def env(self) -> dict[str, str]:
         """What Ray's processes must find in their environment as Ray starts: the ranks' and Ray's settings."""
