@@ -109,9 +109,9 @@ def test_on_a_node_of_one_rank_whose_run_compiles_inductor_is_imported_ahead_too
 def test_the_side_processes_started_ahead_take_the_profiles_counts(tmp_path):
     """SWEEP_PRECOMPILE_SIDES and SWEEP_PRECOMPILE_THREADS in a profile's env set the side processes the run starts
     ahead and their compile workers."""
-    from trainer.precompile import SIDES_ENV, THREADS_ENV
-
     from test_precompile import config
+
+    from trainer.precompile import SIDES_ENV, THREADS_ENV
 
     graphs = tuple(config(precision) for precision in ("bf16", "fp32", "fp8-torchao-tensorwise"))
     env = {SIDES_ENV: "2", THREADS_ENV: "7"}

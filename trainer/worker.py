@@ -288,7 +288,8 @@ class RankWorker:
             print(f"sweep: compiling ahead: {error}", file=sys.stderr, flush=True)
         if os.environ.get("SWEEP_COMPILE_REPORT"):  # where the first trial's wait went
             each = ", ".join(f"{s:.1f}" for s in report.seconds)
-            print(f"sweep compile report: waited {report.waited_s:.1f} s for side processes ({each} s a set)", file=sys.stderr, flush=True)
+            said = f"sweep compile report: waited {report.waited_s:.1f} s for side processes ({each} s a set)"
+            print(said, file=sys.stderr, flush=True)
         return report
 
 
