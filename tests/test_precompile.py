@@ -216,15 +216,15 @@ def test_side_processes_one_per_four_cores_none_below_two_and_the_env_decides(mo
     assert precompile.start((config(),), "cpu") is None
 
 
-def test_side_processes_share_the_cores_for_compile_workers_unless_the_env_or_the_ranks_say(monkeypatch):
+def test_each_side_process_may_use_the_ranks_cores_for_compile_workers_unless_the_env_says(monkeypatch):
     from trainer import precompile
 
     monkeypatch.delenv(precompile.THREADS_ENV, raising=False)
     monkeypatch.setattr(precompile, "usable_cpus", lambda: 16)
-    assert (precompile.side_threads(1, 4), precompile.side_threads(2, 4), precompile.side_threads(1, 32)) == (4, 2, 1)
-    assert precompile.side_threads(1, 4, given="16") == 16  # the ranks' environment (a profile's env)
+    assert (precompile.side_threads(1), precompile.side_threads(2), precompile.side_threads(32)) == (16, 8, 1)
+    assert precompile.side_threads(1, given="4") == 4  # the ranks' environment (a profile's env)
     monkeypatch.setenv(precompile.THREADS_ENV, "12")
-    assert precompile.side_threads(1, 4) == 12
+    assert precompile.side_threads(1) == 12
 
 
 def test_a_side_process_that_fails_is_reported_and_costs_only_its_time(monkeypatch, tmp_path):

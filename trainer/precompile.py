@@ -13,8 +13,8 @@ The copy (`reduced`) keeps everything a block's graph and the compiled loss's de
 precision, ac, compile mode, sequence, batch, options) and has REDUCED_LAYERS blocks: regional compile makes one graph
 of every block, and two cover `ac: selective`'s checkpointed and plain blocks. A side process so needs the memory of
 two blocks' activations and of the logits (a cut vocabulary saved that but left the loss's graphs to each trial:
-~2 s each on an H200). Each side process gets its share of the host's cores for inductor's compile workers
-(TORCHINDUCTOR_COMPILE_THREADS, which inductor leaves out of its cache key).
+~2 s each on an H200). Each side process may use every core of the rank's share of the host for inductor's compile
+workers (TORCHINDUCTOR_COMPILE_THREADS, which inductor leaves out of its cache key; `side_threads`).
 
 The rank waits for its side processes (`Sides.wait`) after its imports and process group and before it builds its
 model: they never share the GPU's memory with a trial, nor its time with a measured step, and the wait is part of
@@ -177,11 +177,15 @@ def side_count(graphs: int, node_groups: int = 1, given: str | None = None) -> i
     return min(graphs, n if given or n >= 2 else 0)
 
 
-def side_threads(node_groups: int, sides: int, given: str | None = None) -> int:
-    """Inductor's compile workers for each of `sides` side processes of a rank: THREADS_ENV if set, else its share
-    of the host's cores. `given`: THREADS_ENV's value in the ranks' environment, where that is not this process's."""
+def side_threads(node_groups: int, given: str | None = None) -> int:
+    """Inductor's compile workers for each side process of a rank: THREADS_ENV if set, else all of this rank's share
+    of the host's cores, whatever the number of side processes. A side process's compile is mostly serial (tracing,
+    lowering, code generation: a rowwise set took 35-40 s in four side processes on 16 cores, 28-31 s alone), and the
+    sides that finish first leave their cores to the last; on one H100 host (16 cores, four sides) the first trial
+    waited 27.2 s with 16 workers a side against 30.7 and 29.7 s with 4 (benchmarks/RESULTS.md "Cold sweep", session
+    30). `given`: THREADS_ENV's value in the ranks' environment, where that is not this process's (the driver's)."""
     given = os.environ.get(THREADS_ENV) if given is None else given
-    return max(1, int(given) if given else _cores(node_groups) // max(1, sides))
+    return max(1, int(given) if given else _cores(node_groups))
 
 
 def side_env(env: Mapping[str, str], threads: int) -> dict[str, str]:
@@ -261,7 +265,7 @@ def start(configs: tuple[TrialConfig, ...], device_type: str, node_groups: int =
     for side, share in zip(taken, shares):
         side.give(SideJob(share, device_type, dict(os.environ)))
     sides: list[_Piped | PooledSide] = [*handed, *taken]
-    env = side_env(os.environ, side_threads(node_groups, n))
+    env = side_env(os.environ, side_threads(node_groups))
     for share in shares[len(taken) :]:
         given = tempfile.TemporaryFile()  # the job, pickled: the side's stdin
         given.write(pickle.dumps(SideJob(share, device_type)))

@@ -94,7 +94,7 @@ class Prestart:
             jobs = tuple(side_pool.SideJob(left[i::sides], device) for i in range(sides))
             env |= {ONE_DEVICE_ENV: "1"} if compiles else {}  # its one GPU: inductor imported ahead too
         cpus = embedded_cpus(profile) or usable_cpus()
-        return cls(count, cpus, env, sides, side_threads(node_groups, per_group, env.get(THREADS_ENV)), jobs=jobs)
+        return cls(count, cpus, env, sides, side_threads(node_groups, env.get(THREADS_ENV)), jobs=jobs)
 
     def env(self) -> dict[str, str]:
         """What Ray's processes must find in their environment as Ray starts: the ranks' and Ray's settings."""
