@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cold-sweep campaign on the lent one-H200 machine (kind nvidia-h200), from the project root:
 #
-#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|current-cold-warm|prestart|threads|threads-base|searches|max-batch [PROFILE]
+#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|current-cold-warm|prestart|threads|threads-base|searches|max-batch [PROFILE]
 #
 # Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
@@ -33,7 +33,7 @@
 set -uo pipefail
 campaign=cold-sweep
 part=${1:-cold}
-[[ $part != *cold-warm && $part != prestart && $part != threads* && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
+[[ $part != *cold-warm && $part != acceptance && $part != prestart && $part != threads* && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
@@ -109,6 +109,12 @@ case $part in
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
     sweep_run base $grids/a-grid.yaml "$results/base-warm"
     sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
+  acceptance)  # one call: the current tree cold then warm, then the base cold then warm (what the deadline leaves)
+    rm -rf /tmp/cc-current /tmp/cc-base "$results"/*-cold "$results"/*-warm
+    sweep_run current $grids/a-grid.yaml "$results/current-cold"
+    sweep_run current $grids/a-grid.yaml "$results/current-warm"
+    sweep_run base $grids/a-grid.yaml "$results/base-cold"
+    sweep_run base $grids/a-grid.yaml "$results/base-warm" ;;
   current-cold-warm)  # the current tree alone, cold then warm (a device budget too short for the base beside it)
     rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
@@ -153,7 +159,7 @@ print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$r
       $grids/c-max-batch.yaml >/tmp/one-trial.yaml
     rm -rf /tmp/cc-current  # the one trial: its own empty cache
     sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
-  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|current-cold-warm|prestart|threads|threads-base|searches|max-batch [PROFILE]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|current-cold-warm|prestart|threads|threads-base|searches|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
 python3 -c 'import duckdb' 2>/dev/null && for d in "$results"/*/; do  # `sweep results` needs .whl-results
