@@ -17,9 +17,12 @@
 #   cold-warm  in one call, carrying .whl and .base-tree only (JOB_NEEDS_RESULTS=0: no tables, the rows come back
 #          packed): cold current then base, warm base then current (a machine taken back between two calls loses
 #          the cold part's caches)
-#   threads  the current tree alone, cold three times (A B A), each side process given its share of the cores for
-#          inductor's compile workers (the default), then every core (SWEEP_PRECOMPILE_THREADS), then its share again;
-#          the side processes' seconds a set from Ray's worker logs (SWEEP_COMPILE_REPORT)
+#   acceptance  in one call, carrying .whl and .base-tree only: current cold, current warm, base cold, base warm (the
+#          deadline stops what does not fit; the current tree's runs first)
+#   threads  the current tree alone, cold three times (A B A), each side process given a quarter of the host's cores
+#          for inductor's compile workers (SWEEP_PRECOMPILE_THREADS; the default before session 30), then every core
+#          (the default since), then a quarter again; the side processes' seconds a set from Ray's worker logs
+#          (SWEEP_COMPILE_REPORT)
 #   threads-base  (the next call, same machine) the every-core run warm on its cache, then the base tree cold and warm
 #   prestart  the current tree alone (JOB_NEEDS_RESULTS=0, .whl only): cold as it is (rank and side processes started
 #          ahead), cold with them started once placed (prestarted_ranks 0, .../late-cold, its own cache), then warm
@@ -125,16 +128,16 @@ case $part in
     prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-cold" late
     prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-warm" late
     sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
-  threads)  # each side process's compile workers: its share of the cores (default) against every core, A B A
+  threads)  # each side process's compile workers: a quarter of the cores against every core (the default), A B A
     report=1
-    rm -rf /tmp/cc-current /tmp/cc-threads /tmp/cc-again "$results"/*-cold
-    sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    threads=$(nproc) sweep_run current $grids/a-grid.yaml "$results/threads-cold" threads
-    sweep_run current $grids/a-grid.yaml "$results/again-cold" again ;;
+    rm -rf /tmp/cc-quarter /tmp/cc-threads /tmp/cc-again "$results"/*-cold
+    threads=$(($(nproc) / 4)) sweep_run current $grids/a-grid.yaml "$results/quarter-cold" quarter
+    sweep_run current $grids/a-grid.yaml "$results/threads-cold" threads
+    threads=$(($(nproc) / 4)) sweep_run current $grids/a-grid.yaml "$results/again-cold" again ;;
   threads-base)  # the next call on the same machine: every core's run warm (its cache), then the base cold and warm
     [ -d /tmp/cc-threads ] || { echo "job: no compile cache of the threads part on this machine: run it first"; exit 2; }
     rm -rf /tmp/cc-base "$results"/base-* "$results"/threads-warm
-    threads=$(nproc) sweep_run current $grids/a-grid.yaml "$results/threads-warm" threads
+    sweep_run current $grids/a-grid.yaml "$results/threads-warm" threads
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
     sweep_run base $grids/a-grid.yaml "$results/base-warm" ;;
   base)  # the base tree alone, cold then warm, on a machine where a current part (prestart) has just run
