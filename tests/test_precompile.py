@@ -241,6 +241,21 @@ def test_a_side_process_that_fails_is_reported_and_costs_only_its_time(monkeypat
     assert not (tmp_path / precompile.MARKS).exists()  # nothing compiled, nothing marked
 
 
+def test_a_side_process_reports_each_sets_seconds_and_peak_memory(monkeypatch, tmp_path):
+    """What the first trial's wait went to (printed with SWEEP_COMPILE_REPORT): two eager copies, so that the side
+    process's run is seconds on a CPU, not a compile."""
+    from trainer import precompile
+
+    monkeypatch.setenv(precompile.SIDES_ENV, "1")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    sides = precompile.start((config("fp32", compile="none"), config("bf16", compile="none")), "cpu")
+    assert sides is not None and len(sides.procs) == 1
+    report = sides.wait(limit_s=120)
+    assert (report.graphs, report.compiled, report.errors) == (2, 2, ())
+    assert len(report.seconds) == 2 and sum(report.seconds) < report.waited_s
+    assert len(report.peak_bytes) == 2 and all(b > 0 for b in report.peak_bytes)  # the step's resident set, on a CPU
+
+
 _PICKLE_MEMORY_FORMAT = """
 import sys, types, pickle
 if {shim}:  # a module that reaches torch, imported before it (as Ray imports cython.cimports.libc in its workers)

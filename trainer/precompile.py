@@ -74,7 +74,8 @@ class PrecompileReport:
     errors: tuple[str, ...] = ()  # one line per failure: the trial compiles those graphs itself
     ahead: int = 0  # of its side processes, those started ahead (trainer.side_pool)
     given: int = 0  # of those, the ones the driver gave their graphs as it started them (side_pool.claim_given)
-    seconds: tuple[float, ...] = ()  # each set's compile (a reduced trial) in its side process, in the order they ended
+    seconds: tuple[float, ...] = ()  # each set's compile (a reduced trial) in its side process, shortest first
+    peak_bytes: tuple[int, ...] = ()  # each compiled set's peak memory in its side process (reserved on a GPU), least first
 
 
 def reduced(config: TrialConfig) -> TrialConfig:
@@ -134,7 +135,7 @@ class Sides:
 
     def wait(self, limit_s: float = WAIT_LIMIT_S) -> PrecompileReport:
         began = time.perf_counter()
-        compiled, errors, seconds = 0, [], []
+        compiled, errors, seconds, peaks = 0, [], [], []
         for side in self.procs:
             out, failures = side.collect(max(0.0, began + limit_s - time.perf_counter()))
             for line in out.splitlines():
@@ -145,6 +146,7 @@ class Sides:
                 compiled += result["ok"]
                 errors += [result["error"]] if result["error"] else []
                 seconds += [result["seconds"]] if "seconds" in result else []
+                peaks += [result["peak_bytes"]] if result.get("peak_bytes") is not None else []
             errors += failures
             if os.environ.get("SWEEP_DEBUG"):  # what the side printed, in the rank's log
                 sys.stderr.write(side.log())
@@ -154,7 +156,9 @@ class Sides:
         ahead = sum(isinstance(side, PooledSide) for side in self.procs)
         given = sum(isinstance(side, PooledSide) and side.given for side in self.procs)
         waited = time.perf_counter() - began
-        return PrecompileReport(waited, self.graphs, compiled, tuple(errors), ahead, given, tuple(sorted(seconds)))
+        return PrecompileReport(
+            waited, self.graphs, compiled, tuple(errors), ahead, given, tuple(sorted(seconds)), tuple(sorted(peaks))
+        )
 
     def stop(self) -> None:
         for side in self.procs:
@@ -297,15 +301,17 @@ def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # run_trial's barriers: one rank
     rank = Rank(device=device, mesh=init_device_mesh(device.type, (1,)))
     for config in configs:
-        error, began = None, time.perf_counter()
+        error, began, peak = None, time.perf_counter(), None
         try:
-            run_trial(reduced(config), rank)
+            memory = run_trial(reduced(config), rank).memory  # what a side process holds: beside a trial, one day
+            peak = memory["reserved_mem_bytes"] if device.type == "cuda" else memory["peak_mem_bytes"]
         except Exception as e:  # noqa: BLE001 - reported; the trial compiles it itself
             error = f"{config.precision} batch {config.batch_size}: {type(e).__name__}: {e}"[:500]
         else:
             mark(config)
         release(device)
-        result = {"ok": error is None, "error": error, "seconds": round(time.perf_counter() - began, 2)}
+        seconds = round(time.perf_counter() - began, 2)
+        result = {"ok": error is None, "error": error, "seconds": seconds, "peak_bytes": peak}
         print(json.dumps(result), file=out, flush=True)
 
 

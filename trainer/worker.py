@@ -288,7 +288,8 @@ class RankWorker:
             print(f"sweep: compiling ahead: {error}", file=sys.stderr, flush=True)
         if os.environ.get("SWEEP_COMPILE_REPORT"):  # where the first trial's wait went
             each = ", ".join(f"{s:.1f}" for s in report.seconds)
-            said = f"sweep compile report: waited {report.waited_s:.1f} s for side processes ({each} s a set)"
+            peaks = ", ".join(f"{b / 2**30:.1f}" for b in report.peak_bytes)
+            said = f"sweep compile report: waited {report.waited_s:.1f} s for side processes ({each} s a set; peaks {peaks} GiB)"
             print(said, file=sys.stderr, flush=True)
         return report
 
