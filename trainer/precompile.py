@@ -75,7 +75,7 @@ class PrecompileReport:
     ahead: int = 0  # of its side processes, those started ahead (trainer.side_pool)
     given: int = 0  # of those, the ones the driver gave their graphs as it started them (side_pool.claim_given)
     seconds: tuple[float, ...] = ()  # each set's compile (a reduced trial) in its side process, shortest first
-    peak_bytes: tuple[int, ...] = ()  # each compiled set's peak memory in its side process (reserved on a GPU), least first
+    peak_bytes: tuple[int, ...] = ()  # each compiled set's peak memory in its side process (GPU: reserved), least first
 
 
 def reduced(config: TrialConfig) -> TrialConfig:

@@ -289,7 +289,8 @@ class RankWorker:
         if os.environ.get("SWEEP_COMPILE_REPORT"):  # where the first trial's wait went
             each = ", ".join(f"{s:.1f}" for s in report.seconds)
             peaks = ", ".join(f"{b / 2**30:.1f}" for b in report.peak_bytes)
-            said = f"sweep compile report: waited {report.waited_s:.1f} s for side processes ({each} s a set; peaks {peaks} GiB)"
+            said = f"sweep compile report: waited {report.waited_s:.1f} s for side processes ({each} s a set; "
+            said += f"peaks {peaks} GiB)"
             print(said, file=sys.stderr, flush=True)
         return report
 
