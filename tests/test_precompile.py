@@ -5,6 +5,7 @@ the side processes, the marks of what is in the cache, a cache key that is the s
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
 import sys
@@ -294,9 +295,10 @@ GRID = {
 }
 
 
-def _run(folder: Path, name: str, *options: str, cache: str, **grid) -> list[dict]:
-    """`sweep run` of GRID (+ `grid`) on one-rank CPU ranks with the compile cache `cache` (one side process each),
-    one trial at a time: both on one group (the session's Ray would give each its own group, compiling its own)."""
+def _run(folder: Path, name: str, *options: str, cache: str, env: dict[str, str] | None = None, **grid) -> list[dict]:
+    """`sweep run` of GRID (+ `grid`) on one-rank CPU ranks with the compile cache `cache` (one side process each;
+    `env` added to the profile's), one trial at a time: both on one group (the session's Ray would give each its own
+    group, compiling its own)."""
     profile = folder / f"{name}-profile.yaml"
     profile.write_text(
         yaml.safe_dump(
@@ -308,7 +310,7 @@ def _run(folder: Path, name: str, *options: str, cache: str, **grid) -> list[dic
                 "gpus_per_node": 1,
                 "cpus_per_rank": 1,
                 "compile_cache": str(folder / cache),
-                "env": {"SWEEP_PRECOMPILE_SIDES": "1"},  # this 2-core host would run none by default
+                "env": {"SWEEP_PRECOMPILE_SIDES": "1", **(env or {})},  # this 2-core host would run none by default
             }
         )
     )
@@ -321,10 +323,23 @@ def _run(folder: Path, name: str, *options: str, cache: str, **grid) -> list[dic
     return sorted(ds.dataset(folder / name, format="parquet").to_table().to_pylist(), key=lambda r: r["started_at"])
 
 
+def _compile_reports() -> list[str]:
+    """The first trials' lines on what they waited for (SWEEP_COMPILE_REPORT) in the session's Ray worker logs."""
+    from ray._private import worker
+
+    logs = Path(worker._global_node.get_logs_dir_path())
+    lines = (line for path in logs.glob("worker-*.err") for line in path.read_text(errors="replace").splitlines())
+    return [line for line in lines if "for side processes" in line]
+
+
 @pytest.mark.integration
 def test_a_group_compiles_its_graphs_ahead_and_trains_as_without(ray_session, tmp_path):
-    ahead = _run(tmp_path, "ahead", cache="cache")  # the default
+    report = {"SWEEP_COMPILE_REPORT": "1", "SWEEP_PRECOMPILE_THREADS": "1"}  # what the first trial waited for
+    ahead = _run(tmp_path, "ahead", cache="cache", env=report)  # compiling ahead: the default
     first, second = ahead
+    said = _compile_reports()
+    two_sets = r"waited [\d.]+ s for side processes \([\d.]+, [\d.]+ s a set; peaks [\d.]+, [\d.]+ GiB\)"
+    assert len(said) == 1 and re.search(two_sets, said[0]), said
     assert all(r["status"] == "ok" for r in ahead), [r["error"] for r in ahead]
     assert first["precompile_s"] > 0 and first["precompiled_graphs"] == 2  # its own graphs and the other precision's
     assert second["precompile_s"] is None and second["actor_reused"]
