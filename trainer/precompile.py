@@ -13,7 +13,9 @@ The copy (`reduced`) keeps everything a block's graph and the compiled loss's de
 precision, ac, compile mode, sequence, batch, options) and has REDUCED_LAYERS blocks: regional compile makes one graph
 of every block, and two cover `ac: selective`'s checkpointed and plain blocks. A side process so needs the memory of
 two blocks' activations and of the logits (a cut vocabulary saved that but left the loss's graphs to each trial:
-~2 s each on an H200). Each side process may use every core of the rank's share of the host for inductor's compile
+~2 s each on an H200), and of the copy's training state: 24-30 GiB each for the cold-sweep grid's 2.5 B model with
+its 151,936-token vocabulary at T 4096 (reported per set, `PrecompileReport.peak_bytes`; benchmarks/RESULTS.md "Cold
+sweep", session 30). Each side process may use every core of the rank's share of the host for inductor's compile
 workers (TORCHINDUCTOR_COMPILE_THREADS, which inductor leaves out of its cache key; `side_threads`).
 
 The rank waits for its side processes (`Sides.wait`) after its imports and process group and before it builds its
@@ -303,7 +305,7 @@ def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None
     for config in configs:
         error, began, peak = None, time.perf_counter(), None
         try:
-            memory = run_trial(reduced(config), rank).memory  # what a side process holds: beside a trial, one day
+            memory = run_trial(reduced(config), rank).memory  # its peak: what a trial beside it would leave room for
             peak = memory["reserved_mem_bytes"] if device.type == "cuda" else memory["peak_mem_bytes"]
         except Exception as e:  # noqa: BLE001 - reported; the trial compiles it itself
             error = f"{config.precision} batch {config.batch_size}: {type(e).__name__}: {e}"[:500]
