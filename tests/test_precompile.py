@@ -239,6 +239,7 @@ def test_a_side_process_that_fails_is_reported_and_costs_only_its_time(monkeypat
     assert (report.graphs, report.compiled) == (2, 0)
     assert len(report.errors) == 2 and all("no-such-recipe" in e for e in report.errors)
     assert len(report.seconds) == 2 and all(0 <= s < report.waited_s for s in report.seconds)  # each set's own
+    assert report.peak_bytes == (None, None)  # neither ran
     assert not (tmp_path / precompile.MARKS).exists()  # nothing compiled, nothing marked
 
 
@@ -338,7 +339,8 @@ def test_a_group_compiles_its_graphs_ahead_and_trains_as_without(ray_session, tm
     ahead = _run(tmp_path, "ahead", cache="cache", env=report)  # compiling ahead: the default
     first, second = ahead
     said = _compile_reports()
-    two_sets = r"waited [\d.]+ s for side processes \([\d.]+, [\d.]+ s a set; peaks [\d.]+, [\d.]+ GiB\)"
+    one_set = r"[\d.]+ s / [\d.]+ GiB"
+    two_sets = rf"waited [\d.]+ s for side processes \(each set's seconds / peak memory: {one_set}, {one_set}\)"
     assert len(said) == 1 and re.search(two_sets, said[0]), said
     assert all(r["status"] == "ok" for r in ahead), [r["error"] for r in ahead]
     assert first["precompile_s"] > 0 and first["precompiled_graphs"] == 2  # its own graphs and the other precision's

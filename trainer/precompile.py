@@ -76,8 +76,16 @@ class PrecompileReport:
     errors: tuple[str, ...] = ()  # one line per failure: the trial compiles those graphs itself
     ahead: int = 0  # of its side processes, those started ahead (trainer.side_pool)
     given: int = 0  # of those, the ones the driver gave their graphs as it started them (side_pool.claim_given)
-    seconds: tuple[float, ...] = ()  # each set's compile (a reduced trial) in its side process, shortest first
-    peak_bytes: tuple[int, ...] = ()  # each compiled set's peak memory in its side process (GPU: reserved), least first
+    seconds: tuple[float, ...] = ()  # each set's compile (a reduced trial) in its side process, as they reported
+    peak_bytes: tuple[int | None, ...] = ()  # the same sets' peak memory there (GPU: reserved; None: it failed)
+
+    def line(self) -> str:
+        """What the wait went to, on one line (rank 0 prints it with SWEEP_COMPILE_REPORT)."""
+        sets = ", ".join(
+            f"{s:.1f} s" + (f" / {b / 2**30:.1f} GiB" if b is not None else "")
+            for s, b in zip(self.seconds, self.peak_bytes)
+        )
+        return f"waited {self.waited_s:.1f} s for side processes (each set's seconds / peak memory: {sets})"
 
 
 def reduced(config: TrialConfig) -> TrialConfig:
@@ -147,8 +155,9 @@ class Sides:
                     continue
                 compiled += result["ok"]
                 errors += [result["error"]] if result["error"] else []
-                seconds += [result["seconds"]] if "seconds" in result else []
-                peaks += [result["peak_bytes"]] if result.get("peak_bytes") is not None else []
+                if "seconds" in result:  # not in the line of a side process that never ran the set
+                    seconds.append(result["seconds"])
+                    peaks.append(result["peak_bytes"])
             errors += failures
             if os.environ.get("SWEEP_DEBUG"):  # what the side printed, in the rank's log
                 sys.stderr.write(side.log())
@@ -159,7 +168,7 @@ class Sides:
         given = sum(isinstance(side, PooledSide) and side.given for side in self.procs)
         waited = time.perf_counter() - began
         return PrecompileReport(
-            waited, self.graphs, compiled, tuple(errors), ahead, given, tuple(sorted(seconds)), tuple(sorted(peaks))
+            waited, self.graphs, compiled, tuple(errors), ahead, given, tuple(seconds), tuple(peaks)
         )
 
     def stop(self) -> None:

@@ -287,11 +287,7 @@ class RankWorker:
         for error in report.errors:  # the trial compiles those graphs itself: slower, not wrong
             print(f"sweep: compiling ahead: {error}", file=sys.stderr, flush=True)
         if os.environ.get("SWEEP_COMPILE_REPORT"):  # where the first trial's wait went
-            each = ", ".join(f"{s:.1f}" for s in report.seconds)
-            peaks = ", ".join(f"{b / 2**30:.1f}" for b in report.peak_bytes)
-            said = f"sweep compile report: waited {report.waited_s:.1f} s for side processes ({each} s a set; "
-            said += f"peaks {peaks} GiB)"
-            print(said, file=sys.stderr, flush=True)
+            print(f"sweep compile report: {report.line()}", file=sys.stderr, flush=True)
         return report
 
 

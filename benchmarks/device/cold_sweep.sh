@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cold-sweep campaign on the lent one-H200 machine (kind nvidia-h200), from the project root:
 #
-#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|current-cold-warm|prestart|report|threads|threads-base|searches|max-batch [PROFILE]
+#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]
 #
 # Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
@@ -24,7 +24,6 @@
 #          (the default since), then a quarter again; the side processes' seconds a set from Ray's worker logs
 #          (SWEEP_COMPILE_REPORT)
 #   report  the current tree cold once, its side processes' seconds and peak memory a set in the log
-#   threads-base  (the next call, same machine) the every-core run warm on its cache, then the base tree cold and warm
 #   prestart  the current tree alone (JOB_NEEDS_RESULTS=0, .whl only): cold as it is (rank and side processes started
 #          ahead), cold with them started once placed (prestarted_ranks 0, .../late-cold, its own cache), then warm
 #          the other way round (.../late-warm, .../current-warm)
@@ -37,7 +36,7 @@
 set -uo pipefail
 campaign=cold-sweep
 part=${1:-cold}
-[[ $part != *cold-warm && $part != acceptance && $part != prestart && $part != threads* && $part != report && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
+[[ $part != *cold-warm && $part != acceptance && $part != prestart && $part != threads && $part != report && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
@@ -139,12 +138,6 @@ case $part in
     report=1
     rm -rf /tmp/cc-current "$results"/*-cold
     sweep_run current $grids/a-grid.yaml "$results/current-cold" ;;
-  threads-base)  # the next call on the same machine: every core's run warm (its cache), then the base cold and warm
-    [ -d /tmp/cc-threads ] || { echo "job: no compile cache of the threads part on this machine: run it first"; exit 2; }
-    rm -rf /tmp/cc-base "$results"/base-* "$results"/threads-warm
-    sweep_run current $grids/a-grid.yaml "$results/threads-warm" threads
-    sweep_run base $grids/a-grid.yaml "$results/base-cold"
-    sweep_run base $grids/a-grid.yaml "$results/base-warm" ;;
   base)  # the base tree alone, cold then warm, on a machine where a current part (prestart) has just run
     rm -rf /tmp/cc-base "$results"/base-*
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
@@ -167,7 +160,7 @@ print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$r
       $grids/c-max-batch.yaml >/tmp/one-trial.yaml
     rm -rf /tmp/cc-current  # the one trial: its own empty cache
     sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
-  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|current-cold-warm|prestart|report|threads|threads-base|searches|max-batch [PROFILE]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
 python3 -c 'import duckdb' 2>/dev/null && for d in "$results"/*/; do  # `sweep results` needs .whl-results
