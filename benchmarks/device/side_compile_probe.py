@@ -4,8 +4,10 @@ compile cache, as the side processes and trials of a cold sweep do; one JSON rec
 
     python3 benchmarks/device/side_compile_probe.py --out FILE [--profile] STEP ...
 
+Each argument is a group of STEPs joined by '+', run at once (as a rank's side processes run); groups run in turn.
 A STEP is PRECISION:BATCH (the cold-sweep grid's trial, cut as a side process cuts it: `trainer.precompile.reduced`)
-or PRECISION:BATCH:full (the whole trial, as a rank runs it after its side processes). Each record has the step's
+or PRECISION:BATCH:full (the whole trial, as a rank runs it after its side processes); a suffix :nice runs it
+at niceness 10. Each record has the step's
 seconds, dynamo's compile phases (`trainer.worker.compile_phases`), the FX graph and AOTAutograd cache hits and
 misses, the Triton kernels whose autotuning was found in inductor's autotune cache or not, and those benchmarked.
 --profile: the steps' top functions by own time (cProfile), in the record.
@@ -73,6 +75,9 @@ def one(step: str, profile: bool, grid_file: Path, device_type: str) -> dict:
     from trainer.train import Rank, run_trial
     from trainer.worker import compile_phases
 
+    if step.endswith(":nice"):  # before inductor starts its compile workers: they inherit it
+        os.nice(10)
+        step = step.removesuffix(":nice")
     config = _config(step, grid_file)
     seen = _instrument()
     device = rank_device(device_type)
@@ -88,6 +93,7 @@ def one(step: str, profile: bool, grid_file: Path, device_type: str) -> dict:
     record = {
         "step": step,
         "seconds": round(time.perf_counter() - began, 2),
+        "ended_at": round(time.time(), 2),
         "compile_time_s": result.report().compile_time_s,
         "caches": {g: dict(counters[g]) for g in ("aot_autograd", "inductor")},
         "autotune": dict(seen["autotune"]),
@@ -117,19 +123,22 @@ def main() -> None:
     if args.one:
         print("RECORD " + json.dumps(one(args.steps[0], args.profile, args.grid, args.device)), flush=True)
         return
-    for step in args.steps:
+    for group in args.steps:
         began = time.perf_counter()
-        cmd = [sys.executable, __file__, "--one", step, "--grid", str(args.grid), "--device", args.device]
-        cmd += ["--profile"] if args.profile else []
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RECORD ")]
-        record = json.loads(lines[0]) if lines else {"step": step, "error": proc.stderr[-3000:]}
-        record["process_s"] = round(time.perf_counter() - began, 2)
-        print(json.dumps({k: v for k, v in record.items() if not k.startswith("profile")}), flush=True)
-        if args.out:
-            with args.out.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-
+        procs = {}
+        for step in group.split("+"):  # a group's steps at once, as a rank's side processes run
+            cmd = [sys.executable, __file__, "--one", step, "--grid", str(args.grid), "--device", args.device]
+            cmd += ["--profile"] if args.profile else []
+            procs[step] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for step, proc in procs.items():
+            out, err = proc.communicate()
+            lines = [line[7:] for line in out.splitlines() if line.startswith("RECORD ")]
+            record = json.loads(lines[0]) if lines else {"step": step, "error": err[-3000:]}
+            record.update(group=group, process_s=round(time.perf_counter() - began, 2))
+            print(json.dumps({k: v for k, v in record.items() if not k.startswith("profile")}), flush=True)
+            if args.out:
+                with args.out.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
 
 if __name__ == "__main__":
     main()

@@ -4,9 +4,10 @@
 #
 #   bash benchmarks/device/side_compile_probe.sh
 #
-# On one empty compile cache: a rowwise set cut as a side process cuts it, the same again in a fresh process, the whole
-# rowwise trial after it (does it benchmark its kernels again?), bf16's and tensorwise's sets; then, on a second empty
-# cache, rowwise batch 6's set under cProfile. Records in $OUT/side-compile-probe.jsonl.
+# Each on its own empty compile cache: a rowwise set cut as a side process cuts it, the same again in a fresh process,
+# the whole rowwise trial after it (does it benchmark its kernels again?); the grid's four sets at once, as a rank's
+# four side processes compile them; the same with bf16's and tensorwise's at niceness 10; rowwise batch 6's set alone
+# under cProfile. Records in $OUT/side-compile-probe.jsonl.
 set -uo pipefail
 source benchmarks/device/lib.sh
 JOB_NEEDS_RESULTS=0 job_begin side-compile-probe 0  # no rows: no results wheels needed
@@ -18,7 +19,10 @@ probe() {  # probe CACHE ARGS...
     TORCHINDUCTOR_AUTOGRAD_CACHE=1 TORCHINDUCTOR_COMPILE_THREADS=$(nproc) \
     timeout $((deadline - SECONDS)) python3 benchmarks/device/side_compile_probe.py --out "$OUT/side-compile-probe.jsonl" "$@"
 }
-rm -rf /tmp/cc-side-1 /tmp/cc-side-2
-probe /tmp/cc-side-1 fp8-torchao-rowwise:4 fp8-torchao-rowwise:4 fp8-torchao-rowwise:4:full bf16:4 fp8-torchao-tensorwise:4
-probe /tmp/cc-side-2 --profile fp8-torchao-rowwise:6
+rw=fp8-torchao-rowwise tw=fp8-torchao-tensorwise
+rm -rf /tmp/cc-side-*
+probe /tmp/cc-side-1 $rw:4 $rw:4 $rw:4:full
+probe /tmp/cc-side-2 bf16:4+$tw:4+$rw:4+$rw:6
+probe /tmp/cc-side-3 bf16:4:nice+$tw:4:nice+$rw:4+$rw:6
+probe /tmp/cc-side-4 --profile $rw:6
 echo "job: records in \$OUT/side-compile-probe.jsonl"
