@@ -48,14 +48,15 @@ def _instrument() -> dict[str, collections.Counter]:
     from torch._inductor.runtime import triton_heuristics as th
 
     seen: dict[str, collections.Counter] = {"autotune": collections.Counter(), "benchmarked": collections.Counter()}
-    check = th.check_autotune_cache
+    check = getattr(th, "check_autotune_cache", None)  # torch 2.11 and 2.13 have it; another may not
 
     def checked(configs, filename, inductor_meta):  # noqa: ANN001, ANN202
         out = check(configs, filename, inductor_meta)
         seen["autotune"][out[2].get("autotune_cache_state", "none")] += 1
         return out
 
-    th.check_autotune_cache = checked
+    if check is not None:
+        th.check_autotune_cache = checked
     bench = th.CachingAutotuner.benchmark_all_configs
 
     def benchmarked(self, *args, **kwargs):  # noqa: ANN001, ANN202
