@@ -16,8 +16,8 @@ misses, the Triton kernels whose autotuning was found in inductor's autotune cac
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import io
 import json
 import os
@@ -140,6 +140,7 @@ def main() -> None:
             if args.out:
                 with args.out.open("a") as f:
                     f.write(json.dumps(record) + "\n")
+
 
 if __name__ == "__main__":
     main()
