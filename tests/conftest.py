@@ -7,22 +7,47 @@ test without the `integration` mark runs, `ray.init` raises, so `-m "not integra
 Factories (plain functions, `from conftest import ...` at a test module's top, as `rows_folder`):
 `result_row` (a row of the result schema), `tiny_grid` (the YAML of a grid of gpt-tiny at tiny sizes) and
 `invoke` (the CLI in-process, as the `cli` fixture).
+
+Inductor's C++ builds go through tests/tools/cached-g++ for the whole session (`_cache_compiler_builds`): the tiny
+models' kernels, built afresh by every test that starts from an empty compile cache, are built once (the full suite
+on a fresh 2-core machine: 1,430 s against 1,496 s without it, 2026-12-05).
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import inspect
 import multiprocessing as mp
 import os
 import random
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cache_compiler_builds() -> None:
+    """Inductor's C++ builds through tests/tools/cached-g++ for the session (every process: the ranks and side
+    processes inherit this environment through Ray and `sweep` subprocesses): a kernel built once is not built again
+    by the next test that generates it. SWEEP_TEST_CXX_CACHE set outside (a folder) keeps the builds across sessions;
+    CXX set outside is the compiler it runs; SWEEP_TEST_CXX_CACHE=off builds every kernel afresh."""
+    if os.environ.get("SWEEP_TEST_CXX_CACHE") == "off" or not (shutil.which("g++") or "CXX" in os.environ):
+        return
+    os.environ.setdefault("SWEEP_TEST_REAL_CXX", os.environ.get("CXX", "g++"))
+    os.environ["CXX"] = str(ROOT / "tests" / "tools" / "cached-g++")
+    if "SWEEP_TEST_CXX_CACHE" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="sweep-test-cxx-")
+        os.environ["SWEEP_TEST_CXX_CACHE"] = folder
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
+_cache_compiler_builds()
 # The environment before any test ran: `ray.init` writes RAY_AUTH_MODE, RAY_USAGE_STATS_ENABLED,
 # PYTHONBREAKPOINT (and more) into os.environ, and a `sweep` subprocess must not start with them.
 _ENV_AT_START = dict(os.environ)

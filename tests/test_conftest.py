@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import mark_errors, result_row, tiny_grid
+from conftest import ROOT, mark_errors, result_row, tiny_grid
 
 from sweep.record import store
 from sweep.record.schema import COLUMNS, TRAINING_DEFAULTS
@@ -70,3 +73,27 @@ def test_ray_init_raises_in_a_test_without_the_integration_mark():
 
     with pytest.raises(RuntimeError, match="not marked integration"):
         ray.init(address="local")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (inductor's CPU compiler)")
+def test_the_compiler_cache_gives_a_build_of_the_same_inputs_back_and_builds_anything_else(tmp_path):
+    """tests/tools/cached-g++ (conftest's CXX for the session): the same source and flags built again come from the
+    cache, even with the compiler gone; another source, or another flag, is built by the compiler."""
+    wrapper, source, cache, compiler = (tmp_path / name for name in ("cached-g++", "k.cpp", "cache", "cxx"))
+    shutil.copy(ROOT / "tests" / "tools" / "cached-g++", wrapper)
+    source.write_text('extern "C" int k() { return 1; }\n')
+    compiler.write_text('#!/bin/sh\nexec g++ "$@"\n')
+    compiler.chmod(0o755)
+    env = {**os.environ, "SWEEP_TEST_CXX_CACHE": str(cache), "SWEEP_TEST_REAL_CXX": str(compiler)}
+
+    def build(out: str, *flags: str) -> int:
+        cmd = [str(wrapper), str(source), "-shared", "-fPIC", *flags, "-o", str(tmp_path / out)]
+        return subprocess.run(cmd, env=env, capture_output=True).returncode
+
+    assert build("a.so", "-O1") == 0 and len(list(cache.iterdir())) == 1
+    compiler.write_text("#!/bin/sh\nexit 1\n")  # the compiler gone: only the cache can answer
+    assert build("b.so", "-O1") == 0 and (tmp_path / "b.so").read_bytes() == (tmp_path / "a.so").read_bytes()
+    assert build("c.so", "-O2") == 1  # another flag: built
+    source.write_text('extern "C" int k() { return 2; }\n')
+    assert build("d.so", "-O1") == 1  # another source: built
+    assert len(list(cache.iterdir())) == 1  # a failed build leaves nothing
