@@ -41,8 +41,10 @@ profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
 job_begin $campaign 0
-[ -f .base-tree/COMMIT ] || { echo "job: carry .base-tree (bash benchmarks/device/prepare.sh base COMMIT)"; exit 2; }
-base_sha=$(cat .base-tree/COMMIT)
+# the parts that run the current tree alone need no base tree
+[[ $part == report || $part == prestart || $part == threads || $part == current-cold-warm ]] || [ -f .base-tree/COMMIT ] ||
+  { echo "job: carry .base-tree (bash benchmarks/device/prepare.sh base COMMIT)"; exit 2; }
+base_sha=$(cat .base-tree/COMMIT 2>/dev/null)
 root=$PWD profile=$(realpath "$profile")  # both read from inside a tree below
 echo "base tree: $base_sha; current tree: ${SWEEP_GIT_SHA:-unknown}"
 
