@@ -51,12 +51,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from clusters.schema import usable_cpus
 from trainer import side_pool
 from trainer.job import TrialConfig, compiled_graphs
 from trainer.side_pool import PooledSide, SideJob
+
+if TYPE_CHECKING:
+    from trainer.train import Rank
 
 REDUCED_LAYERS = 2
 CPUS_PER_SIDE = 4  # one side process per 4 of the host's cores: its own code generation and Triton's workers
@@ -300,17 +303,26 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None:
+def side_rank(device_type: str) -> Rank:
+    """This process as the one rank of its own trial (run_trial's barriers and mesh), on the device a rank makes
+    current (TF32 switches included: graphs depend on them)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainer.release import release
     from trainer.sync import rank_device
-    from trainer.train import Rank, run_trial
+    from trainer.train import Rank
 
-    device = rank_device(device_type)  # as the rank makes it current (TF32 switches included: graphs depend on them)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # run_trial's barriers: one rank
-    rank = Rank(device=device, mesh=init_device_mesh(device.type, (1,)))
+    device = rank_device(device_type)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return Rank(device=device, mesh=init_device_mesh(device.type, (1,)))
+
+
+def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None:
+    from trainer.release import release
+    from trainer.train import run_trial
+
+    rank = side_rank(device_type)
+    device = rank.device
     for config in configs:
         error, began, peak = None, time.perf_counter(), None
         try:

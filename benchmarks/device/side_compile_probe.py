@@ -68,12 +68,10 @@ def _instrument() -> dict[str, collections.Counter]:
 
 
 def one(step: str, profile: bool, grid_file: Path, device_type: str) -> dict:
-    import torch.distributed as dist
     from torch._dynamo.utils import counters
-    from torch.distributed.device_mesh import init_device_mesh
 
-    from trainer.sync import rank_device
-    from trainer.train import Rank, run_trial
+    from trainer.precompile import side_rank
+    from trainer.train import run_trial
     from trainer.worker import compile_phases
 
     if step.endswith(":nice"):  # before inductor starts its compile workers: they inherit it
@@ -81,9 +79,7 @@ def one(step: str, profile: bool, grid_file: Path, device_type: str) -> dict:
         step = step.removesuffix(":nice")
     config = _config(step, grid_file)
     seen = _instrument()
-    device = rank_device(device_type)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    rank = Rank(device=device, mesh=init_device_mesh(device.type, (1,)))
+    rank = side_rank(device_type)  # as a side process makes itself a rank
     profiler = cProfile.Profile() if profile else None
     began = time.perf_counter()
     if profiler:
