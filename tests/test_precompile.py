@@ -256,6 +256,10 @@ def test_a_side_process_reports_each_sets_seconds_and_peak_memory(monkeypatch, t
     assert (report.graphs, report.compiled, report.errors) == (2, 2, ())
     assert len(report.seconds) == 2 and sum(report.seconds) < report.waited_s
     assert len(report.peak_bytes) == 2 and all(b > 0 for b in report.peak_bytes)  # the step's resident set, on a CPU
+    (imported, began, ended), second = report.spans  # when: its imports, then each set, one after the other
+    assert imported <= began < ended <= second[1] < second[2] <= report.began_at + report.waited_s
+    assert report.alone == 0  # both fitted beside each other
+    assert re.search(r"\(imports [+-]\d+\.\d, set [+-]\d+\.\d to \+\d+\.\d\)", report.line())
 
 
 _PICKLE_MEMORY_FORMAT = """

@@ -39,6 +39,7 @@ import functools
 import getpass
 import hashlib
 import importlib.metadata
+import itertools
 import json
 import os
 import pickle
@@ -81,14 +82,26 @@ class PrecompileReport:
     given: int = 0  # of those, the ones the driver gave their graphs as it started them (side_pool.claim_given)
     seconds: tuple[float, ...] = ()  # each set's compile (a reduced trial) in its side process, as they reported
     peak_bytes: tuple[int | None, ...] = ()  # the same sets' peak memory there (GPU: reserved; None: it failed)
+    spans: tuple[tuple[float, float, float], ...] = ()  # the same sets: their side's imports done, began, ended (epoch)
+    began_at: float = 0.0  # when the wait began (epoch): the spans' origin in `line`
+    alone: int = 0  # sets that ran out of memory beside the others and ran again alone (trainer.side_lock)
 
     def line(self) -> str:
-        """What the wait went to, on one line (rank 0 prints it with SWEEP_COMPILE_REPORT)."""
+        """What the wait went to, on one line (rank 0 prints it with SWEEP_COMPILE_REPORT): each set's seconds, peak
+        memory, and when its side's imports ended and the set began and ended, in seconds from the wait's start."""
         sets = ", ".join(
-            f"{s:.1f} s" + (f" / {b / 2**30:.1f} GiB" if b is not None else "")
-            for s, b in zip(self.seconds, self.peak_bytes)
+            f"{s:.1f} s"
+            + (f" / {b / 2**30:.1f} GiB" if b is not None else "")
+            + (_span_text(span, self.began_at) if span else "")
+            for s, b, span in itertools.zip_longest(self.seconds, self.peak_bytes, self.spans)
         )
-        return f"waited {self.waited_s:.1f} s for side processes (each set's seconds / peak memory: {sets})"
+        again = f"; {self.alone} ran again alone after running out of memory" if self.alone else ""
+        return f"waited {self.waited_s:.1f} s for side processes (each set's seconds / peak memory: {sets}){again}"
+
+
+def _span_text(span: tuple[float, float, float], origin: float) -> str:
+    imported, began, ended = (t - origin for t in span)
+    return f" (imports {imported:+.1f}, set {began:+.1f} to {ended:+.1f})"
 
 
 def reduced(config: TrialConfig) -> TrialConfig:
@@ -147,8 +160,8 @@ class Sides:
         self.procs, self.graphs = procs, graphs
 
     def wait(self, limit_s: float = WAIT_LIMIT_S) -> PrecompileReport:
-        began = time.perf_counter()
-        compiled, errors, seconds, peaks = 0, [], [], []
+        began, began_at = time.perf_counter(), time.time()
+        compiled, errors, seconds, peaks, spans, alone = 0, [], [], [], [], 0
         for side in self.procs:
             out, failures = side.collect(max(0.0, began + limit_s - time.perf_counter()))
             for line in out.splitlines():
@@ -161,6 +174,8 @@ class Sides:
                 if "seconds" in result:  # not in the line of a side process that never ran the set
                     seconds.append(result["seconds"])
                     peaks.append(result["peak_bytes"])
+                    spans.append(tuple(result["span"]))
+                    alone += result["alone"]
             errors += failures
             if os.environ.get("SWEEP_DEBUG"):  # what the side printed, in the rank's log
                 sys.stderr.write(side.log())
@@ -171,7 +186,17 @@ class Sides:
         given = sum(isinstance(side, PooledSide) and side.given for side in self.procs)
         waited = time.perf_counter() - began
         return PrecompileReport(
-            waited, self.graphs, compiled, tuple(errors), ahead, given, tuple(seconds), tuple(peaks)
+            waited,
+            self.graphs,
+            compiled,
+            tuple(errors),
+            ahead,
+            given,
+            tuple(seconds),
+            tuple(peaks),
+            tuple(spans),
+            began_at,
+            alone,
         )
 
     def stop(self) -> None:
@@ -317,24 +342,37 @@ def side_rank(device_type: str) -> Rank:
     return Rank(device=device, mesh=init_device_mesh(device.type, (1,)))
 
 
-def _compile(configs: list[TrialConfig], device_type: str, out: IO[str]) -> None:
+def _compile(configs: list[TrialConfig], device_type: str, out: IO[str], imported_at: float) -> None:
     from trainer.release import release
+    from trainer.side_lock import device_lock, run_sharing
     from trainer.train import run_trial
 
     rank = side_rank(device_type)
     device = rank.device
+    lock = device_lock(device.type, device.index)
     for config in configs:
-        error, began, peak = None, time.perf_counter(), None
+        error, began, peak, alone = None, time.perf_counter(), None, False
+        began_at = time.time()
         try:
-            memory = run_trial(reduced(config), rank).memory  # its peak: what a trial beside it would leave room for
+            run = functools.partial(run_trial, reduced(config), rank)
+            measured, alone = run_sharing(run, lock, functools.partial(release, device))
+            memory = measured.memory  # its peak: what a trial beside it would leave room for
             peak = memory["reserved_mem_bytes"] if device.type == "cuda" else memory["peak_mem_bytes"]
+            del measured
         except Exception as e:  # noqa: BLE001 - reported; the trial compiles it itself
             error = f"{config.precision} batch {config.batch_size}: {type(e).__name__}: {e}"[:500]
         else:
             mark(config)
         release(device)
         seconds = round(time.perf_counter() - began, 2)
-        result = {"ok": error is None, "error": error, "seconds": seconds, "peak_bytes": peak}
+        result = {
+            "ok": error is None,
+            "error": error,
+            "seconds": seconds,
+            "peak_bytes": peak,
+            "alone": alone,  # it ran out of memory beside the others, and ran again alone (trainer.side_lock)
+            "span": (round(imported_at, 3), round(began_at, 3), round(time.time(), 3)),  # imports done, began, ended
+        }
         print(json.dumps(result), file=out, flush=True)
 
 
@@ -347,6 +385,7 @@ def main() -> None:
 
     preload(modules())  # what a rank imports ahead; inductor's runtime, which starts the CUDA driver, only on a node
     #                     of one rank (trainer.preload)
+    imported_at = time.time()
     out: IO[str]
     if pool is None:
         job = pickle.loads(sys.stdin.buffer.read())  # from this process's parent, the rank: trusted
@@ -363,7 +402,7 @@ def main() -> None:
             return
         if job.env is not None:  # the rank's (its GPU), but the compile workers this process was given
             os.environ.update({k: v for k, v in job.env.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"})
-        _compile(list(job.configs), job.device_type, out)
+        _compile(list(job.configs), job.device_type, out, imported_at)
     finally:
         out.close()
         if pool is not None:
