@@ -343,7 +343,7 @@ def test_a_group_compiles_its_graphs_ahead_and_trains_as_without(ray_session, tm
     ahead = _run(tmp_path, "ahead", cache="cache", env=report)  # compiling ahead: the default
     first, second = ahead
     said = _compile_reports()
-    one_set = r"[\d.]+ s / [\d.]+ GiB"
+    one_set = r"[\d.]+ s / [\d.]+ GiB \(imports [+-][\d.]+, set [+-][\d.]+ to \+[\d.]+\)"
     two_sets = rf"waited [\d.]+ s for side processes \(each set's seconds / peak memory: {one_set}, {one_set}\)"
     assert len(said) == 1 and re.search(two_sets, said[0]), said
     assert all(r["status"] == "ok" for r in ahead), [r["error"] for r in ahead]
