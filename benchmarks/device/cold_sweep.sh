@@ -136,9 +136,12 @@ case $part in
     threads=$(($(nproc) / 4)) sweep_run current $grids/a-grid.yaml "$results/quarter-cold" quarter
     sweep_run current $grids/a-grid.yaml "$results/threads-cold" threads
     threads=$(($(nproc) / 4)) sweep_run current $grids/a-grid.yaml "$results/again-cold" again ;;
-  report)  # the current tree cold once, with the side processes' seconds and peak memory a set (SWEEP_COMPILE_REPORT)
+  report)  # the current tree cold once, with the side processes' seconds, peak memory and span a set
+    # (SWEEP_COMPILE_REPORT), and what ran beside them: the busiest processes every 2 s into $OUT/ps.log
     report=1
     rm -rf /tmp/cc-current "$results"/*-cold
+    (for _ in $(seq 60); do echo "== $(date +%s.%N) load $(cut -d' ' -f1-3 /proc/loadavg) processes $(ls /proc | grep -c '^[0-9]')"
+       ps -eo pid=,ppid=,pcpu=,etimes=,rss=,args= --sort=-pcpu | head -n 24 | cut -c1-160; sleep 2; done) >"$OUT/ps.log" 2>&1 &
     sweep_run current $grids/a-grid.yaml "$results/current-cold" ;;
   base)  # the base tree alone, cold then warm, on a machine where a current part (prestart) has just run
     rm -rf /tmp/cc-base "$results"/base-*
