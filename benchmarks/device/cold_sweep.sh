@@ -137,11 +137,11 @@ case $part in
     sweep_run current $grids/a-grid.yaml "$results/threads-cold" threads
     threads=$(($(nproc) / 4)) sweep_run current $grids/a-grid.yaml "$results/again-cold" again ;;
   report)  # the current tree cold once, with the side processes' seconds, peak memory and span a set
-    # (SWEEP_COMPILE_REPORT), and what ran beside them: the busiest processes every 2 s into $OUT/ps.log
+    # (SWEEP_COMPILE_REPORT), and what ran beside them: the busiest processes over 1 s, every 2 s, into $OUT/ps.log
     report=1
     rm -rf /tmp/cc-current "$results"/*-cold
     (for _ in $(seq 60); do echo "== $(date +%s.%N) load $(cut -d' ' -f1-3 /proc/loadavg) processes $(ls /proc | grep -c '^[0-9]')"
-       ps -eo pid=,ppid=,pcpu=,etimes=,rss=,args= --sort=-pcpu | head -n 24 | cut -c1-160; sleep 2; done) >"$OUT/ps.log" 2>&1 &
+       top -b -c -n 2 -d 1 -w 200 | awk '/^top -/ {n++} n == 2' | sed -n '7,30p' | cut -c1-200; sleep 1; done) >"$OUT/ps.log" 2>&1 &
     sweep_run current $grids/a-grid.yaml "$results/current-cold" ;;
   base)  # the base tree alone, cold then warm, on a machine where a current part (prestart) has just run
     rm -rf /tmp/cc-base "$results"/base-*
