@@ -18,12 +18,13 @@
 #          packed): cold current then base, warm base then current (a machine taken back between two calls loses
 #          the cold part's caches)
 #   acceptance  in one call, carrying .whl and .base-tree only: current cold, current warm, base cold, base warm (the
-#          deadline stops what does not fit; the current tree's runs first)
+#          deadline stops what does not fit; the current tree's runs first), with `report`'s log and ps.log
 #   threads  the current tree alone, cold three times (A B A), each side process given a quarter of the host's cores
 #          for inductor's compile workers (SWEEP_PRECOMPILE_THREADS; the default before session 30), then every core
 #          (the default since), then a quarter again; the side processes' seconds a set from Ray's worker logs
 #          (SWEEP_COMPILE_REPORT)
-#   report  the current tree cold once, its side processes' seconds and peak memory a set in the log
+#   report  the current tree cold once, its side processes' seconds, peak memory and span a set in the log (from
+#          the first trial's wait), the busiest processes every 2 s in $OUT/ps.log
 #   prestart  the current tree alone (JOB_NEEDS_RESULTS=0, .whl only): cold as it is (rank and side processes started
 #          ahead), cold with them started once placed (prestarted_ranks 0, .../late-cold, its own cache), then warm
 #          the other way round (.../late-warm, .../current-warm)
@@ -68,6 +69,11 @@ PY
   echo "/tmp/$campaign-$1.yaml"
 }
 
+sample_processes() {  # the busiest processes over 1 s, every 2 s for two minutes, into $OUT/ps.log (in the background)
+  (for _ in $(seq 60); do echo "== $(date +%s.%N) load $(cut -d' ' -f1-3 /proc/loadavg) processes $(ls /proc | grep -c '^[0-9]')"
+     top -b -c -n 2 -d 1 -w 200 | awk '/^top -/ {n++} n == 2' | sed -n '7,30p' | cut -c1-200; sleep 1; done) >"$OUT/ps.log" 2>&1 &
+}
+
 status=0
 sweep_run() {  # sweep_run TREE GRID OUTPUT [LABEL [FLAG...]]: `sweep run` of TREE (base or current) with its compile
   # cache /tmp/cc-LABEL (LABEL: TREE unless given) and FLAGs, stopped with SIGINT at the deadline
@@ -90,6 +96,9 @@ sweep_run() {  # sweep_run TREE GRID OUTPUT [LABEL [FLAG...]]: `sweep run` of TR
   echo "== $tree $grid: exit $rc after $((SECONDS - began)) s (driver wall, Ray start included)"
   # the side processes' seconds a set, as the first trial's rank saw them (its stderr: Ray's newest session's logs)
   grep -h "waited .* for side processes" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | tail -n 4
+  # and, with the compile report on, every trial's (its caches' hits and misses, its compile phases) into $OUT
+  [ -z "$report" ] || grep -h -A1 "sweep compile report" /tmp/ray/session_latest/logs/worker-*.err \
+    >"$OUT/compile-report-$(basename "$out").log" 2>/dev/null
   [ $rc -eq 0 ] || [ $rc -eq 3 ] || status=$rc
 }
 
@@ -114,8 +123,11 @@ case $part in
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
     sweep_run base $grids/a-grid.yaml "$results/base-warm"
     sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
-  acceptance)  # one call: the current tree cold then warm, then the base cold then warm (what the deadline leaves)
+  acceptance)  # one call: the current tree cold then warm, then the base cold then warm (what the deadline leaves),
+    # the current tree's compile report on and what ran beside its cold run sampled, as `report` does
+    report=1
     rm -rf /tmp/cc-current /tmp/cc-base "$results"/*-cold "$results"/*-warm
+    sample_processes
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
     sweep_run current $grids/a-grid.yaml "$results/current-warm"
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
@@ -137,11 +149,10 @@ case $part in
     sweep_run current $grids/a-grid.yaml "$results/threads-cold" threads
     threads=$(($(nproc) / 4)) sweep_run current $grids/a-grid.yaml "$results/again-cold" again ;;
   report)  # the current tree cold once, with the side processes' seconds, peak memory and span a set
-    # (SWEEP_COMPILE_REPORT), and what ran beside them: the busiest processes over 1 s, every 2 s, into $OUT/ps.log
+    # (SWEEP_COMPILE_REPORT), and what ran beside them (sample_processes)
     report=1
     rm -rf /tmp/cc-current "$results"/*-cold
-    (for _ in $(seq 60); do echo "== $(date +%s.%N) load $(cut -d' ' -f1-3 /proc/loadavg) processes $(ls /proc | grep -c '^[0-9]')"
-       top -b -c -n 2 -d 1 -w 200 | awk '/^top -/ {n++} n == 2' | sed -n '7,30p' | cut -c1-200; sleep 1; done) >"$OUT/ps.log" 2>&1 &
+    sample_processes
     sweep_run current $grids/a-grid.yaml "$results/current-cold" ;;
   base)  # the base tree alone, cold then warm, on a machine where a current part (prestart) has just run
     rm -rf /tmp/cc-base "$results"/base-*
