@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    from trainer.precompile import PrecompileReport, Sides
+    from trainer.sides import PrecompileReport, Sides
     from trainer.train import Rank
 
 
