@@ -180,6 +180,7 @@ def test_graphs_marked_as_in_the_cache_are_not_compiled_ahead_again(monkeypatch,
 
 
 def test_the_reduced_copy_keeps_what_the_graphs_depend_on():
+    from trainer.loss_graph import SMALL_VOCAB
     from trainer.precompile import REDUCED_LAYERS, reduced
 
     big = dataclasses.replace(
@@ -190,7 +191,9 @@ def test_the_reduced_copy_keeps_what_the_graphs_depend_on():
         ModelSpec.model_validate_json(small.model_spec_json),
         ModelSpec.model_validate_json(big.model_spec_json),
     )
-    assert spec.n_layers == REDUCED_LAYERS and spec.model_copy(update={"n_layers": 6}) == full  # the vocabulary too
+    assert full.vocab_size > SMALL_VOCAB  # the blocks' copy: a cut vocabulary and an eager loss, whose graph is apart
+    assert (spec.n_layers, spec.vocab_size, small.compiled_loss) == (REDUCED_LAYERS, SMALL_VOCAB, False)
+    assert spec.model_copy(update={"n_layers": 6, "vocab_size": full.vocab_size}) == full
     assert (small.warmup_steps, small.measure_steps, small.memory_cap_bytes, small.auto_max, small.profiled) == (
         1,
         1,
@@ -199,8 +202,21 @@ def test_the_reduced_copy_keeps_what_the_graphs_depend_on():
         False,
     )
     assert dataclasses.replace(
-        small, model_spec_json="", warmup_steps="auto", measure_steps="auto"
+        small, model_spec_json="", warmup_steps="auto", measure_steps="auto", compiled_loss=True
     ) == dataclasses.replace(big, model_spec_json="")
+
+
+@pytest.mark.parametrize(
+    "options", [{"loss": "chunked"}, {"fp8_lm_head": True}], ids=["chunked-loss", "fp8-head"]
+)
+def test_a_loss_that_is_not_a_graph_of_its_own_keeps_the_vocabulary_in_the_copy(options):
+    """A chunked loss is computed inside the model, with the head; an FP8 head makes logits no plain head makes."""
+    from trainer.precompile import reduced
+
+    big = dataclasses.replace(config(), options=TrainingOptions(**options))
+    small = reduced(big)
+    assert ModelSpec.model_validate_json(small.model_spec_json).vocab_size == REGISTRY["llama-tiny"].vocab_size
+    assert small.compiled_loss
 
 
 def test_side_processes_one_per_four_cores_none_below_two_and_the_env_decides(monkeypatch):

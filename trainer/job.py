@@ -34,6 +34,8 @@ class TrialConfig:
     seed: int = 3985  # torch.manual_seed of every rank: synthetic data and init are reproducible
     profiled: bool = False  # after the measured steps, a few more under torch.profiler (trainer.profiling)
     auto_max: tuple[int, int] | None = None  # the most warm-up and measured steps `auto` may run (trainer.stopping)
+    compiled_loss: bool = True  # False: the loss runs eagerly where the trial compiles (a side process's copy that
+    #                             compiles the blocks alone: trainer.precompile.reduced)
 
 
 PG_TIMEOUT_S = 120.0  # a trial's process-group timeout: a stuck collective fails instead of waiting NCCL's 10 min

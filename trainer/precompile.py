@@ -71,20 +71,41 @@ MARKS = "sweep-compiled"  # beside inductor's caches: one empty file per set of 
 
 def reduced(config: TrialConfig) -> TrialConfig:
     """`config`'s model cut to REDUCED_LAYERS blocks, one warm-up and one measured step, no memory cap: the same
-    graphs at a fraction of the memory and time."""
+    graphs at a fraction of the memory and time. Where the loss is a graph of its own (`trainer.loss_graph.separable`)
+    the copy compiles the blocks alone: a cut vocabulary and an eager loss (`run_set` compiles the loss's graph
+    apart)."""
+    from trainer.loss_graph import SMALL_VOCAB, separable
     from trainer.models.specs import ModelSpec
 
     spec = ModelSpec.model_validate_json(config.model_spec_json)
-    small = spec.model_copy(update={"n_layers": min(spec.n_layers, REDUCED_LAYERS)})
+    cut: dict[str, int] = {"n_layers": min(spec.n_layers, REDUCED_LAYERS)}
+    if separable(config):
+        cut["vocab_size"] = min(spec.vocab_size, SMALL_VOCAB)
     return dataclasses.replace(
         config,
-        model_spec_json=small.to_json(),
+        model_spec_json=spec.model_copy(update=cut).to_json(),
         warmup_steps=1,
         measure_steps=1,
         memory_cap_bytes=None,
         profiled=False,
         auto_max=None,
+        compiled_loss=not separable(config),
     )
+
+
+def run_set(config: TrialConfig, rank: Rank) -> int | None:
+    """Compile `config`'s graphs into the cache: one step of its `reduced` copy, then its loss's graph where that is
+    apart (`trainer.loss_graph`); the peak memory either took (GPU: reserved), what a trial beside it would leave."""
+    from trainer.loss_graph import run_loss_graph, separable
+    from trainer.release import release
+    from trainer.train import run_trial
+
+    memory = run_trial(reduced(config), rank).memory
+    peak = memory["reserved_mem_bytes"] if rank.device.type == "cuda" else memory["peak_mem_bytes"]
+    if not separable(config):
+        return peak
+    release(rank.device, keep_for=None)
+    return max(peak or 0, run_loss_graph(config, rank.device) or 0)
 
 
 def _cores(node_groups: int) -> int:
@@ -228,7 +249,6 @@ def side_rank(device_type: str) -> Rank:
 def _compile(configs: list[TrialConfig], device_type: str, out: IO[str], imported_at: float) -> None:
     from trainer.release import release
     from trainer.side_lock import device_lock, run_sharing
-    from trainer.train import run_trial
 
     rank = side_rank(device_type)
     device = rank.device
@@ -237,11 +257,9 @@ def _compile(configs: list[TrialConfig], device_type: str, out: IO[str], importe
         error, began, peak, alone = None, time.perf_counter(), None, False
         began_at = time.time()
         try:
-            run = functools.partial(run_trial, reduced(config), rank)
-            measured, alone = run_sharing(run, lock, functools.partial(release, device))
-            memory = measured.memory  # its peak: what a trial beside it would leave room for
-            peak = memory["reserved_mem_bytes"] if device.type == "cuda" else memory["peak_mem_bytes"]
-            del measured
+            peak, alone = run_sharing(
+                functools.partial(run_set, config, rank), lock, functools.partial(release, device)
+            )
         except Exception as e:  # noqa: BLE001 - reported; the trial compiles it itself
             error = f"{config.precision} batch {config.batch_size}: {type(e).__name__}: {e}"[:500]
         else:

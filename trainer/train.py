@@ -147,7 +147,15 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
             model.parameters(), lr=learning_rate(spec.d_embd), fused=rank.device.type == "cuda"
         )
         data = SyntheticData(spec, config, rank.device, rank.data_rank(config.options))
-        step = TrainStep(model, optimizer, plan, data, config.options, compiled=config.compile != "none")
+        step = TrainStep(
+            model,
+            optimizer,
+            plan,
+            data,
+            config.options,
+            compiled=config.compile != "none",
+            compiled_loss=config.compiled_loss,
+        )
         dist.barrier()
         ready_at = time.perf_counter()
         schedule = Schedule(config.warmup_steps, config.measure_steps, config.auto_max)
@@ -232,6 +240,7 @@ class TrainStep:
         options: TrainingOptions,
         *,
         compiled: bool,
+        compiled_loss: bool = True,
     ):
         from torch.distributed.fsdp import FSDPModule
 
@@ -242,7 +251,7 @@ class TrainStep:
         # dispatch override; compiling it is not tried here).
         self.loss_fn = (
             torch.compile(cross_entropy, **compile_kwargs(options.compile_mode))
-            if compiled and options.tp == 1
+            if compiled and compiled_loss and options.tp == 1
             else cross_entropy
         )
         self.loss_context = loss_context(options.tp)  # loss_parallel, for the loss and its backward alike
