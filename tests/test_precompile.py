@@ -161,7 +161,8 @@ def test_two_groups_of_one_node_compile_ahead_no_set_of_graphs_twice_and_share_i
 
     monkeypatch.delenv(precompile.SIDES_ENV, raising=False)
     monkeypatch.setattr(precompile, "usable_cpus", lambda: 32)
-    assert (precompile.side_count(8), precompile.side_count(8, node_groups=2), precompile.side_count(8, 8)) == (8, 4, 0)
+    counts = (precompile.side_count(20), precompile.side_count(20, node_groups=2), precompile.side_count(20, 8))
+    assert counts == (16, 8, 0)  # one per 2 of the node's cores each group may use; none below 8 of them
 
 
 def test_graphs_marked_as_in_the_cache_are_not_compiled_ahead_again(monkeypatch, tmp_path):
@@ -180,8 +181,8 @@ def test_graphs_marked_as_in_the_cache_are_not_compiled_ahead_again(monkeypatch,
 
 
 def test_the_reduced_copy_keeps_what_the_graphs_depend_on():
-    from trainer.loss_graph import SMALL_VOCAB
     from trainer.precompile import REDUCED_LAYERS, reduced
+    from trainer.side_sets import SMALL_VOCAB
 
     big = dataclasses.replace(
         config(), model_spec_json=REGISTRY["llama-tiny"].model_copy(update={"n_layers": 6}).to_json()
@@ -206,9 +207,7 @@ def test_the_reduced_copy_keeps_what_the_graphs_depend_on():
     ) == dataclasses.replace(big, model_spec_json="")
 
 
-@pytest.mark.parametrize(
-    "options", [{"loss": "chunked"}, {"fp8_lm_head": True}], ids=["chunked-loss", "fp8-head"]
-)
+@pytest.mark.parametrize("options", [{"loss": "chunked"}, {"fp8_lm_head": True}], ids=["chunked-loss", "fp8-head"])
 def test_a_loss_that_is_not_a_graph_of_its_own_keeps_the_vocabulary_in_the_copy(options):
     """A chunked loss is computed inside the model, with the head; an FP8 head makes logits no plain head makes."""
     from trainer.precompile import reduced
@@ -219,14 +218,14 @@ def test_a_loss_that_is_not_a_graph_of_its_own_keeps_the_vocabulary_in_the_copy(
     assert small.compiled_loss
 
 
-def test_side_processes_one_per_four_cores_none_below_two_and_the_env_decides(monkeypatch):
+def test_side_processes_one_per_two_cores_none_below_eight_and_the_env_decides(monkeypatch):
     from trainer import precompile
 
     monkeypatch.delenv(precompile.SIDES_ENV, raising=False)
     monkeypatch.setattr(precompile, "usable_cpus", lambda: 16)
-    assert (precompile.side_count(8), precompile.side_count(3)) == (4, 3)
+    assert (precompile.side_count(9), precompile.side_count(3)) == (8, 3)
     monkeypatch.setattr(precompile, "usable_cpus", lambda: 7)
-    assert precompile.side_count(8) == 0  # one side process compiling everything: slower than the trial itself
+    assert precompile.side_count(8) == 0  # a few processes compiling everything: slower than the trial itself
     monkeypatch.setenv(precompile.SIDES_ENV, "1")
     assert precompile.side_count(8) == 1
     monkeypatch.setenv(precompile.SIDES_ENV, "0")
@@ -360,10 +359,11 @@ def test_a_group_compiles_its_graphs_ahead_and_trains_as_without(ray_session, tm
     first, second = ahead
     said = _compile_reports()
     one_set = r"[\d.]+ s / [\d.]+ GiB \(imports [+-][\d.]+, set [+-][\d.]+ to \+[\d.]+\)"
-    two_sets = rf"waited [\d.]+ s for side processes \(each set's seconds / peak memory: {one_set}, {one_set}\)"
-    assert len(said) == 1 and re.search(two_sets, said[0]), said
+    four_sets = rf"waited [\d.]+ s for side processes \(each set's seconds / peak memory: {', '.join([one_set] * 4)}\)"
+    assert len(said) == 1 and re.search(four_sets, said[0]), said
     assert all(r["status"] == "ok" for r in ahead), [r["error"] for r in ahead]
-    assert first["precompile_s"] > 0 and first["precompiled_graphs"] == 2  # its own graphs and the other precision's
+    # its own blocks and the other precision's, then each one's loss (fp32's logits and bf16's: two graphs)
+    assert first["precompile_s"] > 0 and first["precompiled_graphs"] == 4
     assert second["precompile_s"] is None and second["actor_reused"]
     # every graph each trial ran (blocks and loss, forward and backward) came from the cache
     assert [(r["compile_cache_hits"], r["compile_cache_misses"]) for r in ahead] == [(4, 0), (4, 0)]

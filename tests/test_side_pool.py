@@ -18,6 +18,7 @@ from clusters import load_profile
 from sweep.execution.prestart import Prestart
 from sweep.record import store
 from trainer import precompile, side_pool
+from trainer.side_sets import SideSet
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def test_side_processes_given_their_graphs_as_they_start_are_waited_for_by_the_f
 ):
     folder, spawn = pool
     given, started, left = (config("no-such-recipe", n, dynamic=False) for n in (2, 4, 6))
-    (handed,) = spawn(1, jobs=(side_pool.SideJob((given,), "cpu"),))
+    (handed,) = spawn(1, jobs=(side_pool.SideJob((SideSet(given),), "cpu"),))
     assert (folder / f"given-{handed.pid}").exists() and side_pool.claim(folder, 1) == []  # not a free one
     monkeypatch.setenv(side_pool.FOLDER_ENV, str(folder))
     monkeypatch.setenv(precompile.SIDES_ENV, "1")
@@ -122,7 +123,7 @@ def _jobs(profile: Path, graphs: tuple) -> tuple:
     assert prestart is not None
     prestart.close()
     assert all(job.device_type == "cpu" and job.env is None for job in prestart.jobs)
-    return tuple(job.configs for job in prestart.jobs)
+    return tuple(tuple((item.config, item.part) for item in job.sets) for job in prestart.jobs)
 
 
 def test_the_run_starts_side_processes_for_the_graphs_its_cache_lacks(tmp_path, monkeypatch):
@@ -132,8 +133,14 @@ def test_the_run_starts_side_processes_for_the_graphs_its_cache_lacks(tmp_path, 
 
     with_env = _profile(tmp_path, prestarted_ranks=1, env={precompile.SIDES_ENV: "2"}, compile_cache=str(tmp_path))
     assert _sides(with_env, graphs) == 2
-    # one rank a node: they are given the graphs as they start, shared as the rank would share them
-    assert _jobs(with_env, graphs) == ((graphs[0], graphs[2]), (graphs[1],))
+    # one rank a node: they are given the graphs as they start, shared as the rank would share them: each trial's
+    # blocks, the first's first, then the losses (trainer.side_sets)
+    bf16, fp32, static = graphs
+    shared = (
+        ((bf16, "blocks"), (static, "blocks"), (fp32, "loss")),
+        ((fp32, "blocks"), (bf16, "loss"), (static, "loss")),
+    )
+    assert _jobs(with_env, graphs) == shared
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     for c in graphs[:2]:
         precompile.mark(c)
@@ -171,6 +178,7 @@ def test_a_first_trial_takes_the_side_processes_the_run_started_ahead(tmp_path, 
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
     first, second = rows
     # one rank a node: the side process was given the graphs as it started, not once the rank was placed
-    assert (first["precompiled_graphs"], first["precompile_sides_ahead"], first["precompile_sides_given"]) == (2, 1, 1)
+    # (four sets: each precision's blocks and its loss)
+    assert (first["precompiled_graphs"], first["precompile_sides_ahead"], first["precompile_sides_given"]) == (4, 1, 1)
     assert first["imported_before_placement"] is True and second["precompile_sides_ahead"] is None
     assert [(r["compile_cache_hits"], r["compile_cache_misses"]) for r in rows] == [(4, 0), (4, 0)]

@@ -6,7 +6,8 @@ batch) and the loss's (`trainer.train.cross_entropy` over the logits: the batch,
 side process's copy of the trial needs the whole vocabulary for the loss's graph, and with it the embedding's and the
 head's training state and the logits and their gradient: most of its 24-30 GiB on the cold-sweep grid's 2.5 B model
 (151,936 tokens, T 4096; benchmarks/RESULTS.md "Cold sweep"). So the copy that compiles the blocks has a cut
-vocabulary and an eager loss (`trainer.precompile.reduced`), and the loss's graph is compiled here, on logits made as
+vocabulary and an eager loss (`trainer.precompile.reduced`), and the loss's graph is compiled here (in another side
+process: `trainer.side_sets`), on logits made as
 the trial's model makes them: the shape, the dtype (the head under the precision's context), the batch dimension
 marked as the trial marks it (`TrainStep._forward`), the labels from the trial's own data.
 """
@@ -23,28 +24,6 @@ from trainer.models.specs import ModelSpec
 from trainer.parallelize import compile_kwargs, mark_batch_dynamic
 from trainer.precision import precision_plan
 from trainer.train import cross_entropy
-
-SMALL_VOCAB = 256
-"""The vocabulary of a side process's block copy: the blocks' graphs never see it (the embedding's output is their
-input, the head is outside them), and a multiple of 16 keeps every FP8 recipe's shape rules."""
-
-
-def separable(config: TrialConfig) -> bool:
-    """Whether `config`'s loss is a graph of its own, apart from its blocks: `regional` compile of torch's layers on one
-    rank, the loss after the head (not `loss: chunked`, which fuses the head into the loss inside the model), the head
-    in the precision's compute dtype (not `fp8_lm_head`) and no tensor parallelism (its loss runs eagerly)."""
-    from trainer.recipes import RECIPES
-
-    recipe = RECIPES.get(config.precision)
-    options = config.options
-    return (
-        recipe is not None
-        and recipe.layers == "torch"
-        and config.compile == "regional"
-        and options.loss != "chunked"
-        and not options.fp8_lm_head
-        and options.tp == 1
-    )
 
 
 def run_loss_graph(config: TrialConfig, device: torch.device) -> int | None:

@@ -4,18 +4,19 @@ A first sweep of a model compiles each of its graphs (a precision; a batch size,
 group reaches the trial: 11-20 s each on an H200, one after the other (benchmarks/RESULTS.md "Cold sweep"). That is
 CPU work (dynamo's and AOTAutograd's tracing, inductor's code generation, Triton's compiler) on a host with cores to
 spare. So a fresh group's first rank job names the group's distinct graphs (`trainer.job.compile_ahead`), and the
-rank starts side processes for them (`start`) before its own imports; each side process runs one step of a reduced
-copy of each trial it was given. What they compile lands in inductor's on-disk caches (the FX graph cache and
-Triton's kernels, under the profile's compile_cache), where every trial of the group then finds its blocks' graphs:
-its first step loads them instead of generating them.
+rank starts side processes for them (`start`) before its own imports, each given sets of them (a trial's blocks,
+its loss: `trainer.side_sets`). What they compile lands in inductor's on-disk caches (the FX graph cache and
+Triton's kernels, under the profile's compile_cache), where every trial of the group then finds its graphs: its
+first step loads them instead of generating them.
 
-The copy (`reduced`) keeps everything a block's graph and the compiled loss's depend on (dims, vocabulary,
-precision, ac, compile mode, sequence, batch, options) and has REDUCED_LAYERS blocks: regional compile makes one graph
-of every block, and two cover `ac: selective`'s checkpointed and plain blocks. A side process so needs the memory of
-two blocks' activations and of the logits (a cut vocabulary saved that but left the loss's graphs to each trial:
-~2 s each on an H200), and of the copy's training state: 24-30 GiB each for the cold-sweep grid's 2.5 B model with
-its 151,936-token vocabulary at T 4096 (reported per set, `trainer.sides.PrecompileReport`; benchmarks/RESULTS.md
-"Cold sweep", session 30); a set that runs out of memory beside the others runs again alone (`trainer.side_lock`).
+A trial's blocks are compiled by one step of a copy (`reduced`) that keeps everything a block's graph depends on
+(dims, precision, ac, compile mode, sequence, batch, options) and has REDUCED_LAYERS blocks: regional compile makes
+one graph of every block, and two cover `ac: selective`'s checkpointed and plain blocks. Where the loss is a graph of
+its own, the copy has a cut vocabulary and an eager loss, and the loss is another set (`trainer.loss_graph`): the
+whole-vocabulary copy held 24-30 GiB a side on the cold-sweep grid's 2.5 B model (151,936 tokens, T 4096), most of
+it the embedding's and head's training state and the logits; apart, 9.3-13.9 GiB (session 32; each set's peak is in
+`trainer.sides.PrecompileReport`, benchmarks/RESULTS.md "Cold sweep"). A set that runs out of memory beside the
+others runs again alone (`trainer.side_lock`).
 Each side process may use every core of the rank's share of the host for inductor's compile workers
 (TORCHINDUCTOR_COMPILE_THREADS, which inductor leaves out of its cache key; `side_threads`).
 
@@ -23,7 +24,7 @@ The rank waits for its side processes (`Sides.wait`) after its imports and proce
 model: they never share the GPU's memory with a trial, nor its time with a measured step, and the wait is part of
 the first trial's wall (its row's precompile_s, counted as compile by `sweep.record.cost`). A side process that
 fails costs only its time: each trial compiles what it does not find. Run as `python -m trainer.precompile` with
-its job (a pickled `trainer.side_pool.SideJob`) on stdin, one JSON line per config on stdout; or started ahead, by
+its job (a pickled `trainer.side_pool.SideJob`) on stdin, one JSON line per set on stdout; or started ahead, by
 the run, as `python -m trainer.precompile --pool FOLDER` (`trainer.side_pool`), which a rank takes before starting
 its own (on a node of one rank, given the run's graphs as it starts: compiling before the rank is placed).
 
@@ -57,13 +58,15 @@ from clusters.schema import usable_cpus
 from trainer import side_pool
 from trainer.job import TrialConfig, compiled_graphs
 from trainer.side_pool import PooledSide, SideJob
+from trainer.side_sets import SMALL_VOCAB, Part, SideSet, loss_key, separable, side_sets
 from trainer.sides import PipedSide, Sides
 
 if TYPE_CHECKING:
     from trainer.train import Rank
 
 REDUCED_LAYERS = 2
-CPUS_PER_SIDE = 4  # one side process per 4 of the host's cores: its own code generation and Triton's workers
+CPUS_PER_SIDE = 2  # one side process per 2 of the host's cores: its serial compile and bursts of Triton's workers
+MIN_CORES = 8  # a rank's share of the host below which no side process compiles ahead (`side_count`)
 SIDES_ENV = "SWEEP_PRECOMPILE_SIDES"  # side processes per rank, when set (a profile's env): 0 turns them off
 THREADS_ENV = "SWEEP_PRECOMPILE_THREADS"  # inductor's compile workers per side process, when set (a profile's env)
 MARKS = "sweep-compiled"  # beside inductor's caches: one empty file per set of graphs compiled into them
@@ -71,10 +74,8 @@ MARKS = "sweep-compiled"  # beside inductor's caches: one empty file per set of 
 
 def reduced(config: TrialConfig) -> TrialConfig:
     """`config`'s model cut to REDUCED_LAYERS blocks, one warm-up and one measured step, no memory cap: the same
-    graphs at a fraction of the memory and time. Where the loss is a graph of its own (`trainer.loss_graph.separable`)
-    the copy compiles the blocks alone: a cut vocabulary and an eager loss (`run_set` compiles the loss's graph
-    apart)."""
-    from trainer.loss_graph import SMALL_VOCAB, separable
+    graphs at a fraction of the memory and time. Where the loss is a graph of its own (`trainer.side_sets.separable`)
+    the copy compiles the blocks alone: a cut vocabulary and an eager loss (its loss is a set of its own)."""
     from trainer.models.specs import ModelSpec
 
     spec = ModelSpec.model_validate_json(config.model_spec_json)
@@ -93,19 +94,18 @@ def reduced(config: TrialConfig) -> TrialConfig:
     )
 
 
-def run_set(config: TrialConfig, rank: Rank) -> int | None:
-    """Compile `config`'s graphs into the cache: one step of its `reduced` copy, then its loss's graph where that is
-    apart (`trainer.loss_graph`); the peak memory either took (GPU: reserved), what a trial beside it would leave."""
-    from trainer.loss_graph import run_loss_graph, separable
-    from trainer.release import release
+def run_set(item: SideSet, rank: Rank) -> int | None:
+    """Compile one set of graphs into the cache: a step of its trial's `reduced` copy (its blocks, or all of it), or
+    its loss's graph (`trainer.loss_graph`); the peak memory that took (GPU: reserved), what a trial beside it would
+    leave."""
+    if item.part == "loss":
+        from trainer.loss_graph import run_loss_graph
+
+        return run_loss_graph(item.config, rank.device)
     from trainer.train import run_trial
 
-    memory = run_trial(reduced(config), rank).memory
-    peak = memory["reserved_mem_bytes"] if rank.device.type == "cuda" else memory["peak_mem_bytes"]
-    if not separable(config):
-        return peak
-    release(rank.device, keep_for=None)
-    return max(peak or 0, run_loss_graph(config, rank.device) or 0)
+    memory = run_trial(reduced(item.config), rank).memory
+    return memory["reserved_mem_bytes"] if rank.device.type == "cuda" else memory["peak_mem_bytes"]
 
 
 def _cores(node_groups: int) -> int:
@@ -113,15 +113,18 @@ def _cores(node_groups: int) -> int:
     return max(1, usable_cpus() // max(1, node_groups))
 
 
-def side_count(graphs: int, node_groups: int = 1, given: str | None = None) -> int:
-    """How many side processes compile `graphs` sets of graphs: SIDES_ENV if set, else one per CPUS_PER_SIDE of this
-    rank's share of the host's cores (`_cores`), and none below two (fewer cores than 2 x CPUS_PER_SIDE: compiling is
-    CPU work, and one process compiling everything ahead, then the trial loading it, takes longer than the trial
-    compiling it: 60 against 46 s for two graphs on a 2-core host); never more than `graphs`. `given`: SIDES_ENV's
-    value in the ranks' environment, where that is not this process's (the driver's)."""
+def side_count(sets: int, node_groups: int = 1, given: str | None = None) -> int:
+    """How many side processes compile `sets` sets of graphs (`trainer.side_sets`): SIDES_ENV if set, else one per
+    CPUS_PER_SIDE of this rank's share of the host's cores (`_cores`), and none below MIN_CORES (compiling is CPU
+    work, and one process compiling everything ahead, then the trial loading it, takes longer than the trial compiling
+    it: 60 against 46 s for two graphs on a 2-core host); never more than `sets`. A side process's compile is mostly
+    serial Python: four of them kept about one core each busy of an H100 host's 16, and its load stayed under 6
+    (benchmarks/RESULTS.md "Cold sweep", session 32). `given`: SIDES_ENV's value in the ranks' environment, where that
+    is not this process's (the driver's)."""
     given = os.environ.get(SIDES_ENV) if given is None else given
-    n = int(given) if given else _cores(node_groups) // CPUS_PER_SIDE
-    return min(graphs, n if given or n >= 2 else 0)
+    cores = _cores(node_groups)
+    n = int(given) if given else (cores // CPUS_PER_SIDE if cores >= MIN_CORES else 0)
+    return min(sets, n)
 
 
 def side_threads(node_groups: int, given: str | None = None) -> int:
@@ -166,17 +169,27 @@ def _torch_version() -> str | None:
         return None
 
 
-def _mark_path(config: TrialConfig, env: Mapping[str, str] = os.environ) -> Path:
-    """Where the mark of `config`'s graphs lies: beside inductor's caches (of a process with environment `env`),
-    named by the graphs and torch's version (which those caches' keys hold)."""
-    key = repr((compiled_graphs(config), _torch_version())).encode()
+def _mark_path(config: TrialConfig, env: Mapping[str, str] = os.environ, part: Part = "whole") -> Path:
+    """Where the mark of `config`'s graphs (or of its blocks or its loss: `trainer.side_sets`) lies: beside inductor's
+    caches (of a process with environment `env`), named by the graphs and torch's version (which those caches' keys
+    hold)."""
+    graphs = loss_key(config) if part == "loss" else compiled_graphs(config)
+    key = repr((graphs, _torch_version()) if part == "whole" else (graphs, part, _torch_version())).encode()
     return Path(_inductor_cache_dir(env)) / MARKS / hashlib.sha256(key).hexdigest()[:32]
 
 
-def mark(config: TrialConfig) -> None:
-    """Say that `config`'s graphs are in the cache now (a side process or a trial compiled them). A cache folder
-    that cannot be written costs only the marks: the next group compiles those graphs ahead again."""
-    path = _mark_path(config)
+def _marked(config: TrialConfig, env: Mapping[str, str]) -> bool:
+    """Whether marks say all of `config`'s graphs are in the cache: a trial's mark, or its blocks' and its loss's."""
+    if _mark_path(config, env).exists():
+        return True
+    return separable(config) and all(_mark_path(config, env, part).exists() for part in ("blocks", "loss"))
+
+
+def mark(config: TrialConfig, part: Part = "whole") -> None:
+    """Say that `config`'s graphs (or its `part` of them) are in the cache now (a side process or a trial compiled
+    them). A cache folder that cannot be written costs only the marks: the next group compiles those graphs ahead
+    again."""
+    path = _mark_path(config, part=part)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
@@ -188,13 +201,14 @@ def unmarked(configs: tuple[TrialConfig, ...], env: Mapping[str, str] = os.envir
     """The configs whose graphs no mark says are in the cache (of a process with environment `env`); none when only
     one is left (compiling a single set ahead saves nothing: the first trial would wait for it as long as its trial
     takes to compile it)."""
-    left = tuple(c for c in configs if not _mark_path(c, env).exists())
+    left = tuple(c for c in configs if not _marked(c, env))
     return left if len(left) > 1 else ()
 
 
 def start(configs: tuple[TrialConfig, ...], device_type: str, node_groups: int = 1) -> Sides | None:
-    """Side processes compiling the graphs of `configs` (`reduced`) that are not `unmarked` in the cache, `side_count`
-    of them, each given every n-th config: the first config, the rank's own first trial, goes first. Those the run
+    """Side processes compiling the graphs of `configs` that are not `unmarked` in the cache, as sets (a trial's
+    blocks, its loss: `trainer.side_sets`), `side_count` of them, each given every n-th set: the first, the rank's own
+    first trial's blocks, goes first. Those the run
     started ahead and gave their graphs (trainer.side_pool.claim_given) are taken whatever `configs` (this rank waits
     for them: they compile on its GPU), and their graphs left out; then those started ahead and waiting; the rest
     start now. None when there are to be none. `node_groups`: the one-rank groups of this node, whose side
@@ -202,12 +216,12 @@ def start(configs: tuple[TrialConfig, ...], device_type: str, node_groups: int =
     pool = os.environ.get(side_pool.FOLDER_ENV)
     handed = side_pool.claim_given(Path(pool)) if pool else []  # compiling since the run started them
     jobs = [job for side in handed if (job := side.job()) is not None]
-    covered = {compiled_graphs(c) for job in jobs for c in job.configs}
-    configs = unmarked(tuple(c for c in configs if compiled_graphs(c) not in covered))
-    n = side_count(len(configs), node_groups)
+    covered = {compiled_graphs(item.config) for job in jobs for item in job.sets}
+    sets = side_sets(unmarked(tuple(c for c in configs if compiled_graphs(c) not in covered)))
+    n = side_count(len(sets), node_groups)
     if n <= 0 and not handed:
         return None
-    shares = [configs[i::n] for i in range(max(n, 0))]
+    shares = [sets[i::n] for i in range(max(n, 0))]
     taken = side_pool.claim(Path(pool), n) if pool and n > 0 else []
     for side, share in zip(taken, shares):
         side.give(SideJob(share, device_type, dict(os.environ)))
@@ -223,7 +237,7 @@ def start(configs: tuple[TrialConfig, ...], device_type: str, node_groups: int =
         )
         given.close()  # the side has its own descriptor
         sides.append(PipedSide(proc, log))
-    return Sides(sides, len(covered) + len(configs))
+    return Sides(sides, sum(len(job.sets) for job in jobs) + len(sets))
 
 
 def _die_with_parent() -> None:
@@ -246,24 +260,25 @@ def side_rank(device_type: str) -> Rank:
     return Rank(device=device, mesh=init_device_mesh(device.type, (1,)))
 
 
-def _compile(configs: list[TrialConfig], device_type: str, out: IO[str], imported_at: float) -> None:
+def _compile(sets: list[SideSet], device_type: str, out: IO[str], imported_at: float) -> None:
     from trainer.release import release
     from trainer.side_lock import device_lock, run_sharing
 
     rank = side_rank(device_type)
     device = rank.device
     lock = device_lock(device.type, device.index)
-    for config in configs:
+    for item in sets:
+        config = item.config
         error, began, peak, alone = None, time.perf_counter(), None, False
         began_at = time.time()
         try:
-            peak, alone = run_sharing(
-                functools.partial(run_set, config, rank), lock, functools.partial(release, device)
-            )
+            run = functools.partial(run_set, item, rank)
+            peak, alone = run_sharing(run, lock, functools.partial(release, device))
         except Exception as e:  # noqa: BLE001 - reported; the trial compiles it itself
-            error = f"{config.precision} batch {config.batch_size}: {type(e).__name__}: {e}"[:500]
+            part = "" if item.part == "whole" else f" ({item.part})"
+            error = f"{config.precision} batch {config.batch_size}{part}: {type(e).__name__}: {e}"[:500]
         else:
-            mark(config)
+            mark(config, item.part)
         release(device)
         seconds = round(time.perf_counter() - began, 2)
         result = {
@@ -271,6 +286,7 @@ def _compile(configs: list[TrialConfig], device_type: str, out: IO[str], importe
             "error": error,
             "seconds": seconds,
             "peak_bytes": peak,
+            "part": item.part,
             "alone": alone,  # it ran out of memory beside the others, and ran again alone (trainer.side_lock)
             "span": (round(imported_at, 3), round(began_at, 3), round(time.time(), 3)),  # imports done, began, ended
         }
@@ -298,12 +314,12 @@ def main() -> None:
         job, out = waited, side_pool.results(pool)
     try:
         if job.env is not None and started_too_early(device_started()):  # its GPU might not be the rank's
-            for _ in job.configs:
+            for _ in job.sets:
                 print(json.dumps({"ok": False, "error": "a side process started ahead started CUDA early"}), file=out)
             return
         if job.env is not None:  # the rank's (its GPU), but the compile workers this process was given
             os.environ.update({k: v for k, v in job.env.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"})
-        _compile(list(job.configs), job.device_type, out, imported_at)
+        _compile(list(job.sets), job.device_type, out, imported_at)
     finally:
         out.close()
         if pool is not None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from trainer.job import TrialConfig
+from trainer.side_sets import SideSet
 
 FOLDER_ENV = "SWEEP_SIDE_POOL"  # where the waiting side processes are: set in the ranks' environment
 POLL_S = 0.01  # how often a waiting side process looks for its job, and a rank for a side process's end
@@ -42,8 +42,8 @@ POLL_S = 0.01  # how often a waiting side process looks for its job, and a rank 
 class SideJob:
     """What a rank gives one side process."""
 
-    configs: tuple[TrialConfig, ...]
-    """The trials whose graphs it compiles (`trainer.precompile.reduced` copies of them), in order."""
+    sets: tuple[SideSet, ...]
+    """The sets of graphs it compiles (a trial's blocks, its loss, or both: `trainer.side_sets`), in order."""
     device_type: str
     """'cuda' or 'cpu': the rank's."""
     env: Mapping[str, str] | None = None

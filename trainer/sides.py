@@ -25,7 +25,7 @@ class PrecompileReport:
     """What the side processes of one rank did, as its first trial saw it."""
 
     waited_s: float  # how long the trial waited for them after its own imports and process group
-    graphs: int  # sets of graphs (trials) they were given
+    graphs: int  # sets of graphs they were given (a trial's blocks, its loss, or both: trainer.side_sets)
     compiled: int  # of those, compiled without an error
     errors: tuple[str, ...] = ()  # one line per failure: the trial compiles those graphs itself
     ahead: int = 0  # of its side processes, those started ahead (trainer.side_pool)

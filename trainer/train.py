@@ -147,15 +147,8 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
             model.parameters(), lr=learning_rate(spec.d_embd), fused=rank.device.type == "cuda"
         )
         data = SyntheticData(spec, config, rank.device, rank.data_rank(config.options))
-        step = TrainStep(
-            model,
-            optimizer,
-            plan,
-            data,
-            config.options,
-            compiled=config.compile != "none",
-            compiled_loss=config.compiled_loss,
-        )
+        compiled = {"compiled": config.compile != "none", "compiled_loss": config.compiled_loss}
+        step = TrainStep(model, optimizer, plan, data, config.options, **compiled)
         dist.barrier()
         ready_at = time.perf_counter()
         schedule = Schedule(config.warmup_steps, config.measure_steps, config.auto_max)

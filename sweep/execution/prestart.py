@@ -37,6 +37,7 @@ from trainer import side_pool
 from trainer.job import TrialConfig
 from trainer.precompile import SIDES_ENV, THREADS_ENV, side_count, side_env, side_threads, unmarked
 from trainer.preload import MARKS_ENV, ONE_DEVICE_ENV
+from trainer.side_sets import side_sets
 
 # A rank process imports in 9-13 s on an H200 host and ~5 s on a 2-core CPU (RESULTS.md "Cold sweep"); past this the
 # first group is placed anyway, and waits for its processes inside its placement as it would without them.
@@ -85,7 +86,7 @@ class Prestart:
         if not count:
             return None
         env = {name: os.path.expandvars(value) for name, value in rank_env(profile).items()}
-        left = unmarked(tuple(graphs), {**os.environ, **env})
+        left = side_sets(unmarked(tuple(graphs), {**os.environ, **env}))
         per_group = side_count(len(left), node_groups, given=env.get(SIDES_ENV))
         sides = min(len(left), per_group * node_groups)
         jobs: tuple[side_pool.SideJob, ...] = ()

@@ -253,8 +253,8 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     (
         "precompiled_graphs",
         pa.int32(),
-        "of the group's sets of graphs (one per precision, and per batch size unless symbolic) compiled ahead, "
-        "how many compiled; null as precompile_s",
+        "of the group's sets of graphs compiled ahead (each precision's, and batch size's unless symbolic: its "
+        "blocks and, where the loss is a graph of its own, its loss apart), how many compiled; null as precompile_s",
     ),
     (
         "precompile_sides_ahead",
