@@ -6,9 +6,10 @@ loss's (`trainer.train.cross_entropy` over the logits: the batch, the sequence, 
 process, one after the other, made the slowest trial's set (torchao rowwise, 30-31 s on an H100 host) the floor of a
 cold sweep's first wait, while each side process used about one of the host's 16 cores (its compile is serial Python;
 benchmarks/RESULTS.md "Cold sweep", session 32). So where the loss is a graph of its own (`separable`) a trial is two
-sets, compiled by different side processes: its blocks, on a copy with a cut vocabulary (SMALL_VOCAB) and an eager
-loss, and its loss, on logits made as the trial's head makes them (`trainer.loss_graph`); trials whose loss graph is
-the same (`loss_key`: a symbolic batch's bf16 and torchao recipes) share one.
+sets, which side processes may compile apart (`trainer.precompile.start` gives each every n-th set): its blocks, on a
+copy with a cut vocabulary (SMALL_VOCAB) and an eager loss, and its loss, on logits made as the trial's head makes
+them (`trainer.loss_graph`); trials whose loss graph is the same (`loss_key`: a symbolic batch's bf16 and torchao
+recipes) share one.
 """
 
 from __future__ import annotations
