@@ -6,10 +6,10 @@ batch) and the loss's (`trainer.train.cross_entropy` over the logits: the batch,
 side process's copy of the trial needs the whole vocabulary for the loss's graph, and with it the embedding's and the
 head's training state and the logits and their gradient: most of its 24-30 GiB on the cold-sweep grid's 2.5 B model
 (151,936 tokens, T 4096; benchmarks/RESULTS.md "Cold sweep"). So the copy that compiles the blocks has a cut
-vocabulary and an eager loss (`trainer.precompile.reduced`), and the loss's graph is compiled here (in another side
-process: `trainer.side_sets`), on logits made as
-the trial's model makes them: the shape, the dtype (the head under the precision's context), the batch dimension
-marked as the trial marks it (`TrainStep._forward`), the labels from the trial's own data.
+vocabulary and an eager loss (`trainer.precompile.reduced`), and the loss's graph is compiled here, as a set of its
+own (`trainer.side_sets`), on logits made as the trial's model makes them: the shape, the dtype (the head under the
+precision's context), the batch dimension marked as the trial marks it (`TrainStep._forward`), the labels from the
+trial's own data. The whole-vocabulary copy held 24-30 GiB a side; apart, the largest set 13.9 GiB (session 32).
 """
 
 from __future__ import annotations
