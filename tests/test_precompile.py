@@ -381,3 +381,14 @@ def test_a_group_compiles_its_graphs_ahead_and_trains_as_without(ray_session, tm
     assert all(r["precompile_s"] is None and r["compile_cache_misses"] == 4 for r in alone)
     for a, b in zip(ahead, alone):
         assert (a["precision"], a["loss_curve"]) == (b["precision"], b["loss_curve"])
+
+
+@pytest.mark.integration
+def test_static_batches_compile_their_blocks_and_losses_apart_and_each_trial_finds_them(ray_session, tmp_path):
+    """`dynamic_batch: false`: each batch size is its own blocks and its own loss (logits of its own shape), four sets
+    (trainer.side_sets); both trials find every graph in the cache."""
+    rows = _run(tmp_path, "static", cache="cache", precisions=["bf16"], batch_sizes=[2, 3], dynamic_batch=False)
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+    first, second = rows
+    assert (first["batch_size"], first["precompiled_graphs"], second["precompile_s"]) == (2, 4, None)
+    assert [(r["compile_cache_hits"], r["compile_cache_misses"]) for r in rows] == [(4, 0), (4, 0)]
