@@ -29,12 +29,13 @@ T = TypeVar("T")
 
 def device_lock(device_type: str, index: int | None = None) -> Path:
     """The lock file of a device, the same in every process that uses it: a GPU's by its UUID (Ray's
-    CUDA_VISIBLE_DEVICES numbers a GPU differently in a rank and in a process the driver started), a CPU's by user
-    (its ranks share the host's memory)."""
+    CUDA_VISIBLE_DEVICES numbers a GPU differently in a rank and in a process the driver started; a build whose
+    device properties lack it, by name and numbering), a CPU's by user (its ranks share the host's memory)."""
     if device_type == "cuda":
         import torch
 
-        name = str(torch.cuda.get_device_properties(index or 0).uuid)
+        props = torch.cuda.get_device_properties(index or 0)
+        name = str(getattr(props, "uuid", None) or f"{props.name}-{os.environ.get('CUDA_VISIBLE_DEVICES')}-{index}")
     else:
         name = f"{device_type}-{os.getuid()}"
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
