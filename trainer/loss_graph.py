@@ -26,9 +26,8 @@ from trainer.precision import precision_plan
 from trainer.train import cross_entropy
 
 
-def run_loss_graph(config: TrialConfig, device: torch.device) -> int | None:
-    """One forward and backward of `config`'s compiled loss (one micro-batch); the peak memory it took (GPU: reserved,
-    as a trial's row says it)."""
+def run_loss_graph(config: TrialConfig, device: torch.device) -> dict:
+    """One forward and backward of `config`'s compiled loss (one micro-batch); its peak memory (`peak_stats`)."""
     spec = ModelSpec.model_validate_json(config.model_spec_json)
     plan = precision_plan(config.precision, device_type=device.type, sharded=False, options=config.options)
     tokens, labels = SyntheticData(spec, config, device, 0).micro_batch(0)
@@ -41,5 +40,4 @@ def run_loss_graph(config: TrialConfig, device: torch.device) -> int | None:
         mark_batch_dynamic(tokens, labels)
         mark_batch_dynamic(logits)
     (loss_fn(logits, labels) / config.options.grad_accum).backward()
-    memory = peak_stats(device)
-    return memory["reserved_mem_bytes"] if device.type == "cuda" else memory["peak_mem_bytes"]
+    return peak_stats(device)

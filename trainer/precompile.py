@@ -79,8 +79,9 @@ def reduced(config: TrialConfig) -> TrialConfig:
     from trainer.models.specs import ModelSpec
 
     spec = ModelSpec.model_validate_json(config.model_spec_json)
+    blocks_alone = separable(config)
     cut: dict[str, int] = {"n_layers": min(spec.n_layers, REDUCED_LAYERS)}
-    if separable(config):
+    if blocks_alone:
         cut["vocab_size"] = min(spec.vocab_size, SMALL_VOCAB)
     return dataclasses.replace(
         config,
@@ -90,7 +91,7 @@ def reduced(config: TrialConfig) -> TrialConfig:
         memory_cap_bytes=None,
         profiled=False,
         auto_max=None,
-        compiled_loss=not separable(config),
+        compiled_loss=not blocks_alone,
     )
 
 
@@ -101,10 +102,11 @@ def run_set(item: SideSet, rank: Rank) -> int | None:
     if item.part == "loss":
         from trainer.loss_graph import run_loss_graph
 
-        return run_loss_graph(item.config, rank.device)
-    from trainer.train import run_trial
+        memory = run_loss_graph(item.config, rank.device)
+    else:
+        from trainer.train import run_trial
 
-    memory = run_trial(reduced(item.config), rank).memory
+        memory = run_trial(reduced(item.config), rank).memory
     return memory["reserved_mem_bytes"] if rank.device.type == "cuda" else memory["peak_mem_bytes"]
 
 
