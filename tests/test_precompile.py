@@ -162,7 +162,7 @@ def test_two_groups_of_one_node_compile_ahead_no_set_of_graphs_twice_and_share_i
     monkeypatch.delenv(precompile.SIDES_ENV, raising=False)
     monkeypatch.setattr(precompile, "usable_cpus", lambda: 32)
     counts = (precompile.side_count(20), precompile.side_count(20, node_groups=2), precompile.side_count(20, 8))
-    assert counts == (8, 4, 0)  # one per 4 of the node's cores each group may use; none below 8 of them
+    assert counts == (16, 8, 0)  # one per 2 of the node's cores each group may use; none below 8 of them
 
 
 def test_graphs_marked_as_in_the_cache_are_not_compiled_ahead_again(monkeypatch, tmp_path):
@@ -218,12 +218,12 @@ def test_a_loss_that_is_not_a_graph_of_its_own_keeps_the_vocabulary_in_the_copy(
     assert small.compiled_loss
 
 
-def test_side_processes_one_per_four_cores_none_below_eight_and_the_env_decides(monkeypatch):
+def test_side_processes_one_per_two_cores_none_below_eight_and_the_env_decides(monkeypatch):
     from trainer import precompile
 
     monkeypatch.delenv(precompile.SIDES_ENV, raising=False)
     monkeypatch.setattr(precompile, "usable_cpus", lambda: 16)
-    assert (precompile.side_count(9), precompile.side_count(3)) == (4, 3)
+    assert (precompile.side_count(9), precompile.side_count(3)) == (8, 3)
     monkeypatch.setattr(precompile, "usable_cpus", lambda: 7)
     assert precompile.side_count(8) == 0  # a few processes compiling everything: slower than the trial itself
     monkeypatch.setenv(precompile.SIDES_ENV, "1")

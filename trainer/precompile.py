@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from trainer.train import Rank
 
 REDUCED_LAYERS = 2
-CPUS_PER_SIDE = 4  # one side process per 4 of the host's cores (see side_count)
+CPUS_PER_SIDE = 2  # one side process per 2 of the host's cores (see side_count)
 MIN_CORES = 8  # a rank's share of the host below which no side process compiles ahead (`side_count`)
 SIDES_ENV = "SWEEP_PRECOMPILE_SIDES"  # side processes per rank, when set (a profile's env): 0 turns them off
 THREADS_ENV = "SWEEP_PRECOMPILE_THREADS"  # inductor's compile workers per side process, when set (a profile's env)
@@ -121,9 +121,9 @@ def side_count(sets: int, node_groups: int = 1, given: str | None = None) -> int
     work, and one process compiling everything ahead, then the trial loading it, takes longer than the trial compiling
     it: 60 against 46 s for two graphs on a 2-core host); never more than `sets`. A side process's compile is mostly
     serial Python: four of them kept about one core each busy of an H100 host's 16 and its load stayed under 6
-    (benchmarks/RESULTS.md "Cold sweep", session 32), so one per 2 cores (every set its own process there) may wait
-    less; not measured yet, so not the default. `given`: SIDES_ENV's value in the ranks' environment, where that is
-    not this process's (the driver's)."""
+    (benchmarks/RESULTS.md "Cold sweep", session 32), so one per 2 cores lets every set of that grid compile in its
+    own process instead of a loss waiting behind its blocks (measured: session 33). `given`: SIDES_ENV's value in
+    the ranks' environment, where that is not this process's (the driver's)."""
     given = os.environ.get(SIDES_ENV) if given is None else given
     cores = _cores(node_groups)
     n = int(given) if given else (cores // CPUS_PER_SIDE if cores >= MIN_CORES else 0)

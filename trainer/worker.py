@@ -19,7 +19,7 @@ import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from trainer import side_pool
+from trainer import compile_report, side_pool
 from trainer.job import RankJob, TrialConfig, classify_failure
 from trainer.result import RankResult
 
@@ -244,14 +244,17 @@ class RankWorker:
                 self.baseline_bytes = held_bytes(rank.device)
         joined = time.perf_counter()
         ahead = self._wait_for_sides()
+        reporting = job.rank == 0 and compile_report.enabled()
+        if reporting:
+            compile_report.watch_benchmarks()
         before = _cache_counts()
         config = _this_ranks_share(job)
         measured = run_trial(config, rank, started_at=started_at)
         hits, misses = (now - then for now, then in zip(_cache_counts(), before))
         if (hits or misses) and job.world_size == 1 and config.compile == "regional":
             mark(config)  # its graphs went through the cache: no group compiles them ahead again
-        if job.rank == 0 and os.environ.get("SWEEP_COMPILE_REPORT"):
-            _compile_report()
+        if reporting:
+            compile_report.report()
         torch_version, te_version, torchao_version = _versions()
         gpu_name, driver_version, cuda_version = _device_info(rank.device)
         result = dataclasses.replace(
@@ -286,7 +289,7 @@ class RankWorker:
         report = sides.wait()
         for error in report.errors:  # the trial compiles those graphs itself: slower, not wrong
             print(f"sweep: compiling ahead: {error}", file=sys.stderr, flush=True)
-        if os.environ.get("SWEEP_COMPILE_REPORT"):  # where the first trial's wait went
+        if compile_report.enabled():  # where the first trial's wait went
             print(f"sweep compile report: {report.line()}", file=sys.stderr, flush=True)
         return report
 
@@ -296,27 +299,6 @@ def _cache_counts() -> tuple[int, int]:
     from torch._dynamo.utils import counters
 
     return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
-
-
-def _compile_report() -> None:
-    """SWEEP_COMPILE_REPORT=1 (a benchmark's diagnosis, on rank 0's stderr): what this trial's compilation hit
-    and missed in inductor's caches and where its seconds went; the counters restart for the next trial."""
-    from torch._dynamo.utils import counters
-
-    caches = {group: dict(counters[group]) for group in ("aot_autograd", "inductor", "stats", "recompiles")}
-    print(f"sweep compile report: {caches}\n{compile_phases()}", file=sys.stderr, flush=True)
-
-
-def compile_phases(top: int = 24) -> dict[str, float]:
-    """Dynamo's compile seconds by phase (`dynamo_timed`) since the last call, each summed over the compiles, largest
-    first; dynamo's counters and timings restart (benchmarks/device/kernels_probe.py records them per variant)."""
-    from torch._dynamo import utils
-
-    headers, values = utils.compile_times(repr="csv", aggregate=True)
-    phases = {h: round(float(str(v)), 3) for h, v in zip(headers, values) if v not in ("", None)}  # csv: strings
-    utils.counters.clear()
-    utils.compilation_time_metrics.clear()
-    return dict(sorted(phases.items(), key=lambda kv: -kv[1])[:top])
 
 
 def _join(job: RankJob, device: torch.device, listener: socket.socket | None) -> DeviceMesh:

@@ -17,8 +17,9 @@
 #   cold-warm  in one call, carrying .whl and .base-tree only (JOB_NEEDS_RESULTS=0: no tables, the rows come back
 #          packed): cold current then base, warm base then current (a machine taken back between two calls loses
 #          the cold part's caches)
-#   acceptance  in one call, carrying .whl and .base-tree only: current cold, current warm, base cold, base warm (the
-#          deadline stops what does not fit; the current tree's runs first), with `report`'s log and ps.log
+#   acceptance  in one call, carrying .whl and .base-tree only: current cold, current warm, base cold, base warm, then
+#          current cold with one side process per 4 cores (.../four-cold; the deadline stops what does not fit; the
+#          current tree's runs first), with `report`'s log and ps.log
 #   threads  the current tree alone, cold three times (A B A), each side process given a quarter of the host's cores
 #          for inductor's compile workers (SWEEP_PRECOMPILE_THREADS; the default before session 30), then every core
 #          (the default since), then a quarter again; the side processes' seconds a set from Ray's worker logs
@@ -52,8 +53,9 @@ echo "base tree: $base_sha; current tree: ${SWEEP_GIT_SHA:-unknown}"
 prestarted=""  # set: the profile's prestarted_ranks (a key the base tree does not know)
 threads=""  # set: SWEEP_PRECOMPILE_THREADS in the profile's env (each side process's compile workers)
 report=""  # set: SWEEP_COMPILE_REPORT in the profile's env
+sides=""  # set: SWEEP_PRECOMPILE_SIDES in the profile's env (side processes per rank)
 cached_profile() {  # cached_profile LABEL: the profile with its own compile cache, /tmp/cc-LABEL (Triton's under it)
-  python3 - "$profile" "/tmp/cc-$1" "/tmp/$campaign-$1.yaml" "$prestarted" "$threads" "$report" <<'PY'
+  python3 - "$profile" "/tmp/cc-$1" "/tmp/$campaign-$1.yaml" "$prestarted" "$threads" "$report" "$sides" <<'PY'
 import sys, yaml
 p = yaml.safe_load(open(sys.argv[1]))
 p["compile_cache"] = sys.argv[2]
@@ -64,6 +66,8 @@ if sys.argv[4]:
     p["prestarted_ranks"] = int(sys.argv[4])
 if sys.argv[5]:
     p["env"]["SWEEP_PRECOMPILE_THREADS"] = sys.argv[5]
+if sys.argv[7]:
+    p["env"]["SWEEP_PRECOMPILE_SIDES"] = sys.argv[7]
 yaml.safe_dump(p, open(sys.argv[3], "w"))
 PY
   echo "/tmp/$campaign-$1.yaml"
@@ -131,7 +135,11 @@ case $part in
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
     sweep_run current $grids/a-grid.yaml "$results/current-warm"
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
-    sweep_run base $grids/a-grid.yaml "$results/base-warm" ;;
+    sweep_run base $grids/a-grid.yaml "$results/base-warm"
+    # what the deadline leaves: the current tree cold again with one side process per 4 cores (the default before
+    # session 33), its own cache
+    rm -rf /tmp/cc-four
+    sides=$(($(nproc) / 4)) sweep_run current $grids/a-grid.yaml "$results/four-cold" four ;;
   current-cold-warm)  # the current tree alone, cold then warm (a device budget too short for the base beside it)
     rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
     sweep_run current $grids/a-grid.yaml "$results/current-cold"

@@ -201,12 +201,12 @@ def main() -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from trainer.compile_report import compile_phases
     from trainer.job import TrialConfig
     from trainer.models.specs import ModelSpec
     from trainer.options import TrainingOptions
     from trainer.profiling import recorded_steps
     from trainer.train import Rank, run_trial
-    from trainer.worker import compile_phases
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
@@ -270,7 +270,7 @@ def main() -> None:
         except Exception as e:  # a knob the stack refuses (e.g. a backend that cannot run this shape)
             record.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
         record["wall_s"] = time.perf_counter() - began
-        record["compile_phases"] = compile_phases()  # trainer.worker's, as SWEEP_COMPILE_REPORT prints them
+        record["compile_phases"] = compile_phases()  # as SWEEP_COMPILE_REPORT prints them (trainer.compile_report)
         record["release"] = release_costs()
         line = json.dumps(record)
         print({k: v for k, v in record.items() if k != "losses"}, flush=True)

@@ -8,7 +8,7 @@ Each argument is a group of STEPs joined by '+', run at once (as a rank's side p
 A STEP is PRECISION:BATCH (the cold-sweep grid's trial, cut as a side process cuts it: `trainer.precompile.reduced`)
 or PRECISION:BATCH:full (the whole trial, as a rank runs it after its side processes); a suffix :nice runs it
 at niceness 10. Each record has the step's
-seconds, dynamo's compile phases (`trainer.worker.compile_phases`), the FX graph and AOTAutograd cache hits and
+seconds, dynamo's compile phases (`trainer.compile_report.compile_phases`), the FX graph and AOTAutograd cache hits and
 misses, the Triton kernels whose autotuning was found in inductor's autotune cache or not, and those benchmarked.
 --profile: the steps' top functions by own time (cProfile), in the record.
 """
@@ -70,9 +70,9 @@ def _instrument() -> dict[str, collections.Counter]:
 def one(step: str, profile: bool, grid_file: Path, device_type: str) -> dict:
     from torch._dynamo.utils import counters
 
+    from trainer.compile_report import compile_phases
     from trainer.precompile import side_rank
     from trainer.train import run_trial
-    from trainer.worker import compile_phases
 
     if step.endswith(":nice"):  # before inductor starts its compile workers: they inherit it
         os.nice(10)

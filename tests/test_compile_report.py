@@ -1,0 +1,29 @@
+"""The compile report (SWEEP_COMPILE_REPORT, trainer.compile_report): which kernels inductor benchmarked a trial.
+
+Triton kernels run on a GPU only, so the kernel here is one shaped as inductor's CachingAutotuner: the report's
+wrapping of the autotuner's benchmark (installed once, the original still called) is what is tested.
+"""
+
+from types import SimpleNamespace
+
+from trainer import compile_report
+
+
+def test_the_report_names_each_kernel_inductor_benchmarked_then_starts_again(monkeypatch, capsys):
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    calls = []
+    monkeypatch.setattr(CachingAutotuner, "benchmark_all_configs", lambda self, *a: calls.append(a) or "timings")
+    compile_report.watch_benchmarks()
+    compile_report.watch_benchmarks()  # a second trial of the rank: still one record per benchmark
+    kernel = SimpleNamespace(
+        inductor_meta={"kernel_name": "triton_red_fused_0"},
+        autotune_cache_info={"autotune_cache_state": "miss"},
+        is_backward=True,
+        launchers=[object()] * 3,
+        filename="/cache/ab/cabcdef0123456789.py",
+    )
+    assert CachingAutotuner.benchmark_all_configs(kernel, "args") == "timings" and calls == [("args",)]
+    assert "benchmarked 1 kernels: triton_red_fused_0:bw:miss:3:cabcdef012" in compile_report.report()
+    assert "benchmarked 0 kernels: " in compile_report.report()
+    assert "sweep compile report: " in capsys.readouterr().err

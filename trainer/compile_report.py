@@ -1,0 +1,73 @@
+"""SWEEP_COMPILE_REPORT=1: a benchmark's diagnosis of where a rank's compile seconds went, on rank 0's stderr.
+
+After each trial: what its compilation hit and missed in inductor's caches (dynamo's counters), dynamo's compile
+seconds by phase, and every Triton kernel inductor benchmarked its configs of (at a kernel's first run, unless
+inductor's autotune cache held its best config): the kernel, forward or backward, what the autotune cache said, how
+many configs it ran. benchmarks/device/cold_sweep.sh collects the lines (benchmarks/RESULTS.md "Cold sweep": the
+rowwise trials benchmark 18-23 kernels their side processes had benchmarked already).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+REPORT_ENV = "SWEEP_COMPILE_REPORT"
+
+_benchmarked: list[str] = []  # the kernels benchmarked since the last report, in order (`watch_benchmarks`)
+
+
+def enabled() -> bool:
+    """Whether this process reports (REPORT_ENV set)."""
+    return bool(os.environ.get(REPORT_ENV))
+
+
+def compile_phases(top: int = 24) -> dict[str, float]:
+    """Dynamo's compile seconds by phase (`dynamo_timed`) since the last call, each summed over the compiles, largest
+    first; dynamo's counters and timings restart (benchmarks/device/kernels_probe.py records them per variant)."""
+    from torch._dynamo import utils
+
+    headers, values = utils.compile_times(repr="csv", aggregate=True)
+    phases = {h: round(float(str(v)), 3) for h, v in zip(headers, values) if v not in ("", None)}  # csv: strings
+    utils.counters.clear()
+    utils.compilation_time_metrics.clear()
+    return dict(sorted(phases.items(), key=lambda kv: -kv[1])[:top])
+
+
+def benchmarked(kernel: Any) -> str:
+    """One benchmarked kernel (inductor's CachingAutotuner), as the report names it: name, fw or bw, the autotune
+    cache's state for it, the configs it ran, the first characters of its source file's hash."""
+    state = (getattr(kernel, "autotune_cache_info", None) or {}).get("autotune_cache_state", "-")
+    name = kernel.inductor_meta.get("kernel_name", "?")
+    source = os.path.basename(getattr(kernel, "filename", None) or "")[:10]
+    return f"{name}:{'bw' if getattr(kernel, 'is_backward', False) else 'fw'}:{state}:{len(kernel.launchers)}:{source}"
+
+
+def watch_benchmarks() -> None:
+    """Record every kernel inductor benchmarks in this process from now on (`benchmarked`); once per process."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    original = CachingAutotuner.benchmark_all_configs
+    if getattr(original, "sweep_watched", False):
+        return
+
+    def watched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _benchmarked.append(benchmarked(self))
+        return original(self, *args, **kwargs)
+
+    watched.sweep_watched = True  # type: ignore[attr-defined]
+    CachingAutotuner.benchmark_all_configs = watched  # type: ignore[method-assign]
+
+
+def report() -> str:
+    """The report of the trial that just ran (its caches, phases and benchmarked kernels), printed on stderr; the
+    counters restart for the next trial."""
+    from torch._dynamo.utils import counters
+
+    caches = {group: dict(counters[group]) for group in ("aot_autograd", "inductor", "stats", "recompiles")}
+    kernels = f"benchmarked {len(_benchmarked)} kernels: {' '.join(_benchmarked)}"
+    _benchmarked.clear()
+    text = f"sweep compile report: {caches}\n{compile_phases()}\n{kernels}"
+    print(text, file=sys.stderr, flush=True)
+    return text
