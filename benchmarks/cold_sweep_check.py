@@ -2,9 +2,9 @@
 
     python3 benchmarks/cold_sweep_check.py RESULTS_DIR
 
-RESULTS_DIR holds what benchmarks/device/cold_sweep.sh writes: {base,current,each,late,four}-{cold,warm} (the
+RESULTS_DIR holds what benchmarks/device/cold_sweep.sh writes: {base,current,each,late,all}-{cold,warm} (the
 campaign's grid run by the base tree, by the current one, by the current one with --no-precompile, with its rank
-processes started once placed (prestarted_ranks 0) and with one side process per 4 cores, with an empty and then a
+processes started once placed (prestarted_ranks 0) and with every wait for all side processes, with an empty and then a
 filled compile cache) and
 {base,current}-searches (the OOM-retry grid and the max-batch search). For each pair that is there: the GPU-s
 held (current at most half of base's), the mean seconds a trial holds beyond its measured steps (at most 8 cold,
@@ -124,19 +124,19 @@ def precompile_lines(ahead: list[dict], each: list[dict], phase: str) -> list[tu
     ]
 
 
-def sides_lines(current: list[dict], four: list[dict], phase: str) -> list[tuple[bool, str]]:
-    """What one side process per 2 cores changed (trainer.precompile.CPUS_PER_SIDE, the default since session 33):
-    the current tree against the same with one per 4 (SWEEP_PRECOMPILE_SIDES at a quarter of the cores), the first
-    trial's wait and the mean held beyond measured steps; figures, not checks."""
+def wait_lines(current: list[dict], wait_all: list[dict], phase: str) -> list[tuple[bool, str]]:
+    """What waiting for its own side processes alone changed (trainer.worker, since session 33): the current tree
+    against the same with every wait for all of them (SWEEP_PRECOMPILE_WAIT=all), each trial's wait and the mean held
+    beyond measured steps; figures, not checks."""
 
     def line(rows: list[dict]) -> str:
         waited = [r["precompile_s"] for r in rows if r.get("precompile_s") is not None]
-        sides = [r["precompiled_graphs"] for r in rows if r.get("precompiled_graphs") is not None]
+        sets = [r["precompiled_graphs"] for r in rows if r.get("precompiled_graphs") is not None]
         mean, each = _held_beyond(rows)
         waits = ", ".join(f"{w:.1f}" for w in waited) or "never"
-        return f"waited {waits} s for {sides or '-'} sets, held beyond measured {mean:.1f} s ({each})"
+        return f"waited {waits} s for {sets or '-'} sets, held beyond measured {mean:.1f} s ({each})"
 
-    return [(True, f"{phase}: side processes one per 2 cores: {line(current)}; one per 4: {line(four)}")]
+    return [(True, f"{phase}: waiting for a trial's own side processes: {line(current)}; for all: {line(wait_all)}")]
 
 
 def prestart_lines(ahead: list[dict], late: list[dict], phase: str) -> list[tuple[bool, str]]:
@@ -257,8 +257,8 @@ def main() -> int:
             checks += grid_checks(base, current, phase)
         if current and (each := folders.get(f"each-{phase}")):
             checks += precompile_lines(current, each, phase)
-        if current and (four := folders.get(f"four-{phase}")):
-            checks += sides_lines(current, four, phase)
+        if current and (wait_all := folders.get(f"all-{phase}")):
+            checks += wait_lines(current, wait_all, phase)
         if current and (late := folders.get(f"late-{phase}")):
             checks += prestart_lines(current, late, phase)
     for tree in ("base", "current"):

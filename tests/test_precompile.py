@@ -386,9 +386,16 @@ def test_a_group_compiles_its_graphs_ahead_and_trains_as_without(ray_session, tm
 @pytest.mark.integration
 def test_static_batches_compile_their_blocks_and_losses_apart_and_each_trial_finds_them(ray_session, tmp_path):
     """`dynamic_batch: false`: each batch size is its own blocks and its own loss (logits of its own shape), four sets
-    (trainer.side_sets); both trials find every graph in the cache."""
-    rows = _run(tmp_path, "static", cache="cache", precisions=["bf16"], batch_sizes=[2, 3], dynamic_batch=False)
+    (trainer.side_sets), here in two side processes, each batch's in one: the first trial waits for its own (and for
+    the other only if that one is done too), the second for what is left; both find every graph in the cache."""
+    sides = {"SWEEP_PRECOMPILE_SIDES": "2", "SWEEP_PRECOMPILE_THREADS": "1", "SWEEP_COMPILE_REPORT": "1"}
+    grid = {"precisions": ["bf16"], "batch_sizes": [2, 3], "dynamic_batch": False}
+    rows = _run(tmp_path, "static", cache="cache", env=sides, **grid)
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
     first, second = rows
-    assert (first["batch_size"], first["precompiled_graphs"], second["precompile_s"]) == (2, 4, None)
+    said = _compile_reports()
+    assert (first["batch_size"], first["precompile_s"] > 0) == (2, True)
+    # the two waits saw every set once: the second waited only if a set was left
+    compiled = first["precompiled_graphs"] + (second["precompiled_graphs"] or 0)
+    assert compiled == 4 and (second["precompile_s"] is None) == (first["precompiled_graphs"] == 4), (rows, said)
     assert [(r["compile_cache_hits"], r["compile_cache_misses"]) for r in rows] == [(4, 0), (4, 0)]

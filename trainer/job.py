@@ -36,6 +36,9 @@ class TrialConfig:
     auto_max: tuple[int, int] | None = None  # the most warm-up and measured steps `auto` may run (trainer.stopping)
     compiled_loss: bool = True  # False: the loss runs eagerly where the trial compiles (a side process's copy that
     #                             compiles the blocks alone: trainer.precompile.reduced)
+    expected_peak_bytes: int | None = None  # the memory model's peak for one rank (sweep.memory, uncalibrated: it
+    #                                         over-predicts by 0-17 % on GPU rows): whether the trial may start
+    #                                         while side processes still compile beside it (trainer.worker)
 
 
 PG_TIMEOUT_S = 120.0  # a trial's process-group timeout: a stuck collective fails instead of waiting NCCL's 10 min

@@ -20,9 +20,14 @@ others runs again alone (`trainer.side_lock`).
 Each side process may use every core of the rank's share of the host for inductor's compile workers
 (TORCHINDUCTOR_COMPILE_THREADS, which inductor leaves out of its cache key; `side_threads`).
 
-The rank waits for its side processes (`Sides.wait`) after its imports and process group and before it builds its
-model: they never share the GPU's memory with a trial, nor its time with a measured step, and the wait is part of
-the first trial's wall (its row's precompile_s, counted as compile by `sweep.record.cost`). A side process that
+Each trial waits for the side processes compiling its own graphs (`Sides.wait`) after the rank's imports and process
+group and before it builds its model; the others go on compiling while it trains, stopped from its first measured
+step to its last (`trainer.train.Beside`), so they never share the GPU's time with a measured step. The first wait
+had been for all of them: the slowest set (torchao rowwise, 30-44 s) was every cold sweep's floor (benchmarks/RESULTS.md
+"Cold sweep", session 33). On a GPU a trial starts beside them only where its expected peak and what they may grow
+to fit the memory free (`Sides.room_for`), and one that runs out of memory beside them runs again once they are done
+(`trainer.worker`). A wait is part of its trial's wall (its row's precompile_s, counted as compile by
+`sweep.record.cost`). A side process that
 fails costs only its time: each trial compiles what it does not find. Run as `python -m trainer.precompile` with
 its job (a pickled `trainer.side_pool.SideJob`) on stdin, one JSON line per set on stdout; or started ahead, by
 the run, as `python -m trainer.precompile --pool FOLDER` (`trainer.side_pool`), which a rank takes before starting
@@ -58,7 +63,7 @@ from clusters.schema import usable_cpus
 from trainer import side_pool
 from trainer.job import TrialConfig, compiled_graphs
 from trainer.side_pool import PooledSide, SideJob
-from trainer.side_sets import SMALL_VOCAB, Part, SideSet, loss_key, separable, side_sets
+from trainer.side_sets import SMALL_VOCAB, Part, SideSet, loss_key, separable, set_key, side_sets
 from trainer.sides import PipedSide, Sides
 
 if TYPE_CHECKING:
@@ -229,6 +234,9 @@ def start(configs: tuple[TrialConfig, ...], device_type: str, node_groups: int =
     for side, share in zip(taken, shares):
         side.give(SideJob(share, device_type, dict(os.environ)))
     sides: list[PipedSide | PooledSide] = [*handed, *taken]
+    # what each compiles, as its trials name it (a handed side whose job is gone: nothing a trial waits for)
+    keys = [frozenset(set_key(item) for item in job.sets) if (job := side.job()) else frozenset() for side in handed]
+    keys += [frozenset(set_key(item) for item in share) for share in shares]
     env = side_env(os.environ, side_threads(node_groups))
     for share in shares[len(taken) :]:
         given = tempfile.TemporaryFile()  # the job, pickled: the side's stdin
@@ -236,11 +244,16 @@ def start(configs: tuple[TrialConfig, ...], device_type: str, node_groups: int =
         given.seek(0)
         log = tempfile.TemporaryFile()  # the side's stderr: its tail is a failure's reason
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer.precompile"], stdin=given, stdout=subprocess.PIPE, stderr=log, env=env
+            [sys.executable, "-m", "trainer.precompile"],
+            stdin=given,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=env,
+            start_new_session=True,  # its own process group, with its compile workers: the rank pauses them as one
         )
         given.close()  # the side has its own descriptor
         sides.append(PipedSide(proc, log))
-    return Sides(sides, sum(len(job.sets) for job in jobs) + len(sets))
+    return Sides(sides, sum(len(job.sets) for job in jobs) + len(sets), keys)
 
 
 def _die_with_parent() -> None:

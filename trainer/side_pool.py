@@ -63,6 +63,7 @@ def spawn(folder: Path, count: int, env: Mapping[str, str], jobs: Sequence[SideJ
             stdout=log,
             stderr=log,
             env=dict(env),
+            start_new_session=True,  # its own process group, with its compile workers: a rank pauses them as one
         )
         log.close()  # the process has its own descriptor
         os.rename(log.name, folder / f"log-{proc.pid}")
@@ -72,6 +73,18 @@ def spawn(folder: Path, count: int, env: Mapping[str, str], jobs: Sequence[SideJ
         (folder / f"{'given' if given else 'free'}-{proc.pid}").touch()  # last: a rank taking it finds its log and job
         procs.append(proc)
     return procs
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """Send `signum` to the side process `pid` and its compile workers: its process group (it leads one: `spawn`,
+    `trainer.precompile.start`), else the process alone; nothing once it is gone."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except OSError:
+        pass
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -170,6 +183,12 @@ class PooledSide:
 
     def log_tail(self) -> str:
         return tail(self.log())
+
+    def finished(self) -> bool:
+        return self._path("done").exists() or not _alive(self.pid)
+
+    def signal(self, signum: int) -> None:
+        signal_group(self.pid, signum)
 
     def stop(self) -> None:
         try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from trainer.job import TrialConfig
+from trainer.job import TrialConfig, compiled_graphs
 
 SMALL_VOCAB = 256
 """The vocabulary of a side process's block copy: the blocks' graphs never see it (the embedding's output is their
@@ -73,3 +73,14 @@ def side_sets(configs: tuple[TrialConfig, ...]) -> tuple[SideSet, ...]:
         if separable(c):
             losses.setdefault(loss_key(c), SideSet(c, "loss"))
     return first + tuple(losses.values())
+
+
+def set_key(item: SideSet) -> tuple:
+    """Which graphs `item` compiles, as a trial needing them names them (`trial_keys`): a loss set by its loss graph
+    (trials with the same logits share it), the others by their trial's graphs (`trainer.job.compiled_graphs`)."""
+    return (item.part, loss_key(item.config) if item.part == "loss" else compiled_graphs(item.config))
+
+
+def trial_keys(config: TrialConfig) -> frozenset[tuple]:
+    """The sets (`set_key`) holding `config`'s graphs: what its trial waits for while side processes compile others."""
+    return frozenset(set_key(item) for item in side_sets((config,)))

@@ -18,6 +18,9 @@ from trainer import side_pool
 from trainer.side_pool import PooledSide
 
 WAIT_LIMIT_S = 900.0  # past this the rank stops waiting, kills them and compiles what is missing itself
+BESIDE_MARGIN = 1.10  # over a trial's expected peak (trainer.job.TrialConfig.expected_peak_bytes) beside side processes
+SIDE_PEAK_BYTES = 16 * 2**30  # what a side process may grow to where no set of its kind has reported its peak yet
+SETTLE_S = 0.05  # after pausing them: the GPU work a paused side process had queued drains before a measured step
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,22 @@ class PrecompileReport:
     spans: tuple[tuple[float, float, float], ...] = ()  # the same sets: their side's imports done, began, ended (epoch)
     began_at: float = 0.0  # when the wait began (epoch): the spans' origin in `line`
     alone: int = 0  # sets that ran out of memory beside the others and ran again alone (trainer.side_lock)
+
+    def then(self, later: PrecompileReport) -> PrecompileReport:
+        """This wait and a `later` one of the same trial, as one."""
+        return PrecompileReport(
+            self.waited_s + later.waited_s,
+            self.graphs + later.graphs,
+            self.compiled + later.compiled,
+            self.errors + later.errors,
+            self.ahead + later.ahead,
+            self.given + later.given,
+            self.seconds + later.seconds,
+            self.peak_bytes + later.peak_bytes,
+            self.spans + later.spans,
+            self.began_at,
+            self.alone + later.alone,
+        )
 
     def line(self) -> str:
         """What the wait went to, on one line (rank 0 prints it with SWEEP_COMPILE_REPORT): each set's seconds, peak
@@ -79,6 +98,12 @@ class PipedSide:
         self.log_file.seek(0)
         return self.log_file.read().decode(errors="replace")
 
+    def finished(self) -> bool:
+        return self.proc.poll() is not None
+
+    def signal(self, signum: int) -> None:
+        side_pool.signal_group(self.proc.pid, signum)
+
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
@@ -86,16 +111,32 @@ class PipedSide:
 
 
 class Sides:
-    """The side processes of one rank, started by `start`; `wait` collects them, `stop` kills them."""
+    """The side processes of one rank, started by `trainer.precompile.start`, each with the sets it compiles (their
+    `trainer.side_sets.set_key`s). A trial waits for those compiling its own graphs (`wait`); the others go on
+    compiling while it trains, paused while it measures (`pause`, `resume`): they never share the GPU with a measured
+    step. `stop` kills those left."""
 
-    def __init__(self, procs: list[PipedSide | PooledSide], graphs: int) -> None:
+    def __init__(
+        self, procs: list[PipedSide | PooledSide], graphs: int, keys: list[frozenset[tuple]] | None = None
+    ) -> None:
         self.procs, self.graphs = procs, graphs
+        self.pending: list[tuple[PipedSide | PooledSide, frozenset[tuple]]] = list(
+            zip(procs, keys or [frozenset()] * len(procs))
+        )
+        self.part_peaks: dict[str, int] = {}  # the largest peak memory a set of each part has reported
+        self.paused = False
+        self._reported = False  # the counts of sets and of sides started ahead go in the first report alone
 
-    def wait(self, limit_s: float = WAIT_LIMIT_S) -> PrecompileReport:
+    def wait(self, needed: frozenset[tuple] | None = None, limit_s: float = WAIT_LIMIT_S) -> PrecompileReport:
+        """Collect the side processes compiling any set in `needed` (every one: None), and those done already; what
+        they did. The others stay `pending`."""
         began, began_at = time.perf_counter(), time.time()
-        compiled, errors, seconds, peaks, spans, alone = 0, [], [], [], [], 0
-        for side in self.procs:
+        taken = [(side, keys) for side, keys in self.pending if needed is None or keys & needed or side.finished()]
+        self.pending = [entry for entry in self.pending if entry not in taken]
+        compiled, errors, seconds, peaks, spans, alone, sets = 0, [], [], [], [], 0, 0
+        for side, keys in taken:
             out, failures = side.collect(max(0.0, began + limit_s - time.perf_counter()))
+            sets += len(keys)
             for line in out.splitlines():
                 try:
                     result = json.loads(line)
@@ -103,6 +144,9 @@ class Sides:
                     continue
                 compiled += result["ok"]
                 errors += [result["error"]] if result["error"] else []
+                if result.get("peak_bytes") is not None:
+                    part, peak = result.get("part", "whole"), result["peak_bytes"]
+                    self.part_peaks[part] = max(peak, self.part_peaks.get(part, 0))
                 if "seconds" in result:  # not in the line of a side process that never ran the set
                     seconds.append(result["seconds"])
                     peaks.append(result["peak_bytes"])
@@ -111,19 +155,16 @@ class Sides:
             errors += failures
             if os.environ.get("SWEEP_DEBUG"):  # what the side printed, in the rank's log
                 sys.stderr.write(side.log())
-        for side in self.procs:
             if isinstance(side, PipedSide):
                 side.log_file.close()
-        ahead = sum(isinstance(side, PooledSide) for side in self.procs)
-        given = sum(isinstance(side, PooledSide) and side.given for side in self.procs)
-        waited = time.perf_counter() - began
+        first, self._reported = not self._reported, True
         return PrecompileReport(
-            waited,
-            self.graphs,
+            time.perf_counter() - began,
+            self.graphs if first else sets,
             compiled,
             tuple(errors),
-            ahead,
-            given,
+            sum(isinstance(side, PooledSide) for side in self.procs) if first else 0,
+            sum(isinstance(side, PooledSide) and side.given for side in self.procs) if first else 0,
             tuple(seconds),
             tuple(peaks),
             tuple(spans),
@@ -131,6 +172,37 @@ class Sides:
             alone,
         )
 
+    def room_for(self, expected_bytes: int | None, free_bytes: int) -> bool:
+        """Whether a trial expected to peak at `expected_bytes` (None: not known) fits `free_bytes` of its GPU's memory
+        beside the pending side processes, BESIDE_MARGIN over its expectation, each side allowed to grow to the largest
+        peak a set of its parts has reported (any part's where none of its own has; SIDE_PEAK_BYTES where none has)."""
+        if expected_bytes is None:
+            return not self.pending
+        fallback = max(self.part_peaks.values(), default=SIDE_PEAK_BYTES)
+        growth = sum(
+            max((self.part_peaks.get(key[0], fallback) for key in keys), default=fallback) for _, keys in self.pending
+        )
+        return expected_bytes * BESIDE_MARGIN + growth <= free_bytes
+
+    def pause(self) -> None:
+        """Stop the pending side processes and their compile workers where they are (SIGSTOP to each one's process
+        group): a measured step follows. They keep the memory they hold."""
+        if self.pending:
+            self._signal(signal.SIGSTOP)
+            self.paused = True
+            time.sleep(SETTLE_S)
+
+    def resume(self) -> None:
+        """Let paused side processes go on (SIGCONT)."""
+        if self.paused:
+            self._signal(signal.SIGCONT)
+            self.paused = False
+
+    def _signal(self, signum: int) -> None:
+        for side, _ in self.pending:
+            side.signal(signum)
+
     def stop(self) -> None:
-        for side in self.procs:
+        for side, _ in self.pending:
             side.stop()
+        self.pending = []

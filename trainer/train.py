@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -125,10 +125,22 @@ def learning_rate(d_embd: int) -> float:
     return min(1e-3, 0.3 / d_embd)
 
 
-def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = None) -> Measurement:
+class Beside(Protocol):
+    """What runs beside a trial and must not beside its measured steps (side processes still compiling ahead:
+    `trainer.sides.Sides`): paused from the first measured step's sync until the steps are done."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+def run_trial(
+    config: TrialConfig, rank: Rank, *, started_at: float | None = None, beside: Beside | None = None
+) -> Measurement:
     """Train `config` on this rank (every rank of the trial calls it together) and measure it.
     `started_at` (time.perf_counter) is where init_time_s starts: the call, unless given (model_build_s always
-    starts at the call: a fresh process's earlier start-up is the caller's to time)."""
+    starts at the call: a fresh process's earlier start-up is the caller's to time). `beside`: paused while it
+    measures (`time_steps`)."""
     called_at = time.perf_counter()
     started_at = called_at if started_at is None else started_at
     release(rank.device, keep_for=config)
@@ -153,7 +165,7 @@ def run_trial(config: TrialConfig, rank: Rank, *, started_at: float | None = Non
         ready_at = time.perf_counter()
         schedule = Schedule(config.warmup_steps, config.measure_steps, config.auto_max)
         meter = meter_for(rank.device.type, rank.device.index)
-        losses = time_steps(step, schedule, rank, meter)
+        losses = time_steps(step, schedule, rank, meter, beside)
         energy = meter.stop()  # the window `time_steps` opened at the first measured step's sync
         dist.barrier()
         memory = peak_stats(rank.device)
@@ -306,7 +318,11 @@ class TrainStep:
 
 
 def time_steps(
-    step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank, meter: EnergyMeter = NullMeter()
+    step: Callable[[int], torch.Tensor],
+    schedule: Schedule,
+    rank: Rank,
+    meter: EnergyMeter = NullMeter(),
+    beside: Beside | None = None,
 ) -> list[float]:
     """Step until `schedule` is done, each step timed between device syncs into it; the loss of each step.
 
@@ -320,24 +336,29 @@ def time_steps(
     stopped alone would leave its peers waiting in the next step's collectives. Fixed counts need no word.
 
     `meter` opens its energy window at the first measured step's starting sync (`trainer.energy`); the caller
-    closes it when this returns, after the last measured step's sync."""
+    closes it when this returns, after the last measured step's sync. `beside` is paused just before that sync and
+    resumed as this returns."""
     was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
-        return _step_until_done(step, schedule, rank, meter)
+        return _step_until_done(step, schedule, rank, meter, beside)
     finally:
+        if beside is not None:
+            beside.resume()
         if was_enabled:  # a caller that turned it off keeps it off
             gc.enable()
 
 
 def _step_until_done(
-    step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank, meter: EnergyMeter
+    step: Callable[[int], torch.Tensor], schedule: Schedule, rank: Rank, meter: EnergyMeter, beside: Beside | None
 ) -> list[float]:
     shared = schedule.adaptive and rank.world_size > 1
     phase = torch.zeros(1, dtype=torch.int64, device=rank.device)  # an index into PHASES
     losses, i, metering = [], 0, False
     while schedule.phase != "done":
+        if not metering and schedule.phase == "measure" and beside is not None:
+            beside.pause()
         device_sync(rank.device)
         if not metering and schedule.phase == "measure":  # energy: the measured steps only, from this sync
             meter.start()

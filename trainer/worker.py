@@ -23,13 +23,15 @@ from trainer import compile_report, side_pool
 from trainer.job import RankJob, TrialConfig, classify_failure
 from trainer.result import RankResult
 
+WAIT_ENV = "SWEEP_PRECOMPILE_WAIT"  # "all": a trial waits for every side process still compiling, as before session 33
+
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
     from trainer.sides import PrecompileReport, Sides
-    from trainer.train import Rank
+    from trainer.train import Measurement, Rank
 
 
 @functools.cache  # once per process: a warm rank reports them with every trial
@@ -227,9 +229,9 @@ class RankWorker:
         import torch._dynamo  # noqa: F401 - every trial's release() resets it: the process's import, not a build's
         import torch.distributed as dist
 
+        import trainer.train  # noqa: F401 - the process's import (import_s), not its first trial's build
         from trainer.precompile import mark
         from trainer.release import held_bytes, release, thawed
-        from trainer.train import run_trial
 
         imported = time.perf_counter()
         joins = self.rank is None
@@ -243,13 +245,14 @@ class RankWorker:
                 release(rank.device, keep_for=job.trial if job.trial.compile == "none" else None)
                 self.baseline_bytes = held_bytes(rank.device)
         joined = time.perf_counter()
-        ahead = self._wait_for_sides()
+        config = _this_ranks_share(job)
+        ahead = self._wait_for_sides(config, rank.device)
         reporting = job.rank == 0 and compile_report.enabled()
         if reporting:
             compile_report.watch_benchmarks()
         before = _cache_counts()
-        config = _this_ranks_share(job)
-        measured = run_trial(config, rank, started_at=started_at)
+        measured, late = self._run(config, rank, started_at)
+        ahead = ahead.then(late) if ahead and late else ahead or late
         hits, misses = (now - then for now, then in zip(_cache_counts(), before))
         if (hits or misses) and job.world_size == 1 and config.compile == "regional":
             mark(config)  # its graphs went through the cache: no group compiles them ahead again
@@ -281,17 +284,52 @@ class RankWorker:
                 result.baseline_bytes, result.held_bytes = self.baseline_bytes, held_bytes(rank.device)
         return result
 
-    def _wait_for_sides(self) -> PrecompileReport | None:
-        """The side processes' report, once they are done (None when there were none); failures on stderr."""
-        sides, self.sides = self.sides, None
+    def _wait_for_sides(self, config: TrialConfig | None, device: torch.device) -> PrecompileReport | None:
+        """Wait for the side processes compiling `config`'s graphs (`trainer.side_sets.trial_keys`; every one: None),
+        and for the rest too unless the trial fits the GPU's memory beside them (`Sides.room_for`; a CPU rank's
+        memory cap counts its own process alone); what they did (None: none were left). Failures on stderr."""
+        import torch
+
+        from trainer.side_sets import trial_keys
+
+        sides = self.sides
         if sides is None:
             return None
-        report = sides.wait()
+        own = None if config is None or os.environ.get(WAIT_ENV) == "all" else trial_keys(config)
+        report = sides.wait(own)
+        if sides.pending and device.type == "cuda" and config is not None:
+            free, _ = torch.cuda.mem_get_info(device)
+            if not sides.room_for(config.expected_peak_bytes, free):
+                report = report.then(sides.wait())
+        if not sides.pending:
+            self.sides = None
         for error in report.errors:  # the trial compiles those graphs itself: slower, not wrong
             print(f"sweep: compiling ahead: {error}", file=sys.stderr, flush=True)
-        if compile_report.enabled():  # where the first trial's wait went
+        if compile_report.enabled():  # where the trial's wait went
             print(f"sweep compile report: {report.line()}", file=sys.stderr, flush=True)
         return report
+
+    def _run(self, config: TrialConfig, rank: Rank, started_at: float) -> tuple[Measurement, PrecompileReport | None]:
+        """The trial, the side processes still compiling paused while it measures (`trainer.train.Beside`). One that
+        runs out of GPU memory beside them runs again once they are done (its first try counts in its wall); then
+        also the report of that wait."""
+        import torch
+
+        from trainer.release import release
+        from trainer.train import run_trial
+
+        sides = self.sides
+        if sides is None:
+            return run_trial(config, rank, started_at=started_at), None
+        try:
+            return run_trial(config, rank, started_at=started_at, beside=sides), None
+        except torch.OutOfMemoryError:
+            if rank.device.type != "cuda":  # a CPU rank's memory cap counts its own process alone
+                raise
+        # out of the handler (its traceback holds what the try allocated): again, with nothing beside it
+        release(rank.device, keep_for=config)
+        late = self._wait_for_sides(None, rank.device)
+        return run_trial(config, rank, started_at=started_at), late
 
 
 def _cache_counts() -> tuple[int, int]:

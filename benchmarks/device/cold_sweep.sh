@@ -18,8 +18,8 @@
 #          packed): cold current then base, warm base then current (a machine taken back between two calls loses
 #          the cold part's caches)
 #   acceptance  in one call, carrying .whl and .base-tree only: current cold, current warm, base cold, base warm, then
-#          current cold with one side process per 4 cores (.../four-cold; the deadline stops what does not fit; the
-#          current tree's runs first), with `report`'s log and ps.log
+#          current cold with its first trial waiting for every side process (.../all-cold; the deadline stops what
+#          does not fit; the current tree's runs first), with `report`'s log and ps.log
 #   threads  the current tree alone, cold three times (A B A), each side process given a quarter of the host's cores
 #          for inductor's compile workers (SWEEP_PRECOMPILE_THREADS; the default before session 30), then every core
 #          (the default since), then a quarter again; the side processes' seconds a set from Ray's worker logs
@@ -53,9 +53,9 @@ echo "base tree: $base_sha; current tree: ${SWEEP_GIT_SHA:-unknown}"
 prestarted=""  # set: the profile's prestarted_ranks (a key the base tree does not know)
 threads=""  # set: SWEEP_PRECOMPILE_THREADS in the profile's env (each side process's compile workers)
 report=""  # set: SWEEP_COMPILE_REPORT in the profile's env
-sides=""  # set: SWEEP_PRECOMPILE_SIDES in the profile's env (side processes per rank)
+extra=""  # set: more of the profile's env, NAME=VALUE[,NAME=VALUE...]
 cached_profile() {  # cached_profile LABEL: the profile with its own compile cache, /tmp/cc-LABEL (Triton's under it)
-  python3 - "$profile" "/tmp/cc-$1" "/tmp/$campaign-$1.yaml" "$prestarted" "$threads" "$report" "$sides" <<'PY'
+  python3 - "$profile" "/tmp/cc-$1" "/tmp/$campaign-$1.yaml" "$prestarted" "$threads" "$report" "$extra" <<'PY'
 import sys, yaml
 p = yaml.safe_load(open(sys.argv[1]))
 p["compile_cache"] = sys.argv[2]
@@ -66,8 +66,9 @@ if sys.argv[4]:
     p["prestarted_ranks"] = int(sys.argv[4])
 if sys.argv[5]:
     p["env"]["SWEEP_PRECOMPILE_THREADS"] = sys.argv[5]
-if sys.argv[7]:
-    p["env"]["SWEEP_PRECOMPILE_SIDES"] = sys.argv[7]
+for pair in filter(None, sys.argv[7].split(",")):
+    name, value = pair.split("=", 1)
+    p["env"][name] = value
 yaml.safe_dump(p, open(sys.argv[3], "w"))
 PY
   echo "/tmp/$campaign-$1.yaml"
@@ -136,10 +137,10 @@ case $part in
     sweep_run current $grids/a-grid.yaml "$results/current-warm"
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
     sweep_run base $grids/a-grid.yaml "$results/base-warm"
-    # what the deadline leaves: the current tree cold again with one side process per 4 cores (the default before
-    # session 33), its own cache
-    rm -rf /tmp/cc-four
-    sides=$(($(nproc) / 4)) sweep_run current $grids/a-grid.yaml "$results/four-cold" four ;;
+    # what the deadline leaves: the current tree cold again with every trial waiting for all the side processes (as
+    # before session 33: SWEEP_PRECOMPILE_WAIT=all), its own cache
+    rm -rf /tmp/cc-all
+    extra=SWEEP_PRECOMPILE_WAIT=all sweep_run current $grids/a-grid.yaml "$results/all-cold" all ;;
   current-cold-warm)  # the current tree alone, cold then warm (a device budget too short for the base beside it)
     rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
     sweep_run current $grids/a-grid.yaml "$results/current-cold"

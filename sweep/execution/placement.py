@@ -11,6 +11,7 @@ import socket
 from typing import Any
 
 from clusters.schema import ClusterProfile
+from sweep.memory.calibration import NO_ROWS
 from sweep.spec.grid import Trial
 from trainer.job import PG_TIMEOUT_S, RankJob, TrialConfig
 
@@ -81,6 +82,7 @@ def trial_config(trial: Trial) -> TrialConfig:
         memory_cap_bytes=trial.memory_cap_bytes,
         profiled=trial.profiled,
         auto_max=trial.auto_max,
+        expected_peak_bytes=int(NO_ROWS.predict_trial(trial).bytes),
     )
 
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 from sweep.record.row import Row as Row  # re-exported: the rows' Python type, held to RESULT_SCHEMA by tests
 from trainer.options import OPTION_DEFAULTS, OPTION_DOCS
 
-SCHEMA_VERSION = "1.17"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
+SCHEMA_VERSION = "1.18"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + grad_accum, grad_clip, fp8_lm_head;
 #                          1.4: + reduce_dtype, grad_sync; 1.5: + step_time_ci_pct;
 #                          1.6: + actor_reused, group_trial_index; 1.7: + profile_*_pct, trace_file;
 #                          1.8: + process_start_s, import_s, process_setup_s, model_build_s;
@@ -26,7 +26,8 @@ SCHEMA_VERSION = "1.17"  # 1.1: + traceback; 1.2: + cost_per_gpu_hour; 1.3: + gr
 #                                 step_times_s;
 #                          1.14: + precompile_s, precompiled_graphs, compile_cache_hits, compile_cache_misses;
 #                          1.15: + imported_before_placement; 1.16: + precompile_sides_ahead;
-#                          1.17: + precompile_sides_given
+#                          1.17: + precompile_sides_given; 1.18: precompile_s and precompiled_graphs on every
+#                                 trial that waited for side processes, not only a group's first
 VERSION_KEY = b"sweep.schema_version"
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
@@ -247,26 +248,29 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     (
         "precompile_s",
         pa.float64(),
-        "a fresh group's first trial: waiting, after its imports and process group, for the side processes that "
-        "compiled the group's graphs ahead (inside init_time_s; counted as compile); null when there were none",
+        "waiting, after the rank's imports and process group, for the side processes compiling the group's graphs "
+        "ahead: those compiling the trial's own (and the rest where the trial's expected peak memory does not fit "
+        "beside them; inside init_time_s; counted as compile); null when none were left (before schema 1.18: a "
+        "group's first trial alone, which waited for all)",
     ),
     (
         "precompiled_graphs",
         pa.int32(),
-        "of the group's sets of graphs compiled ahead (each precision's, and batch size's unless symbolic: its "
-        "blocks and, where the loss is a graph of its own, its loss apart), how many compiled; null as precompile_s",
+        "of the sets of graphs compiled ahead in the side processes the trial waited for (each precision's, and "
+        "batch size's unless symbolic: its blocks and, where the loss is a graph of its own, its loss apart), how "
+        "many compiled; null as precompile_s",
     ),
     (
         "precompile_sides_ahead",
         pa.int32(),
         "of the side processes that compiled them, how many the run had started ahead, imported before the group "
-        "was placed (trainer.side_pool); null as precompile_s, and before schema 1.16",
+        "was placed (trainer.side_pool); on a group's first trial; null on the others, and before schema 1.16",
     ),
     (
         "precompile_sides_given",
         pa.int32(),
         "of those, how many the run gave their graphs as it started them (one rank a node): compiling while Ray "
-        "started and the group was placed; null as precompile_s, and before schema 1.17",
+        "started and the group was placed; null as precompile_sides_ahead, and before schema 1.17",
     ),
     ("compile_cache_hits", pa.int32(), "rank 0: graphs this trial loaded from inductor's FX graph cache"),
     (
