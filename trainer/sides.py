@@ -31,8 +31,8 @@ class PrecompileReport:
     graphs: int  # sets of graphs they were given (a trial's blocks, its loss, or both: trainer.side_sets)
     compiled: int  # of those, compiled without an error
     errors: tuple[str, ...] = ()  # one line per failure: the trial compiles those graphs itself
-    ahead: int = 0  # of its side processes, those started ahead (trainer.side_pool)
-    given: int = 0  # of those, the ones the driver gave their graphs as it started them (side_pool.claim_given)
+    ahead: int | None = 0  # of its side processes, those started ahead (trainer.side_pool); None: not the first wait
+    given: int | None = 0  # of those, the ones the driver gave their graphs as it started them (claim_given)
     seconds: tuple[float, ...] = ()  # each set's compile (a reduced trial) in its side process, as they reported
     peak_bytes: tuple[int | None, ...] = ()  # the same sets' peak memory there (GPU: reserved; None: it failed)
     spans: tuple[tuple[float, float, float], ...] = ()  # the same sets: their side's imports done, began, ended (epoch)
@@ -46,8 +46,8 @@ class PrecompileReport:
             self.graphs + later.graphs,
             self.compiled + later.compiled,
             self.errors + later.errors,
-            self.ahead + later.ahead,
-            self.given + later.given,
+            self.ahead if self.ahead is not None else later.ahead,
+            self.given if self.given is not None else later.given,
             self.seconds + later.seconds,
             self.peak_bytes + later.peak_bytes,
             self.spans + later.spans,
@@ -163,8 +163,8 @@ class Sides:
             self.graphs if first else sets,
             compiled,
             tuple(errors),
-            sum(isinstance(side, PooledSide) for side in self.procs) if first else 0,
-            sum(isinstance(side, PooledSide) and side.given for side in self.procs) if first else 0,
+            sum(isinstance(side, PooledSide) for side in self.procs) if first else None,
+            sum(isinstance(side, PooledSide) and side.given for side in self.procs) if first else None,
             tuple(seconds),
             tuple(peaks),
             tuple(spans),

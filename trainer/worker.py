@@ -230,7 +230,6 @@ class RankWorker:
         import torch.distributed as dist
 
         import trainer.train  # noqa: F401 - the process's import (import_s), not its first trial's build
-        from trainer.precompile import mark
         from trainer.release import held_bytes, release, thawed
 
         imported = time.perf_counter()
@@ -247,17 +246,8 @@ class RankWorker:
         joined = time.perf_counter()
         config = _this_ranks_share(job)
         ahead = self._wait_for_sides(config, rank.device)
-        reporting = job.rank == 0 and compile_report.enabled()
-        if reporting:
-            compile_report.watch_benchmarks()
-        before = _cache_counts()
-        measured, late = self._run(config, rank, started_at)
+        measured, late, (hits, misses) = self._run_counted(job, config, rank, started_at)
         ahead = ahead.then(late) if ahead and late else ahead or late
-        hits, misses = (now - then for now, then in zip(_cache_counts(), before))
-        if (hits or misses) and job.world_size == 1 and config.compile == "regional":
-            mark(config)  # its graphs went through the cache: no group compiles them ahead again
-        if reporting:
-            compile_report.report()
         torch_version, te_version, torchao_version = _versions()
         gpu_name, driver_version, cuda_version = _device_info(rank.device)
         result = dataclasses.replace(
@@ -308,6 +298,25 @@ class RankWorker:
         if compile_report.enabled():  # where the trial's wait went
             print(f"sweep compile report: {report.line()}", file=sys.stderr, flush=True)
         return report
+
+    def _run_counted(
+        self, job: RankJob, config: TrialConfig, rank: Rank, started_at: float
+    ) -> tuple[Measurement, PrecompileReport | None, tuple[int, int]]:
+        """`_run`, and the graphs the trial found in inductor's cache and those it compiled; rank 0's compile report
+        (SWEEP_COMPILE_REPORT) after it."""
+        from trainer.precompile import mark
+
+        reporting = job.rank == 0 and compile_report.enabled()
+        if reporting:
+            compile_report.watch_benchmarks()
+        before = _cache_counts()
+        measured, late = self._run(config, rank, started_at)
+        hits, misses = (now - then for now, then in zip(_cache_counts(), before))
+        if (hits or misses) and job.world_size == 1 and config.compile == "regional":
+            mark(config)  # its graphs went through the cache: no group compiles them ahead again
+        if reporting:
+            compile_report.report()
+        return measured, late, (hits, misses)
 
     def _run(self, config: TrialConfig, rank: Rank, started_at: float) -> tuple[Measurement, PrecompileReport | None]:
         """The trial, the side processes still compiling paused while it measures (`trainer.train.Beside`). One that
