@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cold-sweep campaign on the lent one-H200 machine (kind nvidia-h200), from the project root:
 #
-#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]
+#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]
 #
 # Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
@@ -38,13 +38,13 @@
 set -uo pipefail
 campaign=cold-sweep
 part=${1:-cold}
-[[ $part != *cold-warm && $part != acceptance && $part != cold-first && $part != prestart && $part != threads && $part != report && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
+[[ $part != *cold-warm && $part != acceptance && $part != cold-first && $part != prestart && $part != threads && $part != report && $part != wait && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
 job_begin $campaign 0
 # the parts that run the current tree alone need no base tree
-[[ $part == report || $part == prestart || $part == threads || $part == current-cold-warm ]] || [ -f .base-tree/COMMIT ] ||
+[[ $part == report || $part == wait || $part == prestart || $part == threads || $part == current-cold-warm ]] || [ -f .base-tree/COMMIT ] ||
   { echo "job: carry .base-tree (bash benchmarks/device/prepare.sh base COMMIT)"; exit 2; }
 base_sha=$(cat .base-tree/COMMIT 2>/dev/null)
 root=$PWD profile=$(realpath "$profile")  # both read from inside a tree below
@@ -149,6 +149,13 @@ case $part in
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
     sweep_run current $grids/a-grid.yaml "$results/current-warm"
     sweep_run base $grids/a-grid.yaml "$results/base-warm" ;;
+  wait)  # the current tree cold twice, each its own empty cache: each trial waiting for its own side processes (the
+    # default), then for all of them (SWEEP_PRECOMPILE_WAIT=all, as before session 33)
+    report=1
+    rm -rf /tmp/cc-current /tmp/cc-all "$results"/*-cold
+    sample_processes
+    sweep_run current $grids/a-grid.yaml "$results/current-cold"
+    extra=SWEEP_PRECOMPILE_WAIT=all sweep_run current $grids/a-grid.yaml "$results/all-cold" all ;;
   current-cold-warm)  # the current tree alone, cold then warm (a device budget too short for the base beside it)
     rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
@@ -193,7 +200,7 @@ print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$r
       $grids/c-max-batch.yaml >/tmp/one-trial.yaml
     rm -rf /tmp/cc-current  # the one trial: its own empty cache
     sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
-  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
 python3 -c 'import duckdb' 2>/dev/null && for d in "$results"/*/; do  # `sweep results` needs .whl-results
