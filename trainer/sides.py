@@ -200,7 +200,8 @@ class Sides:
 
     def _signal(self, signum: int) -> None:
         for side, _ in self.pending:
-            side.signal(signum)
+            if not side.finished():  # one done is gone, or soon: its pid (a group's id) may be another's later
+                side.signal(signum)
 
     def stop(self) -> None:
         for side, _ in self.pending:
