@@ -158,3 +158,7 @@ def test_every_rank_is_sent_the_same_trial_with_what_only_a_trial_says():
     )
     assert config.options == TrainingOptions() and job.pg_timeout_s == 5.0 and job.device_type == "cuda"
     assert REGISTRY["gpt-tiny"].model_validate_json(config.model_spec_json) == REGISTRY["gpt-tiny"]
+    # the memory model's (uncalibrated) peak, which decides whether it starts beside side processes still compiling
+    from sweep.memory.calibration import NO_ROWS
+
+    assert config.expected_peak_bytes == int(NO_ROWS.predict_trial(trial).bytes) > 0

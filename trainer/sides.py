@@ -116,13 +116,9 @@ class Sides:
     compiling while it trains, paused while it measures (`pause`, `resume`): they never share the GPU with a measured
     step. `stop` kills those left."""
 
-    def __init__(
-        self, procs: list[PipedSide | PooledSide], graphs: int, keys: list[frozenset[tuple]] | None = None
-    ) -> None:
+    def __init__(self, procs: list[PipedSide | PooledSide], graphs: int, keys: list[frozenset[tuple]]) -> None:
         self.procs, self.graphs = procs, graphs
-        self.pending: list[tuple[PipedSide | PooledSide, frozenset[tuple]]] = list(
-            zip(procs, keys or [frozenset()] * len(procs))
-        )
+        self.pending: list[tuple[PipedSide | PooledSide, frozenset[tuple]]] = list(zip(procs, keys, strict=True))
         self.part_peaks: dict[str, int] = {}  # the largest peak memory a set of each part has reported
         self.paused = False
         self._reported = False  # the counts of sets and of sides started ahead go in the first report alone

@@ -357,10 +357,11 @@ def _step_until_done(
     phase = torch.zeros(1, dtype=torch.int64, device=rank.device)  # an index into PHASES
     losses, i, metering = [], 0, False
     while schedule.phase != "done":
-        if not metering and schedule.phase == "measure" and beside is not None:
+        first_measured = not metering and schedule.phase == "measure"
+        if first_measured and beside is not None:
             beside.pause()
         device_sync(rank.device)
-        if not metering and schedule.phase == "measure":  # energy: the measured steps only, from this sync
+        if first_measured:  # energy: the measured steps only, from this sync
             meter.start()
             metering = True
         t0 = time.perf_counter()

@@ -107,6 +107,14 @@ sweep_run() {  # sweep_run TREE GRID OUTPUT [LABEL [FLAG...]]: `sweep run` of TR
   [ $rc -eq 0 ] || [ $rc -eq 3 ] || status=$rc
 }
 
+both_trees() {  # both_trees RUN...: the grid for each RUN (TREE-PHASE: current-cold, base-warm, ...) in that order, on
+  # both trees' emptied caches, the compile report on and what ran beside sampled, as `report` does
+  report=1
+  rm -rf /tmp/cc-current /tmp/cc-base "$results"/*-cold "$results"/*-warm
+  sample_processes
+  for run in "$@"; do sweep_run "${run%-*}" $grids/a-grid.yaml "$results/$run"; done
+}
+
 case $part in
   cold)
     # what a rank's first trial imports (import_s), by module: where a fresh process's seconds go
@@ -130,25 +138,13 @@ case $part in
     sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
   acceptance)  # one call: the current tree cold then warm, then the base cold then warm (what the deadline leaves),
     # the current tree's compile report on and what ran beside its cold run sampled, as `report` does
-    report=1
-    rm -rf /tmp/cc-current /tmp/cc-base "$results"/*-cold "$results"/*-warm
-    sample_processes
-    sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    sweep_run current $grids/a-grid.yaml "$results/current-warm"
-    sweep_run base $grids/a-grid.yaml "$results/base-cold"
-    sweep_run base $grids/a-grid.yaml "$results/base-warm"
+    both_trees current-cold current-warm base-cold base-warm
     # what the deadline leaves: the current tree cold again with every trial waiting for all the side processes (as
     # before session 33: SWEEP_PRECOMPILE_WAIT=all), its own cache
     rm -rf /tmp/cc-all
     extra=SWEEP_PRECOMPILE_WAIT=all sweep_run current $grids/a-grid.yaml "$results/all-cold" all ;;
   cold-first)  # acceptance for a short device budget: both trees cold first, then warm (the deadline stops the rest)
-    report=1
-    rm -rf /tmp/cc-current /tmp/cc-base "$results"/*-cold "$results"/*-warm
-    sample_processes
-    sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    sweep_run base $grids/a-grid.yaml "$results/base-cold"
-    sweep_run current $grids/a-grid.yaml "$results/current-warm"
-    sweep_run base $grids/a-grid.yaml "$results/base-warm" ;;
+    both_trees current-cold base-cold current-warm base-warm ;;
   wait)  # the current tree cold twice, each its own empty cache: each trial waiting for its own side processes (the
     # default), then for all of them (SWEEP_PRECOMPILE_WAIT=all, as before session 33)
     report=1

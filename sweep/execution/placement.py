@@ -8,6 +8,7 @@ is sent for a trial once they run (`sweep.execution.scheduler` uses them).
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 from typing import Any
 
 from clusters.schema import ClusterProfile
@@ -82,7 +83,6 @@ def trial_config(trial: Trial) -> TrialConfig:
         memory_cap_bytes=trial.memory_cap_bytes,
         profiled=trial.profiled,
         auto_max=trial.auto_max,
-        expected_peak_bytes=int(NO_ROWS.predict_trial(trial).bytes),
     )
 
 
@@ -109,7 +109,9 @@ def rank_jobs(
     address and held port becoming the rendezvous); `precompile`: the graphs a fresh group compiles ahead
     (`trainer.job.compile_ahead`), `node_groups` the one-rank groups of its node that may do so at once. Pure: no
     Ray."""
-    config = trial_config(trial)
+    # the memory model's peak, for the trial that runs (not for every queued one the scheduler looks ahead to):
+    # whether it may start beside side processes still compiling (trainer.worker)
+    config = replace(trial_config(trial), expected_peak_bytes=int(NO_ROWS.predict_trial(trial).bytes))
     seen: dict[str, int] = {}
     jobs = []
     for rank, info in enumerate(nodes):  # local rank = index among the ranks on the same node
