@@ -1,0 +1,122 @@
+"""Inductor's benchmark of a kernel's configs, remembered across processes (trainer.autotune_store).
+
+Triton's autotuner runs on a GPU only, so the benchmark here is a stand-in with the same contract ({launcher: timing}
+for the object's `launchers`); what is tested is the wrapping installed on inductor's real CachingAutotuner: the same
+winner without a second benchmark, a new benchmark wherever what decides the timings differs, and the compile report
+telling the two apart. The seconds it saves are measured on the device (benchmarks/RESULTS.md "Cold sweep").
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trainer import autotune_store, compile_report
+
+
+class Launcher:
+    """One compiled config of a kernel (hashed by identity, as inductor's launchers are)."""
+
+    def __init__(self, config: str) -> None:
+        self.config = config
+
+
+class Kernel:
+    """What the wrapping reads of a CachingAutotuner: its source file and its launchers' configs."""
+
+    def __init__(
+        self, filename: str | None = "/cache/ab/cabcdef0123.py", configs: tuple[str, ...] = ("R 2048", "R 1024")
+    ):
+        self.filename = filename
+        self.launchers = [Launcher(c) for c in configs]
+        self.inductor_meta = {"kernel_name": "triton_red_fused_0"}
+
+
+@pytest.fixture
+def benchmarks(monkeypatch, tmp_path):
+    """inductor's benchmark replaced by one that counts its calls (the second config faster), then the store installed
+    over it with inductor's cache in `tmp_path`."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    calls: list[str] = []
+
+    def benchmark(self, *args, **kwargs):
+        calls.append(self.filename)
+        return {launcher: 1.0 / (i + 1) for i, launcher in enumerate(self.launchers)}
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(CachingAutotuner, "benchmark_all_configs", benchmark)
+    autotune_store.install()
+    autotune_store.install()  # once per process, however often called
+    return SimpleNamespace(
+        calls=calls, run=CachingAutotuner.benchmark_all_configs, folder=tmp_path / autotune_store.STORE
+    )
+
+
+def winner(timings: dict) -> str:
+    return min(timings, key=timings.get).config
+
+
+def test_a_second_process_keeps_the_first_ones_winner_without_benchmarking(benchmarks):
+    x = torch.empty(4, 4096, dtype=torch.bfloat16)
+    first = benchmarks.run(Kernel(), x, 4096)
+    assert benchmarks.calls == ["/cache/ab/cabcdef0123.py"] and winner(first) == "R 1024"
+    (kept,) = benchmarks.folder.iterdir()
+    assert json.loads(kept.read_text()) == {"configs": ["R 2048", "R 1024"], "timings": [1.0, 0.5]}
+
+    again = Kernel()  # the same kernel in a later process: a new autotuner object, the same key
+    timings = benchmarks.run(again, torch.empty(4, 4096, dtype=torch.bfloat16), 4096)
+    assert benchmarks.calls == ["/cache/ab/cabcdef0123.py"]  # no second benchmark
+    assert winner(timings) == "R 1024" and list(timings.values()) == [1.0, 0.5]
+    assert again.sweep_remembered
+
+
+@pytest.mark.parametrize(
+    "kernel, args",
+    [
+        (Kernel(), (torch.empty(6, 4096, dtype=torch.bfloat16), 4096)),  # another batch
+        (Kernel(), (torch.empty(4, 4096, dtype=torch.float32), 4096)),  # another dtype
+        (Kernel(), (torch.empty(4096, 4).t(), 4096)),  # other strides
+        (Kernel(), (torch.empty(4, 4096, dtype=torch.bfloat16), 2048)),  # another size argument
+        (Kernel("/cache/cd/cdeadbeef99.py"), (torch.empty(4, 4096, dtype=torch.bfloat16), 4096)),  # another source
+        (Kernel(configs=("R 2048", "R 512")), (torch.empty(4, 4096, dtype=torch.bfloat16), 4096)),  # other configs
+    ],
+)
+def test_whatever_decides_the_timings_differs_benchmarks_again(benchmarks, kernel, args):
+    benchmarks.run(Kernel(), torch.empty(4, 4096, dtype=torch.bfloat16), 4096)
+    benchmarks.run(kernel, *args)
+    assert len(benchmarks.calls) == 2 and not hasattr(kernel, "sweep_remembered")
+
+
+def test_what_it_cannot_key_or_read_is_benchmarked_as_inductor_would(benchmarks):
+    benchmarks.run(Kernel(filename=None), 1)  # no source file: nothing to key it by
+    benchmarks.run(Kernel(configs=("R 2048",)), 1)  # one launcher: inductor does not benchmark it, nor does this
+    assert len(benchmarks.calls) == 2 and not benchmarks.folder.exists()
+    benchmarks.run(Kernel(), 1)
+    (kept,) = benchmarks.folder.iterdir()
+    kept.write_text("{not json")  # torn or foreign: benchmarked again, and kept whole this time
+    benchmarks.run(Kernel(), 1)
+    assert len(benchmarks.calls) == 4 and json.loads(kept.read_text())["timings"] == [1.0, 0.5]
+
+
+def test_a_cache_that_cannot_be_written_costs_only_the_next_benchmark(benchmarks, monkeypatch, tmp_path):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "file"))  # a file where the folder would be
+    assert winner(benchmarks.run(Kernel(), 1)) == "R 1024"
+    assert winner(benchmarks.run(Kernel(), 1)) == "R 1024" and len(benchmarks.calls) == 2
+
+
+def test_the_compile_report_tells_a_remembered_kernel_from_a_benchmarked_one(benchmarks, monkeypatch):
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    monkeypatch.setattr(compile_report, "_benchmarked", [])
+    compile_report.watch_benchmarks()  # after the store, as a rank installs them (trainer.worker._run_counted)
+    for kernel in (Kernel(), Kernel()):
+        kernel.is_backward, kernel.autotune_cache_info = True, {"autotune_cache_state": "only 1 config"}
+        CachingAutotuner.benchmark_all_configs(kernel, 1)
+    kernels = "triton_red_fused_0:bw:only 1 config:2:cabcdef012"
+    assert f"benchmarked 2 kernels: {kernels} {kernels}:remembered" in compile_report.report()
+    assert len(benchmarks.calls) == 1

@@ -1,0 +1,135 @@
+"""Inductor's choice among a Triton kernel's launch configs, remembered from one process to the next.
+
+At a kernel's first run inductor benchmarks its configs where it has more than one
+(`CachingAutotuner.benchmark_all_configs`) and keeps the winner in its autotune cache, but a later process finds it
+there only if the winner is one of the configs inductor generated. A reduction whose compiled config uses many
+registers gets a copy with its RBLOCK halved at run time (`_dynamic_scale_rblock`, inductor's occupancy tuning), so a
+kernel with one generated config has two at every first run, and a winner that is the halved copy is never found
+in the autotune cache (`miss` again on a warm cache). Every torchao rowwise FP8 trial benchmarked 7 such kernels on a
+warm cache (0.6-1.0 s of its compile on an H100 and an H200, as much again in the side process that compiled its
+graphs ahead: benchmarks/RESULTS.md "Cold sweep", sessions 33-34).
+
+So the timings a benchmark measured are kept beside inductor's caches (`STORE`, cleared with them), keyed by what
+decides them: the kernel's source file (named by its code's hash), its configs in order, its arguments' shapes,
+strides and dtypes, the GPU's name and torch's version. A process with the same key takes those timings instead of
+benchmarking: inductor then keeps the same winner, without the seconds, and a sweep's rows keep the kernels its
+first measurement chose (benchmark noise no longer picks again in every process). What is kept is only ever timings
+inductor measured; anything unexpected (no source file, a config list that differs, an unreadable entry) benchmarks
+as inductor would. `install()` once per process (trainer.parallelize calls it on import, as compile_keys.install).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+STORE = "sweep-autotune"  # the folder beside inductor's caches: one JSON file of timings per key
+
+
+def arg_signature(arg: Any) -> object:
+    """What of one kernel argument a timing depends on: a tensor's shape, strides and dtype; a number itself."""
+    shape = getattr(arg, "shape", None)
+    if shape is not None:
+        stride = arg.stride() if callable(getattr(arg, "stride", None)) else None
+        return [list(shape), list(stride) if stride is not None else None, str(getattr(arg, "dtype", ""))]
+    if isinstance(arg, (bool, int, float, str)) or arg is None:
+        return arg
+    return type(arg).__name__
+
+
+def store_key(source: str, configs: list[str], args: tuple, kwargs: dict, device: str, torch_version: str) -> str:
+    """The file name the timings of one benchmark go under: a hash of everything `arg_signature` and the docstring
+    above name."""
+    described = {
+        "source": source,
+        "configs": configs,
+        "args": [arg_signature(a) for a in args],
+        "kwargs": {k: arg_signature(v) for k, v in sorted(kwargs.items())},
+        "device": device,
+        "torch": torch_version,
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:40]
+
+
+def read_timings(path: Path, configs: list[str]) -> list[float] | None:
+    """The timings kept at `path` for `configs` (in their order), or None: none kept, or kept for other configs."""
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("configs") != configs or len(kept.get("timings", ())) != len(configs):
+        return None
+    return [float(t) for t in kept["timings"]]
+
+
+def write_timings(path: Path, configs: list[str], timings: list[float]) -> None:
+    """Keep `timings` of `configs` at `path`, whole or not at all (a temporary file renamed: side processes and
+    ranks benchmark at once). A folder that cannot be written costs only the next process's benchmark."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"configs": configs, "timings": timings}, f)  # inf (a failed config) is written as Infinity
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def remembering(
+    benchmark: Callable[..., dict], folder: Callable[[], Path], device: Callable[[], str], torch_version: str
+) -> Callable[..., dict]:
+    """`benchmark` (CachingAutotuner.benchmark_all_configs: {launcher: timing}) taking the timings kept in
+    `folder()` for its key where there are some, and keeping what it measured otherwise. A kernel served from the
+    store is marked `sweep_remembered` (trainer.compile_report names it so)."""
+
+    @functools.wraps(benchmark)
+    def remembered(self: Any, *args: Any, **kwargs: Any) -> dict:
+        source = os.path.basename(getattr(self, "filename", None) or "")
+        launchers = list(getattr(self, "launchers", None) or ())
+        if not source or len(launchers) < 2:
+            return benchmark(self, *args, **kwargs)
+        configs = [str(launcher.config) for launcher in launchers]
+        try:
+            path = folder() / f"{store_key(source, configs, args, kwargs, device(), torch_version)}.json"
+        except OSError:  # no cache folder to keep timings in (inductor makes it): benchmark as inductor would
+            return benchmark(self, *args, **kwargs)
+        kept = read_timings(path, configs)
+        if kept is not None:
+            self.sweep_remembered = True
+            return dict(zip(launchers, kept))
+        timings = benchmark(self, *args, **kwargs)
+        write_timings(path, configs, [float(timings[launcher]) for launcher in launchers])
+        return timings
+
+    remembered.sweep_remembering = True  # type: ignore[attr-defined]
+    return remembered
+
+
+def install() -> None:
+    """Remember inductor's benchmarks in this process from now on; once per process (idempotent). A torch without
+    Triton's autotuner (a CPU build) has nothing to remember."""
+    try:
+        import torch
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:
+        return
+    original = getattr(CachingAutotuner, "benchmark_all_configs", None)
+    if original is None or getattr(original, "sweep_remembering", False):
+        return
+
+    def device() -> str:
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+    def folder() -> Path:  # read at each benchmark: a test or a profile may point inductor's cache elsewhere
+        return Path(cache_dir()) / STORE
+
+    CachingAutotuner.benchmark_all_configs = remembering(  # type: ignore[method-assign]
+        original, folder, device, torch.__version__
+    )
