@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cold-sweep campaign on the lent one-H200 machine (kind nvidia-h200), from the project root:
 #
-#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]
+#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|store|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]
 #
 # Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
@@ -29,6 +29,8 @@
 #   prestart  the current tree alone (JOB_NEEDS_RESULTS=0, .whl only): cold as it is (rank and side processes started
 #          ahead), cold with them started once placed (prestarted_ranks 0, .../late-cold, its own cache), then warm
 #          the other way round (.../late-warm, .../current-warm)
+#   store  the current tree cold, then warm A B A (current, the base tree on the current tree's cache, current again):
+#          kernel benchmarks kept across processes against none, with .base-tree the commit before them (f6ac372)
 #   searches  the OOM-retry grid (b-oom.yaml) and the max-batch search (c-max-batch.yaml) with the current tree and
 #          the OOM grid with the base one, on their own empty caches, into .../{current,base}-searches
 #   max-batch  c-max-batch.yaml alone on an empty cache into .../max-batch-search, then one `sweep run` of the batch
@@ -38,7 +40,7 @@
 set -uo pipefail
 campaign=cold-sweep
 part=${1:-cold}
-[[ $part != *cold-warm && $part != acceptance && $part != cold-first && $part != prestart && $part != threads && $part != report && $part != wait && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
+[[ $part != *cold-warm && $part != acceptance && $part != cold-first && $part != prestart && $part != threads && $part != report && $part != wait && $part != store && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
@@ -174,6 +176,15 @@ case $part in
     rm -rf /tmp/cc-current "$results"/*-cold
     sample_processes
     sweep_run current $grids/a-grid.yaml "$results/current-cold" ;;
+  store)  # kernel benchmarks kept across processes (trainer.autotune_store) on and off, on one warm cache: the current
+    # tree cold, then warm A B A: the current tree, the base tree (prepare.sh base with the commit before the store,
+    # f6ac372) on the current tree's cache, the current tree again (.../again-warm)
+    report=1
+    rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
+    sweep_run current $grids/a-grid.yaml "$results/current-cold"
+    sweep_run current $grids/a-grid.yaml "$results/current-warm"
+    sweep_run base $grids/a-grid.yaml "$results/base-warm" current
+    sweep_run current $grids/a-grid.yaml "$results/again-warm" ;;
   base)  # the base tree alone, cold then warm, on a machine where a current part (prestart) has just run
     rm -rf /tmp/cc-base "$results"/base-*
     sweep_run base $grids/a-grid.yaml "$results/base-cold"
@@ -196,7 +207,7 @@ print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$r
       $grids/c-max-batch.yaml >/tmp/one-trial.yaml
     rm -rf /tmp/cc-current  # the one trial: its own empty cache
     sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
-  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|store|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
 python3 -c 'import duckdb' 2>/dev/null && for d in "$results"/*/; do  # `sweep results` needs .whl-results
