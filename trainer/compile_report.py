@@ -3,8 +3,9 @@
 After each trial: what its compilation hit and missed in inductor's caches (dynamo's counters), dynamo's compile
 seconds by phase, and every Triton kernel inductor benchmarked its configs of (at a kernel's first run, unless
 inductor's autotune cache held its best config): the kernel, forward or backward, what the autotune cache said, how
-many configs it ran. benchmarks/device/cold_sweep.sh collects the lines (benchmarks/RESULTS.md "Cold sweep": the
-rowwise trials benchmark 18-23 kernels their side processes had benchmarked already).
+many configs it ran, and `remembered` where trainer.autotune_store served the timings an earlier process measured
+instead. benchmarks/device/cold_sweep.sh collects the lines (benchmarks/RESULTS.md "Cold sweep": each rowwise trial
+benchmarked 7 kernels on a warm cache, inductor's halved-RBLOCK copies, until the store kept them).
 """
 
 from __future__ import annotations
