@@ -49,6 +49,7 @@ def benchmarks(monkeypatch, tmp_path):
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(CachingAutotuner, "benchmark_all_configs", benchmark)
+    monkeypatch.setattr(CachingAutotuner, autotune_store.INSTALLED, False, raising=False)
     autotune_store.install()
     autotune_store.install()  # once per process, however often called
     return SimpleNamespace(
@@ -120,3 +121,25 @@ def test_the_compile_report_tells_a_remembered_kernel_from_a_benchmarked_one(ben
     kernels = "triton_red_fused_0:bw:only 1 config:2:cabcdef012"
     assert f"benchmarked 2 kernels: {kernels} {kernels}:remembered" in compile_report.report()
     assert len(benchmarks.calls) == 1
+
+
+@pytest.mark.integration
+def test_a_compiled_trial_installs_it_as_it_starts_and_an_eager_one_does_not(monkeypatch, rank_jobs):
+    """Not on import (inductor's runtime module starts the CUDA driver on a GPU host, which a preloaded rank must not:
+    tests/test_prestart.py), but as a trial that compiles starts: a rank's, or a side process's blocks set."""
+    from test_train import _one_rank_group
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    from trainer.models.specs import REGISTRY
+    from trainer.train import run_trial
+
+    monkeypatch.setattr(CachingAutotuner, autotune_store.INSTALLED, False, raising=False)
+    monkeypatch.setattr(CachingAutotuner, "benchmark_all_configs", CachingAutotuner.benchmark_all_configs)
+    steps = {"warmup_steps": 1, "measure_steps": 1}
+    (eager,) = rank_jobs(REGISTRY["gpt-tiny"], "fp32", compile="none", **steps)
+    (compiled,) = rank_jobs(REGISTRY["gpt-tiny"], "fp32", compile="regional", **steps)
+    with _one_rank_group() as rank:
+        run_trial(eager.trial, rank)
+        assert not getattr(CachingAutotuner, autotune_store.INSTALLED)
+        run_trial(compiled.trial, rank)
+    assert getattr(CachingAutotuner, autotune_store.INSTALLED)

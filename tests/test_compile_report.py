@@ -12,8 +12,11 @@ from trainer import compile_report
 def test_the_report_names_each_kernel_inductor_benchmarked_then_starts_again(monkeypatch, capsys):
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
+    from trainer import autotune_store
+
     calls = []
     monkeypatch.setattr(CachingAutotuner, "benchmark_all_configs", lambda self, *a: calls.append(a) or "timings")
+    monkeypatch.setattr(CachingAutotuner, autotune_store.INSTALLED, True, raising=False)  # the report alone here
     compile_report.watch_benchmarks()
     compile_report.watch_benchmarks()  # a second trial of the rank: still one record per benchmark
     kernel = SimpleNamespace(

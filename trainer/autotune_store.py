@@ -15,7 +15,9 @@ strides and dtypes, the GPU's name and torch's version. A process with the same 
 benchmarking: inductor then keeps the same winner, without the seconds, and a sweep's rows keep the kernels its
 first measurement chose (benchmark noise no longer picks again in every process). What is kept is only ever timings
 inductor measured; anything unexpected (no source file, a config list that differs, an unreadable entry) benchmarks
-as inductor would. `install()` once per process (trainer.parallelize calls it on import, as compile_keys.install).
+as inductor would. `install()` as a trial or a side set starts (trainer.train.run_trial, trainer.precompile.run_set),
+not on import: inductor's runtime module starts the CUDA driver on a GPU host as it is imported, which a rank
+preloaded beside others must not (trainer.preload).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 STORE = "sweep-autotune"  # the folder beside inductor's caches: one JSON file of timings per key
+INSTALLED = "sweep_autotune_store"  # set on CachingAutotuner once installed (a report's wrapper may sit above ours)
 
 
 def arg_signature(arg: Any) -> object:
@@ -107,7 +110,6 @@ def remembering(
         write_timings(path, configs, [float(timings[launcher]) for launcher in launchers])
         return timings
 
-    remembered.sweep_remembering = True  # type: ignore[attr-defined]
     return remembered
 
 
@@ -121,7 +123,7 @@ def install() -> None:
     except ImportError:
         return
     original = getattr(CachingAutotuner, "benchmark_all_configs", None)
-    if original is None or getattr(original, "sweep_remembering", False):
+    if original is None or getattr(CachingAutotuner, INSTALLED, False):
         return
 
     def device() -> str:
@@ -133,3 +135,4 @@ def install() -> None:
     CachingAutotuner.benchmark_all_configs = remembering(  # type: ignore[method-assign]
         original, folder, device, torch.__version__
     )
+    setattr(CachingAutotuner, INSTALLED, True)

@@ -49,6 +49,9 @@ def watch_benchmarks() -> None:
     """Record every kernel inductor benchmarks in this process from now on (`benchmarked`); once per process."""
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
+    from trainer import autotune_store
+
+    autotune_store.install()  # first, so that this sees what the store serves (the trial would install it after)
     original = CachingAutotuner.benchmark_all_configs
     if getattr(original, "sweep_watched", False):
         return

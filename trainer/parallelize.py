@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.nn as nn
 
-from trainer import autotune_store, compile_keys
+from trainer import compile_keys
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 
 compile_keys.install()  # one graph, one cache key in every process (ranks and side processes import this module)
-autotune_store.install()  # a kernel's configs benchmarked once, not again in every process
 
 
 def _blocks(model: nn.Module) -> nn.ModuleList:

@@ -105,7 +105,10 @@ def run_set(item: SideSet, rank: Rank) -> int | None:
     its loss's graph (`trainer.loss_graph`); the peak memory that took (GPU: reserved), what a trial beside it would
     leave."""
     if item.part == "loss":
+        from trainer import autotune_store
         from trainer.loss_graph import run_loss_graph
+
+        autotune_store.install()  # as run_trial does for a blocks set
 
         memory = run_loss_graph(item.config, rank.device)
     else:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainer import models
+from trainer import autotune_store, models
 from trainer.data import SyntheticData
 from trainer.energy import EnergyMeter, EnergyReport, NullMeter, meter_for
 from trainer.job import TrialConfig
@@ -144,6 +144,8 @@ def run_trial(
     called_at = time.perf_counter()
     started_at = called_at if started_at is None else started_at
     release(rank.device, keep_for=config)
+    if config.compile != "none":
+        autotune_store.install()  # a kernel's configs benchmarked once per cache, not again in every process
     spec = ModelSpec.model_validate_json(config.model_spec_json)
     plan = precision_plan(
         config.precision,
