@@ -21,8 +21,13 @@ demo: venv
 	$(VENV)/bin/sweep run examples/demo.yaml --cluster local --output results
 	$(VENV)/bin/sweep results show results
 
+# The tests that start no Ray or ranks are single-process: spread over every core (pytest-xdist; 375 s serial, 202 s
+# on 2 workers of a 2-core machine). The integration tests share one Ray instance and already keep both cores busy
+# (on 2 workers they took longer, 1,337 s against about 1,250, with a timeout test failing): serial, one session.
+TEST_WORKERS ?= auto
 test: venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not integration" -n $(TEST_WORKERS) tests
+	$(PY) -m pytest -q -m integration tests
 
 lint: venv   # ruff and mypy as pyproject.toml configures them (pinned in the dev extra)
 	$(VENV)/bin/ruff check
