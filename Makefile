@@ -24,10 +24,14 @@ demo: venv
 # The tests that start no Ray or ranks are single-process: spread over every core (pytest-xdist; 375 s serial, 202 s
 # on 2 workers of a 2-core machine). The integration tests share one Ray instance and already keep both cores busy
 # (on 2 workers they took longer, 1,337 s against about 1,250, with a timeout test failing): serial, one session.
+# Both lanes, every worker, share one folder of inductor's C++ builds (tests/conftest.py `_cache_compiler_builds`;
+# one set outside, or `off`, is kept).
 TEST_WORKERS ?= auto
 test: venv
-	$(PY) -m pytest -q -m "not integration" -n $(TEST_WORKERS) tests
-	$(PY) -m pytest -q -m integration tests
+	builds=$${SWEEP_TEST_CXX_CACHE:-$$(mktemp -d)}; \
+	SWEEP_TEST_CXX_CACHE=$$builds $(PY) -m pytest -q -m "not integration" -n $(TEST_WORKERS) tests && \
+	SWEEP_TEST_CXX_CACHE=$$builds $(PY) -m pytest -q -m integration tests; \
+	rc=$$?; [ -n "$$SWEEP_TEST_CXX_CACHE" ] || rm -rf "$$builds"; exit $$rc
 
 lint: venv   # ruff and mypy as pyproject.toml configures them (pinned in the dev extra)
 	$(VENV)/bin/ruff check
