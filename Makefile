@@ -21,9 +21,10 @@ demo: venv
 	$(VENV)/bin/sweep run examples/demo.yaml --cluster local --output results
 	$(VENV)/bin/sweep results show results
 
-# The tests that start no Ray or ranks are single-process: spread over every core (pytest-xdist; 375 s serial, 202 s
-# on 2 workers of a 2-core machine). The integration tests share one Ray instance and already keep both cores busy
-# (on 2 workers they took longer, 1,337 s against about 1,250, with a timeout test failing): serial, one session.
+# The tests that start no Ray or ranks are single-process: spread over every core (pytest-xdist; on a 2-core machine
+# `pytest -m "not integration"` took 375 s, with `-n 2` 202 s). The integration tests share one Ray instance and
+# already keep both cores busy: with `-n 2` they took 1,337 s and a timeout test failed, against 1,338 and 1,466 s
+# serially in two fresh-clone CI runs (no faster, and flaky): serial, one session.
 # Both lanes, every worker, share one folder of inductor's C++ builds (tests/conftest.py `_cache_compiler_builds`;
 # one set outside, or `off`, is kept).
 TEST_WORKERS ?= auto
