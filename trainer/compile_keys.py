@@ -2,8 +2,9 @@
 
 A later trial (or a rank after the side process that compiled its graphs ahead, `trainer.precompile`) finds a graph in
 the on-disk caches only if both processes compute the same key for it, and only if torch can compute a key at all.
-Two things in torch stood in the way; `install()` mends both, once per process, before anything compiles
-(`trainer.parallelize` calls it on import, so every rank and side process has it):
+Three things in torch stood in the way; `install()` mends them, once per process, before anything compiles
+(`trainer.parallelize` calls it on import, so every rank and side process has it), and keeps AOTAutograd's cache from
+what the third mend would break there (4.):
 
 1. A memory format in the FX graph cache key. The key pickles each graph input's `torch.memory_format`. torch registers
    no reducer for it (it does for `torch.layout`), so pickle names one by the first module in sys.modules through which
@@ -34,7 +35,15 @@ Two things in torch stood in the way; `install()` mends both, once per process, 
    mesh is (device type, ranks, dimension names, and its root mesh's), the second run finds all four
    (tests/test_layouts_run.py).
 
-All three never fail a trial: where a torch has other internals, the graph is keyed (or bypassed) as torch would.
+4. AOTAutograd's cache and those meshes. Keyed as in 3. by AOTAutograd's cache too (its key pickler is inductor's),
+   the graphs of a TP trial's blocks shared one AOTAutograd key (torch 2.13, CPU: a TP 2 trial's graphs on both ranks,
+   one key, four entries) although their entries differ, so with `dynamic_batch: false` the next process loaded another
+   graph's entry and failed in its first block (`'Tensor' object has no attribute 'elem'`, or a segfault). With a
+   symbolic batch (the default) torch saved no entry anyway (the DTensor spec it would store holds the batch's SymInt).
+   So a graph with a mesh input bypasses AOTAutograd's cache: the trial traces its forward and backward again, and
+   inductor's FX graph cache, keyed as in 3., still serves the compiled code (tests/test_layouts_run.py).
+
+The mends never fail a trial: where a torch has other internals, the graph is keyed (or bypassed) as torch would.
 """
 
 from __future__ import annotations
@@ -109,10 +118,16 @@ def mesh_key(mesh: Any) -> str:
     return "".join(["DeviceMesh ", repr(parts)])
 
 
-def _keyed_meshes(original: Any, ident: Any, mesh_type: type) -> Any:
+def _keyed_meshes(original: Any, ident: Any, mesh_type: type, aot: tuple[type, type[Exception]] | None) -> Any:
+    """`aot`: AOTAutograd's key pickler and its bypass exception, where this torch has them (4. above)."""
+
     def reduce_fake_script_object(pickler: Any, obj: Any) -> Any:
         real = getattr(obj, "real_obj", None)
-        return (ident, (mesh_key(real),)) if isinstance(real, mesh_type) else original(pickler, obj)
+        if not isinstance(real, mesh_type):
+            return original(pickler, obj)
+        if aot is not None and isinstance(pickler, aot[0]):  # AOTAutograd's cache computes no key, so it bypasses
+            raise aot[1]("a DeviceMesh graph input: its entries are not keyed apart (sweep's trainer/compile_keys.py)")
+        return (ident, (mesh_key(real),))
 
     reduce_fake_script_object.sweep_original = original  # type: ignore[attr-defined]
     return reduce_fake_script_object
@@ -126,13 +141,19 @@ def _key_meshes() -> None:
         original = FxGraphCachePickler._reduce_fake_script_object
     except (ImportError, AttributeError):  # another torch: it keys (or bypasses) these graphs itself
         return
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCachePickler, BypassAOTAutogradCache
+
+        aot: tuple[type, type[Exception]] | None = (AOTAutogradCachePickler, BypassAOTAutogradCache)
+    except (ImportError, AttributeError):  # no AOTAutograd cache of this kind: nothing to keep it from
+        aot = None
     if not hasattr(original, "sweep_original"):
-        keyed = _keyed_meshes(original, _ident, DeviceMesh)
+        keyed = _keyed_meshes(original, _ident, DeviceMesh, aot)
         FxGraphCachePickler._reduce_fake_script_object = keyed  # type: ignore[method-assign]
 
 
 def install() -> None:
-    """The three mends, once per process (idempotent)."""
+    """The mends, once per process (idempotent)."""
     copyreg.pickle(torch.memory_format, lambda f: (memory_format, (str(f).removeprefix("torch."),)))
     _key_meshes()
     fingerprint = torchao_fingerprint()
