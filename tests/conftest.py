@@ -11,7 +11,8 @@ Factories (plain functions, `from conftest import ...` at a test module's top, a
 Inductor's C++ builds go through tests/tools/cached-g++ for the whole session (`_cache_compiler_builds`): the tiny
 models' kernels, built afresh by every test that starts from an empty compile cache, are built once (the full suite
 on a 2-core machine, `HOME=$(mktemp -d) make test` against the same with SWEEP_TEST_CXX_CACHE=off: 1,430 s against
-1,496 s, 2026-12-05).
+1,496 s, 2026-12-05). HOME is a folder of the session's own (`_private_home`): the default compile cache under it
+starts empty and is removed at exit.
 """
 
 from __future__ import annotations
@@ -48,7 +49,23 @@ def _cache_compiler_builds() -> None:
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
 
 
+def _private_home() -> None:
+    """HOME is a folder of the session's own (removed at exit), before Ray starts: every profile that keeps the
+    default `compile_cache` (~/.cache/sweep/inductor: the built-in `local` one most tests run on) reaches the ranks
+    as ${HOME}/..., which Ray expands in this process's environment. So a test starts from no compiled graphs of an
+    earlier session (its hits and misses do not depend on what ran before) and leaves nothing in the user's home;
+    the session's tests still share one cache, as one user's runs do. Matplotlib keeps the real home's font cache
+    (building it again costs seconds in every worker)."""
+    real = os.environ.get("HOME")
+    if real:
+        os.environ.setdefault("MPLCONFIGDIR", str(Path(real) / ".cache" / "matplotlib"))
+    folder = tempfile.mkdtemp(prefix="sweep-test-home-")
+    os.environ["HOME"] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
 _cache_compiler_builds()
+_private_home()
 # The environment before any test ran: `ray.init` writes RAY_AUTH_MODE, RAY_USAGE_STATS_ENABLED,
 # PYTHONBREAKPOINT (and more) into os.environ, and a `sweep` subprocess must not start with them.
 _ENV_AT_START = dict(os.environ)
