@@ -34,6 +34,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _session_folder(prefix: str) -> str:
+    """A new temporary folder, removed when this process exits."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def _cache_compiler_builds() -> None:
     """Inductor's C++ builds through tests/tools/cached-g++ for the session (every process: the ranks and side
     processes inherit this environment through Ray and `sweep` subprocesses): a kernel built once is not built again
@@ -44,24 +51,16 @@ def _cache_compiler_builds() -> None:
         return
     os.environ["CXX"] = str(ROOT / "tests" / "tools" / "cached-g++")
     if "SWEEP_TEST_CXX_CACHE" not in os.environ:
-        folder = tempfile.mkdtemp(prefix="sweep-test-cxx-")
-        os.environ["SWEEP_TEST_CXX_CACHE"] = folder
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ["SWEEP_TEST_CXX_CACHE"] = _session_folder("sweep-test-cxx-")
 
 
 def _private_home() -> None:
-    """HOME is a folder of the session's own (removed at exit), before Ray starts: every profile that keeps the
-    default `compile_cache` (~/.cache/sweep/inductor: the built-in `local` one most tests run on) reaches the ranks
-    as ${HOME}/..., which Ray expands in this process's environment. So a test starts from no compiled graphs of an
+    """HOME is a folder of the session's own, before Ray starts: every profile that keeps the default
+    `compile_cache` (~/.cache/sweep/inductor: the built-in `local` one most tests run on) reaches the ranks as
+    ${HOME}/..., which Ray expands in this process's environment. So a test starts from no compiled graphs of an
     earlier session (its hits and misses do not depend on what ran before) and leaves nothing in the user's home;
-    the session's tests still share one cache, as one user's runs do. Matplotlib keeps the real home's font cache
-    (building it again costs seconds in every worker)."""
-    real = os.environ.get("HOME")
-    if real:
-        os.environ.setdefault("MPLCONFIGDIR", str(Path(real) / ".cache" / "matplotlib"))
-    folder = tempfile.mkdtemp(prefix="sweep-test-home-")
-    os.environ["HOME"] = folder
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    the session's tests still share one cache, as one user's runs do."""
+    os.environ["HOME"] = _session_folder("sweep-test-home-")
 
 
 _cache_compiler_builds()
