@@ -97,3 +97,17 @@ def test_the_compiler_cache_gives_a_build_of_the_same_inputs_back_and_builds_any
     source.write_text('extern "C" int k() { return 2; }\n')
     assert build("d.so", "-O1") == 1  # another source: built
     assert len(list(cache.iterdir())) == 1  # a failed build leaves nothing
+
+
+def test_the_default_compile_cache_is_under_the_session_s_own_home_not_the_user_s():
+    """`_private_home`: the built-in `local` profile keeps the default compile cache, which ranks reach as ${HOME}/...;
+    in a test session that is a folder of the session's own, so no test reads or writes the user's ~/.cache/sweep."""
+    import pwd
+
+    from clusters.registry import load_profile
+
+    home = os.environ["HOME"]
+    assert os.path.basename(home).startswith("sweep-test-home-") and os.path.isdir(home)
+    assert home != pwd.getpwuid(os.getuid()).pw_dir
+    cache = os.path.expandvars(load_profile("local").compile_cache_env)
+    assert cache == os.path.join(home, ".cache", "sweep", "inductor")
