@@ -6,7 +6,8 @@ RESULTS_DIR holds what benchmarks/device/cold_sweep.sh writes: {base,current,eac
 campaign's grid run by the base tree, by the current one, by the current one with --no-precompile, with its rank
 processes started once placed (prestarted_ranks 0) and with every wait for all side processes, with an empty and then a
 filled compile cache) and
-{base,current}-searches (the OOM-retry grid and the max-batch search). For each pair that is there: the GPU-s
+{base,current}-searches (the OOM-retry grid and the max-batch search), and trials-{cold,warm} (the current tree
+keeping only its trials' own kernel timings, SWEEP_AUTOTUNE_STORE=trials). For each pair that is there: the GPU-s
 held (current at most half of base's), the mean seconds a trial holds beyond its measured steps (at most 8 cold,
 4 warm), the compile a new batch of an already compiled graph pays (under 2 s), TFLOP/s per trial against base's
 (within 1 %); the OOM grid's share of GPU-s in OOM attempts (at most 5 %); max-batch's cost in fresh trials of
@@ -139,6 +140,27 @@ def wait_lines(current: list[dict], wait_all: list[dict], phase: str) -> list[tu
     return [(True, f"{phase}: waiting for a trial's own side processes: {line(current)}; for all: {line(wait_all)}")]
 
 
+def store_lines(current: list[dict], trials: list[dict], base: list[dict], phase: str) -> list[tuple[bool, str]]:
+    """What keeping a side process's kernel timings changed (trainer.autotune_store): the current tree against the
+    same keeping only its trials' own (SWEEP_AUTOTUNE_STORE=trials), TFLOP/s and compile seconds per trial, the base's
+    TFLOP/s beside where it ran; figures, not checks."""
+
+    def by_config(rows: list[dict]) -> dict[tuple, dict]:
+        return {(r["precision"], r["batch_size"]): r for r in rows if r["status"] == "ok"}
+
+    kept, own, before = by_config(current), by_config(trials), by_config(base)
+    parts = []
+    for key in sorted(kept.keys() & own.keys()):
+        a, b = kept[key], own[key]
+        beside = f", base {before[key]['tflops_per_gpu']:.1f}" if key in before else ""
+        parts.append(
+            f"{_name(a)} {a['tflops_per_gpu']:.1f} / {b['tflops_per_gpu']:.1f}{beside} TFLOP/s, compile "
+            f"{a.get('compile_time_s') or 0:.2f} / {b.get('compile_time_s') or 0:.2f} s"
+        )
+    text = "; ".join(parts) or "no trial ok in both"
+    return [(True, f"{phase}: side processes' kernel timings kept / only the trials' (SWEEP_AUTOTUNE_STORE): {text}")]
+
+
 def prestart_lines(ahead: list[dict], late: list[dict], phase: str) -> list[tuple[bool, str]]:
     """What starting rank processes ahead changed (profile prestarted_ranks, sweep.execution.prestart): the current
     tree against the same with `prestarted_ranks: 0`, GPU-s held and the first trial's start-up; figures, not checks."""
@@ -259,6 +281,8 @@ def main() -> int:
             checks += precompile_lines(current, each, phase)
         if current and (wait_all := folders.get(f"all-{phase}")):
             checks += wait_lines(current, wait_all, phase)
+        if current and (trials := folders.get(f"trials-{phase}")):
+            checks += store_lines(current, trials, base or [], phase)
         if current and (late := folders.get(f"late-{phase}")):
             checks += prestart_lines(current, late, phase)
     for tree in ("base", "current"):

@@ -123,6 +123,61 @@ def test_the_compile_report_tells_a_remembered_kernel_from_a_benchmarked_one(ben
     assert len(benchmarks.calls) == 1
 
 
+def test_under_trials_a_side_process_takes_kept_timings_and_keeps_none_of_its_own(benchmarks, monkeypatch):
+    """SWEEP_AUTOTUNE_STORE=trials: what a side process measures beside the others (a shared GPU) decides nothing
+    later; a trial's own benchmark is kept, and a side process then takes it."""
+    monkeypatch.setenv(autotune_store.MODE_ENV, "trials")
+    monkeypatch.setattr(autotune_store, "_side_process", True)
+    benchmarks.run(Kernel(), 1)
+    assert len(benchmarks.calls) == 1 and not benchmarks.folder.exists()  # measured, not kept
+    monkeypatch.setattr(autotune_store, "_side_process", False)  # a trial's process
+    benchmarks.run(Kernel(), 1)
+    assert len(benchmarks.calls) == 2 and len(list(benchmarks.folder.iterdir())) == 1
+    monkeypatch.setattr(autotune_store, "_side_process", True)
+    side = Kernel()
+    assert winner(benchmarks.run(side, 1)) == "R 1024" and side.sweep_remembered and len(benchmarks.calls) == 2
+
+
+def test_by_default_a_side_process_keeps_what_it_measures(benchmarks, monkeypatch):
+    monkeypatch.delenv(autotune_store.MODE_ENV, raising=False)
+    monkeypatch.setattr(autotune_store, "_side_process", True)
+    benchmarks.run(Kernel(), 1)
+    trial = Kernel()
+    benchmarks.run(trial, 1)
+    assert len(benchmarks.calls) == 1 and trial.sweep_remembered
+
+
+def test_off_installs_nothing_and_an_unknown_mode_names_the_choices(monkeypatch):
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    def benchmark(self, *args, **kwargs):
+        return {}
+
+    monkeypatch.setattr(CachingAutotuner, "benchmark_all_configs", benchmark)
+    monkeypatch.setattr(CachingAutotuner, autotune_store.INSTALLED, False, raising=False)
+    monkeypatch.setenv(autotune_store.MODE_ENV, "off")
+    autotune_store.install()
+    assert CachingAutotuner.benchmark_all_configs is benchmark
+    monkeypatch.setenv(autotune_store.MODE_ENV, "sides")
+    with pytest.raises(ValueError, match="SWEEP_AUTOTUNE_STORE='sides' is not one of all, trials, off"):
+        autotune_store.install()
+
+
+def test_a_side_process_says_so_before_its_job(monkeypatch, tmp_path):
+    """trainer.precompile.main, the side processes' entry (piped or started ahead), marks the process first."""
+    from trainer import precompile, side_pool
+
+    monkeypatch.setattr(autotune_store, "_side_process", False)
+    monkeypatch.delenv(autotune_store.MODE_ENV, raising=False)
+    monkeypatch.setattr(precompile, "_die_with_parent", lambda: None)  # not this test process
+    monkeypatch.setattr(side_pool, "await_job", lambda pool: None)  # a run that ended before it claimed a job
+    monkeypatch.setattr("sys.argv", ["precompile", "--pool", str(tmp_path)])
+    precompile.main()
+    assert autotune_store._side_process and autotune_store.keeps()  # by default it keeps what it measures
+    monkeypatch.setenv(autotune_store.MODE_ENV, "trials")
+    assert not autotune_store.keeps()
+
+
 @pytest.mark.integration
 def test_a_compiled_trial_installs_it_as_it_starts_and_an_eager_one_does_not(monkeypatch, rank_jobs):
     """Not on import (inductor's runtime module starts the CUDA driver on a GPU host, which a preloaded rank must not:
@@ -147,3 +202,26 @@ def test_a_compiled_trial_installs_it_as_it_starts_and_an_eager_one_does_not(mon
             assert getattr(CachingAutotuner, autotune_store.INSTALLED)
         finally:  # the compiled code a warm rank keeps for a later trial (trainer.release): not for other tests'
             release(rank.device)
+
+
+@pytest.mark.integration
+def test_a_profile_s_unknown_store_mode_fails_its_compiled_trial_naming_the_choices(
+    ray_session, cli, write_grid, tmp_path
+):
+    """SWEEP_AUTOTUNE_STORE from the profile's env reaches the ranks (as the docs show it set): a compiled trial is an
+    error row that names the choices (an eager one never reads it: it benchmarks no kernel)."""
+    from conftest import tiny_grid
+
+    from sweep.record import store
+
+    profile = tmp_path / "cpu.yaml"
+    profile.write_text(
+        "name: cpu\naccelerator: cpu\nray_address: local\nnodes: 1\ngpus_per_node: 2\ncpus_per_rank: 1\n"
+        f"compile_cache: {tmp_path / 'cache'}\nenv: {{{autotune_store.MODE_ENV}: sides}}\n"
+    )
+    grid = write_grid(tiny_grid(gpus=2, compile="regional", precisions=["fp32"]))
+    out = tmp_path / "out"
+    result = cli("run", grid, "--cluster", profile, "--output", out, "--no-progress")
+    assert result.exit_code == 3, result.output  # nothing measured
+    (row,) = store.read_table(out).to_pylist()
+    assert row["status"] == "error" and "SWEEP_AUTOTUNE_STORE='sides' is not one of all, trials, off" in row["error"]

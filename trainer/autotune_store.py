@@ -18,6 +18,12 @@ inductor measured; anything unexpected (no source file, a config list that diffe
 as inductor would. `install()` as a trial or a side set starts (trainer.train.run_trial, trainer.precompile.run_set),
 not on import: inductor's runtime module starts the CUDA driver on a GPU host as it is imported, which a rank
 preloaded beside others must not (trainer.preload).
+
+A side process benchmarks beside the other side processes, on a GPU they share, and what it keeps decides every later
+process's winner: one H100 run read a rowwise trial 0.9 % slower with a kernel's timings kept by a side than with
+inductor's own choice (benchmarks/RESULTS.md "Cold sweep", session 39: a lead, not yet a finding). MODE_ENV in a
+profile's env tells the two apart: `trials` keeps only what trial processes measure (a side process still takes what
+is kept), `off` keeps and takes nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +39,28 @@ from typing import Any
 
 STORE = "sweep-autotune"  # the folder beside inductor's caches: one JSON file of timings per key
 INSTALLED = "sweep_autotune_store"  # set on CachingAutotuner once installed (a report's wrapper may sit above ours)
+MODE_ENV = "SWEEP_AUTOTUNE_STORE"  # all (the default): every process keeps what it measures; trials; off
+MODES = ("all", "trials", "off")
+_side_process = False  # this process compiles ahead for a rank (trainer.precompile.main says so)
+
+
+def in_side_process() -> None:
+    """This process is a side process: under MODE_ENV `trials` it takes kept timings but keeps none of its own."""
+    global _side_process
+    _side_process = True
+
+
+def mode() -> str:
+    """MODE_ENV's value in this process; an unknown one is an error (a profile's env reaches every rank)."""
+    value = os.environ.get(MODE_ENV) or "all"
+    if value not in MODES:
+        raise ValueError(f"{MODE_ENV}={value!r} is not one of {', '.join(MODES)}")
+    return value
+
+
+def keeps() -> bool:
+    """Whether what this process benchmarks is kept for later processes."""
+    return not (_side_process and mode() == "trials")
 
 
 def arg_signature(arg: Any) -> object:
@@ -85,11 +113,15 @@ def write_timings(path: Path, configs: list[str], timings: list[float]) -> None:
 
 
 def remembering(
-    benchmark: Callable[..., dict], folder: Callable[[], Path], device: Callable[[], str], torch_version: str
+    benchmark: Callable[..., dict],
+    folder: Callable[[], Path],
+    device: Callable[[], str],
+    torch_version: str,
+    keep: Callable[[], bool] = keeps,
 ) -> Callable[..., dict]:
     """`benchmark` (CachingAutotuner.benchmark_all_configs: {launcher: timing}) taking the timings kept in
-    `folder()` for its key where there are some, and keeping what it measured otherwise. A kernel served from the
-    store is marked `sweep_remembered` (trainer.compile_report names it so)."""
+    `folder()` for its key where there are some, and keeping what it measured otherwise (where `keep()`). A kernel
+    served from the store is marked `sweep_remembered` (trainer.compile_report names it so)."""
 
     @functools.wraps(benchmark)
     def remembered(self: Any, *args: Any, **kwargs: Any) -> dict:
@@ -107,7 +139,8 @@ def remembering(
             self.sweep_remembered = True
             return dict(zip(launchers, kept))
         timings = benchmark(self, *args, **kwargs)
-        write_timings(path, configs, [float(timings[launcher]) for launcher in launchers])
+        if keep():
+            write_timings(path, configs, [float(timings[launcher]) for launcher in launchers])
         return timings
 
     return remembered
@@ -115,7 +148,9 @@ def remembering(
 
 def install() -> None:
     """Remember inductor's benchmarks in this process from now on; once per process (idempotent). A torch without
-    Triton's autotuner (a CPU build) has nothing to remember."""
+    Triton's autotuner (a CPU build) has nothing to remember; MODE_ENV `off` remembers nothing."""
+    if mode() == "off":
+        return
     try:
         import torch
         from torch._inductor.runtime.cache_dir_utils import cache_dir

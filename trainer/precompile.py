@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from clusters.schema import usable_cpus
-from trainer import side_pool
+from trainer import autotune_store, side_pool
 from trainer.job import TrialConfig, compiled_graphs
 from trainer.side_pool import PooledSide, SideJob
 from trainer.side_sets import SMALL_VOCAB, Part, SideSet, loss_key, separable, set_key, side_sets
@@ -105,7 +105,6 @@ def run_set(item: SideSet, rank: Rank) -> int | None:
     its loss's graph (`trainer.loss_graph`); the peak memory that took (GPU: reserved), what a trial beside it would
     leave."""
     if item.part == "loss":
-        from trainer import autotune_store
         from trainer.loss_graph import run_loss_graph
 
         autotune_store.install()  # as run_trial does for a blocks set
@@ -316,6 +315,7 @@ def main() -> None:
     """A side process: its imports, then its job (from the rank on stdin, or, started ahead, from the run's folder),
     one JSON result line per config."""
     _die_with_parent()
+    autotune_store.in_side_process()  # what it benchmarks beside the others is kept only as MODE_ENV says
     pool = Path(sys.argv[2]) if sys.argv[1:2] == ["--pool"] else None
     from trainer.preload import device_started, modules, preload, started_too_early
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cold-sweep campaign on the lent one-H200 machine (kind nvidia-h200), from the project root:
 #
-#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|store|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]
+#   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|store|store-sides|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]
 #
 # Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
@@ -18,8 +18,8 @@
 #          packed): cold current then base, warm base then current (a machine taken back between two calls loses
 #          the cold part's caches)
 #   acceptance  in one call, carrying .whl and .base-tree only: current cold, current warm, base cold, base warm, then
-#          current cold with its first trial waiting for every side process (.../all-cold; the deadline stops what
-#          does not fit; the current tree's runs first), with `report`'s log and ps.log
+#          current cold keeping only the trials' own kernel timings (SWEEP_AUTOTUNE_STORE=trials, .../trials-cold; the
+#          deadline stops what does not fit; the current tree's runs first), with `report`'s log and ps.log
 #   threads  the current tree alone, cold three times (A B A), each side process given a quarter of the host's cores
 #          for inductor's compile workers (SWEEP_PRECOMPILE_THREADS; the default before session 30), then every core
 #          (the default since), then a quarter again; the side processes' seconds a set from Ray's worker logs
@@ -31,6 +31,9 @@
 #          the other way round (.../late-warm, .../current-warm)
 #   store  the current tree cold, then warm A B A (current, the base tree on the current tree's cache, current again):
 #          kernel benchmarks kept across processes against none, with .base-tree the commit before them (f6ac372)
+#   store-sides  the current tree alone, cold then warm, as it is and keeping only the trials' own kernel timings
+#          (SWEEP_AUTOTUNE_STORE=trials: a side process's, measured beside the others, not kept), each its own cache:
+#          current, trials cold, then trials, current warm (.../{current,trials}-{cold,warm})
 #   searches  the OOM-retry grid (b-oom.yaml) and the max-batch search (c-max-batch.yaml) with the current tree and
 #          the OOM grid with the base one, on their own empty caches, into .../{current,base}-searches
 #   max-batch  c-max-batch.yaml alone on an empty cache into .../max-batch-search, then one `sweep run` of the batch
@@ -40,13 +43,13 @@
 set -uo pipefail
 campaign=cold-sweep
 part=${1:-cold}
-[[ $part != *cold-warm && $part != acceptance && $part != cold-first && $part != prestart && $part != threads && $part != report && $part != wait && $part != store && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
+[[ $part != *cold-warm && $part != acceptance && $part != cold-first && $part != prestart && $part != threads && $part != report && $part != wait && $part != store && $part != store-sides && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
 source benchmarks/device/lib.sh
 job_begin $campaign 0
 # the parts that run the current tree alone need no base tree
-[[ $part == report || $part == wait || $part == prestart || $part == threads || $part == current-cold-warm ]] || [ -f .base-tree/COMMIT ] ||
+[[ $part == report || $part == wait || $part == prestart || $part == threads || $part == current-cold-warm || $part == store-sides ]] || [ -f .base-tree/COMMIT ] ||
   { echo "job: carry .base-tree (bash benchmarks/device/prepare.sh base COMMIT)"; exit 2; }
 base_sha=$(cat .base-tree/COMMIT 2>/dev/null)
 root=$PWD profile=$(realpath "$profile")  # both read from inside a tree below
@@ -141,10 +144,18 @@ case $part in
   acceptance)  # one call: the current tree cold then warm, then the base cold then warm (what the deadline leaves),
     # the current tree's compile report on and what ran beside its cold run sampled, as `report` does
     both_trees current-cold current-warm base-cold base-warm
-    # what the deadline leaves: the current tree cold again with every trial waiting for all the side processes (as
-    # before session 33: SWEEP_PRECOMPILE_WAIT=all), its own cache
-    rm -rf /tmp/cc-all
-    extra=SWEEP_PRECOMPILE_WAIT=all sweep_run current $grids/a-grid.yaml "$results/all-cold" all ;;
+    # what the deadline leaves: the current tree cold again keeping only what its trials benchmark (a side process's
+    # kernel timings, measured beside the others, picked rowwise's slower config in session 39's H100 run?), its own
+    # cache
+    rm -rf /tmp/cc-trials
+    extra=SWEEP_AUTOTUNE_STORE=trials sweep_run current $grids/a-grid.yaml "$results/trials-cold" trials ;;
+  store-sides)  # the current tree alone: side processes' kernel timings kept (the default) against not kept
+    report=1
+    rm -rf /tmp/cc-current /tmp/cc-trials "$results"/*-cold "$results"/*-warm
+    sweep_run current $grids/a-grid.yaml "$results/current-cold"
+    extra=SWEEP_AUTOTUNE_STORE=trials sweep_run current $grids/a-grid.yaml "$results/trials-cold" trials
+    extra=SWEEP_AUTOTUNE_STORE=trials sweep_run current $grids/a-grid.yaml "$results/trials-warm" trials
+    sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
   cold-first)  # acceptance for a short device budget: both trees cold first, then warm (the deadline stops the rest)
     both_trees current-cold base-cold current-warm base-warm ;;
   wait)  # the current tree cold twice, each its own empty cache: each trial waiting for its own side processes (the
@@ -207,7 +218,7 @@ print((v[0] if isinstance(v, list) else v["verdicts"][0])["fastest_batch"])' "$r
       $grids/c-max-batch.yaml >/tmp/one-trial.yaml
     rm -rf /tmp/cc-current  # the one trial: its own empty cache
     sweep_run current /tmp/one-trial.yaml "$results/max-batch-one-trial" ;;
-  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|store|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|store|store-sides|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]" >&2; exit 2 ;;
 esac
 python3 benchmarks/cold_sweep_check.py "$results" || { [ $status -ne 0 ] || status=1; }
 python3 -c 'import duckdb' 2>/dev/null && for d in "$results"/*/; do  # `sweep results` needs .whl-results
