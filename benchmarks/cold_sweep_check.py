@@ -38,6 +38,11 @@ def _rows(folder: Path) -> list[dict]:
     return store.read_table(folder).to_pylist() if store.result_files(folder) else []
 
 
+def _ok_by_config(rows: list[dict]) -> dict[tuple, dict]:
+    """The ok rows of one run by (precision, batch size): what two runs of the grid are compared on."""
+    return {(r["precision"], r["batch_size"]): r for r in rows if r["status"] == "ok"}
+
+
 def _name(r: dict) -> str:
     return f"{r['precision']} batch {r['batch_size']}"
 
@@ -88,7 +93,7 @@ def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple
                 )
             )
         seen.add(r["precision"])
-    by_config = {(r["precision"], r["batch_size"]): r for r in base if r["status"] == "ok"}
+    by_config = _ok_by_config(base)
     for r in (r for r in current if r["status"] == "ok"):
         b = by_config.get((r["precision"], r["batch_size"]))
         if b is None:
@@ -144,11 +149,7 @@ def store_lines(current: list[dict], trials: list[dict], base: list[dict], phase
     """What keeping a side process's kernel timings changed (trainer.autotune_store): the current tree against the
     same keeping only its trials' own (SWEEP_AUTOTUNE_STORE=trials), TFLOP/s and compile seconds per trial, the base's
     TFLOP/s beside where it ran; figures, not checks."""
-
-    def by_config(rows: list[dict]) -> dict[tuple, dict]:
-        return {(r["precision"], r["batch_size"]): r for r in rows if r["status"] == "ok"}
-
-    kept, own, before = by_config(current), by_config(trials), by_config(base)
+    kept, own, before = _ok_by_config(current), _ok_by_config(trials), _ok_by_config(base)
     parts = []
     for key in sorted(kept.keys() & own.keys()):
         a, b = kept[key], own[key]

@@ -113,15 +113,11 @@ def write_timings(path: Path, configs: list[str], timings: list[float]) -> None:
 
 
 def remembering(
-    benchmark: Callable[..., dict],
-    folder: Callable[[], Path],
-    device: Callable[[], str],
-    torch_version: str,
-    keep: Callable[[], bool] = keeps,
+    benchmark: Callable[..., dict], folder: Callable[[], Path], device: Callable[[], str], torch_version: str
 ) -> Callable[..., dict]:
     """`benchmark` (CachingAutotuner.benchmark_all_configs: {launcher: timing}) taking the timings kept in
-    `folder()` for its key where there are some, and keeping what it measured otherwise (where `keep()`). A kernel
-    served from the store is marked `sweep_remembered` (trainer.compile_report names it so)."""
+    `folder()` for its key where there are some, and keeping what it measured otherwise (where this process `keeps`).
+    A kernel served from the store is marked `sweep_remembered` (trainer.compile_report names it so)."""
 
     @functools.wraps(benchmark)
     def remembered(self: Any, *args: Any, **kwargs: Any) -> dict:
@@ -139,7 +135,7 @@ def remembering(
             self.sweep_remembered = True
             return dict(zip(launchers, kept))
         timings = benchmark(self, *args, **kwargs)
-        if keep():
+        if keeps():
             write_timings(path, configs, [float(timings[launcher]) for launcher in launchers])
         return timings
 
