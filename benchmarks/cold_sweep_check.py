@@ -2,17 +2,16 @@
 
     python3 benchmarks/cold_sweep_check.py RESULTS_DIR
 
-RESULTS_DIR holds what benchmarks/device/cold_sweep.sh writes: {base,current,each,late,all}-{cold,warm} (the
-campaign's grid run by the base tree, by the current one, by the current one with --no-precompile, with its rank
-processes started once placed (prestarted_ranks 0) and with every wait for all side processes, with an empty and then a
-filled compile cache) and
-{base,current}-searches (the OOM-retry grid and the max-batch search), and trials-{cold,warm} (the current tree
-keeping only its trials' own kernel timings, SWEEP_AUTOTUNE_STORE=trials). For each pair that is there: the GPU-s
-held (current at most half of base's), the mean seconds a trial holds beyond its measured steps (at most 8 cold,
-4 warm), the compile a new batch of an already compiled graph pays (under 2 s), TFLOP/s per trial against base's
-(within 1 %); the OOM grid's share of GPU-s in OOM attempts (at most 5 %); max-batch's cost in fresh trials of
-its fastest batch (at most 1.5); and every clean row's predicted peak against its measured one, calibrated on the
-campaign's other clean rows of the same precision and compile mode (within 10 %). One line per check (ok / FAIL);
+RESULTS_DIR holds what benchmarks/device/cold_sweep.sh writes: {base,current,each,late,all}-{cold,warm} (the campaign's
+grid run by the base tree, by the current one, by the current one with --no-precompile, with its rank processes started
+once placed (prestarted_ranks 0) and with every wait for all side processes, with an empty and then a filled compile
+cache) and {base,current}-searches (the OOM-retry grid and the max-batch search), and kept-{cold,warm} (the current tree
+keeping its side processes' kernel timings too, SWEEP_AUTOTUNE_STORE=all; the default keeps only its trials'). For each
+pair that is there: the GPU-s held (current at most half of base's), the mean seconds a trial holds beyond its measured
+steps (at most 8 cold, 4 warm), the compile a new batch of an already compiled graph pays (under 2 s), TFLOP/s per trial
+against base's (within 1 %); the OOM grid's share of GPU-s in OOM attempts (at most 5 %); max-batch's cost in fresh
+trials of its fastest batch (at most 1.5); and every clean row's predicted peak against its measured one, calibrated on
+the campaign's other clean rows of the same precision and compile mode (within 10 %). One line per check (ok / FAIL);
 exits 1 when one failed, 2 when there are no rows. Arithmetic from sweep.record.cost and sweep.memory.model.
 """
 
@@ -145,11 +144,11 @@ def wait_lines(current: list[dict], wait_all: list[dict], phase: str) -> list[tu
     return [(True, f"{phase}: waiting for a trial's own side processes: {line(current)}; for all: {line(wait_all)}")]
 
 
-def store_lines(current: list[dict], trials: list[dict], base: list[dict], phase: str) -> list[tuple[bool, str]]:
-    """What keeping a side process's kernel timings changed (trainer.autotune_store): the current tree against the
-    same keeping only its trials' own (SWEEP_AUTOTUNE_STORE=trials), TFLOP/s and compile seconds per trial, the base's
-    TFLOP/s beside where it ran; figures, not checks."""
-    kept, own, before = _ok_by_config(current), _ok_by_config(trials), _ok_by_config(base)
+def store_lines(sides: list[dict], trials: list[dict], base: list[dict], phase: str) -> list[tuple[bool, str]]:
+    """What keeping a side process's kernel timings changed (trainer.autotune_store): the current tree keeping them
+    (SWEEP_AUTOTUNE_STORE=all) against the same keeping only its trials' own (the default), TFLOP/s and compile seconds
+    per trial, the base's TFLOP/s beside where it ran; figures, not checks."""
+    kept, own, before = _ok_by_config(sides), _ok_by_config(trials), _ok_by_config(base)
     parts = []
     for key in sorted(kept.keys() & own.keys()):
         a, b = kept[key], own[key]
@@ -282,8 +281,8 @@ def main() -> int:
             checks += precompile_lines(current, each, phase)
         if current and (wait_all := folders.get(f"all-{phase}")):
             checks += wait_lines(current, wait_all, phase)
-        if current and (trials := folders.get(f"trials-{phase}")):
-            checks += store_lines(current, trials, base or [], phase)
+        if current and (kept := folders.get(f"kept-{phase}")):
+            checks += store_lines(kept, current, base or [], phase)
         if current and (late := folders.get(f"late-{phase}")):
             checks += prestart_lines(current, late, phase)
     for tree in ("base", "current"):

@@ -138,13 +138,16 @@ def test_under_trials_a_side_process_takes_kept_timings_and_keeps_none_of_its_ow
     assert winner(benchmarks.run(side, 1)) == "R 1024" and side.sweep_remembered and len(benchmarks.calls) == 2
 
 
-def test_by_default_a_side_process_keeps_what_it_measures(benchmarks, monkeypatch):
+def test_by_default_a_side_process_keeps_none_of_what_it_measures_and_under_all_it_does(benchmarks, monkeypatch):
     monkeypatch.delenv(autotune_store.MODE_ENV, raising=False)
     monkeypatch.setattr(autotune_store, "_side_process", True)
     benchmarks.run(Kernel(), 1)
+    assert len(benchmarks.calls) == 1 and not benchmarks.folder.exists()
+    monkeypatch.setenv(autotune_store.MODE_ENV, "all")  # the side processes' timings kept too
+    benchmarks.run(Kernel(), 1)
     trial = Kernel()
     benchmarks.run(trial, 1)
-    assert len(benchmarks.calls) == 1 and trial.sweep_remembered
+    assert len(benchmarks.calls) == 2 and trial.sweep_remembered
 
 
 def test_off_installs_nothing_and_an_unknown_mode_names_the_choices(monkeypatch):
@@ -173,9 +176,9 @@ def test_a_side_process_says_so_before_its_job(monkeypatch, tmp_path):
     monkeypatch.setattr(side_pool, "await_job", lambda pool: None)  # a run that ended before it claimed a job
     monkeypatch.setattr("sys.argv", ["precompile", "--pool", str(tmp_path)])
     precompile.main()
-    assert autotune_store._side_process and autotune_store.keeps()  # by default it keeps what it measures
-    monkeypatch.setenv(autotune_store.MODE_ENV, "trials")
-    assert not autotune_store.keeps()
+    assert autotune_store._side_process and not autotune_store.keeps()  # by default it keeps nothing it measures
+    monkeypatch.setenv(autotune_store.MODE_ENV, "all")
+    assert autotune_store.keeps()
 
 
 @pytest.mark.integration

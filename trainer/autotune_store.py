@@ -19,11 +19,12 @@ as inductor would. `install()` as a trial or a side set starts (trainer.train.ru
 not on import: inductor's runtime module starts the CUDA driver on a GPU host as it is imported, which a rank
 preloaded beside others must not (trainer.preload).
 
-A side process benchmarks beside the other side processes, on a GPU they share, and what it keeps decides every later
-process's winner: one H100 run read a rowwise trial 0.9 % slower with a kernel's timings kept by a side than with
-inductor's own choice (benchmarks/RESULTS.md "Cold sweep", session 39: a lead, not yet a finding). MODE_ENV in a
-profile's env tells the two apart: `trials` keeps only what trial processes measure (a side process still takes what
-is kept), `off` keeps and takes nothing.
+A side process benchmarks beside the other side processes, on a GPU they share, and what it keeps would decide every
+later process's winner: in two H100 runs a rowwise trial read 1.2 and 1.6 % below the base tree with a kernel's
+timings kept by a side, 0.7 % below with only its own kept (benchmarks/RESULTS.md "Cold sweep", sessions 39 and 41).
+So by default (MODE_ENV `trials`) only trial processes keep what they measure; a side process still takes what is
+kept, and benchmarks (without keeping) what is not. `all` keeps the side processes' timings too (a cold rowwise
+trial's compile 0.5 s shorter), `off` keeps and takes nothing.
 """
 
 from __future__ import annotations
@@ -39,20 +40,21 @@ from typing import Any
 
 STORE = "sweep-autotune"  # the folder beside inductor's caches: one JSON file of timings per key
 INSTALLED = "sweep_autotune_store"  # set on CachingAutotuner once installed (a report's wrapper may sit above ours)
-MODE_ENV = "SWEEP_AUTOTUNE_STORE"  # all (the default): every process keeps what it measures; trials; off
+MODE_ENV = "SWEEP_AUTOTUNE_STORE"  # trials (the default): trial processes keep what they measure; all; off
 MODES = ("all", "trials", "off")
 _side_process = False  # this process compiles ahead for a rank (trainer.precompile.main says so)
 
 
 def in_side_process() -> None:
-    """This process is a side process: under MODE_ENV `trials` it takes kept timings but keeps none of its own."""
+    """This process is a side process: under MODE_ENV `trials` (the default) it takes kept timings but keeps none of its
+    own."""
     global _side_process
     _side_process = True
 
 
 def mode() -> str:
     """MODE_ENV's value in this process; an unknown one is an error (a profile's env reaches every rank)."""
-    value = os.environ.get(MODE_ENV) or "all"
+    value = os.environ.get(MODE_ENV) or "trials"
     if value not in MODES:
         raise ValueError(f"{MODE_ENV}={value!r} is not one of {', '.join(MODES)}")
     return value

@@ -18,8 +18,9 @@
 #          packed): cold current then base, warm base then current (a machine taken back between two calls loses
 #          the cold part's caches)
 #   acceptance  in one call, carrying .whl and .base-tree only: current cold, current warm, base cold, base warm, then
-#          current cold keeping only the trials' own kernel timings (SWEEP_AUTOTUNE_STORE=trials, .../trials-cold; the
-#          deadline stops what does not fit; the current tree's runs first), with `report`'s log and ps.log
+#          current cold keeping the side processes' kernel timings too (SWEEP_AUTOTUNE_STORE=all, the default before
+#          session 41, .../kept-cold; the deadline stops what does not fit; the current tree's runs first), with
+#          `report`'s log and ps.log
 #   threads  the current tree alone, cold three times (A B A), each side process given a quarter of the host's cores
 #          for inductor's compile workers (SWEEP_PRECOMPILE_THREADS; the default before session 30), then every core
 #          (the default since), then a quarter again; the side processes' seconds a set from Ray's worker logs
@@ -31,9 +32,9 @@
 #          the other way round (.../late-warm, .../current-warm)
 #   store  the current tree cold, then warm A B A (current, the base tree on the current tree's cache, current again):
 #          kernel benchmarks kept across processes against none, with .base-tree the commit before them (f6ac372)
-#   store-sides  the current tree alone, cold then warm, as it is and keeping only the trials' own kernel timings
-#          (SWEEP_AUTOTUNE_STORE=trials: a side process's, measured beside the others, not kept), each its own cache:
-#          current, trials cold, then trials, current warm (.../{current,trials}-{cold,warm})
+#   store-sides  the current tree alone, cold then warm, as it is (only the trials' own kernel timings kept: a side
+#          process's, measured beside the others, are not) and keeping the side processes' too (SWEEP_AUTOTUNE_STORE=all),
+#          each its own cache: current, kept cold, then kept, current warm (.../{current,kept}-{cold,warm})
 #   searches  the OOM-retry grid (b-oom.yaml) and the max-batch search (c-max-batch.yaml) with the current tree and
 #          the OOM grid with the base one, on their own empty caches, into .../{current,base}-searches
 #   max-batch  c-max-batch.yaml alone on an empty cache into .../max-batch-search, then one `sweep run` of the batch
@@ -144,17 +145,16 @@ case $part in
   acceptance)  # one call: the current tree cold then warm, then the base cold then warm (what the deadline leaves),
     # the current tree's compile report on and what ran beside its cold run sampled, as `report` does
     both_trees current-cold current-warm base-cold base-warm
-    # what the deadline leaves: the current tree cold again keeping only what its trials benchmark (a side process's
-    # kernel timings, measured beside the others, picked rowwise's slower config in session 39's H100 run?), its own
-    # cache
-    rm -rf /tmp/cc-trials
-    extra=SWEEP_AUTOTUNE_STORE=trials sweep_run current $grids/a-grid.yaml "$results/trials-cold" trials ;;
-  store-sides)  # the current tree alone: side processes' kernel timings kept (the default) against not kept
+    # what the deadline leaves: the current tree cold again keeping the side processes' kernel timings too (measured
+    # beside the others, they picked rowwise's slower config in sessions 39 and 41's H100 runs), its own cache
+    rm -rf /tmp/cc-kept
+    extra=SWEEP_AUTOTUNE_STORE=all sweep_run current $grids/a-grid.yaml "$results/kept-cold" kept ;;
+  store-sides)  # the current tree alone: only the trials' kernel timings kept (the default) against the sides' too
     report=1
-    rm -rf /tmp/cc-current /tmp/cc-trials "$results"/*-cold "$results"/*-warm
+    rm -rf /tmp/cc-current /tmp/cc-kept "$results"/*-cold "$results"/*-warm
     sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    extra=SWEEP_AUTOTUNE_STORE=trials sweep_run current $grids/a-grid.yaml "$results/trials-cold" trials
-    extra=SWEEP_AUTOTUNE_STORE=trials sweep_run current $grids/a-grid.yaml "$results/trials-warm" trials
+    extra=SWEEP_AUTOTUNE_STORE=all sweep_run current $grids/a-grid.yaml "$results/kept-cold" kept
+    extra=SWEEP_AUTOTUNE_STORE=all sweep_run current $grids/a-grid.yaml "$results/kept-warm" kept
     sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
   cold-first)  # acceptance for a short device budget: both trees cold first, then warm (the deadline stops the rest)
     both_trees current-cold base-cold current-warm base-warm ;;
