@@ -147,7 +147,8 @@ def wait_lines(current: list[dict], wait_all: list[dict], phase: str) -> list[tu
 def store_lines(sides: list[dict], trials: list[dict], base: list[dict], phase: str) -> list[tuple[bool, str]]:
     """What keeping a side process's kernel timings changed (trainer.autotune_store): the current tree keeping them
     (SWEEP_AUTOTUNE_STORE=all) against the same keeping only its trials' own (the default), TFLOP/s and compile seconds
-    per trial, the base's TFLOP/s beside where it ran; figures, not checks."""
+    per trial, the base's TFLOP/s beside where it ran, each run's GPU-s and what a trial held beyond its measured steps;
+    figures, not checks."""
     kept, own, before = _ok_by_config(sides), _ok_by_config(trials), _ok_by_config(base)
     parts = []
     for key in sorted(kept.keys() & own.keys()):
@@ -158,7 +159,17 @@ def store_lines(sides: list[dict], trials: list[dict], base: list[dict], phase: 
             f"{a.get('compile_time_s') or 0:.2f} / {b.get('compile_time_s') or 0:.2f} s"
         )
     text = "; ".join(parts) or "no trial ok in both"
-    return [(True, f"{phase}: side processes' kernel timings kept / only the trials' (SWEEP_AUTOTUNE_STORE): {text}")]
+    (kept_beyond, kept_each), (own_beyond, own_each) = _held_beyond(sides), _held_beyond(trials)
+    held = (
+        f"GPU-s held {sum(gpu_seconds(sides).values()):.1f} / {sum(gpu_seconds(trials).values()):.1f}; held beyond "
+        f"measured steps {kept_beyond:.1f} ({kept_each}) / {own_beyond:.1f} s ({own_each})"
+    )
+    return [
+        (
+            True,
+            f"{phase}: side processes' kernel timings kept / only the trials' (SWEEP_AUTOTUNE_STORE): {text}; {held}",
+        )
+    ]
 
 
 def prestart_lines(ahead: list[dict], late: list[dict], phase: str) -> list[tuple[bool, str]]:
