@@ -144,12 +144,12 @@ def wait_lines(current: list[dict], wait_all: list[dict], phase: str) -> list[tu
     return [(True, f"{phase}: waiting for a trial's own side processes: {line(current)}; for all: {line(wait_all)}")]
 
 
-def store_lines(sides: list[dict], trials: list[dict], base: list[dict], phase: str) -> list[tuple[bool, str]]:
+def store_lines(kept_rows: list[dict], own_rows: list[dict], base: list[dict], phase: str) -> list[tuple[bool, str]]:
     """What keeping a side process's kernel timings changed (trainer.autotune_store): the current tree keeping them
     (SWEEP_AUTOTUNE_STORE=all) against the same keeping only its trials' own (the default), TFLOP/s and compile seconds
     per trial, the base's TFLOP/s beside where it ran, each run's GPU-s and what a trial held beyond its measured steps;
     figures, not checks."""
-    kept, own, before = _ok_by_config(sides), _ok_by_config(trials), _ok_by_config(base)
+    kept, own, before = _ok_by_config(kept_rows), _ok_by_config(own_rows), _ok_by_config(base)
     parts = []
     for key in sorted(kept.keys() & own.keys()):
         a, b = kept[key], own[key]
@@ -159,17 +159,14 @@ def store_lines(sides: list[dict], trials: list[dict], base: list[dict], phase: 
             f"{a.get('compile_time_s') or 0:.2f} / {b.get('compile_time_s') or 0:.2f} s"
         )
     text = "; ".join(parts) or "no trial ok in both"
-    (kept_beyond, kept_each), (own_beyond, own_each) = _held_beyond(sides), _held_beyond(trials)
+    (kept_beyond, kept_each), (own_beyond, own_each) = _held_beyond(kept_rows), _held_beyond(own_rows)
+    kept_s, own_s = (sum(gpu_seconds(rows).values()) for rows in (kept_rows, own_rows))
     held = (
-        f"GPU-s held {sum(gpu_seconds(sides).values()):.1f} / {sum(gpu_seconds(trials).values()):.1f}; held beyond "
-        f"measured steps {kept_beyond:.1f} ({kept_each}) / {own_beyond:.1f} s ({own_each})"
+        f"GPU-s held {kept_s:.1f} / {own_s:.1f}; held beyond measured steps {kept_beyond:.1f} ({kept_each}) / "
+        f"{own_beyond:.1f} s ({own_each})"
     )
-    return [
-        (
-            True,
-            f"{phase}: side processes' kernel timings kept / only the trials' (SWEEP_AUTOTUNE_STORE): {text}; {held}",
-        )
-    ]
+    what = "side processes' kernel timings kept / only the trials' (SWEEP_AUTOTUNE_STORE)"
+    return [(True, f"{phase}: {what}: {text}; {held}")]
 
 
 def prestart_lines(ahead: list[dict], late: list[dict], phase: str) -> list[tuple[bool, str]]:

@@ -145,9 +145,9 @@ def test_by_default_a_side_process_keeps_none_of_what_it_measures_and_under_all_
     assert len(benchmarks.calls) == 1 and not benchmarks.folder.exists()
     monkeypatch.setenv(autotune_store.MODE_ENV, "all")  # the side processes' timings kept too
     benchmarks.run(Kernel(), 1)
-    trial = Kernel()
-    benchmarks.run(trial, 1)
-    assert len(benchmarks.calls) == 2 and trial.sweep_remembered
+    later = Kernel()  # another side process's run of the same kernel takes what the first kept
+    benchmarks.run(later, 1)
+    assert len(benchmarks.calls) == 2 and later.sweep_remembered
 
 
 def test_off_installs_nothing_and_an_unknown_mode_names_the_choices(monkeypatch):

@@ -34,7 +34,8 @@
 #          kernel benchmarks kept across processes against none, with .base-tree the commit before them (f6ac372)
 #   store-sides  the current tree alone, cold then warm, as it is (only the trials' own kernel timings kept: a side
 #          process's, measured beside the others, are not) and keeping the side processes' too
-#          (SWEEP_AUTOTUNE_STORE=all), each its own cache: current, kept cold, then kept, current warm (.../{current,kept}-{cold,warm})
+#          (SWEEP_AUTOTUNE_STORE=all), each its own cache: current, kept cold, then kept, current warm
+#          (.../{current,kept}-{cold,warm})
 #   searches  the OOM-retry grid (b-oom.yaml) and the max-batch search (c-max-batch.yaml) with the current tree and
 #          the OOM grid with the base one, on their own empty caches, into .../{current,base}-searches
 #   max-batch  c-max-batch.yaml alone on an empty cache into .../max-batch-search, then one `sweep run` of the batch
