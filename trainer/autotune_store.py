@@ -24,7 +24,7 @@ later process's winner: in two of three H100 runs a rowwise trial read 1.2 and 1
 kernel's timings kept by a side, 0.7 % below with only its own kept (benchmarks/RESULTS.md "Cold sweep", sessions 39
 and 41; in session 42's both were within 0.2 %). So by default (MODE_ENV `trials`) only trial processes keep what they
 measure; a side process still takes what is kept, and benchmarks (without keeping) what is not. `all` keeps the side
-processes' timings too (a cold torchao trial's compile 0.4-1.0 s shorter), `off` keeps and takes nothing.
+processes' timings too (a cold torchao trial's compile up to 1.0 s shorter), `off` keeps and takes nothing.
 """
 
 from __future__ import annotations
