@@ -7,12 +7,13 @@ grid run by the base tree, by the current one, by the current one with --no-prec
 once placed (prestarted_ranks 0) and with every wait for all side processes, with an empty and then a filled compile
 cache) and {base,current}-searches (the OOM-retry grid and the max-batch search), and kept-{cold,warm} (the current tree
 keeping its side processes' kernel timings too, SWEEP_AUTOTUNE_STORE=all; the default keeps only its trials'). For each
-pair that is there: the GPU-s held (current at most half of base's), the mean seconds a trial holds beyond its measured
-steps (at most 8 cold, 4 warm), the compile a new batch of an already compiled graph pays (under 2 s), TFLOP/s per trial
-against base's (within 1 %); the OOM grid's share of GPU-s in OOM attempts (at most 5 %); max-batch's cost in fresh
-trials of its fastest batch (at most 1.5); and every clean row's predicted peak against its measured one, calibrated on
-the campaign's other clean rows of the same precision and compile mode (within 10 %). One line per check (ok / FAIL);
-exits 1 when one failed, 2 when there are no rows. Arithmetic from sweep.record.cost and sweep.memory.model.
+pair that is there: the GPU-s held on the same trials (current at most half of base's; a run that lacks some fails), the
+mean seconds a trial holds beyond its measured steps (at most 8 cold, 4 warm), the compile a new batch of an already
+compiled graph pays (under 2 s), TFLOP/s per trial against base's (within 1 %); the OOM grid's share of GPU-s in OOM
+attempts (at most 5 %); max-batch's cost in fresh trials of its fastest batch (at most 1.5); and every clean row's
+predicted peak against its measured one, calibrated on the campaign's other clean rows of the same precision and compile
+mode (within 10 %). One line per check (ok / FAIL); exits 1 when one failed, 2 when there are no rows. Arithmetic from
+sweep.record.cost and sweep.memory.model.
 """
 
 from __future__ import annotations
@@ -58,18 +59,39 @@ def _held_beyond(rows: list[dict]) -> tuple[float, str]:
     return (statistics.mean(beyond) if beyond else float("nan")), ", ".join(f"{b:.1f}" for b in beyond)
 
 
-def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple[bool, str]]:
-    out = []
-    held = {k: sum(gpu_seconds(rows).values()) for k, rows in (("base", base), ("current", current))}
-    measured = {k: gpu_seconds(rows)["measured steps"] for k, rows in (("base", base), ("current", current))}
-    out.append(
-        (
-            held["current"] <= HALF * held["base"],
-            f"{phase}: GPU-s held {held['current']:.1f} against base {held['base']:.1f} "
-            f"({held['current'] / held['base']:.2f}x; at most {HALF:g}x); measured steps "
-            f"{measured['current']:.1f} / {measured['base']:.1f} GPU-s",
-        )
+def _trials(rows: list[dict]) -> set[tuple]:
+    """The grid's trials a run attempted, by (precision, batch size), whatever became of them (an OOM, a prediction
+    that skipped it): a run the job's deadline cut short lacks its last ones."""
+    return {(r["precision"], r["batch_size"]) for r in rows}
+
+
+def held_check(base: list[dict], current: list[dict], phase: str) -> tuple[bool, str]:
+    """The GPU-s the current tree held against the base's (at most HALF of them), on the same trials: where one run
+    lacks trials the other attempted, the check fails and the ratio is the one over the trials both attempted."""
+    runs = {"base": base, "current": current}
+    attempted = {tree: _trials(rows) for tree, rows in runs.items()}
+    both = attempted["base"] & attempted["current"]
+    same = {tree: [r for r in rows if (r["precision"], r["batch_size"]) in both] for tree, rows in runs.items()}
+    held = {tree: sum(gpu_seconds(rows).values()) for tree, rows in same.items()}
+    measured = {tree: gpu_seconds(rows)["measured steps"] for tree, rows in same.items()}
+    line = (
+        f"{phase}: GPU-s held {held['current']:.1f} against base {held['base']:.1f} "
+        f"({held['current'] / held['base']:.2f}x; at most {HALF:g}x); measured steps "
+        f"{measured['current']:.1f} / {measured['base']:.1f} GPU-s"
     )
+    missing = [
+        f"{tree} lacks {', '.join(f'{p} batch {b}' for p, b in sorted(attempted[other] - both))}"
+        for tree, other in (("current", "base"), ("base", "current"))
+        if attempted[other] - both
+    ]
+    if missing:
+        every = len(attempted["base"] | attempted["current"])
+        return False, f"{line}, on the trials both runs attempted ({len(both)} of {every}): {'; '.join(missing)}"
+    return held["current"] <= HALF * held["base"], line
+
+
+def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple[bool, str]]:
+    out = [held_check(base, current, phase)]
     for tree, rows in (("base", base), ("current", current)):
         mean, each = _held_beyond(rows)
         line = f"{phase}, {tree}: a trial holds {mean:.1f} s beyond its measured steps on average (per trial {each})"
