@@ -38,9 +38,14 @@ def _rows(folder: Path) -> list[dict]:
     return store.read_table(folder).to_pylist() if store.result_files(folder) else []
 
 
+def _config(r: dict) -> tuple:
+    """A row's trial in the grid, (precision, batch size): what two runs of the grid are compared on."""
+    return r["precision"], r["batch_size"]
+
+
 def _ok_by_config(rows: list[dict]) -> dict[tuple, dict]:
-    """The ok rows of one run by (precision, batch size): what two runs of the grid are compared on."""
-    return {(r["precision"], r["batch_size"]): r for r in rows if r["status"] == "ok"}
+    """The ok rows of one run by `_config`."""
+    return {_config(r): r for r in rows if r["status"] == "ok"}
 
 
 def _name(r: dict) -> str:
@@ -62,7 +67,7 @@ def _held_beyond(rows: list[dict]) -> tuple[float, str]:
 def _trials(rows: list[dict]) -> set[tuple]:
     """The grid's trials a run attempted, by (precision, batch size), whatever became of them (an OOM, a prediction
     that skipped it): a run the job's deadline cut short lacks its last ones."""
-    return {(r["precision"], r["batch_size"]) for r in rows}
+    return {_config(r) for r in rows}
 
 
 def held_check(base: list[dict], current: list[dict], phase: str) -> tuple[bool, str]:
@@ -71,18 +76,19 @@ def held_check(base: list[dict], current: list[dict], phase: str) -> tuple[bool,
     runs = {"base": base, "current": current}
     attempted = {tree: _trials(rows) for tree, rows in runs.items()}
     both = attempted["base"] & attempted["current"]
-    same = {tree: [r for r in rows if (r["precision"], r["batch_size"]) in both] for tree, rows in runs.items()}
-    held = {tree: sum(gpu_seconds(rows).values()) for tree, rows in same.items()}
-    measured = {tree: gpu_seconds(rows)["measured steps"] for tree, rows in same.items()}
+    seconds = {tree: gpu_seconds(r for r in rows if _config(r) in both) for tree, rows in runs.items()}
+    held = {tree: sum(parts.values()) for tree, parts in seconds.items()}
+    measured = {tree: parts["measured steps"] for tree, parts in seconds.items()}
     line = (
         f"{phase}: GPU-s held {held['current']:.1f} against base {held['base']:.1f} "
         f"({held['current'] / held['base']:.2f}x; at most {HALF:g}x); measured steps "
         f"{measured['current']:.1f} / {measured['base']:.1f} GPU-s"
     )
+    lacking = {"current": attempted["base"] - both, "base": attempted["current"] - both}
     missing = [
-        f"{tree} lacks {', '.join(f'{p} batch {b}' for p, b in sorted(attempted[other] - both))}"
-        for tree, other in (("current", "base"), ("base", "current"))
-        if attempted[other] - both
+        f"{tree} lacks {', '.join(f'{p} batch {b}' for p, b in sorted(trials))}"
+        for tree, trials in lacking.items()
+        if trials
     ]
     if missing:
         every = len(attempted["base"] | attempted["current"])
@@ -116,7 +122,7 @@ def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple
         seen.add(r["precision"])
     by_config = _ok_by_config(base)
     for r in (r for r in current if r["status"] == "ok"):
-        b = by_config.get((r["precision"], r["batch_size"]))
+        b = by_config.get(_config(r))
         if b is None:
             out.append((False, f"{phase}: {_name(r)} has no ok base row to compare with"))
             continue
