@@ -106,6 +106,22 @@ def test_on_a_node_of_one_rank_whose_run_compiles_inductor_is_imported_ahead_too
     assert flag(True, gpus_per_node=2) is None  # which of two GPUs: Ray says once an actor is placed
 
 
+def test_on_a_node_of_one_rank_the_runs_torchao_is_imported_ahead(tmp_path, monkeypatch):
+    def backends(precisions: set[str], gpus_per_node: int = 1) -> str | None:
+        profile = load_profile(str(_profile(tmp_path, prestarted_ranks=1, gpus_per_node=gpus_per_node)))
+        prestart = Prestart.of(profile, precisions=precisions)
+        assert prestart is not None
+        prestart.close()
+        return prestart.env().get(preload.BACKENDS_ENV)
+
+    assert backends({"bf16", "fp8-torchao-rowwise", "fp8-torchao-tensorwise"}) == "torchao"
+    assert backends({"bf16", "fp32"}) is None
+    assert backends({"fp8-torchao-rowwise"}, gpus_per_node=2) is None  # its import starts the driver: which GPU?
+    monkeypatch.setenv(preload.BACKENDS_ENV, "torchao")
+    assert preload.modules()[-2:] == ("torchao.float8", "trainer.precision.torchao_fp8")
+    assert preload.preload(preload.modules()).failed is None
+
+
 def test_the_side_processes_started_ahead_take_the_profiles_counts(tmp_path):
     """SWEEP_PRECOMPILE_SIDES and SWEEP_PRECOMPILE_THREADS in a profile's env set the side processes the run starts
     ahead and their compile workers."""

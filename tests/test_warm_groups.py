@@ -309,7 +309,7 @@ def test_a_rank_killed_mid_trial_retires_its_group(ray_session, cli, write_grid,
 def _warm_rank(jobs: list, queue) -> None:
     """One rank's process running `jobs` one after the other on one warm RankWorker. A job whose model is named
     'leaky' leaves a tensor behind, as a library holding on to a trial's state would. With each result: the objects
-    the process froze (trainer.release.thawed) and those a full collection still traverses."""
+    the process froze (trainer.release.settle) and those a full collection still traverses."""
     import gc
 
     import torch

@@ -41,6 +41,11 @@ MODULES = (
 )
 INDUCTOR_MODULES = ("torch._inductor.compile_fx", "torch._inductor.cudagraph_trees")  # dynamo's reset imports these
 ONE_DEVICE_ENV = "SWEEP_PRELOAD_ONE_DEVICE"  # "1": a node of one rank, whose run compiles: INDUCTOR_MODULES too
+# A precision stack a run trains with, imported ahead on a node of one rank (BACKENDS_ENV): torchao's import asks
+# torch.cuda.is_available() (the driver starts) and takes 0.4-0.8 s of its first trial's model build on an H200 host
+# (benchmarks/RESULTS.md "Cold sweep", session 44). Not TE: its import queries the device's properties.
+BACKEND_MODULES = {"torchao": ("torchao.float8", "trainer.precision.torchao_fp8")}
+BACKENDS_ENV = "SWEEP_PRELOAD_BACKENDS"  # "torchao": BACKEND_MODULES of those, on a node of one rank
 MARKS_ENV = "SWEEP_PRELOAD_MARKS"  # a folder where each preloaded process leaves its pid (sweep.execution.prestart)
 _NOT_INITIALIZED = 3  # CUDA_ERROR_NOT_INITIALIZED: the driver API's answer before anything called cuInit
 
@@ -100,8 +105,11 @@ def one_device() -> bool:
 
 
 def modules() -> tuple[str, ...]:
-    """What to import ahead here: MODULES, and inductor's on a node of one rank."""
-    return MODULES + (INDUCTOR_MODULES if one_device() else ())
+    """What to import ahead here: MODULES, and inductor's on a node of one rank whose run compiles, and the
+    precision stacks (BACKEND_MODULES) its run names."""
+    backends = os.environ.get(BACKENDS_ENV, "").split(",")
+    stacks = tuple(name for backend in backends for name in BACKEND_MODULES.get(backend, ()))
+    return MODULES + (INDUCTOR_MODULES if one_device() else ()) + stacks
 
 
 def started_too_early(started: bool) -> bool:

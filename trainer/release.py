@@ -4,10 +4,8 @@ the state the first started from, except for compiled code a later trial can run
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import sys
-from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
@@ -21,6 +19,7 @@ from trainer.job import TrialConfig, graph_key
 # past it dynamo runs the block uncompiled): 4 graphs and their batch-1 variants stay within it.
 KEPT_GRAPHS = 4
 _kept: list[tuple] = []
+_dropped = True  # compiled code dropped since the last full collection (`settle`); a fresh process: collect it all
 
 
 def _release_compiled(keep_for: TrialConfig | None) -> None:
@@ -29,17 +28,17 @@ def _release_compiled(keep_for: TrialConfig | None) -> None:
     graph keys (then everything is dropped), and one that differs from a kept key only in the (symbolic) batch
     size runs that code, recompiling nothing (a fresh model of the same classes passes dynamo's guards:
     parameters are graph inputs, not constants). A trial without compile leaves the code for the next."""
-    global _kept
+    global _kept, _dropped
     if keep_for is None:
         torch.compiler.reset()
-        _kept = []
+        _kept, _dropped = [], True
         return
     if keep_for.compile == "none":
         return
     key = graph_key(keep_for)
     if not keep_for.options.dynamic_batch or (key not in _kept and len(_kept) >= KEPT_GRAPHS):
         torch.compiler.reset()  # `dynamic_batch: false` compiles afresh, as every trial did before it existed
-        _kept = []
+        _kept, _dropped = [], True
     if keep_for.options.dynamic_batch and key not in _kept:
         _kept.append(key)
 
@@ -62,20 +61,33 @@ def release(device: torch.device, *, keep_for: TrialConfig | None = None) -> Non
         torch.cuda.reset_accumulated_memory_stats(device)  # num_alloc_retries counts from process start
 
 
-@contextlib.contextmanager
-def thawed() -> Iterator[None]:
-    """A warm rank's release and count between trials (`trainer.worker`): what an earlier one froze back in the
-    garbage collector's sight for the block, and every object that survives it frozen after (`gc.freeze`, CPython's
-    permanent generation). The process's imports (torch, dynamo, inductor once a trial compiled: ~470 k objects) and
-    the compiled code it keeps then stay out of the other full collections of a trial (`release` at its start,
-    `trainer.train.time_steps` before its first step), which traverse only what the trial made: 0.18-0.33 s each on an
-    H200 host before, ~0 after (benchmarks/RESULTS.md "Cold sweep"). What became garbage while frozen (compiled code
-    a static-shape trial dropped) is collected here, at the trial's end, before its memory is counted."""
+def settle(device: torch.device, *, keep_for: TrialConfig | None = None, baseline: int | None = None) -> int:
+    """A warm rank's release and count between trials (`trainer.worker`): `release`, the bytes it then holds
+    (`held_bytes`), and every object that survives frozen (`gc.freeze`, CPython's permanent generation). The process's
+    imports (torch, dynamo, inductor once a trial compiled: ~470 k objects) and the compiled code it keeps then stay out
+    of the other full collections of a trial (`release` at its start, `trainer.train.time_steps` before its first step),
+    which traverse only what the trial made: 0.18-0.33 s each on an H200 host before, ~0 after (benchmarks/RESULTS.md
+    "Cold sweep"). The frozen objects are collected too (`_full_collection`) only where garbage may hide among them:
+    compiled code dropped since the last such collection (a static-shape trial's, a reset), or memory still held
+    above `baseline` once the trial's own objects are collected; a trial that kept its graphs skips that traversal."""
+    global _dropped
+    release(device, keep_for=keep_for)
+    if _dropped:
+        _full_collection()
+    held = held_bytes(device)
+    if baseline is not None and held > baseline and gc.get_freeze_count():
+        _full_collection()
+        held = held_bytes(device)
+    gc.freeze()
+    return held
+
+
+def _full_collection() -> None:
+    """Collect every object, frozen ones included (what an earlier `settle` froze, then dropped: compiled code)."""
+    global _dropped
     gc.unfreeze()
-    try:
-        yield
-    finally:
-        gc.freeze()
+    gc.collect()
+    _dropped = False
 
 
 def _reset_te() -> None:
@@ -99,11 +111,19 @@ def _reset_te() -> None:
 def held_bytes(device: torch.device) -> int:
     """Bytes of tensor memory this process holds now. CUDA: the caching allocator's allocated bytes. CPU (torch
     keeps no count there): the storages of every live tensor the garbage collector tracks, each once (fake and
-    meta tensors hold none; a tensor subclass's data is a plain tensor of its own)."""
+    meta tensors hold none; a tensor subclass's data is a plain tensor of its own), frozen ones included
+    (`gc.get_objects` leaves the permanent generation out: it is thawed for the count, frozen again after)."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device)
+    frozen = gc.get_freeze_count() > 0
+    gc.unfreeze()
+    try:
+        objects = gc.get_objects()
+    finally:
+        if frozen:
+            gc.freeze()
     storages = {}
-    for obj in gc.get_objects():
+    for obj in objects:
         if type(obj) in (torch.Tensor, nn.Parameter) and obj.layout == torch.strided and obj.device.type == device.type:
             storage = obj.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()

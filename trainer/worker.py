@@ -50,32 +50,38 @@ def _versions() -> tuple[str, str | None, str | None]:
     return str(torch.__version__), installed[0], installed[1]
 
 
-@functools.cache  # nvidia-smi is a subprocess; the answer does not change while the process lives
+@functools.cache  # the answer does not change while the process lives
 def _device_info(device: torch.device) -> tuple[str | None, str | None, str | None]:
     """The GPU's name, its driver's version and the runtime torch was built for ('cuda 12.8'); None each on a CPU."""
     import torch
 
     if device.type != "cuda":
         return None, None, None
-    driver = None
+    runtime = torch.version.hip and f"hip {torch.version.hip}" or f"cuda {torch.version.cuda}"
+    return torch.cuda.get_device_name(device), _driver_version(), runtime
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver's version: NVML's (the library the energy meter reads), else nvidia-smi's, which is a
+    subprocess inside the first trial's wall; None where neither answers (ROCm)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()  # counted: the energy meter's own init and shutdown are not disturbed
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        pass
     try:
         import subprocess
 
-        driver = (
-            subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-            )
-            .stdout.split("\n")[0]
-            .strip()
-            or None
-        )
+        smi = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        return subprocess.run(smi, capture_output=True, text=True, timeout=10).stdout.split("\n")[0].strip() or None
     except Exception:
-        pass
-    runtime = torch.version.hip and f"hip {torch.version.hip}" or f"cuda {torch.version.cuda}"
-    return torch.cuda.get_device_name(device), driver, runtime
+        return None
 
 
 def _rendezvous_store(job: RankJob, timeout: timedelta, listener: socket.socket | None = None) -> dist.TCPStore:
@@ -230,19 +236,18 @@ class RankWorker:
         import torch.distributed as dist
 
         import trainer.train  # noqa: F401 - the process's import (import_s), not its first trial's build
-        from trainer.release import held_bytes, release, thawed
+        from trainer.release import settle
 
         imported = time.perf_counter()
         joins = self.rank is None
         rank = self._joined(job)
         if self.keep_group and self.baseline_bytes is None:
             dist.barrier()  # what the process group keeps for itself (a communicator's barrier tensor) is baseline
-            with thawed():  # and out of every later trial's collections
-                # a fresh process has compiled nothing: dynamo's reset would only import inductor (its CUDA graph
-                # trees, torch 2.11; benchmarks/RESULTS.md "Cold sweep"), which a trial without compile never needs;
-                # a compiled trial imports it here, beside its side processes compiling ahead, not in its first step
-                release(rank.device, keep_for=job.trial if job.trial.compile == "none" else None)
-                self.baseline_bytes = held_bytes(rank.device)
+            # and out of every later trial's collections. A fresh process has compiled nothing: dynamo's reset would
+            # only import inductor (its CUDA graph trees, torch 2.11; benchmarks/RESULTS.md "Cold sweep"), which a
+            # trial without compile never needs; a compiled trial imports it here, beside its side processes
+            # compiling ahead, not in its first step
+            self.baseline_bytes = settle(rank.device, keep_for=job.trial if job.trial.compile == "none" else None)
         joined = time.perf_counter()
         config = _this_ranks_share(job)
         ahead = self._wait_for_sides(config, rank.device)
@@ -269,9 +274,9 @@ class RankWorker:
         )
         if self.keep_group:  # what the trial left behind, once its model, optimizer and graphs are gone
             del measured
-            with thawed():
-                release(rank.device, keep_for=job.trial)  # its compiled code stays for a next trial that can run it
-                result.baseline_bytes, result.held_bytes = self.baseline_bytes, held_bytes(rank.device)
+            # its compiled code stays for a next trial that can run it
+            held = settle(rank.device, keep_for=job.trial, baseline=self.baseline_bytes)
+            result.baseline_bytes, result.held_bytes = self.baseline_bytes, held
         return result
 
     def _wait_for_sides(self, config: TrialConfig | None, device: torch.device) -> PrecompileReport | None:

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +36,8 @@ from sweep.execution.placement import rank_env
 from trainer import side_pool
 from trainer.job import TrialConfig
 from trainer.precompile import SIDES_ENV, THREADS_ENV, side_count, side_env, side_threads, unmarked
-from trainer.preload import MARKS_ENV, ONE_DEVICE_ENV
+from trainer.preload import BACKEND_MODULES, BACKENDS_ENV, MARKS_ENV, ONE_DEVICE_ENV
+from trainer.recipes import RECIPES
 from trainer.side_sets import side_sets
 
 # A rank process imports in 9-13 s on an H200 host and ~5 s on a 2-core CPU (RESULTS.md "Cold sweep"); past this the
@@ -75,13 +76,19 @@ class Prestart:
 
     @classmethod
     def of(
-        cls, profile: ClusterProfile, graphs: Sequence[TrialConfig] = (), node_groups: int = 1, compiles: bool = False
+        cls,
+        profile: ClusterProfile,
+        graphs: Sequence[TrialConfig] = (),
+        node_groups: int = 1,
+        compiles: bool = False,
+        precisions: Collection[str] = (),
     ) -> Prestart | None:
         """For the Ray that `profile` has sweep start; None where nothing is started ahead (a joined cluster, or
         `prestarted_ranks: 0`). `graphs`: one trial per set of graphs the run's groups compile ahead, `node_groups`
         of them at once on the node (side processes: as many as those groups would start for the sets their compile
         cache lacks); `compiles`: whether any trial of the run compiles (on a node of one rank, inductor is imported
-        ahead then)."""
+        ahead then); `precisions`: the run's (on a node of one rank, the stacks of BACKEND_MODULES among them are
+        imported ahead)."""
         count = profile.prestart_count
         if not count:
             return None
@@ -94,6 +101,8 @@ class Prestart:
             device = "cuda" if profile.is_gpu else "cpu"
             jobs = tuple(side_pool.SideJob(left[i::sides], device) for i in range(sides))
             env |= {ONE_DEVICE_ENV: "1"} if compiles else {}  # its one GPU: inductor imported ahead too
+            backends = sorted({RECIPES[p].backend for p in precisions if p in RECIPES} & set(BACKEND_MODULES))
+            env |= {BACKENDS_ENV: ",".join(backends)} if backends else {}  # and the precision stacks it trains with
         cpus = embedded_cpus(profile) or usable_cpus()
         return cls(count, cpus, env, sides, side_threads(node_groups, env.get(THREADS_ENV)), jobs=jobs)
 

@@ -300,7 +300,9 @@ class _Execution:
         if self.make_scheduler is None:
             groups = node_groups(self.profile, self.max_concurrent)
             compiles = any(t.compile != "none" for t in runs)
-            self.prestart = Prestart.of(self.profile, self.ahead_graphs(runs), groups, compiles)
+            self.prestart = Prestart.of(
+                self.profile, self.ahead_graphs(runs), groups, compiles, {t.precision for t in runs}
+            )
             self.started_ray = connect(self.profile, self.prestart)
             if self.prestart and self.started_ray:  # no group is placed (no GPU held) while its processes import
                 self.bar.status(f"starting {self.prestart.expected} rank processes ahead (importing torch)")
