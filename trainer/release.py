@@ -19,7 +19,7 @@ from trainer.job import TrialConfig, graph_key
 # past it dynamo runs the block uncompiled): 4 graphs and their batch-1 variants stay within it.
 KEPT_GRAPHS = 4
 _kept: list[tuple] = []
-_dropped = True  # compiled code dropped since the last full collection (`settle`); a fresh process: collect it all
+_dropped = True  # compiled code dropped since `settle` last collected the frozen objects; a fresh process has none
 
 
 def _release_compiled(keep_for: TrialConfig | None) -> None:
@@ -51,6 +51,11 @@ def release(device: torch.device, *, keep_for: TrialConfig | None = None) -> Non
     zeroed (its retries are a row's). A process may run many trials (`trainer.worker`): after this, what it holds is
     what it held before the first (`held_bytes`)."""
     _release_compiled(keep_for)
+    _release_memory(device)
+
+
+def _release_memory(device: torch.device) -> None:
+    """`release`'s part after the compiled code: TE's globals, garbage collected, the device's caches given back."""
     _reset_te()
     gc.collect()
     if device.type == "cuda":
@@ -67,27 +72,22 @@ def settle(device: torch.device, *, keep_for: TrialConfig | None = None, baselin
     imports (torch, dynamo, inductor once a trial compiled: ~470 k objects) and the compiled code it keeps then stay out
     of the other full collections of a trial (`release` at its start, `trainer.train.time_steps` before its first step),
     which traverse only what the trial made: 0.18-0.33 s each on an H200 host before, ~0 after (benchmarks/RESULTS.md
-    "Cold sweep"). The frozen objects are collected too (`_full_collection`) only where garbage may hide among them:
+    "Cold sweep"). The frozen objects are collected too only where garbage may hide among them:
     compiled code dropped since the last such collection (a static-shape trial's, a reset), or memory still held
     above `baseline` once the trial's own objects are collected; a trial that kept its graphs skips that traversal."""
     global _dropped
-    release(device, keep_for=keep_for)
+    _release_compiled(keep_for)  # first: whether it dropped compiled code decides what the collection traverses
     if _dropped:
-        _full_collection()
+        gc.unfreeze()
+        _dropped = False
+    _release_memory(device)
     held = held_bytes(device)
     if baseline is not None and held > baseline and gc.get_freeze_count():
-        _full_collection()
+        gc.unfreeze()
+        gc.collect()
         held = held_bytes(device)
     gc.freeze()
     return held
-
-
-def _full_collection() -> None:
-    """Collect every object, frozen ones included (what an earlier `settle` froze, then dropped: compiled code)."""
-    global _dropped
-    gc.unfreeze()
-    gc.collect()
-    _dropped = False
 
 
 def _reset_te() -> None:
