@@ -251,7 +251,9 @@ class RankWorker:
         joined = time.perf_counter()
         config = _this_ranks_share(job)
         ahead = self._wait_for_sides(config, rank.device)
+        waited = time.perf_counter()
         measured, late, (hits, misses) = self._run_counted(job, config, rank, started_at)
+        ran = time.perf_counter()
         ahead = ahead.then(late) if ahead and late else ahead or late
         torch_version, te_version, torchao_version = _versions()
         gpu_name, driver_version, cuda_version = _device_info(rank.device)
@@ -277,6 +279,9 @@ class RankWorker:
             # its compiled code stays for a next trial that can run it
             held = settle(rank.device, keep_for=job.trial, baseline=self.baseline_bytes)
             result.baseline_bytes, result.held_bytes = self.baseline_bytes, held
+        if job.rank == 0 and compile_report.enabled():  # where the trial's wall went, beside its rows' own figures
+            spans = (began, imported, joined, waited, ran, time.perf_counter())
+            print(f"sweep trial phases: {_phases(spans, result)}", file=sys.stderr, flush=True)
         return result
 
     def _wait_for_sides(self, config: TrialConfig | None, device: torch.device) -> PrecompileReport | None:
@@ -344,6 +349,20 @@ class RankWorker:
         release(rank.device, keep_for=config)
         late = self._wait_for_sides(None, rank.device)
         return run_trial(config, rank, started_at=started_at), late
+
+
+def _phases(spans: tuple[float, ...], result: RankResult) -> str:
+    """A trial's seconds in this process by phase (`_train`'s clock readings `spans`): the imports, the join, the wait
+    for side processes, the run (its model build, its steps, and the rest: the meter, barriers, peak memory), and
+    after it (the result, the release and count between trials)."""
+    gaps = [later - earlier for earlier, later in zip(spans, spans[1:])]
+    steps = sum(result.step_times) + sum(result.warmup_times)
+    build = result.model_build_s or 0.0
+    rest = gaps[3] - build - steps
+    return (
+        f"imports {gaps[0]:.3f}, join {gaps[1]:.3f}, sides {gaps[2]:.3f}, run {gaps[3]:.3f} (build {build:.3f}, "
+        f"steps {steps:.3f}, rest {rest:.3f}), after {gaps[4]:.3f} s"
+    )
 
 
 def _cache_counts() -> tuple[int, int]:

@@ -109,7 +109,7 @@ sweep_run() {  # sweep_run TREE GRID OUTPUT [LABEL [FLAG...]]: `sweep run` of TR
   # the side processes' seconds a set, as the first trial's rank saw them (its stderr: Ray's newest session's logs)
   grep -h "waited .* for side processes" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | tail -n 4
   # and, with the compile report on, every trial's (its caches' hits and misses, its compile phases) into $OUT
-  [ -z "$report" ] || grep -h -A1 "sweep compile report" /tmp/ray/session_latest/logs/worker-*.err \
+  [ -z "$report" ] || grep -h -A1 -e "sweep compile report" -e "sweep trial phases" /tmp/ray/session_latest/logs/worker-*.err \
     >"$OUT/compile-report-$(basename "$out").log" 2>/dev/null
   [ $rc -eq 0 ] || [ $rc -eq 3 ] || status=$rc
 }
