@@ -122,6 +122,16 @@ def test_on_a_node_of_one_rank_the_runs_torchao_is_imported_ahead(tmp_path, monk
     assert preload.preload(preload.modules()).failed is None
 
 
+def test_a_preloaded_process_freezes_what_its_imports_made():
+    import gc
+
+    try:
+        preload.settle_imports()
+        assert gc.get_freeze_count() > 100_000 and len(gc.get_objects()) < 1000  # torch's objects out of sight
+    finally:
+        gc.unfreeze()
+
+
 def test_the_side_processes_started_ahead_take_the_profiles_counts(tmp_path):
     """SWEEP_PRECOMPILE_SIDES and SWEEP_PRECOMPILE_THREADS in a profile's env set the side processes the run starts
     ahead and their compile workers."""

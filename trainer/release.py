@@ -19,7 +19,8 @@ from trainer.job import TrialConfig, graph_key
 # past it dynamo runs the block uncompiled): 4 graphs and their batch-1 variants stay within it.
 KEPT_GRAPHS = 4
 _kept: list[tuple] = []
-_dropped = True  # compiled code dropped since `settle` last collected the frozen objects; a fresh process has none
+_dropped = False  # compiled code dropped since `settle` last collected the frozen objects (a preloaded process's
+# imports are frozen before it is a rank, trainer.preload.settle_imports: none of them is ever traversed again)
 
 
 def _release_compiled(keep_for: TrialConfig | None) -> None:
