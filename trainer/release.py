@@ -19,8 +19,12 @@ from trainer.job import TrialConfig, graph_key
 # past it dynamo runs the block uncompiled): 4 graphs and their batch-1 variants stay within it.
 KEPT_GRAPHS = 4
 _kept: list[tuple] = []
-_dropped = False  # compiled code dropped since `settle` last collected the frozen objects (a preloaded process's
-# imports are frozen before it is a rank, trainer.preload.settle_imports: none of them is ever traversed again)
+# Whether garbage may hide among the frozen objects: compiled code that `settle` froze (the graphs it kept for later
+# trials) and a reset dropped since. A static-shape trial's own code is made after the last freeze: a collection of
+# what is not frozen frees it. A preloaded process's imports are frozen before it is a rank
+# (trainer.preload.settle_imports): none of them is traversed again unless such code was dropped.
+_code_frozen = False
+_dropped = False
 
 
 def _release_compiled(keep_for: TrialConfig | None) -> None:
@@ -29,19 +33,23 @@ def _release_compiled(keep_for: TrialConfig | None) -> None:
     graph keys (then everything is dropped), and one that differs from a kept key only in the (symbolic) batch
     size runs that code, recompiling nothing (a fresh model of the same classes passes dynamo's guards:
     parameters are graph inputs, not constants). A trial without compile leaves the code for the next."""
-    global _kept, _dropped
     if keep_for is None:
-        torch.compiler.reset()
-        _kept, _dropped = [], True
+        _reset()
         return
     if keep_for.compile == "none":
         return
     key = graph_key(keep_for)
     if not keep_for.options.dynamic_batch or (key not in _kept and len(_kept) >= KEPT_GRAPHS):
-        torch.compiler.reset()  # `dynamic_batch: false` compiles afresh, as every trial did before it existed
-        _kept, _dropped = [], True
+        _reset()  # `dynamic_batch: false` compiles afresh, as every trial did before it existed
     if keep_for.options.dynamic_batch and key not in _kept:
         _kept.append(key)
+
+
+def _reset() -> None:
+    """Drop every compiled graph of the process (dynamo's reset)."""
+    global _kept, _dropped, _code_frozen
+    torch.compiler.reset()
+    _kept, _dropped, _code_frozen = [], _dropped or _code_frozen, False
 
 
 def release(device: torch.device, *, keep_for: TrialConfig | None = None) -> None:
@@ -73,10 +81,11 @@ def settle(device: torch.device, *, keep_for: TrialConfig | None = None, baselin
     imports (torch, dynamo, inductor once a trial compiled: ~470 k objects) and the compiled code it keeps then stay out
     of the other full collections of a trial (`release` at its start, `trainer.train.time_steps` before its first step),
     which traverse only what the trial made: 0.18-0.33 s each on an H200 host before, ~0 after (benchmarks/RESULTS.md
-    "Cold sweep"). The frozen objects are collected too only where garbage may hide among them:
-    compiled code dropped since the last such collection (a static-shape trial's, a reset), or memory still held
-    above `baseline` once the trial's own objects are collected; a trial that kept its graphs skips that traversal."""
-    global _dropped
+    "Cold sweep"). The frozen objects are collected too only where garbage may hide among them: kept graphs dropped
+    since (`_dropped`: the first static-shape trial after symbolic-batch ones, a reset), or memory still held above
+    `baseline` once the trial's own objects are collected. Otherwise the young collection frees what the trial made
+    (a static-shape trial's own graphs too): 0.3 s less a trial on an H100 host (RESULTS "Cold sweep", session 44)."""
+    global _dropped, _code_frozen
     _release_compiled(keep_for)  # first: whether it dropped compiled code decides what the collection traverses
     if _dropped:
         gc.unfreeze()
@@ -88,6 +97,7 @@ def settle(device: torch.device, *, keep_for: TrialConfig | None = None, baselin
         gc.collect()
         held = held_bytes(device)
     gc.freeze()
+    _code_frozen = bool(_kept)  # the graphs kept for later trials; a static-shape trial's were dropped above
     return held
 
 
