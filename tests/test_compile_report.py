@@ -39,8 +39,8 @@ def test_a_trials_phases_add_up_to_its_wall_in_the_rank():
     from trainer.worker import _phases
 
     result = RankResult(status="ok", step_times=[0.5, 0.5], warmup_times=[2.0, 0.5], model_build_s=0.25)
-    line = _phases((10.0, 10.0, 10.5, 10.5, 14.5, 14.75), result)
-    assert (
-        line
-        == "imports 0.000, join 0.500, sides 0.000, run 4.000 (build 0.250, steps 3.500, rest 0.250), after 0.250 s"
+    line = _phases((10.0, 10.0, 10.5, 10.5, 14.5, 14.625, 14.75), result)
+    assert line == (
+        "imports 0.000, join 0.500, sides 0.000, run 4.000 (build 0.250, steps 3.500, rest 0.250), "
+        "result 0.125, settle 0.125 s"
     )

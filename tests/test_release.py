@@ -45,7 +45,7 @@ def settled(monkeypatch):
     monkeypatch.setattr(release, "_kept", [])
     monkeypatch.setattr(release, "_dropped", True)
     monkeypatch.setattr(release, "_code_frozen", False)
-    yield release.settle(CPU)
+    yield release.settle(CPU).held_bytes
     gc.unfreeze()
     gc.collect()
 
@@ -61,7 +61,7 @@ def test_a_trial_that_kept_its_graphs_leaves_the_frozen_objects_untraversed(sett
     kept = config(dynamic=True)
     release.settle(CPU, keep_for=kept)  # its graphs are kept: nothing dropped
     leftover = frozen_garbage()
-    assert release.settle(CPU, keep_for=kept, baseline=settled) <= settled
+    assert release.settle(CPU, keep_for=kept, baseline=settled).held_bytes <= settled
     assert leftover() is not None  # no full collection reached it
     assert gc.get_freeze_count() > 0
 
@@ -82,5 +82,5 @@ def test_memory_held_above_the_baseline_is_looked_for_among_the_frozen_objects(s
     release.settle(CPU, keep_for=kept)
     leftover = frozen_garbage(torch.ones(1 << 20))  # 4 MiB no young collection frees
     assert release.held_bytes(CPU) >= settled + (4 << 20)  # the count sees frozen tensors
-    assert release.settle(CPU, keep_for=kept, baseline=settled) <= settled
+    assert release.settle(CPU, keep_for=kept, baseline=settled).held_bytes <= settled
     assert leftover() is None

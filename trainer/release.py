@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -63,19 +65,33 @@ def release(device: torch.device, *, keep_for: TrialConfig | None = None) -> Non
     _release_memory(device)
 
 
-def _release_memory(device: torch.device) -> None:
-    """`release`'s part after the compiled code: TE's globals, garbage collected, the device's caches given back."""
+def _release_memory(device: torch.device) -> float:
+    """`release`'s part after the compiled code: TE's globals, garbage collected, the device's caches given back;
+    the seconds the collection took."""
     _reset_te()
+    began = time.perf_counter()
     gc.collect()
+    collected = time.perf_counter() - began
     if device.type == "cuda":
         clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # allocated on a handle's first GEMM
         if clear is not None:
             clear()
         torch.cuda.empty_cache()
         torch.cuda.reset_accumulated_memory_stats(device)  # num_alloc_retries counts from process start
+    return collected
 
 
-def settle(device: torch.device, *, keep_for: TrialConfig | None = None, baseline: int | None = None) -> int:
+@dataclass(frozen=True)
+class Settled:
+    """What `settle` left: the bytes the process holds, and where its seconds went."""
+
+    held_bytes: int
+    collect_s: float
+    """The garbage collection (all of it, over the frozen objects too where `settle` had to)."""
+    total_s: float
+
+
+def settle(device: torch.device, *, keep_for: TrialConfig | None = None, baseline: int | None = None) -> Settled:
     """A warm rank's release and count between trials (`trainer.worker`): `release`, the bytes it then holds
     (`held_bytes`), and every object that survives frozen (`gc.freeze`, CPython's permanent generation). The process's
     imports (torch, dynamo, inductor once a trial compiled: ~470 k objects) and the compiled code it keeps then stay out
@@ -86,19 +102,22 @@ def settle(device: torch.device, *, keep_for: TrialConfig | None = None, baselin
     `baseline` once the trial's own objects are collected. Otherwise the young collection frees what the trial made
     (a static-shape trial's own graphs too): 0.3 s less a trial on an H100 host (RESULTS "Cold sweep", session 44)."""
     global _dropped, _code_frozen
+    began = time.perf_counter()
     _release_compiled(keep_for)  # first: whether it dropped compiled code decides what the collection traverses
     if _dropped:
         gc.unfreeze()
         _dropped = False
-    _release_memory(device)
+    collect_s = _release_memory(device)
     held = held_bytes(device)
     if baseline is not None and held > baseline and gc.get_freeze_count():
+        again = time.perf_counter()
         gc.unfreeze()
         gc.collect()
+        collect_s += time.perf_counter() - again
         held = held_bytes(device)
     gc.freeze()
     _code_frozen = bool(_kept)  # the graphs kept for later trials; a static-shape trial's were dropped above
-    return held
+    return Settled(held, collect_s, time.perf_counter() - began)
 
 
 def _reset_te() -> None:

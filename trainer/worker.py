@@ -247,7 +247,9 @@ class RankWorker:
             # only import inductor (its CUDA graph trees, torch 2.11; benchmarks/RESULTS.md "Cold sweep"), which a
             # trial without compile never needs; a compiled trial imports it here, beside its side processes
             # compiling ahead, not in its first step
-            self.baseline_bytes = settle(rank.device, keep_for=job.trial if job.trial.compile == "none" else None)
+            self.baseline_bytes = settle(
+                rank.device, keep_for=job.trial if job.trial.compile == "none" else None
+            ).held_bytes
         joined = time.perf_counter()
         config = _this_ranks_share(job)
         ahead = self._wait_for_sides(config, rank.device)
@@ -274,14 +276,16 @@ class RankWorker:
             driver_version=driver_version,
             cuda_version=cuda_version,
         )
+        reported = time.perf_counter()
         if self.keep_group:  # what the trial left behind, once its model, optimizer and graphs are gone
             del measured
             # its compiled code stays for a next trial that can run it
-            held = settle(rank.device, keep_for=job.trial, baseline=self.baseline_bytes)
-            result.baseline_bytes, result.held_bytes = self.baseline_bytes, held
+            settled = settle(rank.device, keep_for=job.trial, baseline=self.baseline_bytes)
+            result.baseline_bytes, result.held_bytes = self.baseline_bytes, settled.held_bytes
         if job.rank == 0 and compile_report.enabled():  # where the trial's wall went, beside its rows' own figures
-            spans = (began, imported, joined, waited, ran, time.perf_counter())
-            print(f"sweep trial phases: {_phases(spans, result)}", file=sys.stderr, flush=True)
+            spans = (began, imported, joined, waited, ran, reported, time.perf_counter())
+            collect = f" (collection {settled.collect_s:.3f})" if self.keep_group else ""
+            print(f"sweep trial phases: {_phases(spans, result)}{collect}", file=sys.stderr, flush=True)
         return result
 
     def _wait_for_sides(self, config: TrialConfig | None, device: torch.device) -> PrecompileReport | None:
@@ -353,15 +357,15 @@ class RankWorker:
 
 def _phases(spans: tuple[float, ...], result: RankResult) -> str:
     """A trial's seconds in this process by phase (`_train`'s clock readings `spans`): the imports, the join, the wait
-    for side processes, the run (its model build, its steps, and the rest: the meter, barriers, peak memory), and
-    after it (the result, the release and count between trials)."""
+    for side processes, the run (its model build, its steps, and the rest: the meter, barriers, peak memory), the
+    result, and the release and count between trials (`trainer.release.settle`)."""
     gaps = [later - earlier for earlier, later in zip(spans, spans[1:])]
     steps = sum(result.step_times) + sum(result.warmup_times)
     build = result.model_build_s or 0.0
     rest = gaps[3] - build - steps
     return (
         f"imports {gaps[0]:.3f}, join {gaps[1]:.3f}, sides {gaps[2]:.3f}, run {gaps[3]:.3f} (build {build:.3f}, "
-        f"steps {steps:.3f}, rest {rest:.3f}), after {gaps[4]:.3f} s"
+        f"steps {steps:.3f}, rest {rest:.3f}), result {gaps[4]:.3f}, settle {gaps[5]:.3f} s"
     )
 
 
