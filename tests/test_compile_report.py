@@ -33,14 +33,13 @@ def test_the_report_names_each_kernel_inductor_benchmarked_then_starts_again(mon
 
 
 def test_a_trials_phases_add_up_to_its_wall_in_the_rank():
-    """The report's line of where a trial's seconds went in its rank (trainer.worker._phases): the run less its
+    """The report's line of where a trial's seconds went in its rank (compile_report.trial_phases): the run less its
     build and every step (warm-up too) is the rest, the meter's stop, barriers and peak memory."""
     from trainer.result import RankResult
-    from trainer.worker import _phases
 
     result = RankResult(status="ok", step_times=[0.5, 0.5], warmup_times=[2.0, 0.5], model_build_s=0.25)
-    line = _phases((10.0, 10.0, 10.5, 10.5, 14.5, 14.625, 14.75), result)
+    line = compile_report.trial_phases((10.0, 10.0, 10.5, 10.5, 14.5, 14.625, 14.75), result, 0.0625)
     assert line == (
-        "imports 0.000, join 0.500, sides 0.000, run 4.000 (build 0.250, steps 3.500, rest 0.250), "
-        "result 0.125, settle 0.125 s"
+        "sweep trial phases: imports 0.000, join 0.500, sides 0.000, run 4.000 (build 0.250, steps 3.500, "
+        "rest 0.250), result 0.125, settle 0.125 s (collection 0.062)"
     )

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.result import RankResult
 
 REPORT_ENV = "SWEEP_COMPILE_REPORT"
 
@@ -77,3 +80,18 @@ def report() -> str:
     text = f"sweep compile report: {caches}\n{compile_phases()}\n{kernels}"
     print(text, file=sys.stderr, flush=True)
     return text
+
+
+def trial_phases(spans: tuple[float, ...], result: RankResult, collect_s: float | None = None) -> str:
+    """A trial's seconds in its rank by phase (`trainer.worker`'s clock readings `spans`): the imports, the join, the
+    wait for side processes, the run (its model build, its steps, and the rest: the meter, barriers, peak memory), the
+    result, and the release and count between trials (`trainer.release.settle`; `collect_s` of it its collection)."""
+    gaps = [later - earlier for earlier, later in zip(spans, spans[1:])]
+    steps = sum(result.step_times) + sum(result.warmup_times)
+    build = result.model_build_s or 0.0
+    collection = "" if collect_s is None else f" (collection {collect_s:.3f})"
+    return (
+        f"sweep trial phases: imports {gaps[0]:.3f}, join {gaps[1]:.3f}, sides {gaps[2]:.3f}, run {gaps[3]:.3f} "
+        f"(build {build:.3f}, steps {steps:.3f}, rest {gaps[3] - build - steps:.3f}), result {gaps[4]:.3f}, "
+        f"settle {gaps[5]:.3f} s{collection}"
+    )

@@ -83,12 +83,11 @@ def _release_memory(device: torch.device) -> float:
 
 @dataclass(frozen=True)
 class Settled:
-    """What `settle` left: the bytes the process holds, and where its seconds went."""
+    """What `settle` left: the bytes the process holds, and the seconds its garbage collection took."""
 
     held_bytes: int
     collect_s: float
-    """The garbage collection (all of it, over the frozen objects too where `settle` had to)."""
-    total_s: float
+    """All of it: over the frozen objects too where `settle` had to (the compile report prints it)."""
 
 
 def settle(device: torch.device, *, keep_for: TrialConfig | None = None, baseline: int | None = None) -> Settled:
@@ -102,7 +101,6 @@ def settle(device: torch.device, *, keep_for: TrialConfig | None = None, baselin
     `baseline` once the trial's own objects are collected. Otherwise the young collection frees what the trial made
     (a static-shape trial's own graphs too): 0.3 s less a trial on an H100 host (RESULTS "Cold sweep", session 44)."""
     global _dropped, _code_frozen
-    began = time.perf_counter()
     _release_compiled(keep_for)  # first: whether it dropped compiled code decides what the collection traverses
     if _dropped:
         gc.unfreeze()
@@ -117,7 +115,7 @@ def settle(device: torch.device, *, keep_for: TrialConfig | None = None, baselin
         held = held_bytes(device)
     gc.freeze()
     _code_frozen = bool(_kept)  # the graphs kept for later trials; a static-shape trial's were dropped above
-    return Settled(held, collect_s, time.perf_counter() - began)
+    return Settled(held, collect_s)
 
 
 def _reset_te() -> None:

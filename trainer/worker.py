@@ -284,8 +284,8 @@ class RankWorker:
             result.baseline_bytes, result.held_bytes = self.baseline_bytes, settled.held_bytes
         if job.rank == 0 and compile_report.enabled():  # where the trial's wall went, beside its rows' own figures
             spans = (began, imported, joined, waited, ran, reported, time.perf_counter())
-            collect = f" (collection {settled.collect_s:.3f})" if self.keep_group else ""
-            print(f"sweep trial phases: {_phases(spans, result)}{collect}", file=sys.stderr, flush=True)
+            collect_s = settled.collect_s if self.keep_group else None
+            print(compile_report.trial_phases(spans, result, collect_s), file=sys.stderr, flush=True)
         return result
 
     def _wait_for_sides(self, config: TrialConfig | None, device: torch.device) -> PrecompileReport | None:
@@ -353,20 +353,6 @@ class RankWorker:
         release(rank.device, keep_for=config)
         late = self._wait_for_sides(None, rank.device)
         return run_trial(config, rank, started_at=started_at), late
-
-
-def _phases(spans: tuple[float, ...], result: RankResult) -> str:
-    """A trial's seconds in this process by phase (`_train`'s clock readings `spans`): the imports, the join, the wait
-    for side processes, the run (its model build, its steps, and the rest: the meter, barriers, peak memory), the
-    result, and the release and count between trials (`trainer.release.settle`)."""
-    gaps = [later - earlier for earlier, later in zip(spans, spans[1:])]
-    steps = sum(result.step_times) + sum(result.warmup_times)
-    build = result.model_build_s or 0.0
-    rest = gaps[3] - build - steps
-    return (
-        f"imports {gaps[0]:.3f}, join {gaps[1]:.3f}, sides {gaps[2]:.3f}, run {gaps[3]:.3f} (build {build:.3f}, "
-        f"steps {steps:.3f}, rest {rest:.3f}), result {gaps[4]:.3f}, settle {gaps[5]:.3f} s"
-    )
 
 
 def _cache_counts() -> tuple[int, int]:
