@@ -299,10 +299,8 @@ class _Execution:
         make: SchedulerFactory
         if self.make_scheduler is None:
             groups = node_groups(self.profile, self.max_concurrent)
-            compiles = any(t.compile != "none" for t in runs)
-            self.prestart = Prestart.of(
-                self.profile, self.ahead_graphs(runs), groups, compiles, {t.precision for t in runs}
-            )
+            compiles, precisions = any(t.compile != "none" for t in runs), {t.precision for t in runs}
+            self.prestart = Prestart.of(self.profile, self.ahead_graphs(runs), groups, compiles, precisions)
             self.started_ray = connect(self.profile, self.prestart)
             if self.prestart and self.started_ray:  # no group is placed (no GPU held) while its processes import
                 self.bar.status(f"starting {self.prestart.expected} rank processes ahead (importing torch)")
