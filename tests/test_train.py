@@ -151,12 +151,13 @@ def test_two_trials_run_one_after_the_other_in_one_process(rank_jobs, run_ranks)
 
 def test_a_trials_auto_max_reaches_the_ranks_schedule(rank_jobs):
     """A tune's final runs `auto` steps at most `auto_max` (sweep.search.fastest.cost.final_auto_max), from its Trial
-    through its rank's job to the trainer's schedule: at the rules' own minima (3 warm-up, 5 measured) it runs exactly
-    those, where `auto` alone measures at least 6 (a median's interval needs 6 steps)."""
+    through its rank's job to the trainer's schedule: at the measurement rule's own minimum (5) it measures exactly 5,
+    where `auto` alone measures at least 6 (a median's interval needs 6 steps); warm-up stops at 3 at most, at 2 where
+    the first two steps already agree within 10 % (its rule's minimum: a CPU step that compiles nothing may)."""
     from trainer.train import run_trial
 
     (capped,) = rank_jobs(REGISTRY["gpt-tiny"], "fp32", warmup_steps="auto", measure_steps="auto", auto_max=(3, 5))
     assert capped.trial.auto_max == (3, 5)
     with _one_rank_group() as rank:
         result = run_trial(capped.trial, rank)
-    assert (result.warmup_steps, len(result.step_times)) == (3, 5)
+    assert len(result.step_times) == 5 and result.warmup_steps in (2, 3), (result.warmup_steps, result.step_times)
