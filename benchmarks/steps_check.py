@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
@@ -112,11 +113,9 @@ def main(folder: Path, cap: int | None = None) -> int:
     return 0 if holds else 1
 
 
-def warmup_check(folders: list[Path]) -> int:
-    """`--warmup`: does the `auto` warm-up leave out enough? For every clean row with at least 5 steps after its own
-    warm-up, the steps `WarmUp` takes on its step times, and the median of the steps after them against the median of
-    the row's own measured steps. Prints one line per row, worst first; exits 1 if one is over SAME_PCT off."""
-    lines = []
+def warmup_replays(folders: list[Path]) -> Iterator[tuple[Path, dict, int]]:
+    """Every clean row with at least 5 steps after its own warm-up and after `WarmUp`'s, with the steps `WarmUp` takes
+    on its step times: (its folder or file, the row, the steps taken)."""
     for folder in folders:
         for r in read_rows(folder):
             times, own = r.get("step_times_s"), r["warmup_steps"]
@@ -124,16 +123,25 @@ def warmup_check(folders: list[Path]) -> int:
                 continue
             rule = WarmUp()
             taken = next((i for i, t in enumerate(times, start=1) if rule.add(t)), len(times))
-            if len(times) - taken < 5:
-                continue
-            off = 100 * (statistics.median(times[taken:]) / statistics.median(times[own:]) - 1)
-            lines.append(
-                (
-                    off,
-                    f"{r['precision']} batch {r['batch_size']} ({r.get('source', folder.name)}): warm-up {taken} steps "
-                    f"(the row's {own}), median {off:+.2f} %",
-                )
+            if len(times) - taken >= 5:
+                yield folder, r, taken
+
+
+def warmup_check(folders: list[Path]) -> int:
+    """`--warmup`: does the `auto` warm-up leave out enough? For every clean row with at least 5 steps after its own
+    warm-up, the steps `WarmUp` takes on its step times, and the median of the steps after them against the median of
+    the row's own measured steps. Prints one line per row, worst first; exits 1 if one is over SAME_PCT off."""
+    lines = []
+    for folder, r, taken in warmup_replays(folders):
+        times, own = r["step_times_s"], r["warmup_steps"]
+        off = 100 * (statistics.median(times[taken:]) / statistics.median(times[own:]) - 1)
+        lines.append(
+            (
+                off,
+                f"{r['precision']} batch {r['batch_size']} ({r.get('source', folder.name)}): warm-up {taken} steps "
+                f"(the row's {own}), median {off:+.2f} %",
             )
+        )
     for _, line in sorted(lines, key=lambda x: -abs(x[0])):
         print(line)
     worst = max((abs(off) for off, _ in lines), default=0.0)

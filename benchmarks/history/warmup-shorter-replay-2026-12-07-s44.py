@@ -3,28 +3,20 @@
 python3 benchmarks/history/warmup-shorter-replay-2026-12-07-s44.py STEP_TIMES.jsonl...
 """
 
-import json
 import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, when sweep is not installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: steps_check, which finds the checkout
 
-from trainer.stopping import WarmUp  # noqa: E402
+from steps_check import warmup_replays  # noqa: E402
 
 MEASURED = 8  # steps.measure_max's default (sweep/spec/grid.py)
 
-rows = [json.loads(line) for f in sys.argv[1:] for line in open(f)]
 out = []
-for r in rows:
-    times, own = r["step_times_s"], r["warmup_steps"]
-    if r["status"] != "ok" or len(times) - own < 5:
-        continue
-    rule = WarmUp()
-    taken = next((i for i, t in enumerate(times, 1) if rule.add(t)), len(times))
-    if len(times) - taken < 5:
-        continue
-    reference = statistics.median(times[own:])
+for _, r, taken in warmup_replays([Path(a) for a in sys.argv[1:]]):
+    times = r["step_times_s"]
+    reference = statistics.median(times[r["warmup_steps"] :])
     now = 100 * (statistics.median(times[taken : taken + MEASURED]) / reference - 1)
     shorter = 100 * (statistics.median(times[taken - 1 : taken - 1 + MEASURED]) / reference - 1)
     out.append((shorter, now, r["precision"], r["batch_size"], r["source"]))
