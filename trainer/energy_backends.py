@@ -59,6 +59,21 @@ def open_device(index: int | None) -> NvmlDevice | AmdSmiDevice:
     return backend(identity(index))
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version from NVML (its init and shutdown are counted: an open device stays open); None
+    where NVML does not answer."""
+    try:
+        nvml = NvmlDevice.library()
+        nvml.nvmlInit()
+        try:
+            version = nvml.nvmlSystemGetDriverVersion()
+        finally:
+            nvml.nvmlShutdown()
+    except Exception:  # Unavailable, or NVML's own error: the caller asks nvidia-smi
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
 class _Library:
     """What the NVML and amdsmi devices share: the library imported when a rank opens its GPU, initialised, and
     the rank's GPU found in it; a failure of any of these is Unavailable (the energy is not measured)."""

@@ -45,7 +45,7 @@ ONE_DEVICE_ENV = "SWEEP_PRELOAD_ONE_DEVICE"  # "1": a node of one rank, whose ru
 # A precision stack a run trains with, imported ahead on a node of one rank (BACKENDS_ENV): torchao's import asks
 # torch.cuda.is_available() (the driver starts) and takes 0.4-0.8 s of its first trial's model build on an H200 host
 # (benchmarks/RESULTS.md "Cold sweep", session 44). Not TE: its import queries the device's properties.
-BACKEND_MODULES = {"torchao": ("torchao.float8", "trainer.precision.torchao_fp8")}
+BACKEND_MODULES = {"torchao": ("torchao.float8",)}  # its stack (trainer.precision.STACKS) imports it lazily
 BACKENDS_ENV = "SWEEP_PRELOAD_BACKENDS"  # "torchao": BACKEND_MODULES of those, on a node of one rank
 MARKS_ENV = "SWEEP_PRELOAD_MARKS"  # a folder where each preloaded process leaves its pid (sweep.execution.prestart)
 _NOT_INITIALIZED = 3  # CUDA_ERROR_NOT_INITIALIZED: the driver API's answer before anything called cuInit

@@ -62,19 +62,13 @@ def _device_info(device: torch.device) -> tuple[str | None, str | None, str | No
 
 
 def _driver_version() -> str | None:
-    """The NVIDIA driver's version: NVML's (the library the energy meter reads), else nvidia-smi's, which is a
-    subprocess inside the first trial's wall; None where neither answers (ROCm)."""
-    try:
-        import pynvml
+    """The NVIDIA driver's version: NVML's, else nvidia-smi's, which is a subprocess inside the first trial's wall; None
+    where neither answers (ROCm)."""
+    from trainer.energy_backends import driver_version
 
-        pynvml.nvmlInit()  # counted: the energy meter's own init and shutdown are not disturbed
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:
-        pass
+    version = driver_version()
+    if version is not None:
+        return version
     try:
         import subprocess
 
