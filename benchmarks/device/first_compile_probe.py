@@ -13,8 +13,10 @@ CACHE, then alternate the variants, each in its own process.
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
+import pstats
 import sys
 import time
 
@@ -77,12 +79,23 @@ def main() -> None:
         block.compile()
     x = torch.randn(4, 2048, 2048, device="cuda", dtype=torch.bfloat16)
     times = []
-    for _ in range(3):
+    profile = cProfile.Profile() if os.environ.get("PROBE_PROFILE") else None
+    for step in range(3):
         torch.cuda.synchronize()
         began = time.perf_counter()
+        if profile and step == 0:
+            profile.enable()
         model(x).float().sum().backward()
         torch.cuda.synchronize()
+        if profile and step == 0:
+            profile.disable()
         times.append(time.perf_counter() - began)
+    if profile:  # where the first step's seconds went, by function (benchmarks/device/first_compile.sh prints it)
+        out = os.path.join(os.environ.get("OUT", "/tmp"), f"profile-{variant}-{precision}.txt")
+        with open(out, "a") as f:
+            stats = pstats.Stats(profile, stream=f)
+            stats.sort_stats("cumulative").print_stats(60)
+            stats.sort_stats("tottime").print_stats(30)
     from torch._dynamo import utils
 
     headers, values = utils.compile_times(repr="csv", aggregate=True)
