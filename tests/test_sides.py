@@ -109,3 +109,40 @@ def test_what_runs_beside_a_trial_is_paused_from_its_first_measured_step_to_its_
     with _one_rank_group() as rank:
         time_steps(step, Schedule(2, 3), rank, beside=Beside())
     assert events == [0, 1, "pause", 2, 3, 4, "resume"]
+
+
+def test_a_first_trial_waits_only_until_it_fits_beside_the_side_processes_left(tmp_path):
+    go = tmp_path / "go"
+    quick = _side(f"import time\ntime.sleep(0.3)\nprint({_line('blocks', 2 * GiB)!r}, flush=True)")
+    slow = _side(
+        "import pathlib, time\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)\n"
+        f"print({_line('loss', 3 * GiB)!r}, flush=True)\n"
+    )
+    sides = Sides([quick, slow], 2, [frozenset({("blocks", "a")}), frozenset({("loss", "b")})])
+    reads: list[int] = []
+
+    def free() -> int:
+        reads.append(40 * GiB)
+        return reads[-1]
+
+    # before any set reported its peak, each side may grow to SIDE_PEAK_BYTES (16 GiB): 2 x 16 + 1.1 x 9 > 40 GiB;
+    # once the quick side's set reports 2 GiB, the slow one counts that much: 2 + 1.1 x 9 <= 40 GiB
+    report = sides.make_room(9 * GiB, free)
+    assert report is not None and (report.compiled, report.peak_bytes) == (1, (2 * GiB,))
+    assert report.waited_s >= 0.2  # the polls count as the wait (the row's precompile_s)
+    assert [side for side, _ in sides.pending] == [slow] and len(reads) == 2  # free memory read again after the wait
+    assert sides.make_room(9 * GiB, free) is None  # it fits now: no wait
+
+    go.touch()
+    rest = sides.make_room(39 * GiB, free)  # fits beside none: waits for every one left
+    assert rest is not None and (rest.compiled, rest.peak_bytes, rest.ahead) == (1, (3 * GiB,), None)
+    assert not sides.pending
+
+
+def test_making_room_stops_side_processes_still_compiling_at_the_limit():
+    stuck = _side("import time\ntime.sleep(60)")
+    sides = Sides([stuck], 1, [frozenset({("blocks", "a")})])
+    report = sides.make_room(None, lambda: 40 * GiB, limit_s=0.2)  # no expected peak: it waits for every side
+    assert report is not None and report.compiled == 0 and "stopped" in report.errors[0]
+    assert not sides.pending and stuck.proc.poll() is not None

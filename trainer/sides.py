@@ -4,6 +4,7 @@ memory and span, from the JSON lines the side processes write (`trainer.precompi
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
@@ -21,6 +23,7 @@ WAIT_LIMIT_S = 900.0  # past this the rank stops waiting, kills them and compile
 BESIDE_MARGIN = 1.10  # over a trial's expected peak (trainer.job.TrialConfig.expected_peak_bytes) beside side processes
 SIDE_PEAK_BYTES = 16 * 2**30  # what a side process may grow to where no set of its kind has reported its peak yet
 SETTLE_S = 0.05  # after pausing them: the GPU work a paused side process had queued drains before a measured step
+POLL_S = 0.05  # how often `make_room` looks for a side process that has finished
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,23 @@ class Sides:
             max((self.part_peaks.get(key[0], fallback) for key in keys), default=fallback) for _, keys in self.pending
         )
         return expected_bytes * BESIDE_MARGIN + growth <= free_bytes
+
+    def make_room(
+        self, expected_bytes: int | None, free_bytes: Callable[[], int], limit_s: float = WAIT_LIMIT_S
+    ) -> PrecompileReport | None:
+        """Wait for pending side processes one at a time, as each finishes, until a trial expected to peak at
+        `expected_bytes` fits beside those left (`room_for`, `free_bytes()` read again after each); what the waits
+        collected (None: it fit at once). Waiting for all of them at once had a first trial that fits beside all but
+        the slowest (torchao rowwise's sets, 30-44 s: benchmarks/RESULTS.md "Cold sweep") wait for that one too."""
+        began, report = time.perf_counter(), None
+        while self.pending and not self.room_for(expected_bytes, free_bytes()):
+            while not any(side.finished() for side, _ in self.pending) and time.perf_counter() - began < limit_s:
+                time.sleep(POLL_S)
+            left = max(0.0, limit_s - (time.perf_counter() - began))
+            done = self.wait(frozenset() if left else None, left)  # those finished; past the limit, all (stopped)
+            report = done if report is None else report.then(done)
+        # the wait is all of it, polls included: the row's precompile_s (sweep.record.cost counts it as compile)
+        return None if report is None else dataclasses.replace(report, waited_s=time.perf_counter() - began)
 
     def pause(self) -> None:
         """Stop the pending side processes and their compile workers where they are (SIGSTOP to each one's process

@@ -284,8 +284,9 @@ class RankWorker:
 
     def _wait_for_sides(self, config: TrialConfig | None, device: torch.device) -> PrecompileReport | None:
         """Wait for the side processes compiling `config`'s graphs (`trainer.side_sets.trial_keys`; every one: None),
-        and for the rest too unless the trial fits the GPU's memory beside them (`Sides.room_for`; a CPU rank's
-        memory cap counts its own process alone); what they did (None: none were left). Failures on stderr."""
+        and for the rest, one at a time, until the trial fits the GPU's memory beside those left (`Sides.make_room`;
+        a CPU rank's memory cap counts its own process alone); what they did (None: none were left). Failures on
+        stderr."""
         import torch
 
         from trainer.side_sets import trial_keys
@@ -296,9 +297,8 @@ class RankWorker:
         own = None if config is None or os.environ.get(WAIT_ENV) == "all" else trial_keys(config)
         report = sides.wait(own)
         if sides.pending and device.type == "cuda" and config is not None:
-            free, _ = torch.cuda.mem_get_info(device)
-            if not sides.room_for(config.expected_peak_bytes, free):
-                report = report.then(sides.wait())
+            later = sides.make_room(config.expected_peak_bytes, lambda: torch.cuda.mem_get_info(device)[0])
+            report = report if later is None else report.then(later)
         if not sides.pending:
             self.sides = None
         for error in report.errors:  # the trial compiles those graphs itself: slower, not wrong
