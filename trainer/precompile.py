@@ -23,15 +23,16 @@ Each side process may use every core of the rank's share of the host for inducto
 Each trial waits for the side processes compiling its own graphs (`Sides.wait`) after the rank's imports and process
 group and before it builds its model; the others go on compiling while it trains, stopped from its first measured
 step to its last (`trainer.train.Beside`), so they never share the GPU's time with a measured step. The first wait
-had been for all of them: the slowest set (torchao rowwise, 30-44 s) was every cold sweep's floor (benchmarks/RESULTS.md
-"Cold sweep", session 33). On a GPU a trial starts beside them only where its expected peak and what they may grow
-to fit the memory free (`Sides.room_for`), and one that runs out of memory beside them runs again once they are done
+had been for all of them: the slowest set (torchao rowwise, 30-44 s) was every cold sweep's floor
+(benchmarks/RESULTS.md "Cold sweep", session 33). On a GPU a trial starts beside them only where its expected peak
+and what they may grow to fit the memory free (`Sides.room_for`; else it waits for them one at a time until it fits
+beside those left, `Sides.make_room`), and one that runs out of memory beside them runs again once they are done
 (`trainer.worker`). A wait is part of its trial's wall (its row's precompile_s, counted as compile by
-`sweep.record.cost`). A side process that
-fails costs only its time: each trial compiles what it does not find. Run as `python -m trainer.precompile` with
-its job (a pickled `trainer.side_pool.SideJob`) on stdin, one JSON line per set on stdout; or started ahead, by
-the run, as `python -m trainer.precompile --pool FOLDER` (`trainer.side_pool`), which a rank takes before starting
-its own (on a node of one rank, given the run's graphs as it starts: compiling before the rank is placed).
+`sweep.record.cost`). A side process that fails costs only its time: each trial compiles what it does not find. Run
+as `python -m trainer.precompile` with its job (a pickled `trainer.side_pool.SideJob`) on stdin, one JSON line per
+set on stdout; or started ahead, by the run, as `python -m trainer.precompile --pool FOLDER` (`trainer.side_pool`),
+which a rank takes before starting its own (on a node of one rank, given the run's graphs as it starts: compiling
+before the rank is placed).
 
 A set of graphs already in the cache is not compiled again: a side process or a trial that compiled it leaves a
 mark beside inductor's cache (`mark`), and `start` leaves out what is marked, so a rerun of a grid on a warm cache
