@@ -166,7 +166,7 @@ class PooledSide:
         if not self._path("done").exists():
             if _alive(self.pid):
                 self.stop()
-                errors.append(f"a side process still compiling after {limit_s:.0f} s was stopped")
+                errors.append("a side process still compiling when the rank stopped waiting for it was stopped")
             else:
                 errors.append(f"a side process started ahead died: {self.log_tail()}")
         try:
