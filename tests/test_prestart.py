@@ -125,6 +125,7 @@ def test_on_a_node_of_one_rank_the_runs_torchao_is_imported_ahead(tmp_path, monk
 def test_a_preloaded_process_freezes_what_its_imports_made():
     import gc
 
+    assert preload.preload().failed is None  # what a preloaded process has imported (run alone, this test had less)
     try:
         preload.settle_imports()
         assert gc.get_freeze_count() > 100_000 and len(gc.get_objects()) < 1000  # torch's objects out of sight
@@ -261,3 +262,21 @@ def test_with_none_started_ahead_each_rank_starts_once_placed(write_grid, tmp_pa
     first, warm = rows
     assert first["imported_before_placement"] is False and first["group_trial_index"] == 0
     assert warm["imported_before_placement"] is None and warm["group_trial_index"] == 1  # started nothing
+
+
+def test_a_preloaded_process_computes_inductors_once_a_process_cache_keys():
+    """Where inductor was imported ahead, `settle_imports` leaves torch's and Triton's keys computed (the first
+    compile's AOTAutograd and FX graph cache keys ask for both; Triton's hashes its 415 MB library): computed, a
+    `prefetchable_cache` refuses a value set again."""
+    script = (
+        "import torch._inductor.codecache as codecache\n"
+        "from trainer import preload\n"
+        "preload.settle_imports()\n"
+        "for key in preload.CACHE_KEYS:\n"
+        "    try:\n"
+        "        getattr(codecache, key).set(None)\n"
+        "    except RuntimeError:\n"
+        "        print(key, 'computed')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["torch_key computed", "triton_key computed"]

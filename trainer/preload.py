@@ -47,6 +47,7 @@ ONE_DEVICE_ENV = "SWEEP_PRELOAD_ONE_DEVICE"  # "1": a node of one rank, whose ru
 # (benchmarks/RESULTS.md "Cold sweep", session 44). Not TE: its import queries the device's properties.
 BACKEND_MODULES = {"torchao": ("torchao.float8",)}  # its stack (trainer.precision.STACKS) imports it lazily
 BACKENDS_ENV = "SWEEP_PRELOAD_BACKENDS"  # "torchao": BACKEND_MODULES of those, on a node of one rank
+CACHE_KEYS = ("torch_key", "triton_key")  # torch._inductor.codecache's once-a-process keys (`settle_imports`)
 MARKS_ENV = "SWEEP_PRELOAD_MARKS"  # a folder where each preloaded process leaves its pid (sweep.execution.prestart)
 _NOT_INITIALIZED = 3  # CUDA_ERROR_NOT_INITIALIZED: the driver API's answer before anything called cuInit
 
@@ -140,14 +141,17 @@ def write_mark() -> None:
 
 
 def settle_imports() -> None:
-    """What a rank's first trial would do after its imports, done before any GPU is held: inductor's key of torch's
-    source (`torch_key`, a hash of every file of torch: 0.1 s on an H200 host), where inductor was imported ahead, and
-    the imports' objects collected and frozen (`gc.freeze`), so that a warm rank's collection at its group's start
-    (trainer.release.settle) traverses only what came after: a full one took 0.18-0.33 s on an H200 host."""
+    """What a rank's first trial would do after its imports, done before any GPU is held, where inductor was imported
+    ahead: the keys of its compile caches' entries that are computed once a process, `torch_key` (a hash of every file
+    of torch: 0.1 s on an H200 host) and `triton_key` (of Triton's, its 415 MB libtriton.so among them: 0.27 s on this
+    project's CI machine, Triton 3.6; every compile, a cache hit too, asks for both: AOTAutograd's and the FX graph
+    cache's keys); then the imports' objects collected and frozen (`gc.freeze`), so that a warm rank's collection at
+    its group's start (trainer.release.settle) traverses only what came after: a full one took 0.18-0.33 s on an H200
+    host."""
     codecache = sys.modules.get("torch._inductor.codecache")
-    if codecache is not None:
+    for key in CACHE_KEYS if codecache is not None else ():
         try:
-            codecache.torch_key()
+            getattr(codecache, key)()
         except Exception:  # the rank's first compile computes it then
             pass
     gc.collect()
