@@ -28,6 +28,9 @@ import torch._inductor.compile_fx  # noqa: E402,F401  (imported ahead on a node 
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
+from trainer.compile_report import compile_phases  # noqa: E402
+
 
 def warm_up(variant: str) -> float:
     began = time.perf_counter()
@@ -43,10 +46,7 @@ def warm_up(variant: str) -> float:
     w = torch.randn(8, 8, device=device, requires_grad=True)
     torch.compile(tiny, backend=backend)(x, w).backward()
     torch._dynamo.reset()
-    from torch._dynamo import utils
-
-    utils.counters.clear()
-    utils.compilation_time_metrics.clear()
+    compile_phases()  # read and restarted: the first step's phases are its own
     return time.perf_counter() - began
 
 
@@ -96,10 +96,6 @@ def main() -> None:
             stats = pstats.Stats(profile, stream=f)
             stats.sort_stats("cumulative").print_stats(60)
             stats.sort_stats("tottime").print_stats(30)
-    from torch._dynamo import utils
-
-    headers, values = utils.compile_times(repr="csv", aggregate=True)
-    phases = sorted(((h, float(str(v))) for h, v in zip(headers, values) if v not in ("", None)), key=lambda p: -p[1])
     print(
         json.dumps(
             {
@@ -108,7 +104,7 @@ def main() -> None:
                 "warm_up_s": round(warm_s, 3),
                 "first_step_s": round(times[0], 3),
                 "steady_step_s": round(times[-1], 3),
-                "phases": {h: round(v, 3) for h, v in phases[:10]},
+                "phases": compile_phases(top=10),
             }
         ),
         flush=True,
