@@ -142,12 +142,12 @@ def write_mark() -> None:
 
 def settle_imports() -> None:
     """What a rank's first trial would do after its imports, done before any GPU is held, where inductor was imported
-    ahead: the keys of its compile caches' entries that are computed once a process, `torch_key` (a hash of every file
-    of torch: 0.1 s on an H200 host) and `triton_key` (of Triton's, its 415 MB libtriton.so among them: 0.27 s on this
-    project's CI machine, Triton 3.6; every compile, a cache hit too, asks for both: AOTAutograd's and the FX graph
-    cache's keys); then the imports' objects collected and frozen (`gc.freeze`), so that a warm rank's collection at
-    its group's start (trainer.release.settle) traverses only what came after: a full one took 0.18-0.33 s on an H200
-    host."""
+    ahead: the keys of its compile caches' entries that are computed once a process, `torch_key` (a hash of every
+    file of torch: 0.1 s on an H200 host) and `triton_key` (of Triton's, its 415 MB libtriton.so among them:
+    0.27-0.30 s on this project's CI machine, Triton 3.6, benchmarks/triton_key.sh; every compile, a cache hit too,
+    asks for both: AOTAutograd's and the FX graph cache's keys); then the imports' objects collected and frozen
+    (`gc.freeze`), so that a warm rank's collection at its group's start (trainer.release.settle) traverses only what
+    came after: a full one took 0.18-0.33 s on an H200 host."""
     codecache = sys.modules.get("torch._inductor.codecache")
     for key in CACHE_KEYS if codecache is not None else ():
         try:
