@@ -3,6 +3,8 @@
 #
 #   SWEEP_GIT_SHA=<commit> bash benchmarks/device/cold_sweep.sh cold|warm|cold-warm|acceptance|cold-first|wait|store|store-sides|current-cold-warm|prestart|report|threads|searches|max-batch [PROFILE]
 #
+# GRID (default benchmarks/campaigns/cold-sweep/a-grid.yaml, sized for an H200's 141 GB) is the grid of every part
+# but searches and max-batch; on an 80 GB H100 (benchmarks/profiles/h100x1.yaml) give a-grid-80gb.yaml.
 # Carries .whl, then .whl-results with .base-tree (bash benchmarks/device/prepare.sh base COMMIT: the tree of the
 # commit that is "today" for issue 28, whose rows are the baseline). Each `sweep run` below starts its own Ray, so
 # every run has fresh rank processes; a run is cold when its compile cache (inductor's, Triton's kernels in it)
@@ -48,6 +50,7 @@ part=${1:-cold}
 [[ $part != *cold-warm && $part != acceptance && $part != cold-first && $part != prestart && $part != threads && $part != report && $part != wait && $part != store && $part != store-sides && $part != base ]] || export JOB_NEEDS_RESULTS=0  # carries .whl and .base-tree: no room for .whl-results
 profile=${2:-benchmarks/profiles/h200x1.yaml}
 grids=benchmarks/campaigns/$campaign
+grid=${GRID:-$grids/a-grid.yaml}  # the grid of every part but searches and max-batch (a-grid-80gb.yaml for an 80 GB GPU)
 source benchmarks/device/lib.sh
 job_begin $campaign 0
 # the parts that run the current tree alone need no base tree
@@ -119,7 +122,7 @@ both_trees() {  # both_trees RUN...: the grid for each RUN (TREE-PHASE: current-
   report=1
   rm -rf /tmp/cc-current /tmp/cc-base "$results"/*-cold "$results"/*-warm
   sample_processes
-  for run in "$@"; do sweep_run "${run%-*}" $grids/a-grid.yaml "$results/$run"; done
+  for run in "$@"; do sweep_run "${run%-*}" $grid "$results/$run"; done
 }
 
 case $part in
@@ -128,35 +131,35 @@ case $part in
     python3 -X importtime -c 'import torch._dynamo, torch.distributed; import trainer.train' 2>&1 |
       sort -t'|' -k2 -n | tail -n 12
     rm -rf /tmp/cc-base /tmp/cc-current /tmp/cc-each "$results"/*-cold
-    sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    sweep_run base $grids/a-grid.yaml "$results/base-cold"
-    sweep_run current $grids/a-grid.yaml "$results/each-cold" each --no-precompile ;;
+    sweep_run current $grid "$results/current-cold"
+    sweep_run base $grid "$results/base-cold"
+    sweep_run current $grid "$results/each-cold" each --no-precompile ;;
   warm)
     [ -d /tmp/cc-current ] && [ -d /tmp/cc-base ] || {
       echo "job: no compile caches of a cold part on this machine (released since?): run the cold part first"; exit 2; }
-    sweep_run base $grids/a-grid.yaml "$results/base-warm"
-    sweep_run current $grids/a-grid.yaml "$results/current-warm"
-    [ ! -d /tmp/cc-each ] || sweep_run current $grids/a-grid.yaml "$results/each-warm" each --no-precompile ;;
+    sweep_run base $grid "$results/base-warm"
+    sweep_run current $grid "$results/current-warm"
+    [ ! -d /tmp/cc-each ] || sweep_run current $grid "$results/each-warm" each --no-precompile ;;
   cold-warm)
     rm -rf /tmp/cc-base /tmp/cc-current "$results"/*-cold "$results"/*-warm
-    sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    sweep_run base $grids/a-grid.yaml "$results/base-cold"
-    sweep_run base $grids/a-grid.yaml "$results/base-warm"
-    sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
+    sweep_run current $grid "$results/current-cold"
+    sweep_run base $grid "$results/base-cold"
+    sweep_run base $grid "$results/base-warm"
+    sweep_run current $grid "$results/current-warm" ;;
   acceptance)  # one call: the current tree cold then warm, then the base cold then warm (what the deadline leaves),
     # the current tree's compile report on and what ran beside its cold run sampled, as `report` does
     both_trees current-cold current-warm base-cold base-warm
     # what the deadline leaves: the current tree cold again keeping the side processes' kernel timings too (measured
     # beside the others, they picked rowwise's slower config in sessions 39 and 41's H100 runs), its own cache
     rm -rf /tmp/cc-kept
-    extra=SWEEP_AUTOTUNE_STORE=all sweep_run current $grids/a-grid.yaml "$results/kept-cold" kept ;;
+    extra=SWEEP_AUTOTUNE_STORE=all sweep_run current $grid "$results/kept-cold" kept ;;
   store-sides)  # the current tree alone: only the trials' kernel timings kept (the default) against the sides' too
     report=1
     rm -rf /tmp/cc-current /tmp/cc-kept "$results"/*-cold "$results"/*-warm
-    sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    extra=SWEEP_AUTOTUNE_STORE=all sweep_run current $grids/a-grid.yaml "$results/kept-cold" kept
-    extra=SWEEP_AUTOTUNE_STORE=all sweep_run current $grids/a-grid.yaml "$results/kept-warm" kept
-    sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
+    sweep_run current $grid "$results/current-cold"
+    extra=SWEEP_AUTOTUNE_STORE=all sweep_run current $grid "$results/kept-cold" kept
+    extra=SWEEP_AUTOTUNE_STORE=all sweep_run current $grid "$results/kept-warm" kept
+    sweep_run current $grid "$results/current-warm" ;;
   cold-first)  # acceptance for a short device budget: both trees cold first, then warm (the deadline stops the rest)
     both_trees current-cold base-cold current-warm base-warm ;;
   wait)  # the current tree cold twice, each its own empty cache: each trial waiting for its own side processes (the
@@ -164,43 +167,43 @@ case $part in
     report=1
     rm -rf /tmp/cc-current /tmp/cc-all "$results"/*-cold
     sample_processes
-    sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    extra=SWEEP_PRECOMPILE_WAIT=all sweep_run current $grids/a-grid.yaml "$results/all-cold" all ;;
+    sweep_run current $grid "$results/current-cold"
+    extra=SWEEP_PRECOMPILE_WAIT=all sweep_run current $grid "$results/all-cold" all ;;
   current-cold-warm)  # the current tree alone, cold then warm (a device budget too short for the base beside it)
     rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
-    sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
+    sweep_run current $grid "$results/current-cold"
+    sweep_run current $grid "$results/current-warm" ;;
   prestart)  # rank (and side) processes started ahead against started once placed: the same tree, each its own cache
     rm -rf /tmp/cc-current /tmp/cc-late "$results"/*-cold "$results"/*-warm
-    sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-cold" late
-    prestarted=0 sweep_run current $grids/a-grid.yaml "$results/late-warm" late
-    sweep_run current $grids/a-grid.yaml "$results/current-warm" ;;
+    sweep_run current $grid "$results/current-cold"
+    prestarted=0 sweep_run current $grid "$results/late-cold" late
+    prestarted=0 sweep_run current $grid "$results/late-warm" late
+    sweep_run current $grid "$results/current-warm" ;;
   threads)  # each side process's compile workers: a quarter of the cores against every core (the default), A B A
     report=1
     rm -rf /tmp/cc-quarter /tmp/cc-threads /tmp/cc-again "$results"/*-cold
-    threads=$(($(nproc) / 4)) sweep_run current $grids/a-grid.yaml "$results/quarter-cold" quarter
-    sweep_run current $grids/a-grid.yaml "$results/threads-cold" threads
-    threads=$(($(nproc) / 4)) sweep_run current $grids/a-grid.yaml "$results/again-cold" again ;;
+    threads=$(($(nproc) / 4)) sweep_run current $grid "$results/quarter-cold" quarter
+    sweep_run current $grid "$results/threads-cold" threads
+    threads=$(($(nproc) / 4)) sweep_run current $grid "$results/again-cold" again ;;
   report)  # the current tree cold once, with the side processes' seconds, peak memory and span a set
     # (SWEEP_COMPILE_REPORT), and what ran beside them (sample_processes)
     report=1
     rm -rf /tmp/cc-current "$results"/*-cold
     sample_processes
-    sweep_run current $grids/a-grid.yaml "$results/current-cold" ;;
+    sweep_run current $grid "$results/current-cold" ;;
   store)  # kernel benchmarks kept across processes (trainer.autotune_store) on and off, on one warm cache: the current
     # tree cold, then warm A B A: the current tree, the base tree (prepare.sh base with the commit before the store,
     # f6ac372) on the current tree's cache, the current tree again (.../again-warm)
     report=1
     rm -rf /tmp/cc-current "$results"/*-cold "$results"/*-warm
-    sweep_run current $grids/a-grid.yaml "$results/current-cold"
-    sweep_run current $grids/a-grid.yaml "$results/current-warm"
-    sweep_run base $grids/a-grid.yaml "$results/base-warm" current
-    sweep_run current $grids/a-grid.yaml "$results/again-warm" ;;
+    sweep_run current $grid "$results/current-cold"
+    sweep_run current $grid "$results/current-warm"
+    sweep_run base $grid "$results/base-warm" current
+    sweep_run current $grid "$results/again-warm" ;;
   base)  # the base tree alone, cold then warm, on a machine where a current part (prestart) has just run
     rm -rf /tmp/cc-base "$results"/base-*
-    sweep_run base $grids/a-grid.yaml "$results/base-cold"
-    sweep_run base $grids/a-grid.yaml "$results/base-warm" ;;
+    sweep_run base $grid "$results/base-cold"
+    sweep_run base $grid "$results/base-warm" ;;
   searches)
     rm -rf /tmp/cc-base /tmp/cc-current
     sweep_run current $grids/b-oom.yaml "$results/current-searches"
