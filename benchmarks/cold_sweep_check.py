@@ -64,6 +64,14 @@ def _held_beyond(rows: list[dict]) -> tuple[float, str]:
     return (statistics.mean(beyond) if beyond else float("nan")), ", ".join(f"{b:.1f}" for b in beyond)
 
 
+def _intervals(current: dict, base: dict) -> str:
+    """Each row's step-time median with its 95 % interval (`step_time_ci_pct`): how far apart two medians can lie by
+    the noise of their few measured steps alone."""
+    ci = [r.get("step_time_ci_pct") for r in (current, base)]
+    shown = ["?" if c is None else f"±{c:.2f} %" for c in ci]
+    return f"medians' 95 % intervals {shown[0]} current, {shown[1]} base"
+
+
 def _trials(rows: list[dict]) -> set[tuple]:
     """The grid's trials a run attempted, by (precision, batch size), whatever became of them (an OOM, a prediction
     that skipped it): a run the job's deadline cut short lacks its last ones."""
@@ -131,7 +139,7 @@ def grid_checks(base: list[dict], current: list[dict], phase: str) -> list[tuple
             (
                 abs(pct) <= TFLOPS_PCT,
                 f"{phase}: {_name(r)} {r['tflops_per_gpu']:.1f} TFLOP/s against base "
-                f"{b['tflops_per_gpu']:.1f} ({pct:+.2f} %; within {TFLOPS_PCT:g} %)",
+                f"{b['tflops_per_gpu']:.1f} ({pct:+.2f} %; within {TFLOPS_PCT:g} %; {_intervals(r, b)})",
             )
         )
     return out
