@@ -711,3 +711,45 @@ def test_perf_per_dollar_uses_the_cost_stored_in_the_rows(tmp_path):
     assert res.exit_code == 0, res.output
     assert "perf/$ vs my-a" in res.stdout and "1.50× (+50.0 %)" in res.stdout
     assert "no cost per GPU-hour for: old" in res.stdout
+
+
+def test_compare_by_dynamic_batch_against_static_shapes(tmp_path):
+    """--by dynamic_batch: each symbolic-batch config against its static-shape twin (the default baseline, false),
+    or the other way with --baseline true; a baseline that is not true or false is one line and exit 2."""
+    base = {
+        "run_id": "r",
+        "attempt": 1,
+        "cluster": "h100x1",
+        "accelerator": "h100",
+        "world_size": 1,
+        "model": "held-out-2.1b",
+        "precision": "fp8-torchao-tensorwise",
+        "compile": "regional",
+        "ac": "none",
+        "seq_len": 4096,
+        **TRAINING_DEFAULTS,
+        "status": "ok",
+    }
+    trials = [("s2", 2, False, 600.0), ("d2", 2, True, 594.0), ("s4", 4, False, 690.0), ("d4", 4, True, 697.0)]
+    for trial_id, batch, dynamic, tflops in trials:
+        row = {"trial_id": trial_id, "batch_size": batch, "dynamic_batch": dynamic, "tflops_per_gpu": tflops}
+        write_row(tmp_path, {**base, **row})
+    res = sweep_results("compare", tmp_path, "--by", "dynamic_batch", "-f", "csv")
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader(io.StringIO(res.stdout)))
+    assert {r["batch_size"]: float(r["ratio"]) for r in rows} == {
+        "2": pytest.approx(594.0 / 600.0),
+        "4": pytest.approx(697.0 / 690.0),
+    }
+    res = sweep_results("compare", tmp_path, "--by", "dynamic_batch", "--baseline", "true", "-f", "csv")
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader(io.StringIO(res.stdout)))
+    assert {r["batch_size"]: float(r["ratio"]) for r in rows} == {
+        "2": pytest.approx(600.0 / 594.0),
+        "4": pytest.approx(690.0 / 697.0),
+    }
+    res = sweep_results("compare", tmp_path, "--by", "dynamic_batch")
+    assert res.exit_code == 0 and "vs dynamic_batch=false" in res.stdout and "False" not in res.stdout, res.stdout
+    bad = sweep_results("compare", tmp_path, "--by", "dynamic_batch", "--baseline", "static")
+    assert bad.exit_code == 2 and "--baseline 'static': --by dynamic_batch is true or false" in bad.output
+    assert "Traceback" not in bad.output

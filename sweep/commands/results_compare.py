@@ -117,10 +117,13 @@ def _compare_configs(
         + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else [])
         + ([loss_at.note(tokens)] if tokens else [])
     )
-    cols = render.compare_cols(by.value, baseline, with_cost, tokens_column=len(tokens) > 1) + energy_view.compare_cols(
-        baseline, with_cost
+    # an on/off option's side is named with its key (a column headed "vs False" says nothing)
+    shown = f"{by.value}={str(baseline).lower()}" if isinstance(baseline, bool) else str(baseline)
+    cols = render.compare_cols(by.value, shown, with_cost, tokens_column=len(tokens) > 1) + energy_view.compare_cols(
+        shown, with_cost
     )
-    title = f"{directory}: TFLOP/s/GPU vs {by.value} {baseline} (same config otherwise)"
+    side = shown if isinstance(baseline, bool) else f"{by.value} {baseline}"
+    title = f"{directory}: TFLOP/s/GPU vs {side} (same config otherwise)"
     emit(
         pairs,
         cols,
@@ -134,12 +137,30 @@ def _compare_configs(
     )
 
 
+def _typed_baseline(by: str, baseline: str | None) -> str | int | bool | None:
+    """`--baseline` as the `--by` column holds it: a layout axis counts ranks (`--by tp --baseline 2`), an on/off
+    option is true or false (`--by dynamic_batch --baseline true`)."""
+    from sweep.results.aggregate import COMPARE_BY
+
+    default = COMPARE_BY.get(by)
+    if baseline is None or not isinstance(default, int):  # text, or no default (cluster)
+        return baseline
+    if isinstance(default, bool):  # before int: a bool is an int
+        if baseline.lower() not in ("true", "false"):
+            raise UserError(f"--baseline {baseline!r}: --by {by} is true or false")
+        return baseline.lower() == "true"
+    try:
+        return int(baseline)
+    except ValueError:
+        raise UserError(f"--baseline {baseline!r}: --by {by} compares whole numbers of ranks (1, 2, 4, ...)") from None
+
+
 def _baseline(directory: Path, by: By, given: str | None, present: list[Any]) -> Any:
     """The value of --by that `compare` divides by: --baseline (typed as the column is), else the key's default;
     refused where the rows have no other side, or lack the default."""
     from sweep.results import aggregate
 
-    baseline = aggregate.typed_baseline(by.value, given)
+    baseline = _typed_baseline(by.value, given)
     if len(present) < 2:  # whatever the baseline, default or given: there is no other side
         raise UserError(
             f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}"

@@ -73,6 +73,7 @@ class By(str, Enum):
     grad_sync = "grad_sync"
     tp = "tp"
     dp_replicate = "dp_replicate"
+    dynamic_batch = "dynamic_batch"
 
 
 # The FLOP conventions of trainer.flops (pure, light to import): how a table's TFLOP/s and MFU are counted.

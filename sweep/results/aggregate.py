@@ -64,17 +64,8 @@ COMPARE_BY: dict[str, str | int | None] = {
     "grad_sync": "micro_batch",
     "tp": 1,
     "dp_replicate": 1,
+    "dynamic_batch": False,  # a symbolic batch against static shapes (each batch compiled)
 }  # layouts: against FSDP over the same ranks
-
-
-def typed_baseline(by: str, baseline: str | int | None) -> str | int | None:
-    """`--baseline` as the `--by` column holds it: a layout axis counts ranks (`--by tp --baseline 2`)."""
-    if baseline is None or not isinstance(COMPARE_BY.get(by), int):
-        return baseline
-    try:
-        return int(baseline)
-    except ValueError:
-        raise UserError(f"--baseline {baseline!r}: --by {by} compares whole numbers of ranks (1, 2, 4, ...)") from None
 
 
 def failure_text(count: str) -> str:
