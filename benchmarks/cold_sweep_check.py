@@ -65,8 +65,8 @@ def _held_beyond(rows: list[dict]) -> tuple[float, str]:
 
 
 def _intervals(current: dict, base: dict) -> str:
-    """Each row's step-time median with its 95 % interval (`step_time_ci_pct`): how far apart two medians can lie by
-    the noise of their few measured steps alone."""
+    """Both rows' 95 % intervals of their step-time medians (`step_time_ci_pct`): how far apart two medians can lie
+    by the noise of their few measured steps alone."""
     ci = [r.get("step_time_ci_pct") for r in (current, base)]
     shown = ["?" if c is None else f"±{c:.2f} %" for c in ci]
     return f"medians' 95 % intervals {shown[0]} current, {shown[1]} base"
