@@ -7,10 +7,11 @@ RESULTS_DIR holds rows of trials run with many fixed steps (benchmarks/campaigns
 (trainer/stopping.py: warm-up until the last 2 steps agree within 10 %, measurement until the median's 95 % interval
 is within ±1 %) and the default count (steps: {warmup: 3, measure: 10}, sweep/spec/grid.py) are fed the same steps
 one at a time, as a trial's rank 0 feeds them, and each median is compared with the row's own (its 30 measured
-steps). Cost is the seconds of the steps each rule takes after the first (the first holds the compile, which both
-pay). `auto` becomes the default only if, on every row, its median is within 1 % of the reference and its cost is
-lower than the default's (the condition issue 15 set). Prints a markdown table and the verdict; exits 1 when the
-condition does not hold (auto stays opt-in), 2 when there are no rows.
+steps). `auto` measures at most steps.measure_max steps, as a grid's `measure: auto` does (8; `--cap M` replays
+another cap, `--cap 0` none). Cost is the seconds of the steps each rule takes after the first (the first holds the
+compile, which both pay). `auto` becomes the default only if, on every row, its median is within 1 % of the
+reference and its cost is lower than the default's (the condition issue 15 set). Prints a markdown table and the
+verdict; exits 1 when the condition does not hold (auto stays opt-in), 2 when there are no rows.
 
     python3 benchmarks/steps_check.py --warmup RESULTS_DIR...
 
@@ -29,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
 
 from sweep.record import store  # noqa: E402
+from sweep.spec.steps import MEASURE_MAX_DEFAULT  # noqa: E402
 from trainer.stopping import Schedule, StepsSpec, WarmUp  # noqa: E402
 
 DEFAULT: tuple[StepsSpec, StepsSpec] = (3, 10)
@@ -82,8 +84,9 @@ def save(folders: list[Path], out: Path) -> int:
     return 0
 
 
-def main(folder: Path, cap: int | None = None) -> int:
-    """The table and verdict; `cap` (`--cap M`): `auto` measures at most M steps (a trial's `auto_max`)."""
+def main(folder: Path, cap: int = MEASURE_MAX_DEFAULT) -> int:
+    """The table and verdict; `cap`: `auto` measures at most this many steps (a trial's `auto_max`), by default as a
+    grid's `measure: auto` does (steps.measure_max); `--cap M` replays another, `--cap 0` none (auto before it)."""
     rows = [r for r in read_rows(folder) if r["status"] == "ok" and r.get("step_times_s")]
     if not rows:
         print(f"no clean rows with step_times_s in {folder}", file=sys.stderr)
@@ -154,7 +157,7 @@ if __name__ == "__main__":
         sys.exit(save([Path(a) for a in sys.argv[3:]], Path(sys.argv[2])))
     if len(sys.argv) > 2 and sys.argv[1] == "--warmup":
         sys.exit(warmup_check([Path(a) for a in sys.argv[2:]]))
-    if len(sys.argv) == 4 and sys.argv[1] == "--cap":
+    if len(sys.argv) == 4 and sys.argv[1] == "--cap":  # 0: no cap
         sys.exit(main(Path(sys.argv[3]), cap=int(sys.argv[2])))
     if len(sys.argv) != 2:
         sys.exit(

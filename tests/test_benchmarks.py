@@ -25,6 +25,7 @@ PROFILES = {
     "layouts/c-four-gpus": [BENCH / "profiles" / "h200x4.yaml"],
     "layouts/d-four-gpus-two-nodes": [BENCH / "profiles" / "h200x4-2nodes.yaml"],
     "cold-sweep/a-grid-80gb": [BENCH / "profiles" / "h100x1.yaml"],  # benchmarks/device/cold_sweep.sh with GRID
+    "cold-sweep/d-steps-80gb": [BENCH / "profiles" / "h100x1.yaml"],
 }
 GRIDS = [
     (grid, profile)

@@ -46,22 +46,26 @@ def test_warmup_check_names_each_row_and_fails_a_warmup_that_keeps_slow_steps(tm
     assert bad.returncode == 1, bad.stdout + bad.stderr
 
 
-def test_the_replay_keeps_auto_opt_in_where_it_costs_more(tmp_path):
+def test_the_replay_without_a_cap_keeps_auto_opt_in_where_it_costs_more(tmp_path):
     out = tmp_path / "rows"
     _write(out, COMPILED, warmup=10)
-    done = _run(out)
+    done = _run("--cap", "0", out)  # auto as it was before steps.measure_max
     assert done.returncode == 1, done.stdout + done.stderr  # auto's ±1 % needs more steps than 3 + 10 here
     assert "auto stays opt-in" in done.stdout
 
 
-def test_a_cap_on_auto_s_measured_steps_is_replayed_as_a_trial_s_auto_max(tmp_path):
-    """`--cap M`: `auto` measures at most M steps, as a trial with `auto_max` does; at 8 it stops here where the
-    uncapped rule needs more steps than 3 + 10, inside ±1 % of the row's median."""
+def test_the_replay_caps_auto_s_measured_steps_as_a_grid_s_auto_does(tmp_path):
+    """By default `auto` measures at most steps.measure_max (8) steps, as a trial of `measure: auto` does: it stops
+    here where the uncapped rule needs more steps than 3 + 10, inside ±1 % of the row's median; `--cap M` replays
+    another cap."""
     out = tmp_path / "rows"
     _write(out, COMPILED, warmup=10)
-    done = _run("--cap", "8", out)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "| 11 (3) steps," in done.stdout and "auto becomes the default" in done.stdout
+    for args in ((), ("--cap", "8")):
+        done = _run(*args, out)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "| 11 (3) steps," in done.stdout and "auto becomes the default" in done.stdout
+    done = _run("--cap", "6", out)
+    assert "| 9 (3) steps," in done.stdout, done.stdout
 
 
 def test_saved_step_times_replay_as_their_folder(tmp_path):
