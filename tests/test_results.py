@@ -750,6 +750,10 @@ def test_compare_by_dynamic_batch_against_static_shapes(tmp_path):
     }
     res = sweep_results("compare", tmp_path, "--by", "dynamic_batch")
     assert res.exit_code == 0 and "vs dynamic_batch=false" in res.stdout and "False" not in res.stdout, res.stdout
+    static = tmp_path / "static"  # the static side alone: nothing to compare, said as --baseline says it
+    write_row(static, {**base, "trial_id": "s2", "batch_size": 2, "dynamic_batch": False, "tflops_per_gpu": 600.0})
+    alone = sweep_results("compare", static, "--by", "dynamic_batch")
+    assert alone.exit_code == 2 and f"every config in {static} has dynamic_batch false" in alone.output, alone.output
     bad = sweep_results("compare", tmp_path, "--by", "dynamic_batch", "--baseline", "static")
     assert bad.exit_code == 2 and "--baseline 'static': --by dynamic_batch is true or false" in bad.output
     assert "Traceback" not in bad.output

@@ -106,7 +106,7 @@ def _compare_configs(
     baseline = _baseline(directory, by, baseline, present)
     table = aggregate.compare_table(configs, baseline, by.value, costs, prices)
     if table.num_rows == 0:
-        raise UserError(f"nothing to compare: every config in {directory} has {by.value} {baseline}")
+        raise UserError(f"nothing to compare: every config in {directory} has {by.value} {_text(baseline)}")
     printed = (limit or None) if fmt is TableFormat.table else None  # a terminal table reads the losses it prints
     pairs = aggregate.compare_losses(table.to_pylist(), rows, by.value, baseline, printed, configs)
     tokens = {p["loss_at_tokens"] for p in pairs} - {None}
@@ -118,7 +118,7 @@ def _compare_configs(
         + ([loss_at.note(tokens)] if tokens else [])
     )
     # an on/off option's side is named with its key (a column headed "vs False" says nothing)
-    shown = f"{by.value}={str(baseline).lower()}" if isinstance(baseline, bool) else str(baseline)
+    shown = f"{by.value}={_text(baseline)}" if isinstance(baseline, bool) else str(baseline)
     cols = render.compare_cols(by.value, shown, with_cost, tokens_column=len(tokens) > 1) + energy_view.compare_cols(
         shown, with_cost
     )
@@ -135,6 +135,11 @@ def _compare_configs(
         csv_columns=[*energy.drop_empty(table).column_names, "loss_at_tokens", "loss_at", "base_loss_at"],
         footer=lambda: provenance.markdown(rows, recount.formula(flops.value)),
     )
+
+
+def _text(value: Any) -> str:
+    """A --by value as --baseline takes it: an on/off option's true or false, not Python's True or False."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _typed_baseline(by: str, baseline: str | None) -> str | int | bool | None:
@@ -162,17 +167,16 @@ def _baseline(directory: Path, by: By, given: str | None, present: list[Any]) ->
 
     baseline = _typed_baseline(by.value, given)
     if len(present) < 2:  # whatever the baseline, default or given: there is no other side
-        raise UserError(
-            f"nothing to compare: every config in {directory} has {by.value} {present[0] if present else 'unset'}"
-        )
+        only = _text(present[0]) if present else "unset"
+        raise UserError(f"nothing to compare: every config in {directory} has {by.value} {only}")
     if baseline is None:
         if by is By.cluster:
             raise UserError(f"--by cluster needs --baseline CLUSTER; clusters in the results: {', '.join(present)}")
         baseline = aggregate.COMPARE_BY[by.value]
         if baseline not in present:
             raise UserError(
-                f"--by {by.value}: no config in {directory} has the default baseline {baseline}; pass "
-                f"--baseline, one of: {', '.join(map(str, present))}"
+                f"--by {by.value}: no config in {directory} has the default baseline {_text(baseline)}; pass "
+                f"--baseline, one of: {', '.join(map(_text, present))}"
             )
     return baseline
 
