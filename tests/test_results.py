@@ -757,3 +757,15 @@ def test_compare_by_dynamic_batch_against_static_shapes(tmp_path):
     bad = sweep_results("compare", tmp_path, "--by", "dynamic_batch", "--baseline", "static")
     assert bad.exit_code == 2 and "--baseline 'static': --by dynamic_batch is true or false" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_compare_s_baseline_help_names_every_default_baseline():
+    """`--baseline`'s help lists each --by key's default (COMPARE_BY) as --baseline takes it. It is written out in the
+    command (the CLI does not import pyarrow to build it), so a key added to COMPARE_BY must be named there too."""
+    res = sweep_results("compare", "--help")
+    assert res.exit_code == 0, res.output
+    help_text = " ".join(res.stdout.replace("│", " ").split())
+    defaults = {k: v for k, v in aggregate.COMPARE_BY.items() if v is not None}  # cluster has none
+    named = [f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in defaults.items() if k != "precision"]
+    assert f"Default: {defaults['precision']}" in help_text, help_text  # the precision's named bare
+    assert [n for n in named if n not in help_text] == [], help_text

@@ -35,7 +35,7 @@ def compare(
             "-b",
             show_default=False,
             help="The value of --by to divide by. Default: bf16, compile none, ac none, reduce_dtype fp32, grad_sync "
-            "micro_batch, tp 1, dp_replicate 1; --by cluster needs one.",
+            "micro_batch, tp 1, dp_replicate 1, dynamic_batch false; --by cluster needs one.",
         ),
     ] = None,
     by: Annotated[
