@@ -36,6 +36,8 @@ from trainer.side_sets import SideSet
 
 FOLDER_ENV = "SWEEP_SIDE_POOL"  # where the waiting side processes are: set in the ranks' environment
 POLL_S = 0.01  # how often a waiting side process looks for its job, and a rank for a side process's end
+# the error a rank records for a side process it stopped at the wait's limit (PooledSide, trainer.sides.PipedSide)
+STOPPED = "a side process still compiling when the rank stopped waiting for it was stopped"
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ class PooledSide:
         if not self._path("done").exists():
             if _alive(self.pid):
                 self.stop()
-                errors.append("a side process still compiling when the rank stopped waiting for it was stopped")
+                errors.append(STOPPED)
             else:
                 errors.append(f"a side process started ahead died: {self.log_tail()}")
         try:

@@ -89,7 +89,7 @@ class PipedSide:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             out, _ = self.proc.communicate()
-            errors.append("a side process still compiling when the rank stopped waiting for it was stopped")
+            errors.append(side_pool.STOPPED)
         if self.proc.returncode not in (0, -signal.SIGKILL):
             errors.append(f"a side process exited {self.proc.returncode}: {self.log_tail()}")
         return out.decode(errors="replace"), errors
