@@ -92,23 +92,23 @@ sample_processes() {  # the busiest processes over 1 s, every 2 s for two minute
 status=0
 sweep_run() {  # sweep_run TREE GRID OUTPUT [LABEL [FLAG...]]: `sweep run` of TREE (base or current) with its compile
   # cache /tmp/cc-LABEL (LABEL: TREE unless given) and FLAGs, stopped with SIGINT at the deadline
-  local tree=$1 grid=$2 out=$3 label=${4:-$1} path sha left began
+  local tree=$1 grid_file=$2 out=$3 label=${4:-$1} path sha left began
   shift $(($# < 4 ? $# : 4))
   if [ "$tree" = base ]; then path=$PWD/.base-tree sha=$base_sha; else path=$PWD sha=${SWEEP_GIT_SHA:-}; fi
   left=$((deadline - SECONDS))
-  [ $left -gt 30 ] || { echo "job: no time left for $tree $grid"; status=124; return; }
+  [ $left -gt 30 ] || { echo "job: no time left for $tree $grid_file"; status=124; return; }
   began=$SECONDS
-  echo "== $(date -u +%FT%TZ) $tree: sweep run $grid -> $out; load $(cut -d' ' -f1-3 /proc/loadavg); busiest:"
+  echo "== $(date -u +%FT%TZ) $tree: sweep run $grid_file -> $out; load $(cut -d' ' -f1-3 /proc/loadavg); busiest:"
   ps -eo pcpu=,etimes=,comm= --sort=-pcpu | head -n 4
   # run from inside the tree: `python3 -m` puts the working directory ahead of PYTHONPATH, and Ray puts the driver's
   # working directory on every worker's path, so a run from the project root imports the root's sweep and trainer
   # whatever PYTHONPATH says (every "base" run before session 20 was the current tree)
   (cd "$path" && PYTHONPATH=$path:/tmp/site python3 -c 'import sweep, trainer; print("imports", sweep.__file__, trainer.__file__)' &&
    PYTHONPATH=$path:/tmp/site SWEEP_GIT_SHA=$sha timeout --signal=INT --kill-after=20 $left \
-     python3 -m sweep run "$(cd "$root" && realpath "$grid")" --cluster "$(cached_profile "$label")" --output "$out" \
+     python3 -m sweep run "$(cd "$root" && realpath "$grid_file")" --cluster "$(cached_profile "$label")" --output "$out" \
        --no-progress "$@")
   local rc=$?
-  echo "== $tree $grid: exit $rc after $((SECONDS - began)) s (driver wall, Ray start included)"
+  echo "== $tree $grid_file: exit $rc after $((SECONDS - began)) s (driver wall, Ray start included)"
   # the side processes' seconds a set, as the first trial's rank saw them (its stderr: Ray's newest session's logs)
   grep -h "waited .* for side processes" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | tail -n 4
   # and, with the compile report on, every trial's (its caches' hits and misses, its compile phases) into $OUT
