@@ -28,7 +28,7 @@ class Prepared(NamedTuple):
     profile: ClusterProfile
     """The cluster profile the trials run on."""
     spec: GridSpec
-    """The validated grid, options on top."""
+    """The validated grid, options on top, its steps decided for the profile's ranks (`Steps.on`)."""
     trials: list[Trial]
     """The grid's trials, in its stable order."""
 
@@ -51,6 +51,8 @@ def prepare(grid: Path | None, cluster: str, memory_cap: str | None, options: di
     if grid is None and "batch_sizes" not in data:
         raise UserError("no batch sizes: give a grid file with batch_sizes or --batch-size")
     spec = parse_grid(data, source)
+    # steps the grid leaves out: auto on GPUs, counts on CPU ranks (sweep.spec.steps)
+    spec = spec.model_copy(update={"steps": spec.steps.on(gpu=profile.is_gpu)})
     try:
         cap = parse_memory_size(memory_cap) if memory_cap else None
     except ValueError as e:

@@ -161,6 +161,33 @@ def test_auto_measures_at_most_measure_max_steps_in_every_trial():
 
 
 @pytest.mark.parametrize(
+    "cluster, steps, shown",
+    [
+        ("h200", None, "warm-up auto, measured auto (at most 8)"),
+        ("mi300x", {}, "warm-up auto, measured auto (at most 8)"),
+        ("local", None, "warm-up 3, measured 10"),
+        ("h200", {"measure": 20}, "warm-up auto, measured 20"),
+        ("h200", {"warmup": 5}, "warm-up 5, measured auto (at most 8)"),
+        ("local", {"measure_max": 16}, "warm-up 3, measured auto (at most 16)"),
+        ("local", {"warmup": "auto", "measure": "auto"}, "warm-up auto, measured auto (at most 8)"),
+    ],
+)
+def test_steps_a_grid_leaves_out_are_auto_on_gpus_and_counts_on_cpu_ranks(tmp_path, cluster, steps, shown):
+    """`sweep plan` says the steps each trial runs, and the trials carry them: what the grid leaves out is `auto`
+    on GPU profiles and 3 + 10 on CPU ranks; `measure_max` alone asks for `measure: auto`."""
+    from sweep import service
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump(GRID if steps is None else {**GRID, "steps": steps}))
+    result = invoke("plan", grid, "--cluster", cluster)
+    assert result.exit_code == 0, result.output
+    assert f"steps a trial: {shown}\n" in result.output
+    (trial,) = service.prepare(grid, cluster, None).trials
+    warmup, measure = shown.removeprefix("warm-up ").split(" (")[0].split(", measured ")
+    assert (str(trial.warmup_steps), str(trial.measure_steps)) == (warmup, measure)
+
+
+@pytest.mark.parametrize(
     "steps, message",
     [
         ({"warmup": "autox"}, "steps.warmup: expected a whole number >= 0, or auto"),

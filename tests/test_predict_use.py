@@ -24,7 +24,9 @@ LLAMA = {"models": ["llama3-8b"], "gpus": [2], "seq_len": [4096]}
 
 
 def _trial(batch: int, precision: str = "bf16", cluster: str = "h200"):
-    (trial,) = expand(parse_grid({**LLAMA, "batch_sizes": [batch], "precisions": [precision]}, "<t>"), cluster=cluster)
+    spec = parse_grid({**LLAMA, "batch_sizes": [batch], "precisions": [precision]}, "<t>")
+    spec = spec.model_copy(update={"steps": spec.steps.on(gpu=True)})  # as `sweep run` decides them on GPUs
+    (trial,) = expand(spec, cluster=cluster)
     return trial
 
 

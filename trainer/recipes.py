@@ -53,9 +53,10 @@ class Recipe:
     # from_recipe_name sets round_scales_to_power_of_2 for rowwise and rowwise_with_gw_hp), so `fp8_pow2_scales`
     # changes nothing there
     pow2_scales: bool = False
-    # compiled graphs may take a symbolic batch (the trial option dynamic_batch) without losing speed: not torchao's
+    # compiled graphs may take a symbolic batch (the trial option dynamic_batch) at little cost: not torchao's
     # rowwise recipes, whose column scales reduce over the symbolic tokens (25 % slower on one H200;
-    # trainer/precision/symbolic_amax.py, benchmarks/RESULTS.md "Compile once per graph")
+    # trainer/precision/symbolic_amax.py, benchmarks/RESULTS.md "Compile once per graph"); tensorwise runs 0.2-1.5 %
+    # slower than static shapes (benchmarks/RESULTS.md "Cold sweep", session 47)
     symbolic_batch: bool = True
     min_cuda_capability: float = 0.0
     amd: bool = True  # runs on MI300-class GPUs

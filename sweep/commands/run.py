@@ -218,6 +218,7 @@ def plan(
         f"{plural(profile.total_ranks, 'rank')})" + search,
         reasons,
     )
+    Console().print(f"steps a trial: {spec.steps.text()}", markup=False)
     lines = predictor.max_batch_lines(trials)
     for line in ([predictor.basis()] if lines else []) + lines:
         Console().print(line, soft_wrap=True, markup=False)

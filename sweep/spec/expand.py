@@ -30,9 +30,10 @@ def fold_options(
     reduce = options["reduce_dtype"] if gpus > 1 and family != "fp32" else OPTION_DEFAULTS["reduce_dtype"]
     sync = options["grad_sync"] if gpus > 1 and options["grad_accum"] > 1 else OPTION_DEFAULTS["grad_sync"]
     # Nothing is traced without compile (a caller that does not say which compile keeps the option as it is).
-    # Recipes whose graphs lose speed with a symbolic batch keep static shapes (trainer.recipes `symbolic_batch`:
-    # torchao rowwise ran 25 % slower on one H200; tensorwise, with its amax in static-length stages, within 1 %;
-    # benchmarks/RESULTS.md "Compile once per graph"), more than a benchmark may trade for compile time.
+    # Recipes whose graphs lose much speed with a symbolic batch keep static shapes (trainer.recipes `symbolic_batch`:
+    # torchao rowwise ran 25 % slower on one H200), more than a benchmark may trade for compile time. Tensorwise, its
+    # amax in static-length stages, keeps it: 0.2-1.5 % slower (mean 0.7 %) on an H100, where static shapes would
+    # compile every batch and every max-batch probe (benchmarks/RESULTS.md "Cold sweep", session 47).
     dynamic = (
         options["dynamic_batch"] and RECIPES[precision].symbolic_batch
         if compile != "none"

@@ -7,8 +7,9 @@
     compile: regional                 # none | regional | full (or a list)
     seq_len: 4096                     # int or list
     gpus: 8                           # ranks per trial, int or list
-    steps: {warmup: 3, measure: 10}  # counts, or auto: until the step times are stable (trainer/stopping.py);
-                                      # with measure: auto, measure_max: 8 (its most measured steps)
+    steps: {warmup: auto, measure: auto}  # counts, or auto: until the step times are stable (trainer/stopping.py);
+                                      # with measure: auto, measure_max: 8 (its most measured steps); a key left
+                                      # out: auto on GPUs, 3 and 10 on CPU ranks (sweep/spec/steps.py)
     ac: none                          # activation checkpointing: none | selective | full (or a list)
     grad_accum: 1                     # micro-batches per optimizer step (or a list)
     grad_clip: 1.0                    # clip the gradient norm to this before each optimizer step; 0: no clip
@@ -207,7 +208,11 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
     )
     # + one axis per training option (from _TrainingAxes): grad_accum, grad_clip, fp8_lm_head, reduce_dtype, grad_sync,
     # dynamic_batch, attention, fp8_attention, compile_mode, fp8_pow2_scales, dp_replicate, tp, cp
-    steps: Steps = Field(default=Steps(), description="warm-up and measured steps per trial (counts, or auto)")
+    steps: Steps = Field(
+        default=Steps(),
+        description="warm-up and measured steps per trial (counts, or auto); a key left out: auto on GPUs, the count "
+        "shown on CPU ranks",
+    )
     on_oom: OomPolicy = Field(default=OomPolicy(), description="what an out-of-memory attempt is retried at")
     search: Literal["max_batch", "fastest"] | None = Field(
         default=None,
