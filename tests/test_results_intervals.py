@@ -53,6 +53,20 @@ def test_one_warning_per_attempt_that_missed_naming_it_and_what_to_change():
     assert ci_note(rows).startswith("!: steps: auto stopped at its limit") and ci_note(rows[1:]) == ""
 
 
+def test_more_attempts_short_of_the_target_than_a_few_are_one_line_naming_the_widest():
+    """On GPUs a grid's steps are `auto` unless it says otherwise: a sweep whose steps alternate can miss on half its
+    trials, and the run says so once (the table marks each) instead of once per trial."""
+    rows = [
+        {**ROW, "trial_id": f"t{i}", "measure_steps": 8, "step_time_ci_pct": ci, "ci_target_met": False}
+        for i, ci in enumerate([1.15, 1.57, 1.3, 1.2])
+    ] + [{**ROW, "trial_id": "met", "step_time_ci_pct": 0.7, "ci_target_met": True}]
+    (line,) = missed_target_warnings(rows)
+    assert line.startswith("4 of 5 attempts stopped short of the ±1 % target (marked !); the widest: gpt-tiny bf16 ")
+    assert "(trial t1): step time ±1.57 % after 50+8 steps: steps: auto stopped at its limit" in line
+    assert line.endswith("set steps.measure_max: 32 (4× the steps about halve it)")
+    assert len(missed_target_warnings(rows[1:])) == 3  # a few: one line each
+
+
 BASE = {
     "run_id": "r",
     "attempt": 1,
