@@ -35,8 +35,8 @@ MEASURE_MAX_DEFAULT = 8
 # What a key the grid leaves out means (`Steps.on`). On GPUs, `auto`: replayed on recorded step times of two models
 # (H200 session 18, held-out H100 session 47; benchmarks/steps_check.py), its medians land within 1 % of 30-step ones
 # on all 12 rows and it costs less on 11, while 3 + 10 read one row (bf16, batch 2) 6.9 % slow, its warm-up too short
-# (benchmarks/RESULTS.md "Cold sweep"). On CPU ranks, counts: their steps vary by 10 % and more, so `auto` would run
-# its 50 warm-up steps and its most measured steps on every trial (docs/concepts.md).
+# (benchmarks/RESULTS.md "Cold sweep"). On CPU ranks, counts: their steps can vary by 10 % and more, where `auto` runs
+# up to its 50 warm-up steps and its most measured steps (docs/concepts.md).
 CPU_WARMUP, CPU_MEASURE = 3, 10
 
 
