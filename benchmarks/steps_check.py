@@ -2,18 +2,18 @@
 
     python3 benchmarks/steps_check.py RESULTS_DIR
 
-RESULTS_DIR holds rows of trials run with many fixed steps (benchmarks/campaigns/cold-sweep/d-steps.yaml: 10 warm-up
-+ 30 measured), whose `step_times_s` column is every step's time, warm-up first. For each clean row, the `auto` rules
-(trainer/stopping.py: warm-up until the last 2 steps agree within 10 %, measurement until the median's 95 % interval
-is within ±1 %) and the default count (steps: {warmup: 3, measure: 10}, sweep/spec/grid.py) are fed the same steps
-one at a time, as a trial's rank 0 feeds them, and each median is compared with the row's own (its 30 measured
-steps). `auto` measures at most steps.measure_max steps, as a grid's `measure: auto` does (8; `--cap M` replays
-another cap, `--cap 0` none). Cost is the seconds of the steps each rule takes after the first (the first holds the
-compile, which both pay). `auto` becomes the default only if, on every row, its median is within 1 % of the
-reference and its cost is lower than the default's (the condition issue 15 set), or the default's own median is not
+RESULTS_DIR holds rows of trials run with many fixed steps (benchmarks/campaigns/cold-sweep/d-steps.yaml: 10 warm-up +
+30 measured), whose `step_times_s` column is every step's time, warm-up first. For each clean row, the `auto` rules
+(trainer/stopping.py: warm-up until the last 2 steps agree within 10 %, measurement until the median's 95 % interval is
+within ±1 %) and the counts (warm-up 3, measured 10: sweep.spec.steps, every grid's default before session 47, a CPU
+rank's since) are fed the same steps one at a time, as a trial's rank 0 feeds them, and each median is compared with the
+row's own (its 30 measured steps). `auto` measures at most steps.measure_max steps, as a grid's `measure: auto` does (8;
+`--cap M` replays another cap, `--cap 0` none). Cost is the seconds of the steps each rule takes after the first (the
+first holds the compile, which both pay). `auto` becomes the default only if, on every row, its median is within 1 % of
+the reference and its cost is lower than the default's (the condition issue 15 set), or the default's own median is not
 within 1 % there (a cost saved by a wrong median is no saving: session 47's held-out bf16 row, whose 3 warm-up steps
-left noisy ones in the default's 10). Prints a markdown table and the verdict; exits 1 when the condition does not
-hold (auto stays opt-in), 2 when there are no rows.
+left noisy ones in the default's 10). Prints a markdown table and the verdict; exits 1 when the condition does not hold
+(auto stays opt-in), 2 when there are no rows.
 
     python3 benchmarks/steps_check.py --warmup RESULTS_DIR...
 
@@ -32,10 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when sweep is not installed
 
 from sweep.record import store  # noqa: E402
-from sweep.spec.steps import MEASURE_MAX_DEFAULT  # noqa: E402
+from sweep.spec.steps import CPU_MEASURE, CPU_WARMUP, MEASURE_MAX_DEFAULT  # noqa: E402
 from trainer.stopping import Schedule, StepsSpec, WarmUp  # noqa: E402
 
-DEFAULT: tuple[StepsSpec, StepsSpec] = (3, 10)
+DEFAULT: tuple[StepsSpec, StepsSpec] = (CPU_WARMUP, CPU_MEASURE)
 WARMUP_MAX = 50  # `--cap` lowers the measured steps' maximum alone: the warm-up keeps WarmUp's own
 SAME_PCT = 1.0
 
@@ -93,7 +93,7 @@ def main(folder: Path, cap: int = MEASURE_MAX_DEFAULT) -> int:
     if not rows:
         print(f"no clean rows with step_times_s in {folder}", file=sys.stderr)
         return 2
-    header = "| precision | batch | reference median s | default 3 + 10: median, cost "
+    header = f"| precision | batch | reference median s | default {DEFAULT[0]} + {DEFAULT[1]}: median, cost "
     print(header + "| auto: steps (warm-up), median, cost |")
     print("|---|---:|---:|---|---|")
     holds = True
