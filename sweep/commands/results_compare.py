@@ -117,12 +117,13 @@ def _compare_configs(
         + ([f"no cost per GPU-hour for: {', '.join(unknown)}"] if by is By.cluster and unknown else [])
         + ([loss_at.note(tokens)] if tokens else [])
     )
-    # an on/off option's side is named with its key (a column headed "vs False" says nothing)
-    shown = f"{by.value}={_text(baseline)}" if isinstance(baseline, bool) else str(baseline)
+    if isinstance(baseline, bool):  # an on/off option's side is named with its key (a column "vs False" says nothing)
+        shown = side = f"{by.value}={_text(baseline)}"
+    else:
+        shown, side = str(baseline), f"{by.value} {baseline}"
     cols = render.compare_cols(by.value, shown, with_cost, tokens_column=len(tokens) > 1) + energy_view.compare_cols(
         shown, with_cost
     )
-    side = shown if isinstance(baseline, bool) else f"{by.value} {baseline}"
     title = f"{directory}: TFLOP/s/GPU vs {side} (same config otherwise)"
     emit(
         pairs,
