@@ -28,7 +28,7 @@ class Prepared(NamedTuple):
     profile: ClusterProfile
     """The cluster profile the trials run on."""
     spec: GridSpec
-    """The validated grid, options on top, its steps decided for the profile's ranks (`Steps.on`)."""
+    """The validated grid, options on top, its steps decided for the profile's ranks (`GridSpec.on`)."""
     trials: list[Trial]
     """The grid's trials, in its stable order."""
 
@@ -50,9 +50,7 @@ def prepare(grid: Path | None, cluster: str, memory_cap: str | None, options: di
         raise UserError("no models: give a grid file or --model")
     if grid is None and "batch_sizes" not in data:
         raise UserError("no batch sizes: give a grid file with batch_sizes or --batch-size")
-    spec = parse_grid(data, source)
-    # steps the grid leaves out: auto on GPUs, counts on CPU ranks (sweep.spec.steps)
-    spec = spec.model_copy(update={"steps": spec.steps.on(gpu=profile.is_gpu)})
+    spec = parse_grid(data, source).on(gpu=profile.is_gpu)  # steps it leaves out: auto on GPUs, counts on CPU ranks
     try:
         cap = parse_memory_size(memory_cap) if memory_cap else None
     except ValueError as e:

@@ -24,8 +24,7 @@ LLAMA = {"models": ["llama3-8b"], "gpus": [2], "seq_len": [4096]}
 
 
 def _trial(batch: int, precision: str = "bf16", cluster: str = "h200"):
-    spec = parse_grid({**LLAMA, "batch_sizes": [batch], "precisions": [precision]}, "<t>")
-    spec = spec.model_copy(update={"steps": spec.steps.on(gpu=True)})  # as `sweep run` decides them on GPUs
+    spec = parse_grid({**LLAMA, "batch_sizes": [batch], "precisions": [precision]}, "<t>").on(gpu=True)  # as a run
     (trial,) = expand(spec, cluster=cluster)
     return trial
 

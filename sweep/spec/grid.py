@@ -313,6 +313,11 @@ class GridSpec(_TrainingAxes):  # type: ignore[valid-type, misc]
                 raise ValueError(problem)
         return self
 
+    def on(self, *, gpu: bool) -> GridSpec:
+        """This grid where its trials run: the steps it leaves out decided for the ranks (`Steps.on`: auto on GPUs)."""
+        decided: GridSpec = self.model_copy(update={"steps": self.steps.on(gpu=gpu)})
+        return decided
+
 
 def unstorable(key: str, column: str, values: Sequence[Any]) -> str | None:
     """Why one of `values` (given as `key`) cannot be recorded in the integer `column` of the results, or None."""
